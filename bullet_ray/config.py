@@ -1,0 +1,110 @@
+"""Engine configuration: one frozen dataclass, every field documented with its bounds.
+
+The YAML/HTTP edge (Serve builder args) validates with pydantic and converts to `EngineConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from bullet_ray.errors import ConfigError
+
+Schedule = Literal["bullet", "chunked", "static"]
+SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one engine (one GPU, or the CPU) serves one model."""
+
+    # model: a Hugging Face folder, a .gguf file, "dummy:<preset|config.json>", or the embedded default
+    model: str = "smollm2-135m-instruct"
+    # "auto": float32 on CPU, bfloat16 on GPU
+    dtype: str = "auto"
+    # "cpu" or "cuda" (the workers' device; the engine front process never touches the GPU)
+    device: str = "cpu"
+    # "bullet": prefill and decode workers side by side (two processes); "chunked": one process, one
+    # hybrid batch per step under max_num_batched_tokens (the vLLM/SGLang default, the baseline);
+    # "static": like bullet with a fixed SM split
+    schedule: str = "bullet"
+    # "auto": torch on CPU, flashinfer on GPU
+    attention_backend: str = "auto"
+    # tokens per KV block (>= 1; 16 is a good default on both CPU and GPU)
+    block_size: int = 16
+    # number of KV blocks; None: as many as kv_cache_memory_gb allows
+    num_kv_blocks: int | None = None
+    # memory for the KV pool when num_kv_blocks is None (GiB, > 0)
+    kv_cache_memory_gb: float = 0.25
+    # longest prompt + output (tokens); None: the model's max_position_embeddings, capped by the pool
+    max_model_len: int | None = None
+    # most sequences in one decode batch (>= 1)
+    max_num_seqs: int = 64
+    # token budget of one prefill batch (bullet) or hybrid batch (chunked) (>= block_size)
+    max_num_batched_tokens: int = 2048
+    # free blocks the prefill side leaves for running sequences to grow into (fraction of the pool, 0..0.5)
+    kv_watermark: float = 0.01
+    # seed for dummy weights
+    seed: int = 0
+    # disable CUDA graphs (GPU only)
+    enforce_eager: bool = False
+    # SM partition backend on GPU: "auto" (green contexts when available), "green", "mps", "none"
+    partition: str = "auto"
+    # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
+    static_decode_sms: int | None = None
+    # decode worker polls this often when idle (ms)
+    idle_poll_ms: float = 2.0
+    # folder for this engine's sockets and shared-memory files; None: a fresh one under /dev/shm or /tmp
+    runtime_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("schedule", f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError("device", f"unknown device {self.device!r}; use 'cpu' or 'cuda'")
+        if self.block_size < 1:
+            raise ConfigError("block_size", f"must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError("num_kv_blocks", f"must be >= 1 or null, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_gb <= 0:
+            raise ConfigError("kv_cache_memory_gb", f"must be > 0, got {self.kv_cache_memory_gb}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("max_model_len", f"must be >= 2 or null, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ConfigError("max_num_batched_tokens",
+                              f"must be >= block_size ({self.block_size}), got {self.max_num_batched_tokens}")
+        if not 0.0 <= self.kv_watermark <= 0.5:
+            raise ConfigError("kv_watermark", f"must be in [0, 0.5], got {self.kv_watermark}")
+        if self.partition not in ("auto", "green", "mps", "none"):
+            raise ConfigError("partition", f"unknown partition backend {self.partition!r}; "
+                              "choose auto, green, mps or none")
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.is_gpu else "float32"
+
+    @property
+    def attention_backend_name(self) -> str:
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "flashinfer" if self.is_gpu else "torch"
+
+    @property
+    def is_disaggregated(self) -> bool:
+        """True when prefill and decode run in two worker processes (bullet, static)."""
+        return self.schedule in ("bullet", "static")
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,410 @@
+"""LLMEngine: the engine front. Tokenizes, admits, streams; the model runs in its worker processes.
+
+Start-up: listen on a Unix socket in a fresh runtime folder, launch the first worker (prefill, or hybrid
+for the chunked schedule), which loads the model and creates the shared weights, KV pool and state
+block; then launch the decode worker with their handles so it maps the same memory. A receiver thread
+turns worker messages into per-request outputs, relays prefilled sequences to the decode worker and
+sends preempted ones back to prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from multiprocessing.connection import Connection, Listener, wait
+from typing import Any
+
+from bullet_ray.config import EngineConfig
+from bullet_ray.engine.block_allocator import BlockAllocator
+from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerSpec
+from bullet_ray.engine.messages import (
+    AbortMissed,
+    AbortRequests,
+    AddRequest,
+    Handoff,
+    Ready,
+    Shutdown,
+    StepOutputs,
+    WorkerFailed,
+)
+from bullet_ray.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from bullet_ray.engine.protocol import EngineClient, Prompt
+from bullet_ray.engine.request_table import OutputSink, RequestState
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.engine.state_block import Side, StateBlock
+from bullet_ray.errors import EngineDeadError, InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+
+def _runtime_dir(config: EngineConfig) -> str:
+    if config.runtime_dir:
+        path = os.path.join(config.runtime_dir, f"engine-{uuid.uuid4().hex[:8]}")
+        os.makedirs(path)
+        return path
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return tempfile.mkdtemp(prefix="bullet_ray-", dir=base)
+
+
+class LLMEngine(EngineClient):
+    """A prefill/decode worker pair (or one hybrid worker) behind a streaming request API."""
+
+    def __init__(self, config: EngineConfig | None = None, launcher: WorkerLauncher | None = None,
+                 startup_timeout_s: float = 900.0, served_model_name: str | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.launcher = launcher or ProcessLauncher()
+        self._served_name = served_model_name or self.config.model
+        self._lock = threading.Lock()
+        self._requests: dict[str, RequestState] = {}
+        self._dead_reason: str | None = None
+        self._is_shut_down = False
+        self.num_preemptions = 0
+        self.runtime_dir = _runtime_dir(self.config)
+        self._authkey = secrets.token_bytes(16)
+        self._listener = Listener(os.path.join(self.runtime_dir, "engine.sock"), family="AF_UNIX",
+                                  authkey=self._authkey)
+        self._conns: dict[str, Connection] = {}
+        self._send_locks: dict[str, threading.Lock] = {}
+        self._workers: dict[str, WorkerHandle] = {}
+        self.worker_info: dict[str, dict] = {}
+        try:
+            self._start_workers(startup_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._receiver = threading.Thread(target=self._receive_loop, name="bullet-engine-recv", daemon=True)
+        self._receiver.start()
+
+    # start-up ---------------------------------------------------------------------------------------
+    def _start_workers(self, timeout_s: float) -> None:
+        first = "prefill" if self.config.is_disaggregated else "hybrid"
+        ready = self._launch(first, None, timeout_s)
+        handles = ready.handles
+        self.handles = handles
+        self._max_model_len = handles.max_model_len
+        self.eos_token_ids = tuple(handles.eos_token_ids)
+        self.allocator = BlockAllocator.attach(handles.kv_pool.allocator)
+        self.state = StateBlock.attach(handles.state)
+        if self.config.is_disaggregated:
+            self._launch("decode", handles, timeout_s)
+            if self.config.is_gpu:
+                uuids = {self.worker_info[r].get("gpu_uuid") for r in ("prefill", "decode")}
+                if len(uuids) != 1:
+                    raise EngineDeadError(f"prefill and decode workers landed on different GPUs: {uuids}")
+        self.vocab_size = int(handles.model_config.get("vocab_size", 0))
+        self._tokenizer = self._load_tokenizer(handles.tokenizer_path)
+
+    def _launch(self, role: str, attach: Any, timeout_s: float) -> Ready:
+        spec = WorkerSpec(role=role, config=self.config, address=self._listener.address,  # type: ignore[arg-type]
+                          authkey=self._authkey, attach=attach)
+        handle = self.launcher.launch(spec)
+        self._workers[role] = handle
+        conn = self._accept(handle, role, timeout_s)
+        self._conns[role] = conn
+        self._send_locks[role] = threading.Lock()
+        deadline = time.monotonic() + timeout_s
+        while not conn.poll(0.2):
+            if not handle.is_alive():
+                raise EngineDeadError(f"{role} worker exited during start-up")
+            if time.monotonic() > deadline:
+                raise EngineDeadError(f"{role} worker not ready after {timeout_s:.0f} s")
+        msg = conn.recv()
+        if isinstance(msg, WorkerFailed):
+            raise EngineDeadError(f"{role} worker failed to start:\n{msg.error}")
+        assert isinstance(msg, Ready), msg
+        self.worker_info[role] = msg.info
+        return msg
+
+    def _accept(self, handle: WorkerHandle, role: str, timeout_s: float) -> Connection:
+        result: list[Any] = []
+        thread = threading.Thread(target=lambda: result.append(self._listener.accept()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            thread.join(0.2)
+            if thread.is_alive() and (not handle.is_alive() or time.monotonic() > deadline):
+                raise EngineDeadError(f"{role} worker did not connect (alive={handle.is_alive()})")
+        return result[0]
+
+    @staticmethod
+    def _load_tokenizer(path: str | None) -> Any:
+        if path is None:
+            return None
+        from transformers import AutoTokenizer
+
+        if path.endswith(".gguf"):
+            return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        return AutoTokenizer.from_pretrained(path)
+
+    # properties -------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self._served_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    # submission -------------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self._tokenizer is None:
+                raise InvalidRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
+            ids = list(self._tokenizer.encode(prompt))
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                                 "prompt")
+        return ids
+
+    def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
+                loop: asyncio.AbstractEventLoop | None) -> RequestState:
+        self.check_health()
+        ids = self._prompt_ids(prompt)
+        if len(ids) + params.max_tokens > self._max_model_len:
+            raise InvalidRequest(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
+                f"context length {self._max_model_len}; shorten the prompt or lower max_tokens",
+                "max_tokens", code="context_length_exceeded")
+        rid = request_id or uuid.uuid4().hex
+        detok = None
+        if self._tokenizer is not None:
+            from bullet_ray.engine.stop_checker import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(self._tokenizer, params, ids)
+        target = "prefill" if self.config.is_disaggregated else "hybrid"
+        state = RequestState(rid, ids, params, OutputSink(loop), detok, target)  # type: ignore[arg-type]
+        with self._lock:
+            if rid in self._requests:
+                raise InvalidRequest(f"request id {rid!r} is already running", "request_id")
+            self._requests[rid] = state
+        self._send(target, AddRequest(rid, ids, params, time.time(), self._max_model_len))
+        return state
+
+    def stream(self, prompt: Prompt, params: SamplingParams,
+               request_id: str | None = None) -> Iterator[RequestOutput]:
+        state = self._submit(prompt, params, request_id, None)
+        assert state.sink.sync_queue is not None
+        finished = False
+        try:
+            while not finished:
+                out = state.sink.sync_queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(state.request_id)
+
+    async def stream_async(self, prompt: Prompt, params: SamplingParams,
+                           request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        state = self._submit(prompt, params, request_id, asyncio.get_running_loop())
+        assert state.sink.async_queue is not None
+        finished = False
+        try:
+            while not finished:
+                out = await state.sink.async_queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(state.request_id)
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
+                 use_tqdm: bool = False) -> list[CompletionOutput]:
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        states = [self._submit(p, sp, None, None) for p, sp in zip(prompts, plist)]
+        results = []
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(states), desc="generate")
+        for state in states:
+            token_ids: list[int] = []
+            text: list[str] = []
+            logprobs: list = []
+            assert state.sink.sync_queue is not None
+            while True:
+                out = state.sink.sync_queue.get()
+                token_ids += out.token_ids_delta
+                text.append(out.text_delta)
+                logprobs += out.logprobs_delta or []
+                if out.finished:
+                    break
+            if bar is not None:
+                bar.update(1)
+            results.append(CompletionOutput(
+                state.request_id, state.prompt_token_ids, token_ids, "".join(text),
+                out.finish_reason or "stop", logprobs if state.params.logprobs is not None else None,
+                out.ttft_s, out.e2e_s))
+        if bar is not None:
+            bar.close()
+        return results
+
+    # abort ------------------------------------------------------------------------------------------
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        state.sink.put(state.make_output([], "", None, finish_reason="abort"))
+        self._send(state.location, AbortRequests([request_id]))
+
+    # receiving --------------------------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        conns = {conn: role for role, conn in self._conns.items()}
+        while not self._is_shut_down:
+            try:
+                ready = wait(list(conns), timeout=0.5)
+            except OSError:
+                break
+            for conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    if not self._is_shut_down:
+                        self._mark_dead(f"{conns[conn]} worker exited")  # type: ignore[index]
+                    return
+                try:
+                    self._on_message(msg)
+                except Exception:
+                    logger.exception("engine front failed on %s", type(msg).__name__)
+
+    def _on_message(self, msg: Any) -> None:
+        if isinstance(msg, StepOutputs):
+            for update in msg.updates:
+                self._on_update(update)
+            for wire in msg.handoffs:
+                self._on_handoff(wire)
+            for wire in msg.preempted:
+                self._on_preempted(wire)
+        elif isinstance(msg, WorkerFailed):
+            self._mark_dead(f"{msg.role} worker failed:\n{msg.error}")
+        elif isinstance(msg, AbortMissed):
+            pass  # the sequence was handed off first; its Handoff (already handled) dropped it
+        else:
+            logger.warning("unexpected message from a worker: %r", msg)
+
+    def _on_update(self, update: Any) -> None:
+        with self._lock:
+            state = self._requests.get(update.request_id)
+        if state is None:
+            return  # aborted or finished meanwhile
+        text, stop_hit = "", False
+        if state.detokenizer is not None:
+            text, stop_hit = state.detokenizer.step(update.token_ids)
+        finish = "stop" if stop_hit else update.finish_reason
+        stop_reason = state.detokenizer.stop_reason if stop_hit else update.stop_reason
+        if finish is not None and state.detokenizer is not None and not stop_hit:
+            text += state.detokenizer.finish()
+        out = state.make_output(list(update.token_ids), text, update.logprobs, finish, stop_reason)
+        if finish is not None:
+            with self._lock:
+                self._requests.pop(state.request_id, None)
+            if update.finish_reason is None:  # finished here (stop string): the worker still holds it
+                self._send(state.location, AbortRequests([state.request_id]))
+        state.sink.put(out)
+
+    def _on_handoff(self, wire: Any) -> None:
+        with self._lock:
+            state = self._requests.get(wire.request_id)
+            if state is not None:
+                state.location = "decode"
+        if state is None:
+            self.allocator.free(wire.block_ids)  # finished or aborted while in flight: nobody holds it
+            return
+        self._send("decode", Handoff(wire))
+
+    def _on_preempted(self, wire: Any) -> None:
+        with self._lock:
+            state = self._requests.get(wire.request_id)
+            if state is not None:
+                state.location = "prefill"
+        self.num_preemptions += 1
+        if state is not None:
+            self._send("prefill", AddRequest(wire.request_id, wire.prompt_token_ids, state.params,
+                                             wire.arrival_s, wire.max_model_len, resume=wire))
+
+    def _send(self, role: str, msg: Any) -> None:
+        try:
+            with self._send_locks[role]:
+                self._conns[role].send(msg)
+        except (OSError, KeyError) as e:
+            self._mark_dead(f"cannot reach the {role} worker: {e}")
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._is_shut_down:
+            return
+        logger.error("engine is dead: %s", reason)
+        self._dead_reason = reason
+        with self._lock:
+            states = list(self._requests.values())
+            self._requests.clear()
+        for state in states:
+            state.sink.put(state.make_output([], "", None, finish_reason="error", error=reason))
+
+    # health, stats, shutdown ------------------------------------------------------------------------
+    def check_health(self) -> None:
+        if self._is_shut_down:
+            raise EngineDeadError("the engine was shut down")
+        if self._dead_reason is None:
+            for role, handle in self._workers.items():
+                if not handle.is_alive():
+                    self._mark_dead(f"{role} worker is not alive")
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            located = [s.location if s.location != "hybrid" or s.first_token_s is None else "decode"
+                       for s in self._requests.values()]
+        waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
+        extra = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
+        return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
+                           num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
+                           num_preemptions=self.num_preemptions, extra=extra)
+
+    def shutdown(self) -> None:
+        if self._is_shut_down:
+            return
+        self._is_shut_down = True
+        for role in list(self._conns):
+            try:
+                with self._send_locks[role]:
+                    self._conns[role].send(Shutdown())
+            except OSError:
+                pass
+        for handle in self._workers.values():
+            handle.join(10)
+            if handle.is_alive():
+                handle.kill()
+        for conn in self._conns.values():
+            conn.close()
+        for name in ("allocator", "state"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+        self._listener.close()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

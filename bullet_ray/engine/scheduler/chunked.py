@@ -1,0 +1,63 @@
+"""The chunked-prefill baseline (vLLM / SGLang default): one hybrid batch per step under a token budget.
+
+Every running sequence decodes one token first; the remaining budget is filled with prompt chunks from
+the waiting queue (FCFS). A preempted sequence goes back to the front of the waiting queue and is
+recomputed; nothing leaves this scheduler until it finishes or is aborted.
+"""
+
+from __future__ import annotations
+
+from bullet_ray.engine.scheduler.base import BlockSource, ScheduledSeq
+from bullet_ray.engine.scheduler.decode import DecodeScheduler
+from bullet_ray.engine.scheduler.prefill import PrefillScheduler
+from bullet_ray.engine.sequence import Sequence
+
+
+class ChunkedScheduler:
+    def __init__(self, allocator: BlockSource, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int, watermark_blocks: int = 0) -> None:
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.decode = DecodeScheduler(allocator, block_size, max_num_seqs)
+        self.prefill = PrefillScheduler(allocator, block_size, max_num_batched_tokens, max_num_seqs,
+                                        watermark_blocks)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.decode.num_preemptions
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.prefill)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.decode)
+
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        self.prefill.add(seq, front=front)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        return self.prefill.abort(request_id) or self.decode.abort(request_id)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        decodes, preempted = self.decode.schedule()
+        for seq in reversed(preempted):
+            self.prefill.add(seq, front=True)
+        budget = self.max_num_batched_tokens - len(decodes)
+        self.prefill.max_num_batched_tokens = max(0, budget)
+        self.prefill.max_num_seqs = max(0, self.max_num_seqs - len(decodes))
+        prefills = self.prefill.schedule() if budget > 0 else []
+        self.prefill.max_num_batched_tokens = self.max_num_batched_tokens
+        return decodes + prefills
+
+    def after_step(self, sampled: list[Sequence]) -> None:
+        """Move sequences that finished their prefill (they sampled a token) to the running set."""
+        waiting = set(id(s) for s in self.prefill.waiting)
+        promoted = [s for s in sampled if id(s) in waiting]
+        self.prefill.remove(promoted)
+        for seq in promoted:
+            self.decode.add(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        self.decode.remove(seq)

@@ -1,0 +1,65 @@
+"""The prefill worker's scheduler: FCFS queue, prompts chunked to fit the token budget.
+
+A new sequence is admitted only if its blocks fit while leaving `watermark_blocks` free for running
+sequences to grow into; otherwise it waits (never an error). Recomputed (preempted) sequences go to the
+front of the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from bullet_ray.engine.scheduler.base import BlockSource, ScheduledSeq, blocks_needed, grow, release
+from bullet_ray.engine.sequence import Sequence
+
+
+class PrefillScheduler:
+    def __init__(self, allocator: BlockSource, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int, watermark_blocks: int = 0) -> None:
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.watermark_blocks = watermark_blocks
+        self.waiting: deque[Sequence] = deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Remove a waiting sequence and free its blocks; None if not here."""
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                release(seq, self.allocator)
+                return seq
+        return None
+
+    def schedule(self) -> list[ScheduledSeq]:
+        """Pick the next prefill batch (allocating its blocks), FCFS under the token budget."""
+        batch: list[ScheduledSeq] = []
+        budget = self.max_num_batched_tokens
+        for seq in self.waiting:
+            if budget <= 0 or len(batch) >= self.max_num_seqs:
+                break
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            is_new = not seq.block_ids
+            reserve = self.watermark_blocks if is_new else 0
+            if self.allocator.num_free - blocks_needed(seq, num_new, self.block_size) < reserve:
+                break  # FCFS: do not let later (smaller) requests overtake a waiting one
+            if not grow(seq, num_new, self.block_size, self.allocator):
+                break
+            batch.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        return batch
+
+    def remove(self, seqs: list[Sequence]) -> None:
+        """Dequeue sequences whose prefill is complete (handed off or finished)."""
+        for seq in seqs:
+            self.waiting.remove(seq)

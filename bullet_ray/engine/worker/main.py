@@ -1,0 +1,136 @@
+"""The worker entry point and its message loop; the role classes supply `handle` and `step`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import torch
+
+from bullet_ray.engine.launcher import WorkerSpec
+from bullet_ray.engine.messages import AbortRequests, Ready, Shutdown, WorkerFailed
+from bullet_ray.engine.state_block import Side
+from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.5
+
+
+class WorkerBase:
+    """Receives messages, runs steps, publishes its row of the state block, sends outputs."""
+
+    role = "base"
+    side = Side.PREFILL
+
+    def __init__(self, spec: WorkerSpec, conn: Connection, resources: WorkerResources) -> None:
+        from bullet_ray.engine.runner import ModelRunner
+        from bullet_ray.engine.sampler import Sampler
+
+        self.spec = spec
+        self.config = spec.config
+        self.conn = conn
+        self.res = resources
+        self.allocator = resources.kv_pool.allocator
+        self.eos_token_ids = tuple(resources.handles.eos_token_ids)
+        self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
+                                  resources.device)
+        self.is_stopped = False
+
+    # role hooks -------------------------------------------------------------------------------------
+    def handle(self, msg: Any) -> None:
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def step(self) -> bool:
+        """Run one step; False when nothing could run (e.g. waiting for free KV blocks)."""
+        raise NotImplementedError
+
+    def abort(self, request_ids: list[str]) -> None:
+        raise NotImplementedError
+
+    # loop -------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.is_stopped:
+            timeout = 0.0 if self.has_work() else _IDLE_WAIT_S
+            while not self.is_stopped and self.conn.poll(timeout):
+                self._dispatch(self.conn.recv())
+                timeout = 0.0
+            if self.is_stopped or not self.has_work():
+                continue
+            if not self.step():
+                # blocked on memory: wait for the other side to free blocks or for a message
+                self.conn.poll(self.config.idle_poll_ms / 1000)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Shutdown):
+            self.is_stopped = True
+        elif isinstance(msg, AbortRequests):
+            self.abort(msg.request_ids)
+        else:
+            self.handle(msg)
+
+    def publish(self, num_seqs: int, num_tokens: int, num_context_tokens: int, started_s: float,
+                num_queued: int) -> None:
+        self.res.state.publish(self.side, num_seqs=num_seqs, num_tokens=num_tokens,
+                               num_context_tokens=num_context_tokens,
+                               step_time_us=int((time.perf_counter() - started_s) * 1e6),
+                               num_queued=num_queued)
+
+
+def _device(spec: WorkerSpec) -> torch.device:
+    if not spec.config.is_gpu:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        return torch.device("cpu")
+    device = torch.device(spec.config.device if ":" in spec.config.device else "cuda:0")
+    torch.cuda.set_device(device)
+    return device
+
+
+def _worker_class(role: str) -> type[WorkerBase]:
+    from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
+
+    return {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
+
+
+def _device_info(device: torch.device) -> dict:
+    info: dict = {"pid": os.getpid(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu_uuid=str(props.uuid), gpu_name=props.name, num_sms=props.multi_processor_count)
+    return info
+
+
+def run_worker(spec: WorkerSpec) -> None:
+    """Connect to the engine front, set up (create or attach), serve until Shutdown or the front goes away."""
+    logging.basicConfig(level=os.environ.get("BULLET_RAY_LOG_LEVEL", "WARNING"))
+    conn = Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
+    resources: WorkerResources | None = None
+    try:
+        device = _device(spec)
+        if spec.attach is None:
+            resources = create_resources(spec.config, os.path.dirname(spec.address), device)
+            conn.send(Ready(spec.role, resources.handles, _device_info(device)))
+        else:
+            resources = attach_resources(spec.config, spec.attach, device)
+            conn.send(Ready(spec.role, None, _device_info(device)))
+        _worker_class(spec.role)(spec, conn, resources).run()
+    except (EOFError, ConnectionError, BrokenPipeError):
+        logger.warning("%s worker: engine front went away; exiting", spec.role)
+    except BaseException:
+        error = traceback.format_exc()
+        logger.error("%s worker failed:\n%s", spec.role, error)
+        try:
+            conn.send(WorkerFailed(spec.role, error))
+        except (OSError, EOFError):
+            pass
+    finally:
+        if resources is not None:
+            resources.close()
+        conn.close()

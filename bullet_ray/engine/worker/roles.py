@@ -1,0 +1,163 @@
+"""The three worker roles: prefill (bullet), decode (bullet), hybrid (chunked baseline)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs, TokenUpdate
+from bullet_ray.engine.runner import StepResult
+from bullet_ray.engine.scheduler.base import release
+from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
+from bullet_ray.engine.scheduler.decode import DecodeScheduler
+from bullet_ray.engine.scheduler.prefill import PrefillScheduler
+from bullet_ray.engine.sequence import Sequence
+from bullet_ray.engine.state_block import Side
+from bullet_ray.engine.worker.main import WorkerBase
+
+
+def sequence_from_request(msg: AddRequest) -> Sequence:
+    """A new sequence, or a preempted one coming back for recompute (blocks freed, nothing computed)."""
+    if msg.resume is not None:
+        seq = Sequence.from_wire(msg.resume)
+        seq.block_ids, seq.num_computed_tokens = [], 0
+        return seq
+    from bullet_ray.engine.sampler import SamplingState
+
+    sampling = SamplingState(msg.params, list(msg.prompt_token_ids))
+    return Sequence(msg.request_id, list(msg.prompt_token_ids), sampling, msg.arrival_s, msg.max_model_len)
+
+
+def token_updates(worker: WorkerBase, result: StepResult) -> tuple[list[TokenUpdate], list[Sequence]]:
+    """One update per sampled sequence, and the sequences that finished with it."""
+    updates, finished = [], []
+    for seq in result.sampled:
+        token = seq.output_token_ids[-1]
+        is_done = seq.check_finished(token, worker.eos_token_ids)
+        lp = result.logprobs.get(seq.request_id)
+        updates.append(TokenUpdate(seq.request_id, [token], [lp] if lp is not None else None,
+                                   seq.finish_reason, seq.stop_reason))
+        if is_done:
+            finished.append(seq)
+    return updates, finished
+
+
+class PrefillWorker(WorkerBase):
+    role = "prefill"
+    side = Side.PREFILL
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        cfg = self.config
+        self.scheduler = PrefillScheduler(self.allocator, cfg.block_size, cfg.max_num_batched_tokens,
+                                          cfg.max_num_seqs, int(cfg.kv_watermark * self.allocator.num_blocks))
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, AddRequest):
+            self.scheduler.add(sequence_from_request(msg), front=msg.resume is not None)
+        else:
+            raise TypeError(f"prefill worker got unexpected message {type(msg).__name__}")
+
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0
+
+    def abort(self, request_ids: list[str]) -> None:
+        missed = [rid for rid in request_ids if self.scheduler.abort(rid) is None]
+        if missed:
+            self.conn.send(AbortMissed(missed))
+
+    def step(self) -> bool:
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return False
+        result = self.runner.execute(batch)
+        updates, finished = token_updates(self, result)
+        self.scheduler.remove(result.sampled)
+        for seq in finished:
+            release(seq, self.allocator)
+        handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
+        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, len(self.scheduler))
+        if updates or handoffs:
+            self.conn.send(StepOutputs(self.role, updates, handoffs))
+        return True
+
+
+class DecodeWorker(WorkerBase):
+    role = "decode"
+    side = Side.DECODE
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, Handoff):
+            self.scheduler.add(Sequence.from_wire(msg.seq))
+        else:
+            raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
+
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+
+    def step(self) -> bool:
+        started = time.perf_counter()
+        batch, preempted = self.scheduler.schedule()
+        preempted_wires = [seq.to_wire() for seq in preempted]
+        if not batch:
+            if preempted_wires:
+                self.conn.send(StepOutputs(self.role, preempted=preempted_wires))
+            return bool(preempted_wires)
+        result = self.runner.execute(batch)
+        updates, finished = token_updates(self, result)
+        for seq in finished:
+            self.scheduler.remove(seq)
+        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, 0)
+        self.conn.send(StepOutputs(self.role, updates, preempted=preempted_wires))
+        return True
+
+
+class HybridWorker(WorkerBase):
+    """The chunked-prefill baseline: prefill chunks and decodes in one batch per step, one process."""
+
+    role = "hybrid"
+    side = Side.DECODE
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        cfg = self.config
+        self.scheduler = ChunkedScheduler(self.allocator, cfg.block_size, cfg.max_num_batched_tokens,
+                                          cfg.max_num_seqs, int(cfg.kv_watermark * self.allocator.num_blocks))
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, AddRequest):
+            self.scheduler.add(sequence_from_request(msg))
+        else:
+            raise TypeError(f"hybrid worker got unexpected message {type(msg).__name__}")
+
+    def has_work(self) -> bool:
+        return self.scheduler.num_waiting + self.scheduler.num_running > 0
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.scheduler.abort(rid)
+
+    def step(self) -> bool:
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return False
+        result = self.runner.execute(batch)
+        self.scheduler.after_step(result.sampled)
+        updates, finished = token_updates(self, result)
+        for seq in finished:
+            self.scheduler.finish(seq)
+        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started,
+                     self.scheduler.num_waiting)
+        if updates:
+            self.conn.send(StepOutputs(self.role, updates))
+        return True

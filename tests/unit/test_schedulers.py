@@ -1,0 +1,127 @@
+"""Schedulers on a fake block source: budgets, FCFS, watermark, growth and preemption. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
+from bullet_ray.engine.scheduler.decode import DecodeScheduler
+from bullet_ray.engine.scheduler.prefill import PrefillScheduler
+from bullet_ray.engine.sequence import Sequence
+
+
+class FakeBlocks:
+    def __init__(self, n: int) -> None:
+        self.free_ids = list(range(n))
+        self.num_blocks = n
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    def allocate(self, n: int) -> list[int] | None:
+        if n > len(self.free_ids):
+            return None
+        out, self.free_ids = self.free_ids[:n], self.free_ids[n:]
+        return out
+
+    def free(self, ids: list[int]) -> None:
+        assert not set(ids) & set(self.free_ids)
+        self.free_ids += ids
+
+
+@dataclass
+class FakeSampling:
+    params: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+
+    def append(self, token: int) -> None:
+        self.output_token_ids.append(token)
+
+
+def make_seq(rid: str, prompt_len: int, outputs: int = 0) -> Sequence:
+    sampling = FakeSampling(SamplingParams(max_tokens=100), list(range(outputs)))
+    return Sequence(rid, list(range(prompt_len)), sampling, 0.0, 4096)
+
+
+def run_step(batch) -> None:
+    """What the runner does to the scheduled sequences: advance, and sample where complete."""
+    for item in batch:
+        complete = item.completes_known_tokens
+        item.seq.num_computed_tokens += item.num_new_tokens
+        if complete:
+            item.seq.sampling.append(7)
+
+
+def test_prefill_fills_budget_fcfs_and_chunks_the_overflow():
+    blocks = FakeBlocks(100)
+    sched = PrefillScheduler(blocks, block_size=4, max_num_batched_tokens=10, max_num_seqs=8)
+    a, b, c = make_seq("a", 6), make_seq("b", 7), make_seq("c", 3)
+    for s in (a, b, c):
+        sched.add(s)
+    batch = sched.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("a", 6), ("b", 4)]
+    assert len(a.block_ids) == 2 and len(b.block_ids) == 1
+    run_step(batch)
+    assert [i.seq.request_id for i in batch if i.seq.output_token_ids] == ["a"]
+    sched.remove([a])
+    batch = sched.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("b", 3), ("c", 3)]
+    assert len(b.block_ids) == 2
+
+
+def test_prefill_waits_when_full_and_respects_watermark():
+    blocks = FakeBlocks(4)
+    sched = PrefillScheduler(blocks, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, watermark_blocks=1)
+    sched.add(make_seq("a", 12))  # 3 blocks, leaves 1 = watermark: admitted
+    sched.add(make_seq("b", 4))  # 1 block would leave 0 < watermark: waits
+    batch = sched.schedule()
+    assert [i.seq.request_id for i in batch] == ["a"]
+    assert blocks.num_free == 1
+
+
+def test_decode_grows_blocks_and_preempts_the_youngest():
+    blocks = FakeBlocks(3)
+    sched = DecodeScheduler(blocks, block_size=2, max_num_seqs=8)
+    old, young = make_seq("old", 1, outputs=1), make_seq("young", 1, outputs=1)
+    for s in (old, young):  # each holds 2 tokens: 1 block, first token computed
+        s.block_ids = blocks.allocate(1)
+        s.num_computed_tokens = 1
+        sched.add(s)
+    batch, preempted = sched.schedule()
+    assert [i.seq.request_id for i in batch] == ["old", "young"] and not preempted
+    run_step(batch)  # both now hold 3 tokens and need a 2nd block for the 4th; only one is free
+    batch, preempted = sched.schedule()
+    assert [i.seq.request_id for i in batch] == ["old"]
+    assert [s.request_id for s in preempted] == ["young"]
+    assert young.block_ids == [] and young.num_computed_tokens == 0
+    assert blocks.num_free == 1 and sched.num_preemptions == 1  # young gave its block back
+
+
+def test_chunked_decodes_first_then_fills_budget_with_prompt_chunks():
+    blocks = FakeBlocks(100)
+    sched = ChunkedScheduler(blocks, block_size=4, max_num_batched_tokens=8, max_num_seqs=8)
+    sched.add(make_seq("a", 5))
+    sched.add(make_seq("b", 9))
+    batch = sched.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("a", 5), ("b", 3)]
+    run_step(batch)
+    sched.after_step([i.seq for i in batch if i.seq.output_token_ids])
+    assert sched.num_running == 1 and sched.num_waiting == 1
+    batch = sched.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("a", 1), ("b", 6)]
+
+
+def test_abort_frees_blocks_everywhere():
+    blocks = FakeBlocks(10)
+    sched = ChunkedScheduler(blocks, block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
+    sched.add(make_seq("a", 9))
+    sched.add(make_seq("b", 9))
+    batch = sched.schedule()
+    run_step(batch)
+    sched.after_step([i.seq for i in batch])
+    assert blocks.num_free == 4
+    assert sched.abort("a") is not None and sched.abort("b") is not None
+    assert sched.abort("zzz") is None
+    assert blocks.num_free == 10

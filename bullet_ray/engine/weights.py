@@ -25,7 +25,8 @@ class WeightsHandle:
 
 
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
-    found = [(name, p, True) for name, p in model.named_parameters(remove_duplicate=False)]
+    found: list[tuple[str, torch.Tensor, bool]] = [
+        (name, p, True) for name, p in model.named_parameters(remove_duplicate=False)]
     found += [(name, b, False) for name, b in model.named_buffers(remove_duplicate=False)]
     return found
 

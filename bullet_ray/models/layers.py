@@ -61,7 +61,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
+        freqs = positions.float()[:, None] * inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos().to(q.dtype)[:, None, :]
         sin = emb.sin().to(q.dtype)[:, None, :]

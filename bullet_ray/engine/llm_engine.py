@@ -54,6 +54,24 @@ def _runtime_dir(config: EngineConfig) -> str:
     return tempfile.mkdtemp(prefix="bullet_ray-", dir=base)
 
 
+def _prepare_model_in_subprocess(source: str) -> None:
+    """Build the embedded model's cache (GGUF dequantization) in a short-lived process, so no long-lived
+    process keeps the heap it needed."""
+    from bullet_ray.models.loader import EMBEDDED_NAMES, is_embedded_cached
+
+    if source.lower() not in EMBEDDED_NAMES or is_embedded_cached():
+        return
+    import multiprocessing as mp
+
+    from bullet_ray.models.loader import cache_embedded
+
+    proc = mp.get_context("spawn").Process(target=cache_embedded, name="bullet-prepare-model")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        cache_embedded()  # raise the real error here
+
+
 class LLMEngine(EngineClient):
     """A prefill/decode worker pair (or one hybrid worker) behind a streaming request API."""
 
@@ -85,6 +103,7 @@ class LLMEngine(EngineClient):
 
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
+        _prepare_model_in_subprocess(self.config.model)
         first = "prefill" if self.config.is_disaggregated else "hybrid"
         ready = self._launch(first, None, timeout_s)
         handles = ready.handles

@@ -1,8 +1,8 @@
 """One copy of the model weights for two processes: move them into a shared arena, or attach to one.
 
-`share_weights` copies every parameter and buffer of a loaded model into a `TensorArena` and re-points
-the module at the arena's views (the private copy is then garbage). `attach_weights` takes a model built
-on the "meta" device in another process and binds each parameter and buffer to the same views.
+`allocate_shared_weights` gives a model built on the "meta" device storage in a new `TensorArena` (the
+weights are then loaded straight into it); `share_weights` does the same for an already loaded model
+(copying it). `attach_weights` binds a meta-device model in another process to the same views.
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ def _set_tensor(model: nn.Module, dotted: str, value: torch.Tensor, is_param: bo
 
 
 def share_weights(model: nn.Module, device: str, runtime_dir: str) -> tuple[TensorArena, WeightsHandle]:
-    """Move the model's tensors into a new shared arena. Tied tensors stay tied (stored once)."""
+    """Move a loaded model's tensors into a new shared arena. Tied tensors stay tied (stored once)."""
+    return allocate_shared_weights(model, device, runtime_dir)
+
+
+def allocate_shared_weights(model: nn.Module, device: str, runtime_dir: str) -> tuple[TensorArena, WeightsHandle]:
+    """Give a meta-device model shared storage: parameters uninitialized, buffers copied in.
+
+    Load the weights afterwards (straight into shared memory: no private copy ever exists).
+    """
     tensors = _named_tensors(model)
     unique: dict[int, torch.Tensor] = {}
     for _, t, _ in tensors:
@@ -53,7 +61,8 @@ def share_weights(model: nn.Module, device: str, runtime_dir: str) -> tuple[Tens
     for name, t, is_param in tensors:
         if id(t) not in placed:
             view, spec = arena.allocate(tuple(t.shape), t.dtype)
-            view.copy_(t.detach())
+            if not t.is_meta:
+                view.copy_(t.detach())
             placed[id(t)] = (view, spec)
         view, spec = placed[id(t)]
         specs[name] = spec

@@ -86,50 +86,68 @@ def cache_dir() -> str:
                                                                 "models"))
 
 
-def _dtype_and_device(model: nn.Module, dtype: torch.dtype, device: str) -> nn.Module:
-    return model.to(dtype=dtype, device=device)
+@dataclass
+class ModelSource:
+    """A resolved model source: its config, how to fill a model's weights, where its tokenizer is."""
+
+    config: ModelConfig
+    tokenizer_path: str | None
+    description: str
+    # fill(model, show_progress, seed): copy the weights into an already-built model of `config`
+    fill: Any
 
 
-def load_model(source: str, dtype: torch.dtype = torch.float32, device: str = "cpu", show_progress: bool = True,
-               seed: int = 0) -> LoadedModel:
-    """Load `source` (see the module docstring) on `device` in `dtype`."""
-    if source.lower() in EMBEDDED_NAMES or source.lower() == "smollm2-135m-instruct":
-        folder = cache_embedded(show_progress)
-        loaded = _load_folder(folder, dtype, device, show_progress)
-        loaded.description = f"embedded SmolLM2-135M-Instruct (cached at {folder})"
-        return loaded
+def resolve_source(source: str) -> ModelSource:
+    """Parse `source` (see the module docstring) without loading any weights."""
+    if source.lower() in EMBEDDED_NAMES:
+        folder = cache_embedded()
+        resolved = _folder_source(folder)
+        resolved.description = f"embedded SmolLM2-135M-Instruct (cached at {folder})"
+        return resolved
     if source.startswith("dummy:"):
-        return _load_dummy(source[len("dummy:"):], dtype, device, seed)
+        return _dummy_source(source[len("dummy:"):])
     if source.endswith(".gguf"):
         if not os.path.isfile(source):
             raise ModelLoadError(f"GGUF file {source!r} does not exist")
-        return _load_gguf(source, dtype, device, show_progress)
+        return _gguf_source(source)
     if os.path.isdir(source):
-        return _load_folder(source, dtype, device, show_progress)
+        return _folder_source(source)
     raise ModelLoadError(f"model {source!r} is not a folder, a .gguf file, dummy:<preset> or "
                          f"'smollm2-135m-instruct' (presets: {preset_names()})")
 
 
-def _load_folder(folder: str, dtype: torch.dtype, device: str, show_progress: bool) -> LoadedModel:
+def load_model(source: str, dtype: torch.dtype = torch.float32, device: str = "cpu", show_progress: bool = True,
+               seed: int = 0) -> LoadedModel:
+    """Build the model of `source` on `device` in `dtype` and load its weights."""
+    resolved = resolve_source(source)
+    model = build_model(resolved.config, dtype=dtype, device=device)
+    resolved.fill(model, show_progress, seed)
+    return LoadedModel(model.eval(), resolved.config, resolved.tokenizer_path, resolved.description)
+
+
+def _folder_source(folder: str) -> ModelSource:
     from bullet_ray.models.hf_folder import has_tokenizer, iter_safetensors, read_config, safetensors_files
 
     config = ModelConfig.from_hf_dict(read_config(folder))
-    model = build_model(config, dtype=dtype, device=device)
-    model.load_weights(iter_safetensors(safetensors_files(folder), show_progress))  # type: ignore[operator]
-    return LoadedModel(model.eval(), config, folder if has_tokenizer(folder) else None, f"HF folder {folder}")
+
+    def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
+        model.load_weights(iter_safetensors(safetensors_files(folder), show_progress))  # type: ignore[operator]
+
+    return ModelSource(config, folder if has_tokenizer(folder) else None, f"HF folder {folder}", fill)
 
 
-def _load_gguf(path: str, dtype: torch.dtype, device: str, show_progress: bool) -> LoadedModel:
+def _gguf_source(path: str) -> ModelSource:
     from bullet_ray.models.gguf_file import GGUFModel
 
     gguf = GGUFModel(path)
-    config = ModelConfig.from_hf_dict(gguf.hf_config())
-    model = build_model(config, dtype=dtype, device=device)
-    model.load_weights(gguf.tensors(show_progress))  # type: ignore[operator]
-    return LoadedModel(model.eval(), config, path, f"GGUF {path}")
+
+    def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
+        model.load_weights(gguf.tensors(show_progress))  # type: ignore[operator]
+
+    return ModelSource(ModelConfig.from_hf_dict(gguf.hf_config()), path, f"GGUF {path}", fill)
 
 
-def _load_dummy(name: str, dtype: torch.dtype, device: str, seed: int) -> LoadedModel:
+def _dummy_source(name: str) -> ModelSource:
     if name.endswith(".json"):
         if not os.path.isfile(name):
             raise ModelLoadError(f"config file {name!r} does not exist")
@@ -137,10 +155,11 @@ def _load_dummy(name: str, dtype: torch.dtype, device: str, seed: int) -> Loaded
             hf = json.load(f)
     else:
         hf = preset_hf_config(name)
-    config = ModelConfig.from_hf_dict(hf)
-    model = build_model(config, dtype=dtype, device=device)
-    init_dummy_weights(model, seed)
-    return LoadedModel(model.eval(), config, None, f"dummy weights ({name}, seed {seed})")
+
+    def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
+        init_dummy_weights(model, seed)
+
+    return ModelSource(ModelConfig.from_hf_dict(hf), None, f"dummy weights ({name})", fill)
 
 
 @torch.no_grad()
@@ -159,13 +178,21 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
         p.copy_(tmp)
 
 
+def _embedded_cache_folder() -> str:
+    st = os.stat(embedded_gguf_path())
+    key = hashlib.sha256(f"{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    return os.path.join(cache_dir(), f"smollm2-135m-instruct-{key}")
+
+
+def is_embedded_cached() -> bool:
+    return os.path.isfile(os.path.join(_embedded_cache_folder(), "model.safetensors"))
+
+
 def cache_embedded(show_progress: bool = True) -> str:
     """The embedded model as a cached float32 HF folder, created on first use (atomically)."""
     gguf_path = embedded_gguf_path()
-    st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    folder = os.path.join(cache_dir(), f"smollm2-135m-instruct-{key}")
-    if os.path.isfile(os.path.join(folder, "model.safetensors")):
+    folder = _embedded_cache_folder()
+    if is_embedded_cached():
         return folder
     from safetensors.torch import save_file
 

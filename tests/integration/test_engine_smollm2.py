@@ -61,14 +61,16 @@ def test_capital_of_france(engine):
 def test_workers_share_one_copy_of_weights_and_kv(engine):
     weights_mb = engine.handles.weights.num_bytes / 1e6
     assert weights_mb > 400  # 135M float32 parameters
+    assert engine.stats().extra["prefill"]["step"] > 0
     engine.generate([_chat(engine, "Hello!")], SamplingParams(temperature=0.0, max_tokens=8))
+    assert engine.stats().extra["decode"]["step"] > 0  # both sides publish to the shared state block
     shared_files = [engine.handles.weights.arena.path, engine.handles.kv_pool.arena.path]
     for role in ("prefill", "decode"):
         proc = psutil.Process(engine.worker_info[role]["pid"])
         mapped = {m.path for m in proc.memory_maps()}
         assert all(f in mapped for f in shared_files), f"{role} does not map the shared arenas"
         uss_mb = proc.memory_full_info().uss / 1e6
-        # the weights live in the shared file: neither worker holds a private copy
+        # the weights are loaded straight into the shared file: neither worker holds a private copy
         assert uss_mb < weights_mb, f"{role} USS {uss_mb:.0f} MB >= weights {weights_mb:.0f} MB"
 
 

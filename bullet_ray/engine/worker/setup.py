@@ -14,7 +14,7 @@ from bullet_ray.engine.attention.base import get_backend_class
 from bullet_ray.engine.kv_pool import KVPool, KVPoolHandle, kv_bytes_per_block
 from bullet_ray.engine.shared_memory import TensorArena
 from bullet_ray.engine.state_block import StateBlock, StateBlockHandle
-from bullet_ray.engine.weights import WeightsHandle, attach_weights, share_weights
+from bullet_ray.engine.weights import WeightsHandle, allocate_shared_weights, attach_weights
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,17 @@ def _make_backend(config: EngineConfig, model_config: Any, kv_pool: KVPool) -> A
 
 def create_resources(config: EngineConfig, runtime_dir: str, device: torch.device) -> WorkerResources:
     """The first worker: load the model, move it to shared memory, create the pool and state block."""
-    from bullet_ray.models.loader import load_model
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
 
     dtype = _dtype(config.torch_dtype_name)
-    loaded = load_model(config.model, dtype=dtype, device=str(device), show_progress=True, seed=config.seed)
-    model, model_config = loaded.model, loaded.config
+    source = resolve_source(config.model)
+    model_config = source.config
+    model = build_model(model_config, dtype=dtype, device="meta")
+    # the weights are loaded straight into shared memory: no private copy ever exists
+    arena, weights = allocate_shared_weights(model, str(device), runtime_dir)
+    source.fill(model, True, config.seed)
     model.eval()
-    arena, weights = share_weights(model, str(device), runtime_dir)
     num_blocks = _num_blocks(config, model_config, dtype)
     kv_pool = KVPool.create(num_layers=model_config.num_hidden_layers,
                             num_kv_heads=model_config.num_key_value_heads, head_dim=model_config.head_dim,
@@ -87,7 +91,7 @@ def create_resources(config: EngineConfig, runtime_dir: str, device: torch.devic
     max_len = min(config.max_model_len or model_config.max_position_embeddings,
                   model_config.max_position_embeddings, num_blocks * config.block_size)
     handles = SharedHandles(model_config.to_hf_dict(), weights, kv_pool.export(), state.export(), max_len,
-                            tuple(model_config.eos_token_ids), loaded.tokenizer_path)
+                            tuple(model_config.eos_token_ids), source.tokenizer_path)
     logger.info("loaded %s: %.1f MB of weights, %d KV blocks of %d tokens", config.model,
                 weights.num_bytes / 1e6, num_blocks, config.block_size)
     return WorkerResources(model, model_config, arena, kv_pool, state, handles, device,

@@ -1,0 +1,70 @@
+"""Prometheus metrics through Ray's metrics export, named as vLLM names them under a `bullet` prefix.
+
+vLLM writes `vllm:time_to_first_token_seconds`; Ray forbids ':' in metric names, so ours are
+`bullet_time_to_first_token_seconds`, exported by Ray with its `ray_` prefix on each node's metrics port
+(`ray_bullet_time_to_first_token_seconds`); deploy/prometheus.yml scrapes every node. Tags: model_name,
+engine (replica id).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# vLLM's buckets where the meaning is the same
+TTFT_BUCKETS_S = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS_S = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0]
+E2E_BUCKETS_S = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0]
+TAGS = ("model_name", "engine")
+
+
+class EngineMetrics:
+    """Per-engine-replica metrics; a no-op outside a Ray worker."""
+
+    def __init__(self, model_name: str, engine_id: str) -> None:
+        from ray.util import metrics as m
+
+        tags = {"model_name": model_name, "engine": engine_id}
+        self.ttft = m.Histogram("bullet_time_to_first_token_seconds", "Time to first token (s).",
+                                boundaries=TTFT_BUCKETS_S, tag_keys=TAGS)
+        self.itl = m.Histogram("bullet_inter_token_latency_seconds", "Time between two output tokens (s).",
+                               boundaries=ITL_BUCKETS_S, tag_keys=TAGS)
+        self.e2e = m.Histogram("bullet_e2e_request_latency_seconds", "Request latency, arrival to finish (s).",
+                               boundaries=E2E_BUCKETS_S, tag_keys=TAGS)
+        self.running = m.Gauge("bullet_num_requests_running", "Requests decoding.", tag_keys=TAGS)
+        self.waiting = m.Gauge("bullet_num_requests_waiting", "Requests without a first token yet.", tag_keys=TAGS)
+        self.kv_usage = m.Gauge("bullet_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", tag_keys=TAGS)
+        self.prompt_tokens = m.Counter("bullet_prompt_tokens", "Prompt tokens processed.", tag_keys=TAGS)
+        self.generation_tokens = m.Counter("bullet_generation_tokens", "Tokens generated.", tag_keys=TAGS)
+        self.success = m.Counter("bullet_request_success", "Finished requests by finish reason.",
+                                 tag_keys=(*TAGS, "finished_reason"))
+        self.rejected_total = m.Counter("bullet_admissions_rejected", "Requests answered 429 by admission.",
+                                        tag_keys=TAGS)
+        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+                       self.prompt_tokens, self.generation_tokens, self.rejected_total):
+            metric.set_default_tags(tags)
+        self.success.set_default_tags(tags)
+
+    def first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
+        self.ttft.observe(ttft_s)
+        self.prompt_tokens.inc(num_prompt_tokens)
+
+    def inter_token(self, gap_s: float) -> None:
+        self.itl.observe(gap_s)
+
+    def generated(self, num_tokens: int) -> None:
+        self.generation_tokens.inc(num_tokens)
+
+    def finished(self, reason: str, e2e_s: float) -> None:
+        self.e2e.observe(e2e_s)
+        self.success.inc(1, tags={"finished_reason": reason})
+
+    def rejected(self) -> None:
+        self.rejected_total.inc(1)
+
+    def observe_stats(self, stats: Any) -> None:
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)

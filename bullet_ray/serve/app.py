@@ -1,0 +1,39 @@
+"""`build_app`: the application builder `serve run deploy/<file>.yaml` calls with the YAML's args."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from bullet_ray.serve.config import BulletAppConfig
+from bullet_ray.serve.engine_deployment import EngineReplica
+from bullet_ray.serve.ingress import Ingress
+
+
+def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) -> Application:
+    """Ingress + one engine replica per GPU (num_engines). Pure: builds, deploys nothing.
+
+    `engine_factory(app_config) -> EngineClient` replaces the real engine (tests use a mock engine).
+    """
+    config = BulletAppConfig(**(args or {}))
+    options: dict[str, Any] = {
+        "num_replicas": config.num_engines,
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "max_queued_requests": config.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": config.engine_num_cpus},
+        "request_router_config": {"request_router_class": "bullet_ray.serve.router:PredictedTTFTRouter",
+                                  "request_routing_stats_period_s": 1.0},
+        "health_check_period_s": 5.0,
+    }
+    accelerator = config.accelerator
+    if accelerator is not None and config.worker_launcher == "ray":
+        # bundle 0: the engine front (CPU only); bundle 1: the engine's GPU for its two worker actors
+        workers: dict[str, float] = {"CPU": 2 * config.worker_num_cpus, accelerator: 1.0}
+        options["placement_group_bundles"] = [{"CPU": max(config.engine_num_cpus, 0.01)}, workers]
+        options["placement_group_strategy"] = "STRICT_PACK"
+    engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
+    dumped = config.model_dump()
+    return Ingress.options(name="BulletIngress").bind(  # type: ignore[attr-defined]
+        engine.bind(dumped, engine_factory), dumped)

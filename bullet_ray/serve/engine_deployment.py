@@ -1,0 +1,134 @@
+"""The engine replica: one per GPU. A CPU-only Serve replica that owns an LLMEngine front (tokenizer,
+request table, token streams) and the engine's prefill/decode worker actors."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+
+from bullet_ray.engine.outputs import RequestOutput
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import EngineDeadError, InvalidRequest, InvalidSamplingParams
+from bullet_ray.serve.config import BulletAppConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateError:
+    """Yielded instead of outputs when a request cannot run; the ingress turns it into an HTTP error."""
+
+    status: int
+    message: str
+    err_type: str
+    param: str | None = None
+    retry_after_s: int | None = None
+
+
+class EngineReplica:
+    """Serve deployment class; `build_app` wraps it with serve.deployment options."""
+
+    def __init__(self, app_config: dict[str, Any], engine_factory: Any = None) -> None:
+        from bullet_ray.engine.launcher import ProcessLauncher
+        from bullet_ray.engine.llm_engine import LLMEngine
+        from bullet_ray.serve.workers import RayActorLauncher
+
+        self.cfg = BulletAppConfig(**app_config)
+        self.replica_id = _replica_id()
+        if engine_factory is not None:  # tests pass a mock engine that implements EngineClient
+            self.engine = engine_factory(self.cfg)
+        else:
+            launcher = (RayActorLauncher(self.cfg.accelerator, self.cfg.worker_num_cpus)
+                        if self.cfg.worker_launcher == "ray" else ProcessLauncher())
+            self.engine = LLMEngine(self.cfg.engine.to_engine_config(), launcher=launcher,
+                                    served_model_name=self.cfg.model_name)
+            if isinstance(launcher, RayActorLauncher) and self.cfg.engine.device.startswith("cuda"):
+                placed = launcher.describe()
+                uuids = {info.get("gpu_uuid") for info in placed.values()}
+                if len(uuids) != 1 or None in uuids:
+                    raise EngineDeadError(f"prefill and decode workers are not on one GPU: {placed}")
+        from bullet_ray.metrics import EngineMetrics
+
+        self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id)
+        self.max_waiting = self.cfg.max_waiting_per_engine
+
+    # Serve hooks ------------------------------------------------------------------------------------
+    def check_health(self) -> None:
+        self.engine.check_health()
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Runtime knobs: max_waiting_per_engine."""
+        if "max_waiting_per_engine" in user_config:
+            self.max_waiting = int(user_config["max_waiting_per_engine"])
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        self.metrics.observe_stats(stats)
+        return {"predicted_ttft_s": stats.predicted_ttft_s, "num_waiting": stats.num_waiting,
+                "num_running": stats.num_running, "kv_usage": stats.kv_usage}
+
+    # API --------------------------------------------------------------------------------------------
+    def model_info(self) -> dict[str, Any]:
+        return {"model_name": self.engine.model_name, "max_model_len": self.engine.max_model_len,
+                "replica_id": self.replica_id}
+
+    def stats(self) -> dict[str, Any]:
+        s = self.engine.stats()
+        return {"num_waiting": s.num_waiting, "num_running": s.num_running, "num_kv_blocks": s.num_kv_blocks,
+                "num_free_kv_blocks": s.num_free_kv_blocks, "num_preemptions": s.num_preemptions,
+                "replica_id": self.replica_id}
+
+    def _prompt(self, request: dict[str, Any]) -> str | list[int]:
+        if request.get("messages") is None:
+            return request["prompt"]
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
+        return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput | GenerateError]:
+        """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
+        params: SamplingParams = request["params"]
+        if self.engine.stats().num_waiting >= self.max_waiting:
+            self.metrics.rejected()
+            yield GenerateError(429, "every engine is saturated; retry later", "rate_limit_error",
+                                retry_after_s=self.cfg.retry_after_s)
+            return
+        start = time.monotonic()
+        last_token_s: float | None = None
+        try:
+            prompt = self._prompt(request)
+            stream = self.engine.stream_async(prompt, params, request.get("request_id") or uuid.uuid4().hex)
+            async for out in stream:
+                now = time.monotonic()
+                if out.token_ids_delta:
+                    if last_token_s is None:
+                        self.metrics.first_token(now - start, out.num_prompt_tokens)
+                    else:
+                        self.metrics.inter_token(now - last_token_s)
+                    last_token_s = now
+                    self.metrics.generated(len(out.token_ids_delta))
+                if out.finished:
+                    self.metrics.finished(out.finish_reason or "stop", now - start)
+                yield out
+        except InvalidSamplingParams as e:
+            yield GenerateError(400, str(e), "invalid_request_error", e.field)
+        except InvalidRequest as e:
+            status = 413 if e.code == "context_length_exceeded" else 400
+            yield GenerateError(status, str(e), "invalid_request_error", e.field)
+        except EngineDeadError as e:
+            yield GenerateError(503, f"engine unavailable: {e}", "server_error")
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (unit tests)
+        return "local"

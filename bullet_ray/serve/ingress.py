@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP ingress: /v1/completions, /v1/chat/completions, /v1/models, /health.
+
+Streams are Server-Sent Events ending in `data: [DONE]`; with stream_options.include_usage a last chunk
+carries the usage. Errors have OpenAI's body {"error": {message, type, param, code}}: 400 bad
+parameters, 401 bad API key, 404 unknown model or route, 413 prompt too long or body too large, 422
+malformed body, 429 saturated (with Retry-After).
+"""
+
+# no `from __future__ import annotations`: FastAPI reads these annotations at run time
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import InvalidSamplingParams
+from bullet_ray.serve.config import BulletAppConfig
+from bullet_ray.serve.openai_protocol import ChatCompletionRequest, CompletionRequest, error_body
+from bullet_ray.serve.streams import ApiError, ChoiceStreams
+
+fastapi_app = FastAPI(title="bullet_ray", description="OpenAI-compatible API of bullet_ray")
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
+    return JSONResponse(error_body(e.message, e.err_type, e.status, e.param), status_code=e.status, headers=headers)
+
+
+@fastapi_app.exception_handler(ApiError)
+async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+    return _error_response(e)
+
+
+@fastapi_app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    first = e.errors()[0] if e.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    return JSONResponse(error_body(f"invalid request body: {first.get('msg', e)}", "invalid_request_error", 422,
+                                   param), status_code=422)
+
+
+@fastapi_app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(e.detail), kind, e.status_code), status_code=e.status_code)
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def _prompt_list(prompt: Any) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    return list(prompt)
+
+
+def _usage(streams: ChoiceStreams, prompt_tokens: list[int], completion_tokens: list[int]) -> dict[str, int]:
+    # the prompt is counted once per distinct prompt (n choices of one prompt share it, as OpenAI does)
+    seen: dict[str, int] = {}
+    for req, count in zip(streams.requests, prompt_tokens):
+        seen[repr(req.get("prompt", req.get("messages")))] = count
+    prompt = sum(seen.values())
+    completion = sum(completion_tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_logprobs(items: list[Any]) -> dict[str, Any]:
+    return {"tokens": [str(lp.token_id) for lp in items], "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{str(t): v for t, v in lp.top} for lp in items], "text_offset": []}
+
+
+def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
+    return {"content": [{"token": str(lp.token_id), "logprob": lp.logprob, "bytes": None,
+                         "top_logprobs": [{"token": str(t), "logprob": v, "bytes": None} for t, v in lp.top]}
+                        for lp in items]}
+
+
+@serve.deployment(max_ongoing_requests=1000)
+@serve.ingress(fastapi_app)
+class Ingress:
+    def __init__(self, engine: Any, app_config: dict[str, Any]) -> None:
+        self.engine = engine
+        self.cfg = BulletAppConfig(**app_config)
+
+    # checks -----------------------------------------------------------------------------------------
+    def _check(self, request: Request, model: str | None) -> None:
+        if self.cfg.api_keys:
+            auth = request.headers.get("authorization", "")
+            if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in self.cfg.api_keys:
+                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+                               "authentication_error")
+        length = request.headers.get("content-length")
+        if length is not None and int(length) > self.cfg.max_request_bytes:
+            raise ApiError(413, f"request body of {length} bytes exceeds {self.cfg.max_request_bytes}")
+        if model is not None and model != self.cfg.model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_name!r}",
+                           "not_found_error", "model")
+
+    def _params(self, body: CompletionRequest | ChatCompletionRequest, choice: int) -> SamplingParams:
+        fields = body.sampling_fields()
+        if body.seed is not None:
+            fields["seed"] = body.seed + choice
+        try:
+            return SamplingParams.from_openai(fields, self.cfg.default_max_tokens)
+        except InvalidSamplingParams as e:
+            raise ApiError(400, str(e), "invalid_request_error", e.field) from e
+
+    # routes -----------------------------------------------------------------------------------------
+    @fastapi_app.get("/health")
+    async def health(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @fastapi_app.get("/v1/models")
+    async def models(self, request: Request) -> dict[str, Any]:
+        self._check(request, None)
+        return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
+                                            "owned_by": "bullet_ray"}]}
+
+    @fastapi_app.get("/v1/internal/stats")
+    async def engine_stats(self, request: Request) -> dict[str, Any]:
+        """One engine replica's load (KV blocks, waiting/running); for tests and operators."""
+        self._check(request, None)
+        return await self.engine.stats.remote()
+
+    @fastapi_app.post("/v1/completions")
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
+        self._check(request, body.model)
+        prompts = _prompt_list(body.prompt)
+        reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
+                for p in prompts for i in range(body.n)]
+        return await self._respond(body, reqs, chat=False)
+
+    @fastapi_app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
+        self._check(request, body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
+                for i in range(body.n)]
+        return await self._respond(body, reqs, chat=True)
+
+    # responses --------------------------------------------------------------------------------------
+    async def _respond(self, body: Any, reqs: list[dict[str, Any]], chat: bool) -> Any:
+        streams = ChoiceStreams(self.engine, reqs, self.cfg.retry_after_s)
+        await streams.start()
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(self._sse_stream(streams, rid, chat, include_usage),
+                                     media_type="text/event-stream")
+        try:
+            return await self._collect(streams, rid, chat)
+        finally:
+            streams.cancel()
+
+    async def _collect(self, streams: ChoiceStreams, rid: str, chat: bool) -> dict[str, Any]:
+        n = len(streams.requests)
+        texts = [""] * n
+        finish: list[str | None] = [None] * n
+        logprobs: list[list[Any]] = [[] for _ in range(n)]
+        prompt_tokens = [0] * n
+        completion_tokens = [0] * n
+        try:
+            async for i, out in streams.merged():
+                texts[i] += out.text_delta
+                logprobs[i] += out.logprobs_delta or []
+                prompt_tokens[i], completion_tokens[i] = out.num_prompt_tokens, out.num_output_tokens
+                if out.finished:
+                    finish[i] = out.finish_reason
+        except ApiError:
+            raise
+        choices = []
+        for i in range(n):
+            wants_logprobs = streams.requests[i]["params"].logprobs is not None
+            if chat:
+                choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": texts[i]},
+                                          "finish_reason": finish[i],
+                                          "logprobs": _chat_logprobs(logprobs[i]) if wants_logprobs else None}
+            else:
+                choice = {"index": i, "text": texts[i], "finish_reason": finish[i],
+                          "logprobs": _completion_logprobs(logprobs[i]) if wants_logprobs else None}
+            choices.append(choice)
+        usage = _usage(streams, prompt_tokens, completion_tokens)
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.cfg.model_name, "choices": choices, "usage": usage}
+
+    async def _sse_stream(self, streams: ChoiceStreams, rid: str, chat: bool,
+                          include_usage: bool) -> AsyncIterator[str]:
+        n = len(streams.requests)
+        prompt_tokens, completion_tokens = [0] * n, [0] * n
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name}
+        try:
+            if chat:
+                for i in range(n):
+                    yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "finish_reason": None, "logprobs": None}]})
+            async for i, out in streams.merged():
+                prompt_tokens[i], completion_tokens[i] = out.num_prompt_tokens, out.num_output_tokens
+                if not out.text_delta and not out.finished:
+                    continue
+                lp = out.logprobs_delta if streams.requests[i]["params"].logprobs is not None else None
+                if chat:
+                    choice: dict[str, Any] = {"index": i, "delta": {"content": out.text_delta} if out.text_delta else {},
+                                              "finish_reason": out.finish_reason,
+                                              "logprobs": _chat_logprobs(lp) if lp else None}
+                else:
+                    choice = {"index": i, "text": out.text_delta, "finish_reason": out.finish_reason,
+                              "logprobs": _completion_logprobs(lp) if lp else None}
+                yield _sse({**base, "choices": [choice]})
+            if include_usage:
+                yield _sse({**base, "choices": [], "usage": _usage(streams, prompt_tokens, completion_tokens)})
+            yield _sse("[DONE]")
+        except ApiError as e:
+            yield _sse(error_body(e.message, e.err_type, e.status, e.param))
+            yield _sse("[DONE]")
+        finally:
+            streams.cancel()  # a disconnected client lands here too: abort what still runs

@@ -1,0 +1,95 @@
+"""Fan-out of one API request into engine streams (prompts x n choices) and their merge.
+
+Every choice is one engine request. The first item of every stream is fetched before the HTTP response
+starts, so a request the engines refuse (bad parameters, too long, saturated) gets a proper HTTP error
+instead of a broken 200 stream. Closing a `ChoiceStreams` cancels every engine request it started,
+which aborts them in the engine and frees their KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.serve.exceptions import BackPressureError
+
+from bullet_ray.engine.outputs import RequestOutput
+from bullet_ray.serve.engine_deployment import GenerateError
+
+
+class ApiError(Exception):
+    """An error the ingress answers with an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error",
+                 param: str | None = None, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def from_generate_error(cls, e: GenerateError) -> ApiError:
+        return cls(e.status, e.message, e.err_type, e.param, e.retry_after_s)
+
+
+class ChoiceStreams:
+    def __init__(self, engine: Any, requests: list[dict[str, Any]], retry_after_s: int) -> None:
+        self.engine = engine
+        self.requests = requests
+        self.retry_after_s = retry_after_s
+        self.gens: list[Any] = []
+        self.firsts: list[RequestOutput] = []
+
+    async def start(self) -> None:
+        """Start every choice and wait for its first item; raise ApiError if any was refused."""
+        try:
+            for req in self.requests:
+                self.gens.append(self.engine.options(stream=True).generate.remote(req))
+            firsts = await asyncio.gather(*(g.__anext__() for g in self.gens))
+        except BackPressureError as e:
+            self.cancel()
+            raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
+                           retry_after_s=self.retry_after_s) from e
+        except BaseException:
+            self.cancel()
+            raise
+        for item in firsts:
+            if isinstance(item, GenerateError):
+                self.cancel()
+                raise ApiError.from_generate_error(item)
+        self.firsts = list(firsts)
+
+    async def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) in arrival order across choices, until every choice finished."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                first = self.firsts[index]
+                await queue.put((index, first))
+                if first.finished:
+                    return
+                async for item in self.gens[index]:
+                    await queue.put((index, item))
+                    if isinstance(item, GenerateError) or item.finished:
+                        return
+            except Exception as e:  # an engine failed mid-stream: end this choice with an error
+                await queue.put((index, e))
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(self.gens))]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, (GenerateError, Exception)):
+                    raise item if isinstance(item, Exception) else ApiError.from_generate_error(item)
+                if item.finished:
+                    remaining -= 1
+                yield index, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def cancel(self) -> None:
+        for g in self.gens:
+            g.cancel()

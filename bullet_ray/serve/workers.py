@@ -1,0 +1,97 @@
+"""Prefill and decode workers as Ray actors: a `WorkerLauncher` for the engine inside a Serve replica.
+
+Each worker actor runs `run_worker(spec)` in a long-running method call (the actor is threaded, so
+`alive`-style calls still answer) and lands on the replica's node: in the replica's placement group
+bundle when there is one (bundle 1 holds the engine's GPU), else pinned to the replica's node, since the
+worker connects to the engine front's Unix socket and maps its shared memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+from ray.util.placement_group import get_current_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from bullet_ray.engine.launcher import WorkerHandle, WorkerLauncher, WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+@ray.remote(max_concurrency=2)  # type: ignore[call-overload]
+class WorkerActor:
+    """Hosts one engine worker (prefill, decode or hybrid)."""
+
+    def run(self, spec: WorkerSpec) -> None:
+        from bullet_ray.engine.worker import run_worker
+
+        run_worker(spec)
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible)) if visible.isdigit() else \
+                pynvml.nvmlDeviceGetHandleByUUID(visible)
+            info["gpu_uuid"] = pynvml.nvmlDeviceGetUUID(handle)
+        except Exception:  # no GPU or no NVML: nothing to report
+            pass
+        return info
+
+
+class _ActorHandle(WorkerHandle):
+    def __init__(self, actor: Any, run_ref: Any) -> None:
+        self.actor = actor
+        self.run_ref = run_ref
+
+    def is_alive(self) -> bool:
+        ready, _ = ray.wait([self.run_ref], timeout=0)
+        return not ready
+
+    def kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)
+
+    def join(self, timeout_s: float) -> None:
+        ray.wait([self.run_ref], timeout=timeout_s)
+
+
+class RayActorLauncher(WorkerLauncher):
+    """Starts workers as Ray actors beside the calling Serve replica."""
+
+    def __init__(self, accelerator: str | None, num_cpus: float = 1.0, bundle_index: int = 1) -> None:
+        self.accelerator = accelerator
+        self.num_cpus = num_cpus
+        self.bundle_index = bundle_index
+        self.actors: dict[str, Any] = {}
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.accelerator == "GPU":
+            options["num_gpus"] = 0.5
+        elif self.accelerator:
+            options["resources"] = {self.accelerator: 0.5}
+        pg = get_current_placement_group()
+        if pg is not None and self.bundle_index < pg.bundle_count:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=self.bundle_index)
+        else:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        return options
+
+    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        actor = WorkerActor.options(name=None, **self._options()).remote()  # type: ignore[attr-defined]
+        self.actors[spec.role] = actor
+        return _ActorHandle(actor, actor.run.remote(spec))
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Where each worker runs (node, GPU UUID); used to check the pair shares one GPU."""
+        return {role: ray.get(actor.describe.remote()) for role, actor in self.actors.items()}

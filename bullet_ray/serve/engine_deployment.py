@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from ray import serve
 
 from bullet_ray.engine.outputs import RequestOutput
@@ -57,6 +58,7 @@ class EngineReplica:
 
         self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id)
         self.max_waiting = self.cfg.max_waiting_per_engine
+        self.num_requests_total = 0
 
     # Serve hooks ------------------------------------------------------------------------------------
     def check_health(self) -> None:
@@ -82,7 +84,8 @@ class EngineReplica:
         s = self.engine.stats()
         return {"num_waiting": s.num_waiting, "num_running": s.num_running, "num_kv_blocks": s.num_kv_blocks,
                 "num_free_kv_blocks": s.num_free_kv_blocks, "num_preemptions": s.num_preemptions,
-                "replica_id": self.replica_id}
+                "replica_id": self.replica_id, "node_id": ray.get_runtime_context().get_node_id(),
+                "num_requests_total": self.num_requests_total}
 
     def _prompt(self, request: dict[str, Any]) -> str | list[int]:
         if request.get("messages") is None:
@@ -96,6 +99,7 @@ class EngineReplica:
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput | GenerateError]:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
         params: SamplingParams = request["params"]
+        self.num_requests_total += 1
         if self.engine.stats().num_waiting >= self.max_waiting:
             self.metrics.rejected()
             yield GenerateError(429, "every engine is saturated; retry later", "rate_limit_error",

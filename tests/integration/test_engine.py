@@ -47,13 +47,11 @@ def _preset(preset: str) -> dict:
     return cfg
 
 
-def _hf_greedy(folder: str, prompts: list[list[int]], num_new: int) -> list[list[int]]:
+def _hf_greedy(hf_greedy, folder: str, prompts: list[list[int]], num_new: int) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    from conftest import _hf_greedy
-
-    return [_hf_greedy(model, ids, num_new) for ids in prompts]
+    return [hf_greedy(model, ids, num_new) for ids in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +61,9 @@ def hf_root(tmp_path_factory):
 
 @pytest.mark.parametrize("schedule", ["bullet", "chunked"])
 @pytest.mark.parametrize("preset", FAMILIES)
-def test_greedy_matches_transformers(preset, schedule, hf_root):
+def test_greedy_matches_transformers(preset, schedule, hf_root, hf_greedy):
     folder = _hf_folder(preset, hf_root)
-    expected = _hf_greedy(folder, PROMPTS, NUM_NEW)
+    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     # a small token budget forces chunked prompts and mixed batches in the chunked schedule
     config = EngineConfig(model=folder, schedule=schedule, num_kv_blocks=64, block_size=4,
@@ -76,10 +74,10 @@ def test_greedy_matches_transformers(preset, schedule, hf_root):
     assert [r.token_ids for r in results] == expected
 
 
-def test_pool_too_small_preempts_and_still_matches(hf_root):
+def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = [list(range(10 + i, 30 + i)) for i in range(6)]
-    expected = _hf_greedy(folder, prompts, 20)
+    expected = _hf_greedy(hf_greedy, folder, prompts, 20)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     # 6 requests x 40 tokens need 60 blocks of 4; the pool has 24
     config = EngineConfig(model=folder, num_kv_blocks=24, block_size=4, kv_watermark=0.0)

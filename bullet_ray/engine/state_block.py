@@ -71,7 +71,7 @@ class StateBlock:
         return StateBlockHandle(self._arena.handle, self._rows_spec, self._switch_spec)
 
     def publish(self, side: Side, *, num_seqs: int, num_tokens: int, num_context_tokens: int,
-                step_time_us: int, num_queued: int) -> None:
+                step_time_us: int, num_queued: int, split_index: int = 0) -> None:
         """Record one finished step of `side`."""
         row = self.rows[int(side)]
         row[Field.NUM_SEQS] = num_seqs
@@ -79,6 +79,7 @@ class StateBlock:
         row[Field.NUM_CONTEXT_TOKENS] = num_context_tokens
         row[Field.STEP_TIME_US] = step_time_us
         row[Field.NUM_QUEUED] = num_queued
+        row[Field.SPLIT_INDEX] = split_index
         row[Field.HEARTBEAT_US] = time.monotonic_ns() // 1000
         row[Field.STEP] += 1
 

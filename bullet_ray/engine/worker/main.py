@@ -40,6 +40,31 @@ class WorkerBase:
         self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
                                   resources.device)
         self.is_stopped = False
+        self.partitioner = self._make_partitioner()
+
+    def _make_partitioner(self) -> Any:
+        """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""
+        from bullet_ray.gpu.partition import make_partitioner
+
+        on_gpu = self.config.is_gpu and self.role != "hybrid"
+        side = self.role if self.role in ("prefill", "decode") else "both"
+        device = self.res.device.index or 0 if on_gpu else 0
+        partitioner = make_partitioner(self.config.partition if on_gpu else "none", side, device)  # type: ignore[arg-type]
+        want = self.config.static_decode_sms
+        if want is None:
+            index = len(partitioner.ladder) // 2
+        else:
+            index = min(range(len(partitioner.ladder)), key=lambda i: abs(partitioner.ladder[i].decode_sms - want))
+        partitioner.select(index)
+        return partitioner
+
+    def execute(self, batch: Any) -> Any:
+        """Run a batch on this side's SMs (its green-context stream on GPU)."""
+        stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
+        if stream is None:
+            return self.runner.execute(batch)
+        with torch.cuda.stream(stream):
+            return self.runner.execute(batch)
 
     # role hooks -------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> None:
@@ -81,7 +106,7 @@ class WorkerBase:
         self.res.state.publish(self.side, num_seqs=num_seqs, num_tokens=num_tokens,
                                num_context_tokens=num_context_tokens,
                                step_time_us=int((time.perf_counter() - started_s) * 1e6),
-                               num_queued=num_queued)
+                               num_queued=num_queued, split_index=self.partitioner.current_index)
 
 
 def _device(spec: WorkerSpec) -> torch.device:

@@ -71,7 +71,7 @@ class PrefillWorker(WorkerBase):
         batch = self.scheduler.schedule()
         if not batch:
             return False
-        result = self.runner.execute(batch)
+        result = self.execute(batch)
         updates, finished = token_updates(self, result)
         self.scheduler.remove(result.sampled)
         for seq in finished:
@@ -112,7 +112,7 @@ class DecodeWorker(WorkerBase):
             if preempted_wires:
                 self.conn.send(StepOutputs(self.role, preempted=preempted_wires))
             return bool(preempted_wires)
-        result = self.runner.execute(batch)
+        result = self.execute(batch)
         updates, finished = token_updates(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
@@ -151,7 +151,7 @@ class HybridWorker(WorkerBase):
         batch = self.scheduler.schedule()
         if not batch:
             return False
-        result = self.runner.execute(batch)
+        result = self.execute(batch)
         self.scheduler.after_step(result.sampled)
         updates, finished = token_updates(self, result)
         for seq in finished:

@@ -1,0 +1,70 @@
+"""Shared helpers of the GPU benchmark scripts: timing with CUDA events, result files with device/date/command."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def time_cuda(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: Any = None) -> float:
+    """Median milliseconds of fn() measured with CUDA events on `stream` (default: current stream)."""
+    import torch
+
+    s = stream or torch.cuda.current_stream()
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(s)
+            fn()
+            end.record(s)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "sms": props.multi_processor_count, "memory_gb": round(props.total_memory / 2**30, 1),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def save(name: str, payload: dict[str, Any]) -> str:
+    """Write payload with device, date and command to $OUT/<name>.json (or benchmarks/results/)."""
+    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "..", "results")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    payload = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": device_info(), "command": "python " + " ".join(sys.argv), **payload}
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"saved {path}")
+    return path
+
+
+def peak_gemm_tflops() -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = time_cuda(lambda: a @ b, iters=10)
+    return 2 * 8192**3 / (ms / 1e3) / 1e12
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy, counting bytes read plus written."""
+    import torch
+
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = time_cuda(lambda: y.copy_(x), iters=10)
+    return 2 * x.numel() / (ms / 1e3) / 1e9

@@ -1,0 +1,149 @@
+"""Llama-3.1-8B (dummy bf16 weights) on one GPU: prefill MFU, decode bandwidth, and transformers' generate.
+
+Ceilings measured in the same run: bf16 GEMM 8192^3 (TFLOP/s) and device copy bandwidth (read + write).
+Prefill: tokens/s and MFU at 1k, 4k, 16k tokens per batch (2k-token sequences). Decode: step time and
+achieved bandwidth ((weights + KV bytes read) / step time) at batch 1/16/64/256 x context 1k/4k (pairs whose
+KV does not fit are skipped and listed). Eager PyTorch between flashinfer kernels (no CUDA graphs yet).
+
+    python -m benchmarks.gpu.engine_speed
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.gpu.common import copy_bandwidth_gbs, peak_gemm_tflops, save, time_cuda
+from benchmarks.gpu.engine_common import make_runner
+from bullet_ray.engine.attention.base import AttentionContext
+from bullet_ray.engine.scheduler.base import ScheduledSeq
+from bullet_ray.engine.sequence import Sequence
+from bullet_ray.models.loader import load_model
+
+BLOCK = 16
+
+
+def _seqs(n: int, ctx: int, new: int) -> list[Sequence]:
+    from bullet_ray.engine.sampler import SamplingState
+    from bullet_ray.engine.sampling_params import SamplingParams
+
+    per = (ctx + new + BLOCK - 1) // BLOCK
+    seqs = []
+    for i in range(n):
+        ids = [(i * 7 + j) % 1000 + 10 for j in range(ctx)]
+        s = Sequence(f"r{i}", ids, SamplingState(SamplingParams(temperature=0.0, max_tokens=8), ids), 0.0, 1 << 20)
+        s.block_ids = list(range(i * per, (i + 1) * per))
+        seqs.append(s)
+    return seqs
+
+
+@torch.inference_mode()
+def forward_ms(runner, batch) -> float:
+    ids, pos, md = runner.build_metadata(batch)
+
+    def step():
+        runner.backend.begin_batch(md)
+        h = runner.model.forward(ids, pos, AttentionContext(runner.backend, md))
+        last = md.query_start_loc[1:].long() - 1
+        return runner.model.compute_logits(h[last])
+
+    return time_cuda(step, iters=5, warmup=2)
+
+
+def main() -> int:
+    peak = peak_gemm_tflops()
+    bw = copy_bandwidth_gbs()
+    print(f"bf16 GEMM peak {peak:.0f} TFLOP/s, copy bandwidth {bw:.0f} GB/s")
+    loaded = load_model("dummy:llama-3.1-8b", dtype=torch.bfloat16, device="cuda", show_progress=True)
+    model, cfg = loaded.model, loaded.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = cfg.kv_bytes_per_token(2)
+    free = torch.cuda.mem_get_info()[0]
+    num_blocks = int((free - (6 << 30)) // (kv_per_token * BLOCK))
+    runner, kv = make_runner(model, cfg, "flashinfer", num_blocks, BLOCK, "cuda", torch.bfloat16)
+    kv.normal_()  # never time on zeros
+    capacity = num_blocks * BLOCK
+    flops_per_token = 2 * (cfg.num_params - cfg.vocab_size * cfg.hidden_size)  # matmuls (embedding is a lookup)
+    prefill = {}
+    for total in tqdm([1024, 4096, 16384], desc="prefill"):
+        seq_len = min(total, 2048)
+        seqs = _seqs(total // seq_len, seq_len, 1)
+        ms = forward_ms(runner, [ScheduledSeq(s, seq_len) for s in seqs])
+        attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * (seq_len ** 2 / 2) * len(seqs)
+        flops = flops_per_token * total + attn
+        prefill[str(total)] = {"ms": round(ms, 2), "tokens_per_s": round(total / (ms / 1e3)),
+                               "tflops": round(flops / (ms / 1e3) / 1e12, 1), "mfu": round(flops / (ms / 1e3) / 1e12 / peak, 3)}
+        print(total, prefill[str(total)])
+    decode, skipped = {}, []
+    for bs in tqdm([1, 16, 64, 256], desc="decode"):
+        for ctx in (1024, 4096):
+            if bs * (ctx + 16) > capacity:
+                skipped.append(f"bs{bs}_ctx{ctx}")
+                continue
+            seqs = _seqs(bs, ctx, 1)
+            for s in seqs:
+                s.num_computed_tokens = ctx - 1  # the KV of the context is in the pool; decode the last token
+            ms = forward_ms(runner, [ScheduledSeq(s, 1) for s in seqs])
+            read = weight_bytes + bs * ctx * kv_per_token
+            decode[f"bs{bs}_ctx{ctx}"] = {"ms": round(ms, 3), "tokens_per_s": round(bs / (ms / 1e3)),
+                                          "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3)}
+            print(bs, ctx, decode[f"bs{bs}_ctx{ctx}"])
+    del runner, kv
+    gc.collect()
+    torch.cuda.empty_cache()
+    hf = hf_generate(cfg, model)
+    save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
+                                   "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
+                                   "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
+                                   "transformers_generate": hf,
+                                   "notes": "eager PyTorch + flashinfer kernels, no CUDA graphs"})
+    return 0
+
+
+@torch.inference_mode()
+def hf_generate(cfg, ours) -> dict:
+    """transformers' generate on the same architecture and weights; our decode at the same batch and context."""
+    import time
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.for_model(**cfg.to_hf_dict())
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16)
+    hf = hf.to_empty(device="cuda")
+    sd = ours.state_dict()
+    c = cfg
+    new = {"model.embed_tokens.weight": sd["model.embed_tokens.weight"], "model.norm.weight": sd["model.norm.weight"],
+           "lm_head.weight": sd["lm_head.weight"]}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        q, k, v = sd[p + "self_attn.qkv_proj.weight"].split([c.q_size, c.kv_size, c.kv_size])
+        g, u = sd[p + "mlp.gate_up_proj.weight"].chunk(2)
+        new.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
+                    p + "self_attn.o_proj.weight": sd[p + "self_attn.o_proj.weight"], p + "mlp.gate_proj.weight": g,
+                    p + "mlp.up_proj.weight": u, p + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"],
+                    p + "input_layernorm.weight": sd[p + "input_layernorm.weight"],
+                    p + "post_attention_layernorm.weight": sd[p + "post_attention_layernorm.weight"]})
+    hf.load_state_dict(new, strict=False)
+    hf.model.rotary_emb.__init__(hf_cfg, device="cuda")
+    results = {}
+    for bs in (1, 16):
+        ids = torch.randint(10, 1000, (bs, 512), device="cuda")
+        hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        hf.generate(ids, max_new_tokens=128, min_new_tokens=128, do_sample=False)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - start
+        results[f"bs{bs}"] = {"prompt_tokens": 512, "new_tokens": 128, "seconds": round(secs, 2),
+                              "output_tokens_per_s": round(bs * 128 / secs)}
+        print("transformers", bs, results[f"bs{bs}"])
+    del hf
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

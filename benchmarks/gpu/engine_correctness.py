@@ -8,16 +8,29 @@ divergence, and the relative norm of the step-0 logits difference (target < 2e-2
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import tempfile
 
 import torch
 
 from benchmarks.gpu.common import save
 from benchmarks.gpu.engine_common import first_logits, greedy, make_runner
-from bullet_ray.models.loader import load_model
+from bullet_ray.models.loader import load_model, preset_hf_config
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
 NUM_NEW, BLOCK, MAX_LEN = 64, 16, 256
+
+
+def _gpu_config(family: str) -> str:
+    """The tiny preset with head_dim 128 (flashinfer's kernels need 64/128/256), as dummy:<config.json>."""
+    cfg = preset_hf_config(family)
+    cfg.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512)
+    path = os.path.join(tempfile.mkdtemp(), f"{family}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return f"dummy:{path}"
 
 
 def main() -> int:
@@ -25,8 +38,9 @@ def main() -> int:
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (7, 33, 90, 150)]
     results = {}
     for fam in FAMILIES:
-        cpu = load_model(f"dummy:{fam}", dtype=torch.float32, device="cpu", show_progress=False, seed=3)
-        gpu = load_model(f"dummy:{fam}", dtype=torch.bfloat16, device="cuda", show_progress=False, seed=3)
+        source = _gpu_config(fam)
+        cpu = load_model(source, dtype=torch.float32, device="cpu", show_progress=False, seed=3)
+        gpu = load_model(source, dtype=torch.bfloat16, device="cuda", show_progress=False, seed=3)
         gpu.model.load_state_dict({k: v.to(torch.bfloat16) for k, v in cpu.model.state_dict().items()}, strict=False)
         gpu.model.rotary.inv_freq.copy_(cpu.model.rotary.inv_freq)
         ref_runner, _ = make_runner(cpu.model, cpu.config, "torch", 64, BLOCK, "cpu", torch.float32)

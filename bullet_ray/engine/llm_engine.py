@@ -378,6 +378,23 @@ class LLMEngine(EngineClient):
         for state in states:
             state.sink.put(state.make_output([], "", None, finish_reason="error", error=reason))
 
+    # SM split ---------------------------------------------------------------------------------------
+    def request_split(self, index: int) -> None:
+        """Ask both workers to move to ladder entry `index`; each follows at its next step boundary (the
+        side that shrinks first). `split_indexes()` shows where each side is."""
+        from bullet_ray.gpu.partition import EPOCH, REQUESTED
+
+        if index < 0:
+            raise InvalidRequest(f"split index {index} must be >= 0", "split_index")
+        self.state.switch[REQUESTED] = index
+        self.state.switch[EPOCH] += 1
+
+    def split_indexes(self) -> dict[str, int]:
+        from bullet_ray.gpu.partition import DECODE_ACK, PREFILL_ACK, REQUESTED
+
+        sw = self.state.switch
+        return {"requested": int(sw[REQUESTED]), "prefill": int(sw[PREFILL_ACK]), "decode": int(sw[DECODE_ACK])}
+
     # health, stats, shutdown ------------------------------------------------------------------------
     def check_health(self) -> None:
         if self._is_shut_down:

@@ -198,8 +198,8 @@ class SplitSwitch:
         """Call at a step boundary; returns the new index when this side switches now, else None."""
         mine_slot, other_slot = (PREFILL_ACK, DECODE_ACK) if side == "prefill" else (DECODE_ACK, PREFILL_ACK)
         target, mine = int(self.slots[REQUESTED]), int(self.slots[mine_slot])
-        if target == mine:
-            return None
+        if target == mine or not 0 <= target < len(self.ladder):
+            return None  # nothing to do, or a request this ladder cannot serve
         old, new = self.ladder[mine], self.ladder[target]
         shrinks = new.prefill_sms < old.prefill_sms if side == "prefill" else new.decode_sms < old.decode_sms
         if shrinks or int(self.slots[other_slot]) == target:

@@ -116,3 +116,18 @@ def test_bad_requests_raise_typed_errors(engine):
     with pytest.raises(InvalidRequest) as err:
         next(engine.stream([1, 2, 3], SamplingParams(max_tokens=engine.max_model_len)))
     assert err.value.code == "context_length_exceeded"
+
+
+def test_split_request_is_followed_by_both_workers(engine):
+    start = engine.split_indexes()
+    assert start["prefill"] == start["decode"] == start["requested"]
+    target = 1 if start["requested"] != 1 else 2
+    engine.request_split(target)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and engine.split_indexes() != {"requested": target, "prefill": target,
+                                                                      "decode": target}:
+        time.sleep(0.05)
+    assert engine.split_indexes() == {"requested": target, "prefill": target, "decode": target}
+    engine.generate([_chat(engine, "Hi")], SamplingParams(temperature=0.0, max_tokens=4))
+    assert engine.stats().extra["decode"]["split_index"] == target
+    engine.request_split(start["requested"])

@@ -159,3 +159,12 @@ def test_mps_daemon_lifecycle_with_a_fake_control(tmp_path):
 def test_mps_rejects_bad_names():
     with pytest.raises(ConfigError):
         MpsDaemon("../etc")
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU")
+def test_selftest_without_gpu_reports_and_exits_zero(tmp_path, capsys):
+    from bullet_ray.gpu.selftest import main
+
+    assert main(["--out", str(tmp_path / "r.json")]) == 0
+    assert "no GPU" in capsys.readouterr().out
+    assert "reason" in (tmp_path / "r.json").read_text()

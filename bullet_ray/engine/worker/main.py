@@ -41,6 +41,12 @@ class WorkerBase:
                                   resources.device)
         self.is_stopped = False
         self.partitioner = self._make_partitioner()
+        from bullet_ray.gpu.partition import SplitSwitch
+
+        # the split is requested through the shared state block; this side follows at step boundaries
+        self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder)
+        if spec.attach is None:
+            self.switch.reset(self.partitioner.current_index)
 
     def _make_partitioner(self) -> Any:
         """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""
@@ -57,6 +63,14 @@ class WorkerBase:
             index = min(range(len(partitioner.ladder)), key=lambda i: abs(partitioner.ladder[i].decode_sms - want))
         partitioner.select(index)
         return partitioner
+
+    def follow_split(self) -> None:
+        """At a step boundary: move to the requested ladder entry when the protocol lets this side."""
+        if self.partitioner.side == "both":
+            return
+        index = self.switch.maybe_switch(self.partitioner.side)
+        if index is not None:
+            self.partitioner.select(index)
 
     def execute(self, batch: Any) -> Any:
         """Run a batch on this side's SMs (its green-context stream on GPU)."""
@@ -87,6 +101,7 @@ class WorkerBase:
             while not self.is_stopped and self.conn.poll(timeout):
                 self._dispatch(self.conn.recv())
                 timeout = 0.0
+            self.follow_split()
             if self.is_stopped or not self.has_work():
                 continue
             if not self.step():

@@ -56,3 +56,19 @@ def first_logits(runner: ModelRunner, prompts: list[list[int]], block_size: int,
     hidden = runner.model.forward(ids, pos, AttentionContext(runner.backend, md))
     last = torch.tensor(md.query_start_loc.tolist()[1:], device=hidden.device) - 1
     return runner.model.compute_logits(hidden[last]).float().cpu()
+
+
+def forced_agreement(runner: ModelRunner, prompts: list[list[int]], ref: list[list[int]], block_size: int,
+                     max_len: int) -> list[float]:
+    """Decode step by step feeding the reference's tokens (teacher forcing): the share of steps whose greedy
+    token equals the reference's. Unlike free-running agreement, one near-tie does not derail the rest."""
+    num_new = len(ref[0])
+    seqs = make_seqs(prompts, num_new, block_size, max_len)
+    hits = [0] * len(seqs)
+    for step in range(num_new):
+        batch = [ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]
+        runner.execute(batch)
+        for i, s in enumerate(seqs):
+            hits[i] += int(s.output_token_ids[-1] == ref[i][step])
+            s.output_token_ids[-1] = ref[i][step]
+    return [h / num_new for h in hits]

@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 from benchmarks.gpu.common import save
-from benchmarks.gpu.engine_common import first_logits, greedy, make_runner
+from benchmarks.gpu.engine_common import first_logits, forced_agreement, greedy, make_runner
 from bullet_ray.models.loader import load_model, preset_hf_config
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
@@ -51,7 +51,9 @@ def main() -> int:
         first_div = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), None) for r, o in zip(ref, out)]
         lr, lg = first_logits(ref_runner, prompts, BLOCK, MAX_LEN), first_logits(gpu_runner, prompts, BLOCK, MAX_LEN)
         rel = float((lg - lr).norm() / lr.norm())
+        forced = forced_agreement(gpu_runner, prompts, ref, BLOCK, MAX_LEN)
         results[fam] = {"token_agreement": agree, "min_agreement": min(agree), "first_divergence": first_div,
+                        "teacher_forced_agreement": forced,
                         "step0_logits_rel_norm_diff": rel,
                         "passes": min(agree) >= 0.95 and rel < 2e-2}
         print(fam, results[fam])

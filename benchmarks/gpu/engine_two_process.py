@@ -85,6 +85,19 @@ def main() -> int:
             beside = decode_step_times(engine, 3.0)
             prefill_steps = engine.state.read(Side.PREFILL)["step"] - prefill_steps0
             burst.join()
+            # move the split while decode runs: the shrinking side first, both acknowledge
+            before = engine.split_indexes()
+            target = before["requested"] + 2
+            t0 = time.monotonic()
+            engine.request_split(target)
+            while engine.split_indexes() != {"requested": target, "prefill": target, "decode": target}:
+                if time.monotonic() - t0 > 10:
+                    break
+                time.sleep(0.0002)
+            result["split_switch"] = {"from": before, "to": engine.split_indexes(),
+                                      "acked_after_ms": round((time.monotonic() - t0) * 1e3, 2)}
+            after = decode_step_times(engine, 1.5)
+            result["split_switch"]["decode_step_ms_after"] = round(statistics.median(after), 2) if after else None
             for s in streams:
                 s.close()
             split = engine.worker_info

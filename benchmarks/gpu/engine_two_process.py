@@ -116,10 +116,10 @@ def main() -> int:
             "partition_with_prefill_beside": round(med(beside), 2) if beside else None,
             "whole_gpu_alone_chunked_engine": round(med(whole), 2) if whole else None,
             "prefill_steps_during_window": prefill_steps, "decode_sms": 64, "workers": split}
+        print(result)
+        save("gpu_engine_two_process_h100", result)
     finally:
         mps.stop()
-    print(result)
-    save("gpu_engine_two_process_h100", result)
     return 0
 
 

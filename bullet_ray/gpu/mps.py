@@ -7,6 +7,7 @@ which fails with a message naming the pipe folder when the daemon is not running
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from bullet_ray.errors import BulletRayError, ConfigError
+
+logger = logging.getLogger(__name__)
 
 CONTROL = "nvidia-cuda-mps-control"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -81,10 +84,16 @@ class MpsDaemon:
             time.sleep(0.1)
         raise MpsError(f"the MPS daemon did not answer on {self.pipe_dir} within {timeout_s} s")
 
-    def stop(self) -> None:
-        """Ask the daemon to quit (a no-op when it is not running)."""
-        if self.status().is_running:
-            self._run(stdin="quit\n")
+    def stop(self, timeout_s: float = 30) -> bool:
+        """Ask the daemon to quit (a no-op when it is not running); False if it did not answer in time."""
+        if not self.status().is_running:
+            return True
+        try:
+            self._run(stdin="quit\n", timeout_s=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("the MPS daemon on %s did not quit within %.0f s", self.pipe_dir, timeout_s)
+            return False
+        return True
 
 
 def require_mps(env: dict[str, str] | None = None) -> str:

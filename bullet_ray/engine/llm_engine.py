@@ -33,6 +33,7 @@ from bullet_ray.engine.messages import (
     Ready,
     Shutdown,
     StepOutputs,
+    Wake,
     WorkerFailed,
 )
 from bullet_ray.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
@@ -388,6 +389,8 @@ class LLMEngine(EngineClient):
             raise InvalidRequest(f"split index {index} must be >= 0", "split_index")
         self.state.switch[REQUESTED] = index
         self.state.switch[EPOCH] += 1
+        for role in self._conns:
+            self._send(role, Wake())  # an idle worker would otherwise notice only at its next poll
 
     def split_indexes(self) -> dict[str, int]:
         from bullet_ray.gpu.partition import DECODE_ACK, PREFILL_ACK, REQUESTED

@@ -1,6 +1,6 @@
 """Messages between the engine front and its workers (pickled over one Unix-socket connection each).
 
-Engine -> worker: AddRequest, AbortRequests, Shutdown.
+Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake.
 Worker -> engine: Ready (once), StepOutputs (once per step that produced anything), AbortMissed,
 WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`);
 the engine relays each to the decode worker as a `Handoff`. A decode worker's StepOutputs carry
@@ -43,6 +43,11 @@ class AbortRequests:
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do but look at the shared state block now (e.g. a new SM split was requested)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from bullet_ray.engine.launcher import WorkerSpec
-from bullet_ray.engine.messages import AbortRequests, Ready, Shutdown, WorkerFailed
+from bullet_ray.engine.messages import AbortRequests, Ready, Shutdown, Wake, WorkerFailed
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
 
@@ -113,6 +113,8 @@ class WorkerBase:
             self.is_stopped = True
         elif isinstance(msg, AbortRequests):
             self.abort(msg.request_ids)
+        elif isinstance(msg, Wake):
+            pass  # the loop follows the shared state block right after its messages
         else:
             self.handle(msg)
 

@@ -91,6 +91,7 @@ def main() -> int:
             decode[f"bs{bs}_ctx{ctx}"] = {"ms": round(ms, 3), "tokens_per_s": round(bs / (ms / 1e3)),
                                           "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3)}
             print(bs, ctx, decode[f"bs{bs}_ctx{ctx}"])
+    graphs_result = decode_with_graphs(runner, cfg, num_blocks, capacity, weight_bytes, kv_per_token, bw)
     del runner, kv
     gc.collect()
     torch.cuda.empty_cache()
@@ -98,9 +99,46 @@ def main() -> int:
     save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
                                    "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
                                    "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
-                                   "transformers_generate": hf,
-                                   "notes": "eager PyTorch + flashinfer kernels, no CUDA graphs"})
+                                   "decode_cuda_graphs": graphs_result, "transformers_generate": hf,
+                                   "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
+                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph"})
     return 0
+
+
+@torch.inference_mode()
+def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes: int, kv_per_token: int,
+                       bw: float) -> dict:
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    graphs = DecodeGraphs(runner.model, runner.backend, BLOCK, 256, (4096 + 2 * BLOCK) // BLOCK + 1, num_blocks - 1,
+                          torch.device("cuda"))
+    out = {}
+    for bs in (1, 16, 64, 256):
+        for ctx in (1024, 4096):
+            if bs * (ctx + 16) > capacity - BLOCK:
+                continue
+            seqs = _seqs(bs, ctx, 1)
+            for s in seqs:
+                s.num_computed_tokens = ctx - 1
+            batch = [ScheduledSeq(s, 1) for s in seqs]
+            ids, pos, md = runner.build_metadata(batch)
+            tables = [s.block_ids[:(ctx + BLOCK - 1) // BLOCK] for s in seqs]
+            runner.backend.begin_batch(md)
+            eager = runner.model.forward(ids, pos, AttentionContext(runner.backend, md)).float()
+            graph_hidden = graphs.run(0, ids, pos, md, tables).float()
+            rel = float((graph_hidden - eager).norm() / eager.norm())
+
+            def step(ids=ids, pos=pos, md=md, tables=tables):
+                h = graphs.run(0, ids, pos, md, tables)
+                return runner.model.compute_logits(h)
+
+            ms = time_cuda(step, iters=10, warmup=2)
+            read = weight_bytes + bs * ctx * kv_per_token
+            out[f"bs{bs}_ctx{ctx}"] = {"ms": round(ms, 3), "tokens_per_s": round(bs / (ms / 1e3)),
+                                       "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3),
+                                       "graph_vs_eager_rel_diff": rel}
+            print("graphs", bs, ctx, out[f"bs{bs}_ctx{ctx}"])
+    return out
 
 
 @torch.inference_mode()

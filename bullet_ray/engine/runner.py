@@ -39,6 +39,10 @@ class ModelRunner:
         self.sampler = sampler
         self.block_size = block_size
         self.device = torch.device(device)
+        # CUDA graphs for pure-decode batches (bullet_ray.engine.cuda_graphs.DecodeGraphs), keyed by the
+        # SM partition the worker runs on; None = always eager
+        self.graphs: Any = None
+        self.graph_key: Any = 0
 
     def build_metadata(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids, positions and the attention metadata of a batch."""
@@ -81,8 +85,14 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
         """Run the batch, advance each sequence's computed count, sample for those that completed."""
         ids, pos, metadata = self.build_metadata(batch)
-        self.backend.begin_batch(metadata)
-        hidden = self.model.forward(ids, pos, AttentionContext(self.backend, metadata))
+        hidden = None
+        if self.graphs is not None and metadata.is_decode:
+            bs = self.block_size
+            tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
+            hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables)
+        if hidden is None:
+            self.backend.begin_batch(metadata)
+            hidden = self.model.forward(ids, pos, AttentionContext(self.backend, metadata))
         last_rows = [metadata.query_lens_list[0] - 1]
         for n in metadata.query_lens_list[1:]:
             last_rows.append(last_rows[-1] + n)

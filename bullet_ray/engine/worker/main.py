@@ -47,6 +47,20 @@ class WorkerBase:
         self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder)
         if spec.attach is None:
             self.switch.reset(self.partitioner.current_index)
+        if self.role == "decode" and self.config.is_gpu and not self.config.enforce_eager \
+                and self.config.attention_backend_name == "flashinfer":
+            self._enable_decode_graphs()
+
+    def _enable_decode_graphs(self) -> None:
+        from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+        scratch = self.allocator.allocate(1)  # padding rows of graph batches write here; held for good
+        if scratch is None:
+            logger.warning("no KV block free for CUDA-graph padding: decode runs eagerly")
+            return
+        bs = self.config.block_size
+        self.runner.graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
+                                          (self.res.handles.max_model_len + bs - 1) // bs, scratch[0], self.res.device)
 
     def _make_partitioner(self) -> Any:
         """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""
@@ -75,6 +89,7 @@ class WorkerBase:
     def execute(self, batch: Any) -> Any:
         """Run a batch on this side's SMs (its green-context stream on GPU)."""
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
+        self.runner.graph_key = self.partitioner.current_index  # graphs keep the partition they were captured on
         if stream is None:
             return self.runner.execute(batch)
         with torch.cuda.stream(stream):

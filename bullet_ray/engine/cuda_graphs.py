@@ -44,7 +44,7 @@ class DecodeGraphs:
         self.wrappers = {
             b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 backend.workspace, kv_layout="NHD", use_cuda_graph=True,
-                use_tensor_cores=backend.num_heads != backend.num_kv_heads,
+                use_tensor_cores=False,  # the CUDA-core decode kernel: its launch shape does not depend on the plan
                 paged_kv_indptr_buffer=self.indptr[:b + 1], paged_kv_indices_buffer=self.indices,
                 paged_kv_last_page_len_buffer=self.last_len[:b])
             for b in self.buckets}
@@ -84,12 +84,17 @@ class DecodeGraphs:
         self.backend._is_decode = True
         try:
             stream = torch.cuda.current_stream()
-            for _ in range(2):  # warm up outside the graph (allocations, autotuning)
-                self.model.forward(self.input_ids[:b], self.positions[:b], AttentionContext(self.backend, md))
+            if stream == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up outside the graph (allocations, autotuning)
+                    self.model.forward(self.input_ids[:b], self.positions[:b], AttentionContext(self.backend, md))
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 out = self.model.forward(self.input_ids[:b], self.positions[:b], AttentionContext(self.backend, md))
+            torch.cuda.current_stream().wait_stream(stream)
         finally:
             self.backend.decode = saved
         logger.info("captured decode graph key=%s batch=%d", key, b)

@@ -45,8 +45,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
         v = v.repeat_interleave(groups, dim=1)
     mask = None
     if q_len > 1:
-        q_pos = torch.arange(ctx_len - q_len, ctx_len).unsqueeze(1)
-        mask = torch.arange(ctx_len).unsqueeze(0) <= q_pos  # [q_len, ctx_len], True = attend
+        q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device).unsqueeze(1)
+        mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= q_pos  # [q_len, ctx_len], True = attend
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
         attn_mask=mask, scale=scale,

@@ -110,7 +110,7 @@ def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes
                        bw: float) -> dict:
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(runner.model, runner.backend, BLOCK, 256, (4096 + 2 * BLOCK) // BLOCK + 1, num_blocks - 1,
+    graphs = DecodeGraphs(runner.model, runner.backend, BLOCK, 256, (4096 + 2 * BLOCK) // BLOCK + 1,
                           torch.device("cuda"))
     out = {}
     for bs in (1, 16, 64, 256):

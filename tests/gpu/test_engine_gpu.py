@@ -72,7 +72,7 @@ def test_graph_decode_equals_eager():
     init_dummy_weights(model, 0)
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
-    graphs = DecodeGraphs(model, backend, 16, 8, 8, 63, torch.device("cuda"))
+    graphs = DecodeGraphs(model, backend, 16, 8, 8, torch.device("cuda"))
     md = _metadata([1, 1, 1], [5, 20, 33])
     ids = torch.tensor([3, 4, 5], device="cuda")
     pos = torch.tensor([4, 19, 32], device="cuda")

@@ -54,13 +54,9 @@ class WorkerBase:
     def _enable_decode_graphs(self) -> None:
         from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
-        scratch = self.allocator.allocate(1)  # padding rows of graph batches write here; held for good
-        if scratch is None:
-            logger.warning("no KV block free for CUDA-graph padding: decode runs eagerly")
-            return
         bs = self.config.block_size
         self.runner.graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
-                                          (self.res.handles.max_model_len + bs - 1) // bs, scratch[0], self.res.device)
+                                          (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
 
     def _make_partitioner(self) -> Any:
         """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""

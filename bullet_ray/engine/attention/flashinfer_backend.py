@@ -25,8 +25,10 @@ class FlashInferBackend(AttentionBackend):
         device = kv_cache.device
         self.workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        # the CUDA-core decode kernel, as the CUDA graphs use: a request gets the same tokens whether its
+        # batch ran eagerly or through a graph
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
-                                                                    use_tensor_cores=num_heads != num_kv_heads)
+                                                                    use_tensor_cores=False)
         self._is_decode = False
 
     def begin_batch(self, metadata: AttentionMetadata) -> None:

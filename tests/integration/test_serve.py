@@ -180,3 +180,19 @@ def test_overload_answers_429_with_retry_after_and_loses_nothing(app):
             assert r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error"
         else:
             assert r.json()["choices"][0]["text"] == " t3 t4 t5"
+
+
+def test_benchmark_client_against_the_local_server(app):
+    from benchmarks.serve_bench import run_workload, summarize
+    from benchmarks.slo import Slo
+    from benchmarks.traces import build_workload
+
+    workload = build_workload("random", 4, seed=5, rate=20.0, random_prompt=(8, 40), random_output=(3, 9))
+    records = asyncio.run(run_workload(app, "smollm2-135m-instruct", workload, seed=5, show_progress=False))
+    assert all(r["ok"] for r in records), records
+    for req, rec in zip(workload, records):
+        assert rec["server_prompt_tokens"] == req.prompt_tokens  # prompts of exactly the asked length
+        assert rec["completion_tokens"] == req.output_tokens  # forced output lengths are honoured
+        assert rec["ttft_s"] > 0 and rec["e2e_s"] >= rec["ttft_s"]
+    summary = summarize(records, Slo.preset("relaxed"))
+    assert summary["ok"] == 4 and 0.0 <= summary["attainment"] <= 1.0

@@ -120,7 +120,9 @@ class LLMEngine(EngineClient):
                 if len(uuids) != 1:
                     raise EngineDeadError(f"prefill and decode workers landed on different GPUs: {uuids}")
         self.vocab_size = int(handles.model_config.get("vocab_size", 0))
-        self._tokenizer = self._load_tokenizer(handles.tokenizer_path)
+        from bullet_ray.models.loader import load_tokenizer
+
+        self._tokenizer = load_tokenizer(handles.tokenizer_path)
 
     def _launch(self, role: str, attach: Any, timeout_s: float) -> Ready:
         spec = WorkerSpec(role=role, config=self.config, address=self._listener.address,  # type: ignore[arg-type]
@@ -153,16 +155,6 @@ class LLMEngine(EngineClient):
             if thread.is_alive() and (not handle.is_alive() or time.monotonic() > deadline):
                 raise EngineDeadError(f"{role} worker did not connect (alive={handle.is_alive()})")
         return result[0]
-
-    @staticmethod
-    def _load_tokenizer(path: str | None) -> Any:
-        if path is None:
-            return None
-        from transformers import AutoTokenizer
-
-        if path.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-        return AutoTokenizer.from_pretrained(path)
 
     # properties -------------------------------------------------------------------------------------
     @property

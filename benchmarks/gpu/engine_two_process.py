@@ -101,6 +101,17 @@ def main() -> int:
             for s in streams:
                 s.close()
             split = engine.worker_info
+        with LLMEngine(cfg.replace(partition="none")) as engine:  # both workers on the whole GPU (no split)
+            streams = decode_load(engine, 32, 512)
+            whole_graphs = decode_step_times(engine, 3.0)
+            burst = threading.Thread(target=engine.generate,
+                                     args=(long_prompts, SamplingParams(temperature=0.0, max_tokens=1)))
+            burst.start()
+            time.sleep(0.2)
+            whole_beside = decode_step_times(engine, 3.0)
+            burst.join()
+            for s in streams:
+                s.close()
         with LLMEngine(cfg.replace(schedule="chunked")) as engine:
             one = [o.token_ids for o in engine.generate(prompts, params)]
             streams = decode_load(engine, 32, 512)
@@ -114,7 +125,9 @@ def main() -> int:
             "batch": 32, "context": "512 + growing",
             "partition_alone": round(med(alone), 2) if alone else None,
             "partition_with_prefill_beside": round(med(beside), 2) if beside else None,
-            "whole_gpu_alone_chunked_engine": round(med(whole), 2) if whole else None,
+            "whole_gpu_alone_chunked_engine_eager": round(med(whole), 2) if whole else None,
+            "whole_gpu_alone_graphs": round(med(whole_graphs), 2) if whole_graphs else None,
+            "whole_gpu_with_prefill_unpartitioned": round(med(whole_beside), 2) if whole_beside else None,
             "prefill_steps_during_window": prefill_steps, "decode_sms": 64, "workers": split}
         print(result)
         save("gpu_engine_two_process_h100", result)

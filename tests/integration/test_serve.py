@@ -28,12 +28,13 @@ def app(serve_url):
     from ray import serve
 
     from bullet_ray.serve import build_app
+    from bullet_ray.serve.app import build_app as build_app_with_engine
     from bullet_ray.serve.mock_engine import mock_engine_factory
 
     serve.run(build_app(local_yaml_args()), name="bullet", route_prefix="/")
     mock_args = {"engine": {"model": "mock"}, "max_waiting_per_engine": 2, "api_keys": ["sekret"],
                  "engine_num_cpus": 0}
-    serve.run(build_app(mock_args, engine_factory=mock_engine_factory(token_delay_s=0.01, first_token_delay_s=0.5)),
+    serve.run(build_app_with_engine(mock_args, mock_engine_factory(token_delay_s=0.01, first_token_delay_s=0.5)),
               name="mock", route_prefix="/mock")
     yield serve_url
     serve.delete("bullet")
@@ -60,6 +61,16 @@ def hf_model():
     from bullet_ray.models.loader import cache_embedded
 
     return AutoModelForCausalLM.from_pretrained(cache_embedded(), dtype=torch.float32).eval()
+
+
+def test_builder_is_what_serve_run_calls():
+    from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    from bullet_ray.serve import build_app
+
+    app = call_user_app_builder_with_args_if_necessary(build_app, local_yaml_args())
+    assert isinstance(app, Application)
 
 
 def test_models_and_health(client, app):

@@ -1,197 +1,424 @@
-"""Serving benchmark: an async OpenAI-API load generator (works against bullet_ray, vLLM and SGLang alike).
+"""Load generator for OpenAI-compatible LLM servers (this project's, vLLM's, SGLang's): `run_benchmark`.
 
-Per request it records TTFT, every inter-token gap, TPOT, end-to-end latency and the token counts the
-server reports (usage). Prompts are token ids of exactly the requested length, outputs are forced with
-`ignore_eos` and `max_tokens`. A sweep of rates gives attainment per rate and the goodput.
+Sends a workload (benchmarks/traces.py) at its arrival times as streaming /v1/completions or
+/v1/chat/completions requests (`stream_options.include_usage`, `ignore_eos` + `max_tokens` to force output
+lengths) and records per request: send time, TTFT, the gap between successive SSE chunks that carry text
+(a chunk may carry several tokens, so these are per-chunk inter-token latencies), e2e latency, token
+counts from the usage chunk, and the HTTP status/body or exception of a failed request. TPOT =
+(e2e - TTFT) / (output_tokens - 1). Latencies are measured from the moment a request is sent; with
+--max-concurrency the wait for a slot is recorded separately (queue_s) and not part of TTFT.
 
-    python -m benchmarks.serve_bench --base-url http://127.0.0.1:8000 --dataset azure-conv \\
-        --rates 2,4,8 --num-requests 200 --slo relaxed --out benchmarks/results/bench
+    python -m benchmarks.serve_bench --base-url http://127.0.0.1:8000 --dataset azure-conv --rate 4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import os
+import logging
 import platform
-import random
-import statistics
+import socket
+import subprocess
 import sys
 import time
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
 
-import httpx
-from tqdm import tqdm
+import aiohttp
 
-from benchmarks.slo import PRESETS, Slo, attainment, goodput
-from benchmarks.traces import Request, build_workload
+from benchmarks.slo import SLO, parse_slo, summarize
+from benchmarks.traces import (
+    RequestSpec,
+    WorkloadConfig,
+    add_workload_arguments,
+    build_workload,
+    workload_from_args,
+)
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "bullet_ray.bench/1"
 
 
-def prompt_ids(n: int, seed: int, vocab: int = 30000) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100, vocab) for _ in range(n)]
+class SSEParser:
+    """Incremental Server-Sent-Events parser: feed bytes as they arrive, get each event's data payload."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buffer += chunk
+        events: list[str] = []
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                return events
+            line = self._buffer[:newline].rstrip(b"\r").decode("utf-8")
+            self._buffer = self._buffer[newline + 1:]
+            if not line:  # blank line ends an event
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith("data:"):
+                self._data.append(line[5:].removeprefix(" "))
+            # comments (":"), "event:", "id:", "retry:" carry nothing a benchmark needs
+
+    def flush(self) -> list[str]:
+        """The last event of a stream that ended without a blank line."""
+        events = self.feed(b"\n\n") if self._buffer or self._data else []
+        return events
 
 
-async def send(client: httpx.AsyncClient, base_url: str, model: str, req: Request, index: int, seed: int,
-               api_key: str | None) -> dict[str, Any]:
-    body = {"model": model, "prompt": prompt_ids(req.prompt_tokens, seed + index), "max_tokens": req.output_tokens,
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    record: dict[str, Any] = {"index": index, "arrival_s": req.arrival_s, "prompt_tokens": req.prompt_tokens,
-                              "max_tokens": req.output_tokens, "ok": False, "itl_s": []}
+@dataclass
+class RequestRecord:
+    """Timings of one request. Offsets (`*_s` without 'latency') are from the start of the run."""
+
+    index: int
+    scheduled_s: float  # planned arrival
+    prompt_tokens_requested: int
+    output_tokens_requested: int
+    send_s: float | None = None  # when it was actually sent
+    queue_s: float = 0.0  # waited for a --max-concurrency slot
+    ttft_s: float | None = None  # latency: send -> first chunk carrying text
+    itl_s: list[float] = field(default_factory=list)  # gaps between successive text chunks
+    e2e_s: float | None = None  # latency: send -> end of stream
+    prompt_tokens: int | None = None  # from the usage chunk (else the requested count)
+    output_tokens: int | None = None  # from the usage chunk (else the number of text chunks)
+    is_usage_reported: bool = False
+    num_chunks: int = 0  # SSE chunks carrying text
+    num_output_chars: int = 0
+    finish_reason: str | None = None
+    http_status: int | None = None
+    error: str | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.error is None and self.ttft_s is not None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.success or self.e2e_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)  # type: ignore[operator]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "success": self.success, "tpot_s": self.tpot_s}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class BenchConfig:
+    """One run: where, what, how. `slos[0]` is the primary SLO (the one goodput uses)."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    endpoint: Literal["completions", "chat"] = "completions"
+    model: str | None = None  # None: the first model GET /v1/models lists
+    api_key: str | None = None
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slos: list[str] = field(default_factory=lambda: ["relaxed"])
+    max_concurrency: int | None = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    request_timeout_s: float = 600.0
+    warmup_requests: int = 0
+    is_progress_shown: bool = True
+    label: str | None = None  # the system's name in tables and plots
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("api_key")  # never written to result files
+        return d
+
+
+@dataclass
+class BenchResult:
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+
+    @property
+    def label(self) -> str:
+        return self.config.get("label") or self.config.get("base_url", "?")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "config": self.config, "environment": self.environment,
+                "summary": self.summary, "requests": [r.to_dict() for r in self.records]}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> BenchResult:
+        d = json.loads(Path(path).read_text())
+        return cls(d["config"], d["environment"], d["summary"],
+                   [RequestRecord.from_dict(r) for r in d["requests"]])
+
+
+# ---------------------------------------------------------------- the client
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def fetch_model(session: aiohttp.ClientSession, base_url: str, api_key: str | None = None) -> str:
+    """The id of the first model the server lists at /v1/models."""
+    async with session.get(f"{base_url.rstrip('/')}/v1/models", headers=_headers(api_key)) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"GET {base_url}/v1/models: HTTP {resp.status} {(await resp.text())[:500]}; "
+                               f"pass --model")
+        models = (await resp.json()).get("data") or []
+    if not models:
+        raise RuntimeError(f"{base_url}/v1/models lists no model; pass --model")
+    return models[0]["id"]
+
+
+def request_body(config: BenchConfig, model: str, spec: RequestSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": spec.output_tokens, "temperature": config.temperature,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    if config.endpoint == "chat":
+        if not isinstance(spec.prompt, str):
+            raise ValueError("the chat endpoint takes text prompts: use --prompt-mode text with --tokenizer")
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    body.update(config.extra_body)
+    return body
+
+
+def _chunk_text(choice: dict[str, Any]) -> str:
+    if "text" in choice:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+
+
+async def send_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                       body: dict[str, Any], record: RequestRecord, t0: float) -> RequestRecord:
+    """Send one streaming request and fill `record`; never raises (errors go into record.error)."""
     start = time.perf_counter()
-    last = None
+    record.send_s = start - t0
+    last_text_at: float | None = None
     try:
-        async with client.stream("POST", f"{base_url}/v1/completions", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                record["error"] = f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}"
+        async with session.post(url, json=body, headers=headers) as resp:
+            record.http_status = resp.status
+            if resp.status != 200:
+                record.error = f"HTTP {resp.status}: {(await resp.text())[:2000]}"
                 return record
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            parser = SSEParser()
+            async for raw in resp.content.iter_any():
                 now = time.perf_counter()
-                if chunk.get("usage"):
-                    record["usage"] = chunk["usage"]
-                if any(c.get("text") for c in chunk.get("choices", [])):
-                    if last is None:
-                        record["ttft_s"] = now - start
-                    else:
-                        record["itl_s"].append(now - last)
-                    last = now
-        record["e2e_s"] = time.perf_counter() - start
-        usage = record.get("usage") or {}
-        record["completion_tokens"] = usage.get("completion_tokens", 0)
-        record["server_prompt_tokens"] = usage.get("prompt_tokens", 0)
-        if record["completion_tokens"] > 1 and "ttft_s" in record:
-            record["tpot_s"] = (record["e2e_s"] - record["ttft_s"]) / (record["completion_tokens"] - 1)
-        record["ok"] = "ttft_s" in record
-    except httpx.HTTPError as e:
-        record["error"] = repr(e)
+                for payload in parser.feed(raw):
+                    last_text_at = _handle_event(payload, record, now, start, last_text_at)
+            for payload in parser.flush():
+                last_text_at = _handle_event(payload, record, time.perf_counter(), start, last_text_at)
+    except asyncio.CancelledError:
+        record.error = "cancelled"
+        raise
+    except Exception as e:  # connection refused, reset, timeout, bad JSON: all recorded, none lost
+        record.error = f"{type(e).__name__}: {e}"
+    finally:
+        record.e2e_s = time.perf_counter() - start
+    if record.error is None and record.ttft_s is None:
+        if record.output_tokens:  # tokens that decode to no text (e.g. partial UTF-8)
+            record.ttft_s = record.e2e_s
+        else:
+            record.error = "stream ended without any generated text"
+    if record.prompt_tokens is None:
+        record.prompt_tokens = record.prompt_tokens_requested
+    if record.output_tokens is None:
+        record.output_tokens = record.num_chunks
     return record
 
 
-async def run_workload(base_url: str, model: str, workload: list[Request], seed: int = 0,
-                       api_key: str | None = None, max_concurrency: int = 1024, show_progress: bool = True) -> list[dict]:
-    """Send every request at its arrival time; return one record per request (in workload order)."""
-    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-    sem = asyncio.Semaphore(max_concurrency)
-    bar = tqdm(total=len(workload), desc="requests", disable=not show_progress, file=sys.stderr)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        start = time.perf_counter()
+def _handle_event(payload: str, record: RequestRecord, now: float, start: float,
+                  last_text_at: float | None) -> float | None:
+    if payload.strip() == "[DONE]":
+        return last_text_at
+    obj = json.loads(payload)
+    if obj.get("error") or obj.get("object") == "error":
+        err = obj.get("error", obj)
+        record.error = f"stream error: {json.dumps(err)[:2000]}"
+        return last_text_at
+    usage = obj.get("usage")
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.output_tokens = usage.get("completion_tokens")
+        record.is_usage_reported = True
+    for choice in obj.get("choices") or []:
+        if choice.get("finish_reason"):
+            record.finish_reason = choice["finish_reason"]
+        text = _chunk_text(choice)
+        if not text:
+            continue
+        if record.ttft_s is None:
+            record.ttft_s = now - start
+        elif last_text_at is not None:
+            record.itl_s.append(now - last_text_at)
+        last_text_at = now
+        record.num_chunks += 1
+        record.num_output_chars += len(text)
+    return last_text_at
 
-        async def one(i: int, req: Request) -> dict:
-            await asyncio.sleep(max(0.0, req.arrival_s - (time.perf_counter() - start)))
-            async with sem:
-                rec = await send(client, base_url, model, req, i, seed, api_key)
+
+# ---------------------------------------------------------------- a run
+
+async def _warm_up(session: aiohttp.ClientSession, url: str, headers: dict[str, str], config: BenchConfig,
+                   model: str) -> None:
+    """Send `warmup_requests` requests of the workload's kind, one at a time, with other prompts (another
+    seed) so a prefix cache does not favour the measured ones."""
+    if config.warmup_requests <= 0:
+        return
+    warm_cfg = replace(config.workload, seed=config.workload.seed + 10007, num_prompts=config.warmup_requests,
+                       rate_rps=None, trace_scale=None, duration_s=None)
+    for spec in build_workload(warm_cfg):
+        record = RequestRecord(-1, 0.0, spec.prompt_tokens, spec.output_tokens)
+        await send_request(session, url, headers, request_body(config, model, spec), record, time.perf_counter())
+        if record.error:
+            logger.warning("warm-up request failed: %s", record.error)
+
+
+def environment(config: BenchConfig, model: str) -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "aiohttp": aiohttp.__version__, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command_line": sys.argv, "bench_git_commit": commit, "server_url": config.base_url, "model": model}
+
+
+async def run_benchmark(config: BenchConfig, requests: list[RequestSpec] | None = None) -> BenchResult:
+    """Run one workload against one server and return every request's timings and the summary."""
+    from tqdm.auto import tqdm
+
+    slos: list[SLO] = [parse_slo(s) for s in config.slos]
+    if requests is None:
+        requests = build_workload(config.workload)
+    base = config.base_url.rstrip("/")
+    url = f"{base}/v1/chat/completions" if config.endpoint == "chat" else f"{base}/v1/completions"
+    headers = _headers(config.api_key)
+    connector = aiohttp.TCPConnector(limit=config.max_concurrency or 0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=config.request_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+        model = config.model or await fetch_model(session, base, config.api_key)
+        bodies = [request_body(config, model, spec) for spec in requests]
+        await _warm_up(session, url, headers, config, model)
+        limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+        bar = tqdm(total=len(requests), desc=config.label or "requests", unit="req",
+                   disable=not config.is_progress_shown)
+
+        async def one(spec: RequestSpec, body: dict[str, Any], t0: float) -> RequestRecord:
+            record = RequestRecord(spec.index, spec.arrival_s, spec.prompt_tokens, spec.output_tokens)
+            if limit is None:
+                await send_request(session, url, headers, body, record, t0)
+            else:
+                async with limit:
+                    record.queue_s = time.perf_counter() - t0 - spec.arrival_s
+                    await send_request(session, url, headers, body, record, t0)
             bar.update(1)
-            return rec
+            return record
 
-        records = await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
-        duration = time.perf_counter() - start
-    bar.close()
-    for r in records:
-        r["run_duration_s"] = duration
-    return list(records)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
-def summarize(records: list[dict], slo: Slo) -> dict[str, Any]:
-    ok = [r for r in records if r["ok"]]
-    duration = max((r["run_duration_s"] for r in records), default=0.0) or 1e-9
-    out: dict[str, Any] = {"requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
-                           "request_throughput": len(ok) / duration,
-                           "output_token_throughput": sum(r["completion_tokens"] for r in ok) / duration,
-                           "slo": slo.name, "attainment": attainment(records, slo)}
-    for name, values in (("ttft_s", [r["ttft_s"] for r in ok]), ("tpot_s", [r["tpot_s"] for r in ok if "tpot_s" in r]),
-                         ("itl_s", [g for r in ok for g in r["itl_s"]]), ("e2e_s", [r["e2e_s"] for r in ok])):
-        out[name] = {"mean": statistics.fmean(values) if values else None, "p50": _pct(values, 50),
-                     "p90": _pct(values, 90), "p99": _pct(values, 99)}
-    return out
+        t0 = time.perf_counter()
+        tasks = []
+        for spec, body in zip(requests, bodies):
+            delay = t0 + spec.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(spec, body, t0)))
+        records = list(await asyncio.gather(*tasks))
+        bar.close()
+    ends = [r.send_s + r.e2e_s for r in records if r.send_s is not None and r.e2e_s is not None]
+    duration_s = max(ends) if ends else 0.0
+    env = environment(config, model)
+    cfg = {**config.to_dict(), "model": model, "url": url}
+    return BenchResult(cfg, env, summarize(records, duration_s, slos), records)
 
 
-def plot(results: dict[str, dict[float, dict]], path: str) -> None:
-    """Attainment, throughput and TTFT p90 vs rate, one line per system."""
-    import matplotlib
+# ---------------------------------------------------------------- command line
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def add_arguments(parser: argparse.ArgumentParser, is_sweep: bool = False) -> None:
+    """The flags of one run (shared by `bullet-ray bench` and benchmarks.compare, which sweeps rates over
+    several systems: is_sweep=True leaves out --base-url, --rate and --trace-scale)."""
+    s = parser.add_argument_group("server")
+    if not is_sweep:
+        s.add_argument("--base-url", default="http://127.0.0.1:8000",
+                       help="server root, without /v1 (default http://127.0.0.1:8000)")
+    s.add_argument("--endpoint-kind", dest="endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (default; takes token-id prompts) or /v1/chat/completions (text only)")
+    s.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
+    s.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (never saved)")
+    s.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos=true (servers that reject it; output lengths are then not forced)")
+    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    s.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
+    s.add_argument("--request-timeout-s", type=float, default=600.0, help="per-request limit (default 600)")
+    s.add_argument("--max-concurrency", type=int, default=None,
+                   help="at most this many requests in flight; later ones wait (wait not counted in TTFT)")
+    s.add_argument("--warmup-requests", type=int, default=0, help="send this many first, one at a time, unrecorded")
+    add_workload_arguments(parser, with_rate=not is_sweep)
+    o = parser.add_argument_group("output")
+    o.add_argument("--slo", action="append", default=None,
+                   help="SLO to score (repeatable, first = primary): relaxed (default), strict, bullet-sharegpt, "
+                        "bullet-azure-code, bullet-arxiv, or 'ttft_ms=800,tpot_ms=40' / "
+                        "'ttft_ms_per_token=2,tpot_ms=100'")
+    o.add_argument("--output-dir", default="benchmarks/results/serve", help="where JSON/markdown/PNG go")
+    o.add_argument("--label", default=None, help="name of the system in tables/plots and the file name")
+    o.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG plots")
+    o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for system, by_rate in results.items():
-        rates = sorted(by_rate)
-        axes[0].plot(rates, [by_rate[r]["attainment"] for r in rates], marker="o", label=system)
-        axes[1].plot(rates, [by_rate[r]["request_throughput"] for r in rates], marker="o", label=system)
-        axes[2].plot(rates, [by_rate[r]["ttft_s"]["p90"] or 0 for r in rates], marker="o", label=system)
-    axes[0].axhline(0.9, color="grey", linestyle="--", linewidth=1)
-    for ax, title in zip(axes, ("SLO attainment", "served requests/s", "TTFT p90 (s)")):
-        ax.set_xlabel("request rate (req/s)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(base_url=getattr(args, "base_url", ""), endpoint=args.endpoint, model=args.model, api_key=args.api_key,
+                       workload=workload_from_args(args), slos=args.slo or ["relaxed"],
+                       max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
+                       temperature=args.temperature, extra_body=json.loads(args.extra_body),
+                       request_timeout_s=args.request_timeout_s, warmup_requests=args.warmup_requests,
+                       is_progress_shown=args.progress, label=args.label)
 
 
-def environment(base_url: str, model: str) -> dict[str, Any]:
-    return {"host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "server": base_url, "model": model, "command": "python -m benchmarks.serve_bench " + " ".join(sys.argv[1:])}
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return parser
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (…/v1 is appended)")
-    p.add_argument("--model", default=None, help="model name; default: the first of /v1/models")
-    p.add_argument("--api-key", default=None, help="Bearer token, if the server wants one")
-    p.add_argument("--dataset", default="azure-conv", choices=["azure-conv", "azure-code", "random"],
-                   help="request lengths: the Azure 2023 traces or random")
-    p.add_argument("--trace-dir", default=None, help="folder of code.csv / conv.csv (default ../shared/data/...)")
-    p.add_argument("--rates", default="1", help="comma-separated Poisson rates (req/s) to sweep")
-    p.add_argument("--trace-scale", type=float, default=None, help="replay trace timestamps sped up by this factor")
-    p.add_argument("--num-requests", type=int, default=100, help="requests per rate")
-    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="clip prompt lengths")
-    p.add_argument("--max-output-tokens", type=int, default=1024, help="clip output lengths")
-    p.add_argument("--slo", default="relaxed", choices=sorted(PRESETS), help="SLO preset for attainment")
-    p.add_argument("--seed", type=int, default=0, help="same seed: same arrivals, lengths and prompts")
-    p.add_argument("--max-concurrency", type=int, default=1024, help="requests in flight at most")
-    p.add_argument("--out", default="benchmarks/results/serve_bench", help="output prefix (.json, .png)")
+def run_from_args(args: argparse.Namespace) -> int:
+    from benchmarks import report
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = config_from_args(args)
+    result = asyncio.run(run_benchmark(config))
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = f"{config.label or 'run'}-{config.workload.dataset}-{stamp}"
+    out = Path(args.output_dir)
+    path = result.save(out / f"{name}.json")
+    table = report.summary_markdown([result])
+    (out / f"{name}.md").write_text(table + "\n")
+    print(table)
+    if args.plot:
+        report.plot_latency_cdfs([result], out / f"{name}-cdf.png")
+    print(f"results: {path}")
+    return 0 if result.summary["num_completed"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    model = args.model or httpx.get(f"{args.base_url}/v1/models", timeout=30,
-                                    headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-                                    ).json()["data"][0]["id"]
-    slo = Slo.preset(args.slo)
-    rates = [float(x) for x in args.rates.split(",")]
-    per_rate, records = {}, {}
-    for rate in rates:
-        workload = build_workload(args.dataset, args.num_requests, args.seed, rate=rate, trace_scale=args.trace_scale,
-                                  max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens,
-                                  trace_dir=args.trace_dir)
-        recs = asyncio.run(run_workload(args.base_url, model, workload, args.seed, args.api_key, args.max_concurrency))
-        per_rate[rate], records[rate] = summarize(recs, slo), recs
-        s = per_rate[rate]
-        print(f"rate {rate:g}: ok {s['ok']}/{s['requests']}, attainment {s['attainment']:.2%}, "
-              f"TTFT p90 {s['ttft_s']['p90']}, TPOT p90 {s['tpot_s']['p90']}, {s['request_throughput']:.2f} req/s")
-    result = {"environment": environment(args.base_url, model), "config": vars(args), "summary": per_rate,
-              "goodput_req_s": goodput({r: s["attainment"] for r, s in per_rate.items()}), "records": records}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    plot({model: per_rate}, args.out + ".png")
-    print(f"goodput ({slo.name}): {result['goodput_req_s']} req/s; saved {args.out}.json and .png")
-    return 0
+    return run_from_args(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

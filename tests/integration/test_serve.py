@@ -194,16 +194,16 @@ def test_overload_answers_429_with_retry_after_and_loses_nothing(app):
 
 
 def test_benchmark_client_against_the_local_server(app):
-    from benchmarks.serve_bench import run_workload, summarize
-    from benchmarks.slo import Slo
-    from benchmarks.traces import build_workload
+    from benchmarks.serve_bench import BenchConfig, run_benchmark
+    from benchmarks.traces import WorkloadConfig, build_workload
 
-    workload = build_workload("random", 4, seed=5, rate=20.0, random_prompt=(8, 40), random_output=(3, 9))
-    records = asyncio.run(run_workload(app, "smollm2-135m-instruct", workload, seed=5, show_progress=False))
-    assert all(r["ok"] for r in records), records
-    for req, rec in zip(workload, records):
-        assert rec["server_prompt_tokens"] == req.prompt_tokens  # prompts of exactly the asked length
-        assert rec["completion_tokens"] == req.output_tokens  # forced output lengths are honoured
-        assert rec["ttft_s"] > 0 and rec["e2e_s"] >= rec["ttft_s"]
-    summary = summarize(records, Slo.preset("relaxed"))
-    assert summary["ok"] == 4 and 0.0 <= summary["attainment"] <= 1.0
+    workload = WorkloadConfig(dataset="random", num_prompts=4, rate_rps=20.0, seed=5, random_input_tokens=24,
+                              random_output_tokens=6, random_spread=0.6)
+    result = asyncio.run(run_benchmark(BenchConfig(base_url=app, workload=workload, slos=["relaxed"],
+                                                   is_progress_shown=False)))
+    for spec, rec in zip(build_workload(workload), result.records):
+        assert rec.success, rec.error
+        assert rec.is_usage_reported and rec.prompt_tokens == spec.prompt_tokens  # exact-length prompts
+        assert rec.output_tokens == spec.output_tokens  # forced output lengths
+        assert rec.ttft_s > 0 and rec.e2e_s >= rec.ttft_s
+    assert result.summary["num_completed"] == 4

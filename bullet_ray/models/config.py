@@ -33,7 +33,8 @@ class ModelConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    # q/k/v projections carry a bias (Qwen2)
+    # q/k/v projections carry a bias (always for Qwen2; Llama and Qwen3 when config.json says so, and then
+    # o_proj has one too, as in transformers)
     attention_bias: bool = False
     # per-head RMSNorm on q and k before rotary (Qwen3)
     qk_norm: bool = False
@@ -60,6 +61,11 @@ class ModelConfig:
         return ARCHITECTURES[self.architecture][0]
 
     @property
+    def o_proj_bias(self) -> bool:
+        """o_proj carries a bias: transformers' Llama and Qwen3 tie it to attention_bias, Qwen2 never has one."""
+        return self.attention_bias and self.model_type in ("llama", "qwen3")
+
+    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -74,6 +80,8 @@ class ModelConfig:
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
+        if self.o_proj_bias:
+            attn += h
         per_layer = attn + 3 * h * i + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + embed + h
@@ -98,8 +106,11 @@ class ModelConfig:
             scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
             scaling = None
-        if scaling is not None and "rope_type" not in scaling:
-            scaling = {**scaling, "rope_type": scaling.get("type")}
+        if scaling is not None:
+            scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "type")} | {
+                "rope_type": scaling.get("rope_type", scaling.get("type"))}
+        if d.get("mlp_bias"):
+            raise ConfigError("mlp_bias", "MLP biases are not supported (no released Llama/Qwen model uses them)")
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         heads = d["num_attention_heads"]
@@ -117,7 +128,7 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", has_bias)) or has_bias,
+            attention_bias=has_bias or (arch != "MistralForCausalLM" and bool(d.get("attention_bias", False))),
             qk_norm=has_qk_norm,
             hidden_act=d.get("hidden_act", "silu"),
             bos_token_id=d.get("bos_token_id"),

@@ -33,7 +33,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_size, self.kv_size = c.q_size, c.kv_size
         self.qkv_proj = _linear(c.hidden_size, c.q_size + 2 * c.kv_size, c.attention_bias, dtype, device)
-        self.o_proj = _linear(c.q_size, c.hidden_size, False, dtype, device)
+        self.o_proj = _linear(c.q_size, c.hidden_size, c.o_proj_bias, dtype, device)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
@@ -114,8 +114,22 @@ class LlamaForCausalLM(nn.Module):
         return torch.nn.functional.linear(hidden, self.output_weight()).float()
 
     # weight loading ---------------------------------------------------------------------------------
+    def expected_weights(self) -> set[str]:
+        """What `load_weights` reports once every parameter (and every shard of a fused one) is filled."""
+        c = self.config
+        expected: set[str] = set()
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name:
+                expected |= {f"{name}:0", f"{name}:{c.q_size}", f"{name}:{c.q_size + c.kv_size}"}
+            elif ".gate_up_proj." in name:
+                expected |= {f"{name}:0", f"{name}:{c.intermediate_size}"}
+            else:
+                expected.add(name)
+        return expected
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy Hugging Face-named tensors into the (fused) parameters; returns the names loaded."""
+        """Copy Hugging Face-named tensors into the (fused) parameters; returns the names loaded
+        (`name` or `name:first_row` for a shard of a fused parameter; compare with `expected_weights`)."""
         c = self.config
         params = dict(self.named_parameters())
         qkv_offsets = {"q_proj": (0, c.q_size), "k_proj": (c.q_size, c.kv_size),

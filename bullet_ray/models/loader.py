@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bullet_ray.errors import ModelLoadError
+from bullet_ray.errors import ConfigError, ModelLoadError
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.registry import build_model
 
@@ -45,6 +45,13 @@ class LoadedModel:
 
     def load_tokenizer(self) -> Any:
         return load_tokenizer(self.tokenizer_path)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The transformers tokenizer (loaded on first use, then kept), or None for dummy weights."""
+        if "_tokenizer" not in self.__dict__:
+            self.__dict__["_tokenizer"] = self.load_tokenizer()
+        return self.__dict__["_tokenizer"]
 
 
 def load_tokenizer(path: str | None) -> Any:
@@ -125,13 +132,30 @@ def load_model(source: str, dtype: torch.dtype = torch.float32, device: str = "c
     return LoadedModel(model.eval(), resolved.config, resolved.tokenizer_path, resolved.description)
 
 
+def _check_complete(model: nn.Module, loaded: set[str], where: str) -> None:
+    missing = sorted(model.expected_weights() - loaded)  # type: ignore[operator]
+    if missing:
+        raise ModelLoadError(f"{where}: {len(missing)} weights are missing, e.g. {missing[:3]} "
+                             "(a shard of the checkpoint is absent or the file is truncated)")
+
+
+def _parse_config(hf: dict, where: str) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf_dict(hf)
+    except ConfigError as e:
+        raise ModelLoadError(f"{where}: {e}") from e
+    except KeyError as e:
+        raise ModelLoadError(f"{where}: config lacks the field {e.args[0]!r}") from e
+
+
 def _folder_source(folder: str) -> ModelSource:
     from bullet_ray.models.hf_folder import has_tokenizer, iter_safetensors, read_config, safetensors_files
 
-    config = ModelConfig.from_hf_dict(read_config(folder))
+    config = _parse_config(read_config(folder), folder)
 
     def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
-        model.load_weights(iter_safetensors(safetensors_files(folder), show_progress))  # type: ignore[operator]
+        loaded = model.load_weights(iter_safetensors(safetensors_files(folder), show_progress))  # type: ignore[operator]
+        _check_complete(model, loaded, folder)
 
     return ModelSource(config, folder if has_tokenizer(folder) else None, f"HF folder {folder}", fill)
 
@@ -142,24 +166,32 @@ def _gguf_source(path: str) -> ModelSource:
     gguf = GGUFModel(path)
 
     def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
-        model.load_weights(gguf.tensors(show_progress))  # type: ignore[operator]
+        _check_complete(model, model.load_weights(gguf.tensors(show_progress)), path)  # type: ignore[operator]
 
-    return ModelSource(ModelConfig.from_hf_dict(gguf.hf_config()), path, f"GGUF {path}", fill)
+    return ModelSource(_parse_config(gguf.hf_config(), path), path, f"GGUF {path}", fill)
 
 
 def _dummy_source(name: str) -> ModelSource:
-    if name.endswith(".json"):
-        if not os.path.isfile(name):
-            raise ModelLoadError(f"config file {name!r} does not exist")
-        with open(name) as f:
+    """Random weights for a preset name, a config.json path, or a folder holding a config.json."""
+    from bullet_ray.models.hf_folder import has_tokenizer
+
+    tokenizer_path = None
+    if name.endswith(".json") or os.sep in name or os.path.isdir(name):
+        path = os.path.join(name, "config.json") if os.path.isdir(name) else name
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"config file {path!r} does not exist (dummy:<preset> or dummy:<config.json>; "
+                                 f"presets: {preset_names()})")
+        folder = os.path.dirname(os.path.abspath(path))
+        with open(path) as f:
             hf = json.load(f)
+        tokenizer_path = folder if has_tokenizer(folder) else None
     else:
         hf = preset_hf_config(name)
 
     def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
         init_dummy_weights(model, seed)
 
-    return ModelSource(ModelConfig.from_hf_dict(hf), None, f"dummy weights ({name})", fill)
+    return ModelSource(_parse_config(hf, name), tokenizer_path, f"dummy weights ({name})", fill)
 
 
 @torch.no_grad()

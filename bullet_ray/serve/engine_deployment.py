@@ -61,6 +61,12 @@ class EngineReplica:
         self.num_requests_total = 0
 
     # Serve hooks ------------------------------------------------------------------------------------
+    def __del__(self) -> None:
+        """Serve calls this when the replica stops: stop the workers, remove the shared memory."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
     def check_health(self) -> None:
         self.engine.check_health()
 

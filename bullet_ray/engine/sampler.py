@@ -1,26 +1,55 @@
 """Turning logits into tokens: penalties, greedy or temperature/top-k/top-p/min-p sampling, logprobs.
 
-Each request draws its random numbers from its own torch.Generator, so a seeded request yields the same
-tokens alone or in any batch, and its generator state travels with it from the prefill process to the
-decode process (`SamplingState.to_wire`).
+Order of processing, per row of logits:
+  1. repetition penalty (HF semantics) over prompt + output tokens,
+  2. presence / frequency penalties (OpenAI semantics) over output tokens,
+  3. temperature == 0 (or < 1e-5): greedy argmax (ties -> lowest index, as torch.argmax);
+     else logits / temperature -> top-k -> top-p -> min-p -> draw.
+
+Reproducibility: each request draws exactly one float64 uniform per sampled token from its own CPU
+torch.Generator and turns it into a token by inverting the CDF of its (masked) distribution; nothing else
+random is shared across the batch. So a seeded request yields the same tokens alone or in any batch, and
+its generator state travels with it from the prefill process to the decode process
+(`SamplingState.to_wire` / `from_wire`). All tensor work is batched over rows (it runs on the logits'
+device); only the one-scalar draw per row loops in Python. Masks are value thresholds (see `_draw`), so
+ties and batch-mates cannot change a row's kept set.
+
+Logprobs are those of the raw model distribution (log-softmax of the logits before penalties,
+temperature and masks), as vLLM returns by default.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from bullet_ray.engine.outputs import TokenLogprob
+from bullet_ray.engine.outputs import FinishReason, TokenLogprob
 from bullet_ray.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FinishReason", "Sampler", "SamplerOutput", "SamplingState", "TokenLogprob", "is_stop_token"]
+
+# temperatures below this are treated as greedy (dividing by them would overflow the logits)
+MIN_TEMPERATURE = 1e-5
+
+
+def is_stop_token(token_id: int, eos_token_ids: Sequence[int], params: SamplingParams) -> bool:
+    """Whether `token_id` ends the request: one of its stop_token_ids, or an EOS token unless ignore_eos."""
+    return params.is_stop_token(token_id, eos_token_ids)
 
 
 class SamplingState:
     """Per-request sampling state: parameters, token history for penalties, and the RNG.
 
-    Unseeded requests get a generator seeded from os.urandom, so both kinds take the same code path.
+    Seeded requests seed their generator with `params.seed`; unseeded ones from os.urandom, so both take
+    the same code path. The state is mutable and owned by one process at a time; it moves by value
+    (`to_wire` -> pickle -> `from_wire`) and the copy continues the identical random stream.
     """
 
     def __init__(self, params: SamplingParams, prompt_token_ids: list[int],
@@ -28,7 +57,7 @@ class SamplingState:
         self.params = params
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids = output_token_ids if output_token_ids is not None else []
-        self.generator = torch.Generator()
+        self.generator = torch.Generator()  # CPU: its state is portable across processes and devices
         if rng_state is not None:
             self.generator.set_state(torch.frombuffer(bytearray(rng_state), dtype=torch.uint8))
         else:
@@ -38,8 +67,15 @@ class SamplingState:
     def append(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
 
+    def is_stop_token(self, token_id: int, eos_token_ids: Sequence[int]) -> bool:
+        return is_stop_token(token_id, eos_token_ids, self.params)
+
+    def next_uniform(self) -> float:
+        """The next draw in [0, 1) of this request's random stream (one per sampled token)."""
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
+
     def to_wire(self) -> dict[str, Any]:
-        """Plain data (picklable) that `from_wire` turns back into the same state, RNG included."""
+        """Picklable data (params, token lists, RNG state bytes) that `from_wire` turns back into this state."""
         return {"params": self.params, "prompt_token_ids": list(self.prompt_token_ids),
                 "output_token_ids": list(self.output_token_ids),
                 "rng_state": self.generator.get_state().numpy().tobytes()}
@@ -52,80 +88,137 @@ class SamplingState:
 
 @dataclass
 class SamplerOutput:
+    """One sampled token per input row, and its logprobs where the request asked (else None)."""
+
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
 
 
 class Sampler:
-    """Samples one token per row of `logits` ([N, vocab], float32) for the matching SamplingState."""
+    """Samples one token per row of `logits` ([N, vocab]) for the matching SamplingState.
+
+    The caller appends the token to the state (`SamplingState.append`); the sampler only reads states and
+    advances their generators.
+    """
 
     def sample(self, logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(states):
+            raise ValueError(f"logits must be [num_states={len(states)}, vocab], got {tuple(logits.shape)}")
         logits = logits.float()
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in states):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_penalties(logits, states)
-        tokens: list[int] = []
-        greedy_rows = [i for i, s in enumerate(states) if s.params.is_greedy]
-        greedy = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
-        greedy_by_row = dict(zip(greedy_rows, greedy))
-        for i, state in enumerate(states):
-            if i in greedy_by_row:
-                tokens.append(int(greedy_by_row[i]))
-            else:
-                tokens.append(self._sample_row(logits[i], state))
-        logprobs: list[TokenLogprob | None] = []
-        for i, (state, token) in enumerate(zip(states, tokens)):
-            n = state.params.logprobs
-            if n is None or raw_logprobs is None:
-                logprobs.append(None)
-                continue
-            row = raw_logprobs[i]
-            top: tuple[tuple[int, float], ...] = ()
-            if n > 0:
-                vals, ids = row.topk(n)
-                top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist()))
-            logprobs.append(TokenLogprob(token, float(row[token]), top))
-        return SamplerOutput(tokens, logprobs)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, s in enumerate(states) if s.params.temperature >= MIN_TEMPERATURE]
+        if random_rows:
+            drawn = _draw(logits[random_rows], [states[i] for i in random_rows])
+            tokens[random_rows] = drawn
+        token_ids: list[int] = tokens.tolist()
+        return SamplerOutput(token_ids, _logprobs(raw_logprobs, token_ids, states))
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-        if not any(_has_penalty(s.params) for s in states):
+        """Logits after repetition / presence / frequency penalties (a new tensor; the input is kept)."""
+        rep_rows = [i for i, s in enumerate(states) if s.params.repetition_penalty != 1.0]
+        freq_rows = [i for i, s in enumerate(states)
+                     if (s.params.presence_penalty or s.params.frequency_penalty) and s.output_token_ids]
+        if not rep_rows and not freq_rows:
             return logits
         logits = logits.clone()
-        for i, state in enumerate(states):
-            p = state.params
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(state.prompt_token_ids) | set(state.output_token_ids)), dtype=torch.long,
-                                    device=logits.device)
-                if seen.numel():
-                    vals = logits[i, seen]
-                    logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if (p.presence_penalty or p.frequency_penalty) and state.output_token_ids:
-                ids = torch.tensor(state.output_token_ids, dtype=torch.long, device=logits.device)
-                counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
-                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        num_rows, vocab = logits.shape
+        device = logits.device
+        if rep_rows:
+            seen = torch.zeros(num_rows, vocab, dtype=torch.bool)
+            rows, cols = _row_col([(i, states[i].prompt_token_ids + states[i].output_token_ids) for i in rep_rows])
+            seen[rows, cols] = True
+            penalty = torch.ones(num_rows, 1)
+            penalty[rep_rows, 0] = torch.tensor([states[i].params.repetition_penalty for i in rep_rows])
+            seen, penalty = seen.to(device), penalty.to(device)
+            penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+            logits = torch.where(seen, penalized, logits)
+        if freq_rows:
+            counts = torch.zeros(num_rows, vocab)
+            rows, cols = _row_col([(i, states[i].output_token_ids) for i in freq_rows])
+            counts.index_put_((rows, cols), torch.ones(len(rows)), accumulate=True)
+            freq = torch.zeros(num_rows, 1)
+            pres = torch.zeros(num_rows, 1)
+            freq[freq_rows, 0] = torch.tensor([states[i].params.frequency_penalty for i in freq_rows])
+            pres[freq_rows, 0] = torch.tensor([states[i].params.presence_penalty for i in freq_rows])
+            counts, freq, pres = counts.to(device), freq.to(device), pres.to(device)
+            logits = logits - freq * counts - pres * (counts > 0).to(logits.dtype)
         return logits
 
-    @staticmethod
-    def _sample_row(row: torch.Tensor, state: SamplingState) -> int:
-        p = state.params
-        row = row / p.temperature
-        if p.top_k > 0 and p.top_k < row.numel():
-            kth = row.topk(p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            cum = sorted_probs.cumsum(0)
-            drop = cum - sorted_probs >= p.top_p  # keep the smallest prefix whose mass reaches top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        probs = probs / probs.sum()
-        return int(torch.multinomial(probs.cpu(), 1, generator=state.generator).item())
+
+def _row_col(pairs: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index tensors (row, token id) for every token of every listed row."""
+    rows = [i for i, ids in pairs for _ in ids]
+    cols = [t for _, ids in pairs for t in ids]
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
 
 
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+def _draw(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    """Temperature -> top-k -> top-p -> min-p, then one inverse-CDF draw per row from its own generator.
+
+    Every mask is a threshold on the row's own values, so the kept set does not depend on how ties are
+    ordered or on what else is in the batch: top-k keeps the logits >= the k-th largest (tokens tied with
+    it included, as HF's TopKLogitsWarper), top-p the probabilities >= that of the last token of the
+    smallest most-likely-first prefix whose mass reaches top_p, min-p those >= min_p x the largest. The
+    draw then walks the CDF in vocabulary order.
+    """
+    device = logits.device
+    params = [s.params for s in states]
+    vocab = logits.shape[1]
+    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    logits = logits / temperature
+    top_k_rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if top_k_rows:
+        ks = torch.tensor([params[i].top_k for i in top_k_rows], device=device).unsqueeze(1)
+        rows = logits[top_k_rows]
+        kth = rows.topk(int(ks.max()), dim=-1).values.gather(1, ks - 1)
+        logits[top_k_rows] = rows.masked_fill(rows < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if top_p_rows:
+        top_p = torch.tensor([params[i].top_p for i in top_p_rows], device=device).unsqueeze(1)
+        rows = probs[top_p_rows]
+        # most likely first; only the nonzero probabilities matter (after top-k often few: no full sort)
+        num_nonzero = int((rows > 0).sum(dim=-1).max())
+        ordered = rows.topk(num_nonzero, dim=-1).values if num_nonzero < vocab // 2 else \
+            rows.sort(dim=-1, descending=True).values
+        mass_before = ordered.cumsum(dim=-1) - ordered
+        num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+        threshold = ordered.gather(1, num_kept - 1)
+        probs[top_p_rows] = rows.masked_fill((rows < threshold) | (rows <= 0), 0.0)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    uniforms = torch.tensor([s.next_uniform() for s in states], dtype=torch.float64, device=device)
+    cdf = probs.cumsum(dim=-1)  # non-decreasing; a token with probability 0 adds no step
+    total = cdf[:, -1:].contiguous()
+    picked = torch.searchsorted(cdf, uniforms.unsqueeze(1).to(cdf.dtype) * total, right=True)
+    # u x total may round up to total: then take the last token that moves the CDF
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(picked, last).squeeze(1)
+
+
+def _logprobs(raw_logprobs: torch.Tensor | None, token_ids: list[int],
+              states: list[SamplingState]) -> list[TokenLogprob | None]:
+    out: list[TokenLogprob | None] = [None] * len(states)
+    rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
+    if raw_logprobs is None or not rows:
+        return out
+    selected = raw_logprobs[rows]
+    sampled = selected.gather(1, torch.tensor([token_ids[i] for i in rows], device=selected.device)
+                              .unsqueeze(1)).squeeze(1).tolist()
+    num_top = max(states[i].params.logprobs or 0 for i in rows)
+    top_vals: list[list[float]] = [[] for _ in rows]
+    top_ids: list[list[int]] = [[] for _ in rows]
+    if num_top > 0:
+        vals, ids = selected.topk(min(num_top, selected.shape[1]), dim=-1)
+        top_vals, top_ids = vals.tolist(), ids.tolist()
+    for j, i in enumerate(rows):
+        n = states[i].params.logprobs or 0
+        top = tuple(zip(top_ids[j][:n], top_vals[j][:n]))
+        out[i] = TokenLogprob(token_ids[i], sampled[j], top)
+    return out

@@ -1,40 +1,57 @@
-/* smctl: green-context SM partitions through the CUDA driver API, resolved with dlopen/dlsym. */
+/* smctl: green-context SM partitions through the CUDA driver API, resolved at run time (see smctl.h). */
 #define _GNU_SOURCE
 #include "smctl.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The few driver types we need, declared from the public CUDA 13.0 headers (cuda.h), so no CUDA
- * headers are needed to build. */
+/* The few driver types we need, declared from the public CUDA headers (cuda.h 12.4 and 13.0), so the
+ * library builds without them. */
 typedef int CUresult;
 typedef int CUdevice;
 typedef void* CUcontext;
 typedef void* CUgreenCtx;
 typedef void* CUstream;
 typedef void* CUdevResourceDesc;
+enum { CUDA_SUCCESS = 0 };
 enum { CU_DEV_RESOURCE_TYPE_SM = 1 };
 enum { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16 };
-enum { CU_GREEN_CTX_DEFAULT_STREAM = 1 };
-enum { CU_STREAM_NON_BLOCKING = 1 };
+enum { CU_GREEN_CTX_DEFAULT_STREAM = 0x1 };
+enum { CU_STREAM_NON_BLOCKING = 0x1 };
+enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
+enum { SMCTL_CUDA_ABI = 12040 }; /* the CUDA version whose function signatures we declare */
+
+/* CUdevSmResource: 12.4 declares smCount only; 12.8+/13.0 add minSmPartitionSize,
+ * smCoscheduledAlignment and flags after it (zero where the driver does not fill them). */
 typedef struct {
     unsigned int smCount;
     unsigned int minSmPartitionSize;
     unsigned int smCoscheduledAlignment;
+    unsigned int flags;
 } CUdevSmResource;
+
+/* CUdevResource (RESOURCE_ABI_VERSION 1): type at 0, 92 bytes of driver-internal padding, the union at
+ * offset 96. 12.4: union of 48 bytes (RESOURCE_ABI_EXTERNAL_BYTES). 13.0: union of 40 bytes followed by
+ * `struct CUdevResource_st* nextResource`. Both are 144 bytes; we zero the whole struct before use. */
 typedef struct {
     int type;
     unsigned char _internal_padding[92];
     union {
         CUdevSmResource sm;
-        unsigned char _oversize[48];
+        unsigned char _oversize[40];
     };
-} CUdevResource; /* 144 bytes, RESOURCE_ABI_VERSION 1 */
+    void* nextResource;
+} CUdevResource;
+_Static_assert(sizeof(CUdevResource) == 144, "CUdevResource must be 144 bytes (cuda.h, RESOURCE_ABI_VERSION 1)");
+_Static_assert(offsetof(CUdevResource, sm) == 96, "CUdevResource.sm must sit at offset 96");
 
+typedef CUresult (*PFN_cuGetProcAddress_v2)(const char*, void**, int, unsigned long long, int*);
+typedef CUresult (*PFN_cuGetProcAddress_v1)(const char*, void**, int, unsigned long long);
 typedef CUresult (*PFN_cuInit)(unsigned int);
 typedef CUresult (*PFN_cuDriverGetVersion)(int*);
 typedef CUresult (*PFN_cuDeviceGet)(CUdevice*, int);
@@ -54,8 +71,10 @@ typedef CUresult (*PFN_cuStreamDestroy)(CUstream);
 typedef CUresult (*PFN_cuGetErrorString)(CUresult, const char**);
 
 static struct {
-    int loaded;  /* 0 not tried, 1 ok, <0 an SMCTL error */
+    int loaded; /* 0 not tried, 1 ok, < 0 an SMCTL error */
     void* lib;
+    PFN_cuGetProcAddress_v2 getproc_v2;
+    PFN_cuGetProcAddress_v1 getproc_v1;
     PFN_cuInit cuInit;
     PFN_cuDriverGetVersion cuDriverGetVersion;
     PFN_cuDeviceGet cuDeviceGet;
@@ -72,6 +91,8 @@ static struct {
     PFN_cuGreenCtxDestroy cuGreenCtxDestroy;
     PFN_cuStreamDestroy cuStreamDestroy;
     PFN_cuGetErrorString cuGetErrorString;
+    PFN_cuGetErrorString cuGetErrorName;
+    int driver_version;
     int has_green;
     char reason[160];
 } drv;
@@ -88,20 +109,47 @@ static int fail(int code, const char* fmt, ...) {
     return code;
 }
 
+const char* smctl_cuda_error_name(int cuda_result) {
+    const char* s = NULL;
+    if (drv.cuGetErrorName && drv.cuGetErrorName(cuda_result, &s) == CUDA_SUCCESS && s) return s;
+    return "?";
+}
+
 static int cuda_fail(CUresult r, const char* call) {
     const char* s = NULL;
     last_cuda = r;
     if (drv.cuGetErrorString) drv.cuGetErrorString(r, &s);
-    return fail(SMCTL_ECUDA, "%s failed: CUresult %d (%s)", call, r, s ? s : "?");
+    return fail(SMCTL_ECUDA, "%s failed: CUresult %d %s (%s)", call, r, smctl_cuda_error_name(r), s ? s : "?");
 }
 
-#define SYM(name, required)                                                        \
-    do {                                                                           \
-        *(void**)(&drv.name) = dlsym(drv.lib, #name);                              \
-        if (!drv.name && required) {                                               \
-            snprintf(drv.reason, sizeof drv.reason, "libcuda lacks %s", #name);    \
-            return SMCTL_ENODRIVER;                                                \
-        }                                                                          \
+static void* resolve_at(const char* name, int version) {
+    void* fn = NULL;
+    CUresult r;
+    if (drv.getproc_v2) {
+        int status = 0;
+        r = drv.getproc_v2(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    } else {
+        r = drv.getproc_v1(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT);
+    }
+    return r == CUDA_SUCCESS ? fn : NULL;
+}
+
+/* One driver entry point at the CUDA 12.4 ABI, else at the version that introduced it (up to the
+ * driver's own: cuGreenCtxStreamCreate came in 12.5); NULL if this driver lacks it. */
+static void* resolve(const char* name) {
+    void* fn = resolve_at(name, SMCTL_CUDA_ABI);
+    for (int v = 12050; !fn && v <= drv.driver_version; v += v % 1000 >= 90 ? 1000 - v % 1000 : 10)
+        fn = resolve_at(name, v);
+    return fn;
+}
+
+#define RESOLVE(field, name, required)                                                   \
+    do {                                                                                 \
+        *(void**)(&drv.field) = resolve(name);                                           \
+        if (!drv.field && (required)) {                                                  \
+            snprintf(drv.reason, sizeof drv.reason, "the CUDA driver lacks %s", name);   \
+            return SMCTL_ENODRIVER;                                                      \
+        }                                                                                \
     } while (0)
 
 static int load_driver_locked(void) {
@@ -110,32 +158,42 @@ static int load_driver_locked(void) {
         snprintf(drv.reason, sizeof drv.reason, "no CUDA driver: %s", dlerror());
         return SMCTL_ENODRIVER;
     }
-    SYM(cuInit, 1);
-    SYM(cuDriverGetVersion, 1);
-    SYM(cuDeviceGet, 1);
-    SYM(cuDeviceGetCount, 1);
-    SYM(cuDeviceGetAttribute, 1);
-    SYM(cuCtxGetCurrent, 1);
-    SYM(cuCtxSetCurrent, 1);
-    SYM(cuDevicePrimaryCtxRetain, 1);
-    SYM(cuGetErrorString, 0);
-    *(void**)(&drv.cuStreamDestroy) = dlsym(drv.lib, "cuStreamDestroy_v2");
-    if (!drv.cuStreamDestroy) *(void**)(&drv.cuStreamDestroy) = dlsym(drv.lib, "cuStreamDestroy");
-    SYM(cuDeviceGetDevResource, 0);
-    SYM(cuDevSmResourceSplitByCount, 0);
-    SYM(cuDevResourceGenerateDesc, 0);
-    SYM(cuGreenCtxCreate, 0);
-    SYM(cuGreenCtxStreamCreate, 0);
-    SYM(cuGreenCtxDestroy, 0);
-    drv.has_green = drv.cuDeviceGetDevResource && drv.cuDevSmResourceSplitByCount && drv.cuDevResourceGenerateDesc
-                    && drv.cuGreenCtxCreate && drv.cuGreenCtxStreamCreate && drv.cuGreenCtxDestroy
-                    && drv.cuStreamDestroy;
-    CUresult r = drv.cuInit(0);
-    if (r != 0) {
-        snprintf(drv.reason, sizeof drv.reason, "cuInit failed with CUresult %d (no usable GPU)", r);
+    /* cuGetProcAddress_v2 (CUDA 12.0+) takes a status out-parameter; the plain name is the 11.3 form */
+    *(void**)(&drv.getproc_v2) = dlsym(drv.lib, "cuGetProcAddress_v2");
+    if (!drv.getproc_v2) *(void**)(&drv.getproc_v1) = dlsym(drv.lib, "cuGetProcAddress");
+    if (!drv.getproc_v2 && !drv.getproc_v1) {
+        snprintf(drv.reason, sizeof drv.reason, "the CUDA driver lacks cuGetProcAddress (older than CUDA 11.3)");
         return SMCTL_ENODRIVER;
     }
-    if (!drv.has_green) snprintf(drv.reason, sizeof drv.reason, "driver lacks green contexts (needs CUDA 12.4+)");
+    RESOLVE(cuGetErrorString, "cuGetErrorString", 0);
+    RESOLVE(cuGetErrorName, "cuGetErrorName", 0);
+    RESOLVE(cuDriverGetVersion, "cuDriverGetVersion", 1);
+    drv.cuDriverGetVersion(&drv.driver_version); /* needs no cuInit */
+    RESOLVE(cuInit, "cuInit", 1);
+    RESOLVE(cuDeviceGet, "cuDeviceGet", 1);
+    RESOLVE(cuDeviceGetCount, "cuDeviceGetCount", 1);
+    RESOLVE(cuDeviceGetAttribute, "cuDeviceGetAttribute", 1);
+    RESOLVE(cuCtxGetCurrent, "cuCtxGetCurrent", 1);
+    RESOLVE(cuCtxSetCurrent, "cuCtxSetCurrent", 1);
+    RESOLVE(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 1);
+    RESOLVE(cuStreamDestroy, "cuStreamDestroy", 1);
+    CUresult r = drv.cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        const char* name = smctl_cuda_error_name(r);
+        snprintf(drv.reason, sizeof drv.reason, "cuInit failed: CUresult %d %s (no usable GPU)", r, name);
+        return SMCTL_ENODRIVER;
+    }
+    RESOLVE(cuDeviceGetDevResource, "cuDeviceGetDevResource", 0);
+    RESOLVE(cuDevSmResourceSplitByCount, "cuDevSmResourceSplitByCount", 0);
+    RESOLVE(cuDevResourceGenerateDesc, "cuDevResourceGenerateDesc", 0);
+    RESOLVE(cuGreenCtxCreate, "cuGreenCtxCreate", 0);
+    RESOLVE(cuGreenCtxStreamCreate, "cuGreenCtxStreamCreate", 0);
+    RESOLVE(cuGreenCtxDestroy, "cuGreenCtxDestroy", 0);
+    drv.has_green = drv.cuDeviceGetDevResource && drv.cuDevSmResourceSplitByCount && drv.cuDevResourceGenerateDesc
+                    && drv.cuGreenCtxCreate && drv.cuGreenCtxStreamCreate && drv.cuGreenCtxDestroy;
+    if (!drv.has_green)
+        snprintf(drv.reason, sizeof drv.reason, "driver %d.%d lacks green contexts (needs CUDA 12.4+, R550+)",
+                 drv.driver_version / 1000, drv.driver_version % 1000 / 10);
     return 1;
 }
 
@@ -148,28 +206,30 @@ static int load_driver(void) {
     return SMCTL_OK;
 }
 
-static int get_device(int device, CUdevice* dev) {
+static int get_device(int device, CUdevice* dev, int* sm_count) {
     int count = 0;
     CUresult r = drv.cuDeviceGetCount(&count);
-    if (r != 0) return cuda_fail(r, "cuDeviceGetCount");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDeviceGetCount");
     if (device < 0 || device >= count) return fail(SMCTL_EINVAL, "device %d out of range [0, %d)", device, count);
     r = drv.cuDeviceGet(dev, device);
-    return r != 0 ? cuda_fail(r, "cuDeviceGet") : SMCTL_OK;
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDeviceGet");
+    r = drv.cuDeviceGetAttribute(sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, *dev);
+    return r != CUDA_SUCCESS ? cuda_fail(r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)") : SMCTL_OK;
 }
 
-/* A green context needs a current context on the calling thread: use the primary one (torch's). */
+/* Green contexts need a current context on the calling thread: use the primary one (torch's). */
 static int ensure_context(CUdevice dev) {
     CUcontext cur = NULL;
     CUresult r = drv.cuCtxGetCurrent(&cur);
-    if (r != 0) return cuda_fail(r, "cuCtxGetCurrent");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuCtxGetCurrent");
     if (cur) return SMCTL_OK;
     r = drv.cuDevicePrimaryCtxRetain(&cur, dev);
-    if (r != 0) return cuda_fail(r, "cuDevicePrimaryCtxRetain");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDevicePrimaryCtxRetain");
     r = drv.cuCtxSetCurrent(cur);
-    return r != 0 ? cuda_fail(r, "cuCtxSetCurrent") : SMCTL_OK;
+    return r != CUDA_SUCCESS ? cuda_fail(r, "cuCtxSetCurrent") : SMCTL_OK;
 }
 
-int smctl_version(void) { return 100; }
+int smctl_version(void) { return SMCTL_VERSION; }
 
 int smctl_capabilities(int device, smctl_caps* out) {
     if (!out) return fail(SMCTL_EINVAL, "out is NULL");
@@ -179,20 +239,19 @@ int smctl_capabilities(int device, smctl_caps* out) {
         snprintf(out->reason, sizeof out->reason, "%s", drv.reason);
         return rc;
     }
-    drv.cuDriverGetVersion(&out->driver_version);
+    out->driver_version = drv.driver_version;
     CUdevice dev;
-    if ((rc = get_device(device, &dev)) != SMCTL_OK) return rc;
-    CUresult r = drv.cuDeviceGetAttribute(&out->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    if (r != 0) return cuda_fail(r, "cuDeviceGetAttribute");
+    if ((rc = get_device(device, &dev, &out->sm_count)) != SMCTL_OK) return rc;
     if (!drv.has_green) {
         snprintf(out->reason, sizeof out->reason, "%s", drv.reason);
         return SMCTL_OK;
     }
     CUdevResource res;
     memset(&res, 0, sizeof res);
-    r = drv.cuDeviceGetDevResource(dev, &res, CU_DEV_RESOURCE_TYPE_SM);
-    if (r != 0) {
-        snprintf(out->reason, sizeof out->reason, "cuDeviceGetDevResource failed (CUresult %d)", r);
+    CUresult r = drv.cuDeviceGetDevResource(dev, &res, CU_DEV_RESOURCE_TYPE_SM);
+    if (r != CUDA_SUCCESS) {
+        snprintf(out->reason, sizeof out->reason, "cuDeviceGetDevResource(SM) failed: CUresult %d %s", r,
+                 smctl_cuda_error_name(r));
         return SMCTL_OK;
     }
     out->green_ctx_supported = 1;
@@ -214,12 +273,12 @@ struct smctl_ladder {
 static int make_side(CUdevice dev, CUdevResource* res, int priority, CUgreenCtx* ctx, uintptr_t* stream) {
     CUdevResourceDesc desc = NULL;
     CUresult r = drv.cuDevResourceGenerateDesc(&desc, res, 1);
-    if (r != 0) return cuda_fail(r, "cuDevResourceGenerateDesc");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDevResourceGenerateDesc");
     r = drv.cuGreenCtxCreate(ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
-    if (r != 0) return cuda_fail(r, "cuGreenCtxCreate");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuGreenCtxCreate");
     CUstream s = NULL;
     r = drv.cuGreenCtxStreamCreate(&s, *ctx, CU_STREAM_NON_BLOCKING, priority);
-    if (r != 0) return cuda_fail(r, "cuGreenCtxStreamCreate");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuGreenCtxStreamCreate");
     *stream = (uintptr_t)s;
     return SMCTL_OK;
 }
@@ -241,23 +300,26 @@ int smctl_ladder_create(int device, const int* counts, int n, int side_mask, int
                         int prefill_priority, smctl_ladder** out) {
     if (!out) return fail(SMCTL_EINVAL, "out is NULL");
     *out = NULL;
-    if (!counts || n <= 0) return fail(SMCTL_EINVAL, "the ladder needs at least one SM count (n=%d)", n);
-    if (side_mask < 1 || side_mask > 3) return fail(SMCTL_EINVAL, "side_mask %d is not 1, 2 or 3", side_mask);
+    if (!counts || n <= 0) return fail(SMCTL_EINVAL, "the ladder needs at least one decode SM count (n=%d)", n);
+    if (side_mask < SMCTL_SIDE_DECODE || side_mask > SMCTL_SIDE_BOTH)
+        return fail(SMCTL_EINVAL, "side_mask %d is not 1 (decode), 2 (prefill) or 3 (both)", side_mask);
+    for (int i = 0; i < n; i++)
+        if (counts[i] < 1) return fail(SMCTL_EINVAL, "decode SM count %d (entry %d) must be >= 1", counts[i], i);
     int rc = load_driver();
     if (rc != SMCTL_OK) return rc;
     if (!drv.has_green) return fail(SMCTL_ENOTSUP, "%s", drv.reason);
     CUdevice dev;
-    if ((rc = get_device(device, &dev)) != SMCTL_OK) return rc;
     int sm_count = 0;
-    drv.cuDeviceGetAttribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    if ((rc = get_device(device, &dev, &sm_count)) != SMCTL_OK) return rc;
     for (int i = 0; i < n; i++)
-        if (counts[i] < 1 || counts[i] >= sm_count)
-            return fail(SMCTL_EINVAL, "decode SM count %d (entry %d) is outside [1, %d]", counts[i], i, sm_count - 1);
+        if (counts[i] >= sm_count)
+            return fail(SMCTL_EINVAL, "decode SM count %d (entry %d) is outside [1, %d] (the GPU has %d SMs)",
+                        counts[i], i, sm_count - 1, sm_count);
     if ((rc = ensure_context(dev)) != SMCTL_OK) return rc;
     CUdevResource all;
     memset(&all, 0, sizeof all);
     CUresult r = drv.cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
-    if (r != 0) return cuda_fail(r, "cuDeviceGetDevResource");
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDeviceGetDevResource");
     smctl_ladder* ladder = calloc(1, sizeof *ladder);
     if (!ladder) return fail(SMCTL_ENOMEM, "out of host memory");
     ladder->entries = calloc((size_t)n, sizeof(entry_t));
@@ -271,17 +333,16 @@ int smctl_ladder_create(int device, const int* counts, int n, int side_mask, int
         memset(&group, 0, sizeof group);
         memset(&rest, 0, sizeof rest);
         r = drv.cuDevSmResourceSplitByCount(&group, &groups, &all, &rest, 0, (unsigned int)counts[i]);
-        if (r != 0 || groups < 1) {
-            rc = r != 0 ? cuda_fail(r, "cuDevSmResourceSplitByCount")
-                        : fail(SMCTL_EINVAL, "no group of %d SMs could be made", counts[i]);
-            ladder->n = i;
+        if (r != CUDA_SUCCESS || groups < 1) {
+            rc = r != CUDA_SUCCESS ? cuda_fail(r, "cuDevSmResourceSplitByCount")
+                                   : fail(SMCTL_EINVAL, "no group of %d SMs could be made", counts[i]);
             smctl_ladder_destroy(ladder);
             return rc;
         }
         entry_t* e = &ladder->entries[i];
+        ladder->n = i + 1;
         e->pub.decode_sms = (int)group.sm.smCount;
         e->pub.prefill_sms = (int)rest.sm.smCount;
-        ladder->n = i + 1;
         if ((side_mask & SMCTL_SIDE_DECODE)
             && (rc = make_side(dev, &group, decode_priority, &e->decode_ctx, &e->pub.decode_stream)) != SMCTL_OK) {
             smctl_ladder_destroy(ladder);

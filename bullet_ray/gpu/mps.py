@@ -1,30 +1,37 @@
 """The CUDA MPS control daemon of one deployment on one node: start, stop, status, client environment.
 
-Each deployment name gets its own pipe and log folders (/tmp/bullet_ray/mps/<name>/{pipe,log}), so two
-deployments on one host never share a daemon by accident. Workers that expect MPS call `require_mps`,
-which fails with a message naming the pipe folder when the daemon is not running.
+Each deployment name gets its own pipe and log folders (<root>/<name>/{pipe,log}, root
+/tmp/bullet_ray/mps by default), so two deployments on one host never share a daemon by accident;
+there is no fallback to NVIDIA's global /tmp/nvidia-mps. Clients (the prefill and decode workers) need
+`MpsDaemon(name).env()` in their environment. Workers that expect MPS call `require_mps(env)`, which
+raises MpsNotRunningError naming the pipe folder when no daemon answers there.
+
+    python -m bullet_ray.gpu.mps start|stop|status NAME     (also deploy/mps/{start,stop,status}.sh NAME)
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bullet_ray.errors import BulletRayError, ConfigError
 
 logger = logging.getLogger(__name__)
 
 CONTROL = "nvidia-cuda-mps-control"
+DEFAULT_ROOT = "/tmp/bullet_ray/mps"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class MpsError(BulletRayError, RuntimeError):
-    """The daemon could not be started or asked."""
+    """The daemon could not be started, asked or stopped; the message says which and why."""
 
 
 class MpsNotRunningError(MpsError):
@@ -35,57 +42,85 @@ class MpsNotRunningError(MpsError):
 class MpsStatus:
     is_running: bool
     pipe_dir: str
-    detail: str
+    detail: str  # the daemon's answer, or why it is not running
+    server_pids: tuple[int, ...] = field(default=())  # MPS servers (one per user with clients)
+
+
+def parse_server_list(text: str) -> tuple[int, ...]:
+    """PIDs from the answer to `get_server_list` (one per line; other lines ignored)."""
+    return tuple(int(line) for line in (s.strip() for s in text.splitlines()) if line.isdigit())
 
 
 class MpsDaemon:
-    def __init__(self, name: str, root: str = "/tmp/bullet_ray/mps", control: str = CONTROL) -> None:
-        if not _NAME.match(name):
-            raise ConfigError("mps_name", f"{name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    """The daemon of deployment `name` on this node. `control` is the control binary (name on PATH or path)."""
+
+    def __init__(self, name: str, root: str | None = None, control: str = CONTROL) -> None:
+        if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+            raise ConfigError("mps_name", f"{name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                              "(it names this deployment's pipe folder)")
         self.name = name
-        self.pipe_dir = os.path.join(root, name, "pipe")
-        self.log_dir = os.path.join(root, name, "log")
+        self.root = root or os.environ.get("BULLET_RAY_MPS_ROOT") or DEFAULT_ROOT
+        self.pipe_dir = os.path.join(self.root, name, "pipe")
+        self.log_dir = os.path.join(self.root, name, "log")
         self.control = control
 
     def env(self) -> dict[str, str]:
-        """What an MPS client process needs in its environment."""
+        """What an MPS client process needs in its environment to reach this daemon."""
         return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
 
-    def _run(self, *args: str, stdin: str | None = None, timeout_s: float = 10) -> subprocess.CompletedProcess:
+    def command(self, *args: str) -> list[str]:
+        """The argv of one control call (the environment comes from env())."""
         exe = shutil.which(self.control)
         if exe is None:
-            raise MpsError(f"{self.control} not found on PATH (is the NVIDIA driver installed?)")
-        return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, **self.env()})
+            raise MpsError(f"{self.control} not found on PATH (is the NVIDIA driver installed on this node?)")
+        return [exe, *args]
+
+    def _run(self, *args: str, stdin: str | None = None, timeout_s: float = 10) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **self.env()}
+        env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # the daemon serves every GPU of the node (a CPU-only caller may hide them)
+        return subprocess.run(self.command(*args), input=stdin, capture_output=True, text=True, timeout=timeout_s,
+                              env=env)
+
+    def _has_pipe(self) -> bool:
+        return os.path.exists(os.path.join(self.pipe_dir, "control"))
 
     def status(self) -> MpsStatus:
-        if not os.path.exists(os.path.join(self.pipe_dir, "control")):
+        """Running when the control pipe exists and the daemon answers `get_server_list`."""
+        if not self._has_pipe():
             return MpsStatus(False, self.pipe_dir, "no control pipe")
         try:
             proc = self._run(stdin="get_server_list\n", timeout_s=5)
         except (MpsError, subprocess.TimeoutExpired) as e:
             return MpsStatus(False, self.pipe_dir, str(e))
-        return MpsStatus(proc.returncode == 0, self.pipe_dir, (proc.stdout + proc.stderr).strip())
+        text = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            return MpsStatus(False, self.pipe_dir, text or f"exit status {proc.returncode}")
+        return MpsStatus(True, self.pipe_dir, text, parse_server_list(proc.stdout))
 
     def start(self, timeout_s: float = 10) -> MpsStatus:
-        """Start the daemon (idempotent) and wait until it answers."""
-        if self.status().is_running:
-            return self.status()
+        """Start the daemon (a no-op when it runs already) and wait until it answers."""
+        status = self.status()
+        if status.is_running:
+            return status
         os.makedirs(self.pipe_dir, exist_ok=True)
         os.makedirs(self.log_dir, exist_ok=True)
         proc = self._run("-d")
         if proc.returncode != 0:
-            raise MpsError(f"{self.control} -d failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise MpsError(f"{self.control} -d failed for {self.pipe_dir}: "
+                           f"{proc.stderr.strip() or proc.stdout.strip() or proc.returncode}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = self.status()
             if status.is_running:
+                logger.info("MPS daemon %s started on %s", self.name, self.pipe_dir)
                 return status
-            time.sleep(0.1)
-        raise MpsError(f"the MPS daemon did not answer on {self.pipe_dir} within {timeout_s} s")
+            time.sleep(0.05)
+        raise MpsError(f"the MPS daemon did not answer on {self.pipe_dir} within {timeout_s} s "
+                       f"(see {self.log_dir}/control.log)")
 
     def stop(self, timeout_s: float = 30) -> bool:
-        """Ask the daemon to quit (a no-op when it is not running); False if it did not answer in time."""
+        """Ask the daemon to quit (a no-op when it is not running). False if it did not quit in time."""
         if not self.status().is_running:
             return True
         try:
@@ -93,14 +128,53 @@ class MpsDaemon:
         except subprocess.TimeoutExpired:
             logger.warning("the MPS daemon on %s did not quit within %.0f s", self.pipe_dir, timeout_s)
             return False
-        return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._has_pipe() and self.status().is_running:
+            time.sleep(0.05)
+        return not self.status().is_running
 
 
 def require_mps(env: dict[str, str] | None = None) -> str:
-    """Raise MpsNotRunningError unless an MPS daemon owns the pipe folder this process would use."""
+    """The pipe folder of the MPS daemon this process (or `env`) would use; MpsNotRunningError if none."""
     env = dict(os.environ if env is None else env)
-    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe:
+        raise MpsNotRunningError("CUDA_MPS_PIPE_DIRECTORY is not set: give workers MpsDaemon(name).env() "
+                                 "(start the daemon with `bash deploy/mps/start.sh NAME`)")
     if not os.path.exists(os.path.join(pipe, "control")):
-        raise MpsNotRunningError(f"no MPS daemon on {pipe}: start one with `bash deploy/mps/start.sh <name>` "
+        raise MpsNotRunningError(f"no MPS daemon on {pipe}: start one with `bash deploy/mps/start.sh NAME` "
                                  "and give workers its CUDA_MPS_PIPE_DIRECTORY")
     return pipe
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bullet_ray.gpu.mps",
+                                     description="Start, stop or ask the MPS control daemon of one deployment.")
+    parser.add_argument("action", choices=["start", "stop", "status", "env"])
+    parser.add_argument("name", help="deployment name (its pipe folder is <root>/<name>/pipe)")
+    parser.add_argument("--root", default=None, help=f"folder of all deployments' MPS folders (default "
+                        f"$BULLET_RAY_MPS_ROOT or {DEFAULT_ROOT})")
+    args = parser.parse_args(argv)
+    daemon = MpsDaemon(args.name, args.root)
+    try:
+        if args.action == "env":
+            for k, v in daemon.env().items():
+                print(f"export {k}={v}")
+            return 0
+        if args.action == "start":
+            status = daemon.start()
+        elif args.action == "stop":
+            ok = daemon.stop()
+            print(f"stopped {daemon.pipe_dir}" if ok else f"daemon on {daemon.pipe_dir} did not quit in time")
+            return 0 if ok else 1
+        else:
+            status = daemon.status()
+    except MpsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'running' if status.is_running else 'not running'}: {status.pipe_dir} ({status.detail})")
+    return 0 if status.is_running else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

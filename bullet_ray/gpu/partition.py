@@ -1,208 +1,256 @@
 """SM partitioning behind one interface: a ladder of complementary (decode, prefill) splits and a stream per side.
 
-Backends, by name: "green" (green contexts through native/libsmctl, the default on GPU), "mps" (the MPS
-thread percentage fixed per process: one entry, switching is a no-op that is reported), "none" (CPU:
-the ladder exists and records choices, no hardware effect, no streams). `make_partitioner("auto", ...)`
-takes green when the driver supports it, else none.
+Backends, registered by name and imported lazily (`register_backend` adds one):
+  "green"  green contexts through native/libsmctl: real, switchable partitions (the default on a GPU).
+  "mps"    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, fixed per process by its environment: the ladder has one
+           entry and cannot be switched (select(0) reports `False`: no hardware change). MPS limits how
+           many SMs a client uses, not which: sides may share SMs.
+  "none"   no hardware effect (CPU, or partitioning off): the ladder exists and records choices; streams
+           are None (launch on the current stream).
+  "auto"   green where the driver supports green contexts, else none.
 
-Switching protocol (SplitSwitch): a controller requests ladder entry k; each side polls at its step
-boundary. The side that SHRINKS switches first and acknowledges (after its last step on the old
-partition finished: the worker has synchronized its stream by then); the growing side switches only
-once the shrinking side acknowledged. So the two sides' partitions never overlap.
+Usage by a worker (one side per process; "both" for a single process that drives the two sides):
+
+    p = make_partitioner("auto", "decode", device=0)
+    p.select(index)                      # at a step boundary, when SplitSwitch says so
+    with torch.cuda.stream(p.current_stream("decode")): ...   # or run on the current stream if None
+
+The switching protocol between the two sides lives in bullet_ray.gpu.switch (re-exported here).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import importlib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from bullet_ray.errors import ConfigError
+from bullet_ray.gpu.smctl import Capabilities
+from bullet_ray.gpu.switch import DECODE_ACK, EPOCH, NUM_SWITCH_SLOTS, PREFILL_ACK, REQUESTED, SplitSwitch
+
+__all__ = ["DECODE_ACK", "EPOCH", "NUM_SWITCH_SLOTS", "PREFILL_ACK", "REQUESTED", "BACKENDS", "SIDES",
+           "LadderEntry", "SmPartitioner", "NonePartitioner", "MpsPartitioner", "SplitSwitch", "default_ladder",
+           "make_partitioner", "register_backend"]
+
+logger = logging.getLogger(__name__)
 
 SideName = Literal["prefill", "decode", "both"]
-SIDES = ("prefill", "decode", "both")
-BACKENDS = ("auto", "green", "mps", "none")
+SIDES: tuple[str, ...] = ("prefill", "decode", "both")
+DEFAULT_SM_COUNT = 132  # H100 SXM; the none backend's ladder when no GPU says otherwise
+
+# name -> "module:Class"; the module is imported when the backend is first made
+_REGISTRY: dict[str, str] = {
+    "green": "bullet_ray.gpu.green:GreenPartitioner",
+    "mps": "bullet_ray.gpu.partition:MpsPartitioner",
+    "none": "bullet_ray.gpu.partition:NonePartitioner",
+}
+BACKENDS: tuple[str, ...] = ("auto", *_REGISTRY)
 
 
 @dataclass(frozen=True)
 class LadderEntry:
-    index: int
-    decode_sms: int
-    prefill_sms: int
+    index: int  # position in the ladder
+    decode_sms: int  # SMs of the decode side (as granted by the backend)
+    prefill_sms: int  # SMs of the prefill side: the rest of the GPU
 
 
-def default_ladder(sm_count: int, granularity: int = 8, margin: int = 16) -> list[int]:
-    """Decode SM counts from `margin` to sm_count - margin in steps of `granularity` (16, 24, ..., 112 on an H100)."""
-    if sm_count < 2 * margin:
+def default_ladder(sm_count: int, granularity: int = 8, margin_sms: int = 16) -> list[int]:
+    """Decode SM counts from `margin_sms` to sm_count - margin_sms in steps of `granularity`
+    (16, 24, ..., 112 on a 132-SM H100). A GPU too small for that gets one half/half entry."""
+    if sm_count < 2:
+        raise ConfigError("sm_count", f"{sm_count} SMs cannot be split; need at least 2")
+    if granularity < 1:
+        raise ConfigError("granularity", f"granularity {granularity} must be >= 1")
+    if sm_count - margin_sms < margin_sms:
         return [max(1, sm_count // 2)]
-    return list(range(margin, sm_count - margin + 1, granularity))
+    return list(range(margin_sms, sm_count - margin_sms + 1, granularity))
 
 
-def _check_ladder(counts: list[int], sm_count: int) -> None:
+def check_ladder(counts: list[int], sm_count: int) -> None:
+    """ConfigError naming the bad value unless every count is an int in [1, sm_count - 1]."""
     if not counts:
         raise ConfigError("decode_sm_counts", "the ladder is empty; give at least one decode SM count")
     for c in counts:
-        if not isinstance(c, int) or c < 1 or c >= sm_count:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c >= sm_count:
             raise ConfigError("decode_sm_counts", f"decode SM count {c!r} is outside [1, {sm_count - 1}] "
-                              f"(the GPU has {sm_count} SMs)")
+                              f"(the GPU has {sm_count} SMs; each side needs at least one)")
+
+
+def check_side(side: str) -> None:
+    if side not in SIDES:
+        raise ConfigError("side", f"unknown side {side!r}; choose one of {SIDES}")
 
 
 class SmPartitioner(abc.ABC):
-    """A ladder of splits; `stream(index, side)` is where that side launches work on entry `index`."""
+    """A ladder of complementary splits. Rules:
+    - `ladder[i]` gives decode_sms + prefill_sms = the GPU's SMs; entries are fixed after construction.
+    - `stream(i, side)` is where `side` launches work while on entry i (None: the current stream); a
+      process gets streams only for the side(s) it was made for.
+    - `select(i)` is called at a step boundary, after the side's earlier work finished; it returns True
+      when the hardware partition changes, False when the backend cannot switch (mps, none).
+    - `close()` releases streams and contexts; the partitioner is unusable afterwards.
+    """
 
     name = "abstract"
+    is_switchable = False  # does select() change which SMs run the work?
 
-    def __init__(self, side: SideName) -> None:
-        if side not in SIDES:
-            raise ConfigError("side", f"unknown side {side!r}; choose one of {SIDES}")
+    def __init__(self, side: SideName, capabilities: Capabilities) -> None:
+        check_side(side)
         self.side = side
+        self.capabilities = capabilities
         self.ladder: list[LadderEntry] = []
         self.current_index = 0
-        self.history: list[int] = []
+        self.history: list[int] = []  # every select(), in order
 
-    def select(self, index: int) -> None:
-        """Run on ladder entry `index` from the next step on."""
-        if not 0 <= index < len(self.ladder):
-            raise ConfigError("split_index", f"ladder index {index} outside [0, {len(self.ladder)})")
+    def _check_index(self, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.ladder):
+            raise ConfigError("split_index", f"ladder index {index!r} outside [0, {len(self.ladder)}) "
+                              f"({self.name} backend)")
+
+    def _check_stream_side(self, side: str) -> None:
+        if side not in ("prefill", "decode"):
+            raise ConfigError("side", f"unknown side {side!r}; streams exist for 'prefill' and 'decode'")
+        if self.side != "both" and side != self.side:
+            raise ConfigError("side", f"this process made the {self.side!r} side only, not {side!r}")
+
+    def select(self, index: int) -> bool:
+        """Run on ladder entry `index` from the next step on; True if the SMs in use change."""
+        self._check_index(index)
+        changed = self.is_switchable and index != self.current_index
         self.current_index = index
         self.history.append(index)
+        return changed
 
     @abc.abstractmethod
     def stream(self, index: int, side: str) -> Any:
-        """A torch stream bound to that side's SMs, or None (launch on the current stream)."""
+        """A torch stream bound to `side`'s SMs on entry `index`, or None (launch on the current stream)."""
 
-    def current_stream(self, side: str) -> Any:
-        return self.stream(self.current_index, side)
+    def current_stream(self, side: str | None = None) -> Any:
+        return self.stream(self.current_index, side or self.side)
 
-    def close(self) -> None:  # noqa: B027 - optional
+    @property
+    def current(self) -> LadderEntry:
+        return self.ladder[self.current_index]
+
+    def close(self) -> None:  # noqa: B027 - optional for backends without resources
         """Release streams and contexts."""
+
+    def __enter__(self) -> SmPartitioner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_caps(sm_count: int, reason: str) -> Capabilities:
+    return Capabilities(0, sm_count, False, 0, 0, reason)
 
 
 class NonePartitioner(SmPartitioner):
-    """CPU or no partitioning: the ladder is bookkeeping only."""
+    """No partitioning: the ladder is bookkeeping only (CPU, tests, or partitioning turned off)."""
 
     name = "none"
 
-    def __init__(self, side: SideName, sm_count: int = 132, decode_sm_counts: list[int] | None = None) -> None:
-        super().__init__(side)
-        counts = decode_sm_counts or default_ladder(sm_count)
-        _check_ladder(counts, sm_count)
+    def __init__(self, side: SideName, sm_count: int = DEFAULT_SM_COUNT, decode_sm_counts: list[int] | None = None,
+                 capabilities: Capabilities | None = None) -> None:
+        super().__init__(side, capabilities or _cpu_caps(sm_count, "none backend: no hardware partitioning"))
+        counts = list(decode_sm_counts) if decode_sm_counts is not None else default_ladder(sm_count)
+        check_ladder(counts, sm_count)
         self.ladder = [LadderEntry(i, c, sm_count - c) for i, c in enumerate(counts)]
 
     def stream(self, index: int, side: str) -> Any:
+        self._check_index(index)
+        self._check_stream_side(side)
         return None
 
 
 class MpsPartitioner(SmPartitioner):
-    """One fixed split from CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; other entries cannot be selected."""
+    """One fixed split from this process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its side's share)."""
 
     name = "mps"
 
-    def __init__(self, side: SideName, sm_count: int) -> None:
-        super().__init__(side)
-        pct = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"))
-        mine = max(1, round(sm_count * pct / 100))
+    def __init__(self, side: SideName, sm_count: int = DEFAULT_SM_COUNT, capabilities: Capabilities | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(side, capabilities or _cpu_caps(sm_count, "mps backend"))
+        if side == "both":
+            raise ConfigError("side", "the mps backend partitions per process: make it for 'prefill' or 'decode'")
+        raw = (os.environ if env is None else env).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+        try:
+            pct = float(raw)
+        except ValueError:
+            raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{raw!r} is not a number") from None
+        if not 0 < pct <= 100:
+            raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{pct} is outside (0, 100]")
+        mine = min(sm_count, max(1, round(sm_count * pct / 100)))
         decode = mine if side == "decode" else sm_count - mine
         self.ladder = [LadderEntry(0, decode, sm_count - decode)]
+        self.percentage = pct
+
+    def select(self, index: int) -> bool:
+        if index != 0:
+            logger.info("mps backend: the split is fixed by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s; switch to %s "
+                        "ignored", self.percentage, index)
+        return super().select(index)
 
     def stream(self, index: int, side: str) -> Any:
+        self._check_index(index)
+        self._check_stream_side(side)
         return None
 
 
-class GreenPartitioner(SmPartitioner):
-    """Green contexts made by native/libsmctl; this process makes the streams of its side(s) only."""
-
-    name = "green"
-
-    def __init__(self, side: SideName, device: int = 0, decode_sm_counts: list[int] | None = None) -> None:
-        super().__init__(side)
-        import torch
-
-        from bullet_ray.gpu import smctl
-
-        caps = smctl.capabilities(device)
-        if not caps.green_ctx_supported:
-            raise smctl.NotSupportedError(caps.reason or "green contexts unsupported")
-        counts = decode_sm_counts or default_ladder(caps.sm_count, max(caps.partition_alignment, 8))
-        _check_ladder(counts, caps.sm_count)
-        mask = {"decode": smctl.SIDE_DECODE, "prefill": smctl.SIDE_PREFILL,
-                "both": smctl.SIDE_DECODE | smctl.SIDE_PREFILL}[side]
-        # CUDA stream priorities: lower is higher; decode (latency-bound) gets the higher one
-        self.native = smctl.NativeLadder(device, counts, mask, decode_priority=-1, prefill_priority=0)
-        self.ladder = [LadderEntry(i, e.decode_sms, e.prefill_sms) for i, e in enumerate(self.native.entries)]
-        dev = torch.device("cuda", device)
-        self._streams: dict[tuple[int, str], Any] = {}
-        for i, e in enumerate(self.native.entries):
-            if e.decode_stream:
-                self._streams[(i, "decode")] = torch.cuda.ExternalStream(e.decode_stream, device=dev)
-            if e.prefill_stream:
-                self._streams[(i, "prefill")] = torch.cuda.ExternalStream(e.prefill_stream, device=dev)
-
-    def stream(self, index: int, side: str) -> Any:
-        if (index, side) not in self._streams:
-            raise ConfigError("side", f"this process did not make the {side} side (it holds {self.side!r})")
-        return self._streams[(index, side)]
-
-    def close(self) -> None:
-        self._streams.clear()
-        self.native.close()
+def register_backend(name: str, target: str) -> None:
+    """Register a backend class as "module:Class" (imported when first made)."""
+    global BACKENDS
+    if ":" not in target:
+        raise ConfigError("target", f"{target!r} must read 'module:Class'")
+    _REGISTRY[name] = target
+    BACKENDS = ("auto", *_REGISTRY)
 
 
-def make_partitioner(backend: str, side: SideName, device: int = 0,
-                     decode_sm_counts: list[int] | None = None, sm_count: int = 132) -> SmPartitioner:
-    """The named backend; "auto" = green where the driver supports it, else none."""
+def backend_class(name: str) -> type[SmPartitioner]:
+    if name not in _REGISTRY:
+        raise ConfigError("partition", f"unknown partition backend {name!r}; choose one of {BACKENDS}")
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def make_partitioner(backend: str, side: SideName, device: int = 0, decode_sm_counts: list[int] | None = None,
+                     sm_count: int | None = None) -> SmPartitioner:
+    """The named backend for `side` on CUDA device `device`. "auto" = green where the driver has green
+    contexts, else none. `sm_count` sizes the none/mps ladders (default: the GPU's, else 132)."""
+    check_side(side)
     if backend not in BACKENDS:
         raise ConfigError("partition", f"unknown partition backend {backend!r}; choose one of {BACKENDS}")
-    if backend == "none":
-        return NonePartitioner(side, sm_count, decode_sm_counts)
-    if backend == "mps":
+    if backend in ("green", "auto"):
+        from bullet_ray.gpu import smctl
+
+        caps = smctl.capability_report(device)
+        if caps.green_ctx_supported:
+            return backend_class("green")(side, device, decode_sm_counts)  # type: ignore[call-arg, arg-type]
+        if backend == "green":
+            raise smctl.NotSupportedError(f"green contexts unavailable on device {device}: {caps.reason}")
+        logger.info("partition auto: none backend (%s)", caps.reason)
+        n = sm_count or caps.sm_count or DEFAULT_SM_COUNT
+        return NonePartitioner(side, n, decode_sm_counts, dataclasses.replace(caps, sm_count=n))
+    cls = backend_class(backend)
+    if cls is NonePartitioner:
+        return NonePartitioner(side, sm_count or DEFAULT_SM_COUNT, decode_sm_counts)
+    if cls is MpsPartitioner:
+        if sm_count is None:
+            from bullet_ray.gpu import smctl
+
+            caps = smctl.capability_report(device)
+            n = caps.sm_count or DEFAULT_SM_COUNT
+            return MpsPartitioner(side, n, dataclasses.replace(caps, sm_count=n))
         return MpsPartitioner(side, sm_count)
-    if backend == "green":
-        return GreenPartitioner(side, device, decode_sm_counts)
-    from bullet_ray.gpu import smctl
-
-    try:
-        return GreenPartitioner(side, device, decode_sm_counts)
-    except (smctl.NoDriverError, smctl.NotSupportedError):
-        return NonePartitioner(side, sm_count, decode_sm_counts)
+    return cls(side, device, decode_sm_counts)  # type: ignore[call-arg, arg-type]
 
 
-REQUESTED, PREFILL_ACK, DECODE_ACK, EPOCH = 0, 1, 2, 3
-
-
-class SplitSwitch:
-    """The switching protocol over 4 shared int64 slots: requested index, prefill ack, decode ack, epoch."""
-
-    def __init__(self, slots: np.ndarray, ladder: list[LadderEntry]) -> None:
-        if slots.dtype != np.int64 or slots.size < 4:
-            raise ValueError("SplitSwitch needs a writable int64 array of >= 4 slots")
-        self.slots = slots
-        self.ladder = ladder
-
-    def reset(self, index: int) -> None:
-        self.slots[[REQUESTED, PREFILL_ACK, DECODE_ACK]] = index
-
-    def request(self, index: int) -> None:
-        if not 0 <= index < len(self.ladder):
-            raise ConfigError("split_index", f"ladder index {index} outside [0, {len(self.ladder)})")
-        self.slots[REQUESTED] = index
-        self.slots[EPOCH] += 1
-
-    def current(self, side: str) -> int:
-        return int(self.slots[PREFILL_ACK if side == "prefill" else DECODE_ACK])
-
-    def maybe_switch(self, side: str) -> int | None:
-        """Call at a step boundary; returns the new index when this side switches now, else None."""
-        mine_slot, other_slot = (PREFILL_ACK, DECODE_ACK) if side == "prefill" else (DECODE_ACK, PREFILL_ACK)
-        target, mine = int(self.slots[REQUESTED]), int(self.slots[mine_slot])
-        if target == mine or not 0 <= target < len(self.ladder):
-            return None  # nothing to do, or a request this ladder cannot serve
-        old, new = self.ladder[mine], self.ladder[target]
-        shrinks = new.prefill_sms < old.prefill_sms if side == "prefill" else new.decode_sms < old.decode_sms
-        if shrinks or int(self.slots[other_slot]) == target:
-            self.slots[mine_slot] = target
-            return target
-        return None
+def __getattr__(name: str) -> Any:  # GreenPartitioner without importing torch at module import
+    if name == "GreenPartitioner":
+        return backend_class("green")
+    raise AttributeError(name)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
-# Is the MPS daemon of deployment NAME running? bash deploy/mps/status.sh NAME (exit 0 yes, 1 no)
+# Report whether the MPS control daemon of deployment NAME runs on this node: bash deploy/mps/status.sh NAME [--root DIR]
+# (pipe folder <root>/NAME/pipe; root $BULLET_RAY_MPS_ROOT or /tmp/bullet_ray/mps). Exit 0 on success (running).
 set -euo pipefail
-python3 -c "import sys; from bullet_ray.gpu.mps import MpsDaemon; s = MpsDaemon(sys.argv[1]).status(); print(s); sys.exit(0 if s.is_running else 1)" "${1:?usage: status.sh NAME}"
+exec "${PYTHON:-python3}" -m bullet_ray.gpu.mps status "${1:?usage: status.sh NAME [--root DIR]}" "${@:2}"

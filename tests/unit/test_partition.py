@@ -1,170 +1,250 @@
-"""The native SM-partition helper on a machine without a GPU, the partition backends, the switch protocol,
-and MPS daemon management against a fake control binary."""
+"""SM-partition backends without a GPU (none, mps, auto), typed errors for bad arguments, and the split-switch
+protocol (shrinking side first; partitions never overlap) with threads and with two processes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import multiprocessing as mp
+import random
 import threading
+from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
 
 from bullet_ray.errors import ConfigError
 from bullet_ray.gpu import smctl
-from bullet_ray.gpu.mps import MpsDaemon, MpsNotRunningError, require_mps
 from bullet_ray.gpu.partition import (
+    BACKENDS,
+    DECODE_ACK,
+    EPOCH,
+    PREFILL_ACK,
+    REQUESTED,
     LadderEntry,
+    MpsPartitioner,
     NonePartitioner,
     SplitSwitch,
     default_ladder,
     make_partitioner,
 )
 
-NATIVE = os.path.join(os.path.dirname(__file__), "..", "..", "native")
+NO_GPU = not smctl.capability_report(0).has_gpu
 
 
-def _has_gpu() -> bool:
-    try:
-        smctl.capabilities(0)
-        return True
-    except smctl.SmctlError:
-        return False
+def test_default_ladder():
+    assert default_ladder(132) == list(range(16, 113, 8))  # 16, 24, ..., 112 on an H100
+    assert default_ladder(132, 16) == [16, 32, 48, 64, 80, 96, 112]
+    assert default_ladder(20) == [10]
+    with pytest.raises(ConfigError, match="sm_count"):
+        default_ladder(1)
 
 
-def test_library_builds_with_gcc_and_loads(tmp_path):
-    subprocess.run(["make", "-s", "-C", NATIVE], check=True)
-    assert smctl.version() == 100
-
-
-@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU")
-def test_no_driver_is_reported_cleanly():
-    with pytest.raises(smctl.NoDriverError) as err:
-        smctl.capabilities(0)
-    assert "driver" in str(err.value).lower() or "cuinit" in str(err.value).lower()
-    with pytest.raises(smctl.NoDriverError):
-        smctl.NativeLadder(0, [16], smctl.SIDE_DECODE)
-    # auto falls back to the none backend
-    assert make_partitioner("auto", "decode").name == "none"
-
-
-def test_native_rejects_bad_arguments_before_touching_the_driver():
-    with pytest.raises(smctl.InvalidArgumentError):
-        smctl.NativeLadder(0, [16], 7)
-    with pytest.raises(smctl.InvalidArgumentError):
-        smctl.NativeLadder(0, [], smctl.SIDE_DECODE)
-
-
-def test_default_ladder_on_an_h100():
-    assert default_ladder(132) == list(range(16, 117, 8))
-    assert default_ladder(132)[0] == 16 and default_ladder(132)[-1] == 112
-
-
-def test_none_backend_records_choices():
+def test_none_backend_records_choices_and_has_no_streams():
     p = make_partitioner("none", "both", decode_sm_counts=[16, 64, 112], sm_count=132)
-    assert [(e.decode_sms, e.prefill_sms) for e in p.ladder] == [(16, 116), (64, 68), (112, 20)]
-    p.select(2)
-    p.select(0)
-    assert p.current_index == 0 and p.history == [2, 0]
-    assert p.current_stream("decode") is None
+    assert p.name == "none" and not p.is_switchable
+    assert p.ladder == [LadderEntry(0, 16, 116), LadderEntry(1, 64, 68), LadderEntry(2, 112, 20)]
+    assert p.select(2) is False and p.select(0) is False  # no hardware effect
+    assert p.current_index == 0 and p.history == [2, 0] and p.current == p.ladder[0]
+    assert p.stream(1, "decode") is None and p.current_stream("prefill") is None
+    assert p.capabilities.sm_count == 132 and not p.capabilities.green_ctx_supported
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"backend": "warp-drive", "side": "decode"}, "partition"),
-    ({"backend": "none", "side": "middle"}, "side"),
-    ({"backend": "none", "side": "decode", "decode_sm_counts": [0]}, "decode_sm_counts"),
-    ({"backend": "none", "side": "decode", "decode_sm_counts": [200]}, "decode_sm_counts"),
+def test_none_backend_default_ladder():
+    p = NonePartitioner("decode")
+    assert [e.decode_sms for e in p.ladder] == default_ladder(132)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
+def test_auto_falls_back_to_none_without_a_driver():
+    p = make_partitioner("auto", "decode")
+    assert p.name == "none" and "driver" in p.capabilities.reason.lower()
+    with pytest.raises(smctl.NotSupportedError, match="green contexts unavailable"):
+        make_partitioner("green", "decode")
+
+
+def test_mps_backend_is_one_fixed_entry():
+    p = MpsPartitioner("decode", 132, env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"})
+    assert p.ladder == [LadderEntry(0, 33, 99)]
+    q = MpsPartitioner("prefill", 132, env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"})
+    assert q.ladder == [LadderEntry(0, 33, 99)]
+    assert p.select(0) is False and p.stream(0, "decode") is None
+    with pytest.raises(ConfigError, match="split_index"):
+        p.select(1)
+    assert MpsPartitioner("decode", 132, env={}).ladder == [LadderEntry(0, 132, 0)]  # unset: 100%
+
+
+@pytest.mark.parametrize("env,match", [({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "x"}, "'x' is not a number"),
+                                       ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "0"}, "outside")])
+def test_mps_backend_bad_percentage(env, match):
+    with pytest.raises(ConfigError, match=match):
+        MpsPartitioner("decode", 132, env=env)
+
+
+@pytest.mark.parametrize("kwargs,field,value", [
+    ({"backend": "warp-drive", "side": "decode"}, "partition", "warp-drive"),
+    ({"backend": "none", "side": "middle"}, "side", "middle"),
+    ({"backend": "none", "side": "decode", "decode_sm_counts": [0]}, "decode_sm_counts", "0"),
+    ({"backend": "none", "side": "decode", "decode_sm_counts": [200]}, "decode_sm_counts", "200"),
+    ({"backend": "none", "side": "decode", "decode_sm_counts": [132]}, "decode_sm_counts", "132"),
+    ({"backend": "none", "side": "decode", "decode_sm_counts": []}, "decode_sm_counts", "empty"),
+    ({"backend": "none", "side": "decode", "decode_sm_counts": [16.5]}, "decode_sm_counts", "16.5"),
+    ({"backend": "mps", "side": "both", "sm_count": 132}, "side", "per process"),
 ])
-def test_bad_partition_arguments_are_typed_errors(kwargs, field):
+def test_bad_partition_arguments_are_typed_errors_naming_the_value(kwargs, field, value):
     with pytest.raises(ConfigError) as err:
         make_partitioner(**kwargs)
-    assert err.value.field == field
+    assert err.value.field == field and value in str(err.value)
+    if field == "partition":
+        assert all(name in str(err.value) for name in BACKENDS)
 
 
-def test_select_out_of_range():
-    with pytest.raises(ConfigError):
-        NonePartitioner("decode", 132, [16, 32]).select(5)
+def test_select_and_stream_bad_arguments():
+    p = NonePartitioner("decode", 132, [16, 32])
+    with pytest.raises(ConfigError, match="index 5 outside"):
+        p.select(5)
+    with pytest.raises(ConfigError, match="index -1"):
+        p.stream(-1, "decode")
+    with pytest.raises(ConfigError, match="'decode' side only"):
+        p.stream(0, "prefill")
+    with pytest.raises(ConfigError, match="unknown side 'left'"):
+        p.stream(0, "left")
 
 
 LADDER = [LadderEntry(0, 16, 116), LadderEntry(1, 64, 68), LadderEntry(2, 112, 20)]
 
 
+def _switch(index: int = 1) -> SplitSwitch:
+    sw = SplitSwitch(np.zeros(4, dtype=np.int64), LADDER)
+    sw.reset(index)
+    return sw
+
+
 def test_switch_shrinking_side_first_then_the_growing_side():
-    slots = np.zeros(4, dtype=np.int64)
-    sw = SplitSwitch(slots, LADDER)
-    sw.reset(1)
-    sw.request(2)  # decode grows 64 -> 112, prefill shrinks 68 -> 20
+    sw = _switch(1)
+    assert sw.request(2)  # decode grows 64 -> 112, prefill shrinks 68 -> 20
+    assert sw.slots[EPOCH] == 1 and not sw.is_settled()
     assert sw.maybe_switch("decode") is None  # must wait for prefill to release SMs
     assert sw.maybe_switch("prefill") == 2
-    assert sw.maybe_switch("decode") == 2
-    sw.request(0)  # decode shrinks now
+    assert sw.maybe_switch("prefill") is None  # already there
+    assert sw.maybe_switch("decode") == 2 and sw.is_settled()
+    assert sw.request(0)  # now decode shrinks
     assert sw.maybe_switch("prefill") is None
     assert sw.maybe_switch("decode") == 0
     assert sw.maybe_switch("prefill") == 0
-    assert slots[3] == 2
+    assert list(sw.slots) == [0, 0, 0, 2]
 
 
-def test_switch_never_overlaps_under_concurrent_polling():
-    slots = np.zeros(4, dtype=np.int64)
+def test_request_waits_for_the_previous_switch_to_settle():
+    sw = _switch(1)
+    assert sw.request(2)
+    assert not sw.request(0)  # prefill has not moved yet: nothing written
+    assert sw.slots[REQUESTED] == 2 and sw.slots[EPOCH] == 1
+    sw.maybe_switch("prefill")
+    sw.maybe_switch("decode")
+    assert sw.request(0) and sw.slots[EPOCH] == 2
+    assert sw.request(0) and sw.slots[EPOCH] == 2  # asking for where a pending request goes: no new epoch
+
+
+def test_a_request_overwritten_mid_switch_never_deadlocks_or_overlaps():
+    sw = _switch(0)  # decode 16, prefill 116
+    sw.request(2)  # decode grows to 112, prefill shrinks to 20
+    assert sw.maybe_switch("prefill") == 2
+    sw.slots[REQUESTED] = 1  # a controller that did not wait: both sides now grow (16 -> 64, 20 -> 68)
+    assert sw.maybe_switch("decode") == 1  # 64 + prefill's 20 fit
+    assert sw.maybe_switch("prefill") == 1  # 68 + decode's 64 fit
+    assert sw.is_settled()
+
+
+def test_switch_rejects_bad_slots_and_sides():
+    with pytest.raises(ConfigError, match="int64"):
+        SplitSwitch(np.zeros(4, dtype=np.int32), LADDER)
+    with pytest.raises(ConfigError, match=">= 4"):
+        SplitSwitch(np.zeros(3, dtype=np.int64), LADDER)
+    ro = np.zeros(4, dtype=np.int64)
+    ro.flags.writeable = False
+    with pytest.raises(ConfigError, match="writable"):
+        SplitSwitch(ro, LADDER)
+    sw = _switch()
+    with pytest.raises(ConfigError, match="unknown side 'both'"):
+        sw.maybe_switch("both")
+    with pytest.raises(ConfigError, match="index 3 outside"):
+        sw.request(3)
+
+
+def _side_loop(slots: np.ndarray, side: str, stop: threading.Event | None, flag: np.ndarray | None,
+               overlaps: list) -> int:
+    """Poll like a worker; check after every step that my acked entry and the other's never overlap."""
     sw = SplitSwitch(slots, LADDER)
-    sw.reset(0)
-    overlaps = []
+    other = "prefill" if side == "decode" else "decode"
+    switches = 0
+    while not (stop.is_set() if stop is not None else flag[0]):
+        if sw.maybe_switch(side) is not None:
+            switches += 1
+        mine, theirs = LADDER[sw.current(side)], LADDER[sw.current(other)]  # my slot is only written by me
+        d, p = (mine, theirs) if side == "decode" else (theirs, mine)
+        if d.decode_sms + p.prefill_sms > 132:
+            overlaps.append((d.index, p.index))
+    return switches
+
+
+def _drive(sw: SplitSwitch, targets: list[int]) -> None:
+    for t in targets:
+        while not sw.request(t):
+            pass
+    while not sw.is_settled():
+        pass
+
+
+def test_switch_never_overlaps_under_concurrent_polling_threads():
+    sw = _switch(0)
+    overlaps: list = []
     stop = threading.Event()
-
-    def side(name: str) -> None:
-        while not stop.is_set():
-            sw.maybe_switch(name)
-            d, p = LADDER[sw.current("decode")], LADDER[sw.current("prefill")]
-            if d.decode_sms + p.prefill_sms > 132:
-                overlaps.append((d, p))
-
-    threads = [threading.Thread(target=side, args=(n,)) for n in ("prefill", "decode")]
+    threads = [threading.Thread(target=_side_loop, args=(sw.slots, n, stop, None, overlaps))
+               for n in ("prefill", "decode")]
     for t in threads:
         t.start()
-    for target in [2, 0, 1, 2, 1, 0] * 20:
-        sw.request(target)
+    rng = random.Random(0)
+    _drive(sw, [rng.randrange(3) for _ in range(60)])
     stop.set()
     for t in threads:
         t.join()
-    assert not overlaps
+    assert not overlaps and sw.is_settled()
 
 
-def _fake_control(tmp_path) -> str:
-    """A stand-in for nvidia-cuda-mps-control: -d creates the control pipe, 'quit' removes it."""
-    script = tmp_path / "nvidia-cuda-mps-control"
-    script.write_text("#!/bin/sh\n"
-                      "if [ \"$1\" = \"-d\" ]; then mkdir -p \"$CUDA_MPS_PIPE_DIRECTORY\"; "
-                      "touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0; fi\n"
-                      "read cmd; case \"$cmd\" in quit) rm -f \"$CUDA_MPS_PIPE_DIRECTORY/control\";; "
-                      "get_server_list) echo 1234;; esac\n")
-    script.chmod(0o755)
-    return str(script)
+def _process_side(name: str, side: str, result: mp.Queue) -> None:
+    shm = shared_memory.SharedMemory(name=name)
+    try:
+        buf = np.ndarray((6,), dtype=np.int64, buffer=shm.buf)
+        overlaps: list = []
+        switches = _side_loop(buf[:4], side, None, buf[4:5], overlaps)
+        result.put((side, switches, overlaps))
+        del buf
+    finally:
+        shm.close()
 
 
-def test_mps_daemon_lifecycle_with_a_fake_control(tmp_path):
-    control = _fake_control(tmp_path)
-    a = MpsDaemon("engine-a", root=str(tmp_path / "mps"), control=control)
-    b = MpsDaemon("engine-b", root=str(tmp_path / "mps"), control=control)
-    assert a.pipe_dir != b.pipe_dir  # two deployments on one host never share a daemon
-    assert not a.status().is_running
-    with pytest.raises(MpsNotRunningError, match="engine-a"):
-        require_mps(a.env())
-    assert a.start().is_running
-    assert require_mps(a.env()) == a.pipe_dir
-    assert not b.status().is_running
-    a.stop()
-    assert not a.status().is_running
-
-
-def test_mps_rejects_bad_names():
-    with pytest.raises(ConfigError):
-        MpsDaemon("../etc")
-
-
-@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU")
-def test_selftest_without_gpu_reports_and_exits_zero(tmp_path, capsys):
-    from bullet_ray.gpu.selftest import main
-
-    assert main(["--out", str(tmp_path / "r.json")]) == 0
-    assert "no GPU" in capsys.readouterr().out
-    assert "reason" in (tmp_path / "r.json").read_text()
+def test_switch_never_overlaps_between_two_processes():
+    shm = shared_memory.SharedMemory(create=True, size=6 * 8)
+    try:
+        buf = np.ndarray((6,), dtype=np.int64, buffer=shm.buf)
+        buf[:] = 0
+        sw = SplitSwitch(buf[:4], LADDER)
+        sw.reset(0)
+        ctx = mp.get_context("spawn")
+        result: mp.Queue = ctx.Queue()
+        procs = [ctx.Process(target=_process_side, args=(shm.name, side, result)) for side in ("prefill", "decode")]
+        for p in procs:
+            p.start()
+        targets = [2, 0, 1, 2, 1, 0, 2] * 5
+        _drive(sw, targets)
+        buf[4] = 1  # stop
+        outs = {side: (n, overlaps) for side, n, overlaps in (result.get(timeout=60) for _ in procs)}
+        for p in procs:
+            p.join(timeout=30)
+        assert outs["prefill"][1] == [] and outs["decode"][1] == []
+        changes = sum(1 for a, b in zip([0, *targets], targets) if a != b)
+        assert outs["prefill"][0] == changes and outs["decode"][0] == changes  # each side followed every request
+        assert int(buf[PREFILL_ACK]) == int(buf[DECODE_ACK]) == targets[-1]
+        del buf, sw
+    finally:
+        shm.close()
+        shm.unlink()

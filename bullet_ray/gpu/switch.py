@@ -1,0 +1,121 @@
+"""The split-switch protocol: move both sides to another ladder entry without their SMs ever overlapping.
+
+State: a writable numpy int64 array of >= 4 slots shared by the controller (engine front) and the two
+workers (the engine hands in a view of its shared-memory state block):
+
+    slot 0  REQUESTED    ladder index the controller asks for
+    slot 1  PREFILL_ACK  ladder index the prefill side runs on now
+    slot 2  DECODE_ACK   ladder index the decode side runs on now
+    slot 3  EPOCH        incremented by every request (for logs and metrics)
+
+Rules. Each side calls `maybe_switch(side)` at its step boundary, after the work it launched on its
+current partition has finished (a worker synchronizes its stream at the end of a step to read the
+sampled tokens, so that holds). A side whose partition shrinks (or stays) switches at once and acks.
+A side whose partition grows switches only when its new SMs are free: when its new SM count plus the
+other side's acked SM count fits the GPU (in the ordinary sequence, once the shrinking side acked the
+target). Ladder splits are nested (a smaller decode group is part of a larger one: the driver carves
+groups in a fixed SM order, checked on the H100 by the SM ids kernels ran on), so "counts fit" means
+"SM sets are disjoint".
+
+The controller publishes a request only when the previous one has settled (`request` returns False
+otherwise; ask again later): the two sides then act on the same target, and at most one of them grows.
+A request written while another is in flight (by a controller that bypasses `request`) still never
+deadlocks: the growing rule is checked against the other side's acked partition, not its target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from bullet_ray.errors import ConfigError
+
+REQUESTED, PREFILL_ACK, DECODE_ACK, EPOCH = 0, 1, 2, 3
+NUM_SWITCH_SLOTS = 4
+
+
+class _Entry(Protocol):
+    @property
+    def decode_sms(self) -> int: ...
+
+    @property
+    def prefill_sms(self) -> int: ...
+
+
+class SplitSwitch:
+    """The protocol over shared slots; one instance per process (controller, prefill, decode)."""
+
+    def __init__(self, slots: np.ndarray, ladder: Sequence[_Entry], sm_count: int | None = None) -> None:
+        if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or slots.ndim != 1 \
+                or slots.size < NUM_SWITCH_SLOTS or not slots.flags.writeable:
+            raise ConfigError("switch_slots", f"need a writable 1-d int64 numpy array of >= {NUM_SWITCH_SLOTS} "
+                              f"slots, got {type(slots).__name__} {getattr(slots, 'dtype', '')} "
+                              f"{getattr(slots, 'shape', '')}")
+        if not ladder:
+            raise ConfigError("ladder", "the ladder is empty")
+        self.slots = slots
+        self.ladder = list(ladder)
+        # the GPU's SMs: every entry splits all of them (decode + prefill)
+        self.sm_count = sm_count if sm_count is not None else max(e.decode_sms + e.prefill_sms for e in self.ladder)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < len(self.ladder):
+            raise ConfigError("split_index", f"ladder index {index} outside [0, {len(self.ladder)})")
+
+    def reset(self, index: int) -> None:
+        """Both sides start on entry `index` (before any worker polls)."""
+        self._check_index(index)
+        self.slots[REQUESTED] = index
+        self.slots[PREFILL_ACK] = index
+        self.slots[DECODE_ACK] = index
+
+    def is_settled(self) -> bool:
+        """Both sides run on the requested entry."""
+        s = self.slots
+        return int(s[PREFILL_ACK]) == int(s[REQUESTED]) == int(s[DECODE_ACK])
+
+    def request(self, index: int) -> bool:
+        """Ask both sides to move to `index`. False (nothing written) while an earlier request is in flight;
+        call again later. True when published, or when `index` is already the request."""
+        self._check_index(index)
+        if int(self.slots[REQUESTED]) == index:
+            return True
+        if not self.is_settled():
+            return False
+        self.slots[REQUESTED] = index
+        self.slots[EPOCH] += 1
+        return True
+
+    def current(self, side: str) -> int:
+        """The ladder index `side` ("prefill" or "decode") has acked."""
+        return int(self.slots[self._slot(side)])
+
+    @staticmethod
+    def _slot(side: str) -> int:
+        if side == "prefill":
+            return PREFILL_ACK
+        if side == "decode":
+            return DECODE_ACK
+        raise ConfigError("side", f"unknown side {side!r}; the switch protocol has 'prefill' and 'decode'")
+
+    def _sms(self, side: str, index: int) -> int:
+        e = self.ladder[index]
+        return e.prefill_sms if side == "prefill" else e.decode_sms
+
+    def maybe_switch(self, side: str) -> int | None:
+        """At `side`'s step boundary (its earlier work finished): the new ladder index if this side switches
+        now (it has acked it), else None (nothing requested, or the other side must shrink first)."""
+        mine_slot = self._slot(side)
+        other = "decode" if side == "prefill" else "prefill"
+        target, mine = int(self.slots[REQUESTED]), int(self.slots[mine_slot])
+        if target == mine or not 0 <= target < len(self.ladder):
+            return None  # nothing to do, or a request this ladder cannot serve
+        new_sms = self._sms(side, target)
+        if new_sms > self._sms(side, mine):
+            other_sms = self._sms(other, int(self.slots[self._slot(other)]))
+            if new_sms + other_sms > self.sm_count:
+                return None  # growing onto SMs the other side still holds: wait for it to shrink
+        self.slots[mine_slot] = target
+        return target

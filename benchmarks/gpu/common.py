@@ -33,6 +33,8 @@ def time_cuda(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: A
 def device_info() -> dict[str, Any]:
     import torch
 
+    if not torch.cuda.is_available():
+        return {"name": "cpu", "torch": torch.__version__}
     props = torch.cuda.get_device_properties(0)
     return {"name": props.name, "sms": props.multi_processor_count, "memory_gb": round(props.total_memory / 2**30, 1),
             "torch": torch.__version__, "cuda": torch.version.cuda}

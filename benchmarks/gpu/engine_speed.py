@@ -3,7 +3,9 @@
 Ceilings measured in the same run: bf16 GEMM 8192^3 (TFLOP/s) and device copy bandwidth (read + write).
 Prefill: tokens/s and MFU at 1k, 4k, 16k tokens per batch (2k-token sequences). Decode: step time and
 achieved bandwidth ((weights + KV bytes read) / step time) at batch 1/16/64/256 x context 1k/4k (pairs whose
-KV does not fit are skipped and listed). Eager PyTorch between flashinfer kernels (no CUDA graphs yet).
+KV does not fit are skipped and listed), eager and replayed through the decode CUDA graphs (batch padded
+to its bucket; graph vs eager hidden-state difference reported). transformers' generate on the same
+model (all 32 layers, same weights, bf16, GPU) at batch 1 and 16 for comparison.
 
     python -m benchmarks.gpu.engine_speed
 """
@@ -95,13 +97,26 @@ def main() -> int:
     del runner, kv
     gc.collect()
     torch.cuda.empty_cache()
-    hf = hf_generate(cfg, model)
+    try:
+        hf = hf_generate(cfg, model)
+    except Exception as exc:  # noqa: BLE001 - keep the engine's figures when transformers fails
+        hf = {"error": repr(exc)}
     save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
                                    "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
                                    "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
                                    "decode_cuda_graphs": graphs_result, "transformers_generate": hf,
                                    "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
-                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph"})
+                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph; "
+                                            "decode steps include the lm_head and the graph's host-side plan"})
+    print(f"GEMM {peak:.0f} TFLOP/s, copy {bw:.0f} GB/s")
+    for k, v in prefill.items():
+        print(f"prefill {k:>6} tokens: {v['ms']:8.2f} ms {v['tokens_per_s']:>7} tok/s MFU {v['mfu']:.3f}")
+    for k, v in graphs_result.items():
+        if isinstance(v, dict):
+            e = decode.get(k, {})
+            print(f"decode {k:>14}: graphs {v['ms']:7.3f} ms {v['gb_per_s']:>5} GB/s ({v['bw_frac']:.3f}) "
+                  f"eager {e.get('ms', float('nan')):7.3f} ms")
+    print("transformers", hf)
     return 0
 
 
@@ -137,7 +152,8 @@ def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes
             out[f"bs{bs}_ctx{ctx}"] = {"ms": round(ms, 3), "tokens_per_s": round(bs / (ms / 1e3)),
                                        "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3),
                                        "graph_vs_eager_rel_diff": rel}
-            print("graphs", bs, ctx, out[f"bs{bs}_ctx{ctx}"])
+            print("graphs", bs, ctx, out[f"bs{bs}_ctx{ctx}"], flush=True)
+    out["num_graph_captures"] = graphs.num_captures
     return out
 
 

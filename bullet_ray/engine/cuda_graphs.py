@@ -1,13 +1,18 @@
-"""CUDA graphs for pure-decode batches, captured lazily and keyed by what their kernels bake in.
+"""CUDA graphs for pure-decode batches: one graph per (SM partition, batch-size bucket), captured lazily.
 
-A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost.
+A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
+is padded up to its bucket (1, 2, 4, ..., 256, capped at max_num_seqs). Padding rows repeat the batch's
+first sequence (same token, position, slot and KV pages): they write the same K/V into the same slot and
+touch no other sequence's blocks, and their outputs are dropped.
+
 flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
-each replay. A graph bakes in:
-- the SM partition of the stream it was captured on (each ladder entry needs its own graphs);
-- the batch size (no padding);
-- flashinfer's plan shape (split-KV or not, padded batch): a graph captured under one plan gave hidden
-  states 12-18% off the eager ones when replayed under another (H100, benchmarks/results/
-  gpu_graph_check_*.json), so the plan's own description is part of the key.
+each replay. For the CUDA-core decode kernel in that mode the launch shape (split-KV or not, padded grid,
+workspace offsets) depends on the batch size alone, not on the context lengths, so one graph per bucket
+serves every step. The plan's own description is still part of the key: should a plan ever come out
+different, a new graph is captured rather than a stale one replayed (`num_captures` counts them).
+
+Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
+the ladder index of the worker's side) gets its own set.
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
-MAX_GRAPH_BATCH = 256
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """The batch-size buckets for a worker that runs at most `max_num_seqs` sequences per step."""
+    top = next((b for b in BUCKETS if b >= max_num_seqs), BUCKETS[-1])
+    return [b for b in BUCKETS if b <= top]
 
 
 class DecodeGraphs:
@@ -32,7 +43,8 @@ class DecodeGraphs:
         self._flashinfer = flashinfer
         self.model, self.backend = model, backend
         self.block_size = block_size
-        self.max_batch = min(max(1, max_num_seqs), MAX_GRAPH_BATCH)
+        self.buckets = graph_buckets(max(1, max_num_seqs))
+        self.max_batch = self.buckets[-1]
         n, dev = self.max_batch, device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
@@ -42,7 +54,12 @@ class DecodeGraphs:
         self.last_len = torch.ones(n, dtype=torch.int32, device=dev)
         self.wrappers: dict[int, Any] = {}
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.num_captures = 0
         self.pool = torch.cuda.graph_pool_handle()
+
+    def bucket(self, num_seqs: int) -> int | None:
+        """The smallest bucket that holds `num_seqs` sequences; None when the batch is too large for graphs."""
+        return next((b for b in self.buckets if b >= num_seqs), None)
 
     def _wrapper(self, b: int) -> Any:
         if b not in self.wrappers:
@@ -53,59 +70,76 @@ class DecodeGraphs:
         return self.wrappers[b]
 
     def _plan(self, b: int, tables: list[list[int]], seq_lens: list[int]) -> tuple[int, ...]:
-        """Plan the wrapper of batch size b; returns the plan's description (part of the graph key)."""
+        """Plan the bucket-b wrapper (padding rows repeat row 0); returns the plan's description."""
         indptr, indices, last = [0], [], []
         for blocks, n in zip(tables, seq_lens):
             indices.extend(blocks)
             indptr.append(len(indices))
             last.append((n - 1) % self.block_size + 1)
+        for _ in range(b - len(tables)):
+            indices.extend(tables[0])
+            indptr.append(len(indices))
+            last.append(last[0])
         be, wrapper = self.backend, self._wrapper(b)
-        wrapper.plan(torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
-                     torch.tensor(last, dtype=torch.int32), be.num_heads, be.num_kv_heads, be.head_dim,
-                     self.block_size, q_data_type=be.kv_cache.dtype, kv_data_type=be.kv_cache.dtype, sm_scale=be.scale)
+        dev = self.indptr.device
+        wrapper.plan(torch.tensor(indptr, dtype=torch.int32, device=dev),
+                     torch.tensor(indices, dtype=torch.int32, device=dev),
+                     torch.tensor(last, dtype=torch.int32, device=dev), be.num_heads, be.num_kv_heads,
+                     be.head_dim, self.block_size, q_data_type=be.kv_cache.dtype, kv_data_type=be.kv_cache.dtype,
+                     sm_scale=be.scale)
         info = getattr(wrapper, "_plan_info", None)
         return tuple(int(x) for x in info) if info is not None else ()
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the forward of the current (already planned) batch of size b."""
+        """Capture the forward of the current (already planned and filled) bucket-b batch."""
         md = AttentionMetadata(query_start_loc=self.indptr[:b + 1], seq_lens=self.last_len[:b],
                                block_tables=self.indices[:b].view(b, 1), slot_mapping=self.slots[:b],
                                query_lens_list=[1] * b, seq_lens_list=[1] * b, block_size=self.block_size,
                                is_decode=True)
-        saved = self.backend.decode
-        self.backend.decode = self._wrapper(b)
-        self.backend._is_decode = True
+        be = self.backend
+        saved = be.decode
+        be.decode = self._wrapper(b)
+        be._is_decode = True
         try:
             stream = torch.cuda.current_stream()
             if stream == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
                 stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            ctx = AttentionContext(self.backend, md)
+            ctx = AttentionContext(be, md)
             with torch.cuda.stream(stream):  # warm-ups rewrite the same K/V into the same slots: harmless
                 for _ in range(2):
+                    be.forget_batch()
                     self.model.forward(self.input_ids[:b], self.positions[:b], ctx)
             graph = torch.cuda.CUDAGraph()
+            be.forget_batch()  # the K/V rows must be computed inside the graph, from the static slot buffer
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 out = self.model.forward(self.input_ids[:b], self.positions[:b], ctx)
             torch.cuda.current_stream().wait_stream(stream)
         finally:
-            self.backend.decode = saved
+            be.decode = saved
+            be.forget_batch()
         return graph, out
 
-    def run(self, key: Any, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
-            block_tables: list[list[int]]) -> torch.Tensor | None:
-        """Hidden states of a pure-decode batch through a graph; None when the batch is too large."""
-        b = len(block_tables)
-        if not 1 <= b <= self.max_batch:
+    def run(self, partition_key: Any, input_ids: torch.Tensor, positions: torch.Tensor,
+            metadata: AttentionMetadata, block_tables: list[list[int]]) -> torch.Tensor | None:
+        """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large."""
+        n = len(block_tables)
+        b = self.bucket(n) if n >= 1 else None
+        if b is None:
             return None
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.slots[:b].copy_(metadata.slot_mapping)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slots[:n].copy_(metadata.slot_mapping, non_blocking=True)
+        if b > n:  # padding rows repeat row 0
+            self.input_ids[n:b].copy_(self.input_ids[:1].expand(b - n))
+            self.positions[n:b].copy_(self.positions[:1].expand(b - n))
+            self.slots[n:b].copy_(self.slots[:1].expand(b - n))
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
-        graph_key = (key, b, plan)
-        if graph_key not in self.graphs:
-            self.graphs[graph_key] = self._capture(b)
-            logger.info("captured decode graph %d for partition %s, batch %d", len(self.graphs), key, b)
-        graph, out = self.graphs[graph_key]
+        key = (partition_key, b, plan)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(b)
+            self.num_captures += 1
+            logger.info("captured decode graph %d (partition %s, bucket %d)", self.num_captures, partition_key, b)
+        graph, out = self.graphs[key]
         graph.replay()
-        return out
+        return out[:n]

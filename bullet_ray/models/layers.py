@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bullet_ray.models import gpu_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: str | torch.device) -> None:
@@ -17,6 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and (fused := gpu_kernels.rms_norm(x, self.weight, self.eps)) is not None:
+            return fused
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -25,6 +29,8 @@ class RMSNorm(nn.Module):
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up, with gate and up concatenated on the last dimension."""
+    if gate_up.is_cuda and (fused := gpu_kernels.silu_and_mul(gate_up)) is not None:
+        return fused
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -60,7 +66,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D], positions: [T]."""
+        """q: [T, H, D], k: [T, KVH, D], positions: [T]. On CUDA the fused kernel rotates q and k in place."""
+        if q.is_cuda and (fused := gpu_kernels.rope_inplace(self, positions, q, k)) is not None:
+            return fused
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
         freqs = positions.float()[:, None] * inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -1,6 +1,7 @@
 """GPU path of the engine (runs only with CUDA and flashinfer): flashinfer attention equals the torch
-reference on paged inputs (prefill, chunked prefill, decode), CUDA-graph decode equals eager decode, and
-green-context partitions of the native helper have the SM counts they report."""
+reference on paged inputs (prefill, chunked prefill, decode) and writes the same K/V, CUDA-graph decode
+(padded to its bucket, one graph per bucket across context lengths) equals eager decode, the fused
+flashinfer layer kernels equal the PyTorch layers, and green-context partitions of the native helper have the SM counts they report."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def _metadata(query_lens, seq_lens, block_size=16):
     ([37, 5, 100], [37, 5, 100]),  # prefill
     ([16, 3], [50, 70]),  # chunked prefill over cached prefixes
     ([1, 1, 1, 1], [1, 17, 64, 200]),  # decode
+    ([1, 20, 1, 7], [33, 20, 70, 90]),  # mixed: decode tokens beside prefill chunks (the chunked schedule)
 ])
 def test_flashinfer_matches_the_torch_reference(query_lens, seq_lens):
     fi, ref = _setup()
@@ -56,34 +58,123 @@ def test_flashinfer_matches_the_torch_reference(query_lens, seq_lens):
     expected = ref.forward(0, q.float(), k.float(), v.float(), md).float()
     rel = float((out - expected).norm() / expected.norm())
     assert rel < 2e-2, f"relative difference {rel:.4f}"
+    assert torch.equal(fi.kv_cache, ref.kv_cache.to(fi.kv_cache.dtype))  # same K/V at the same slots
 
 
-def test_graph_decode_equals_eager():
-    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
-    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+def _tiny_model(num_layers=2):
     from bullet_ray.models.config import ModelConfig
     from bullet_ray.models.loader import init_dummy_weights, preset_hf_config
     from bullet_ray.models.registry import build_model
 
     hf = preset_hf_config("tiny-llama")
-    hf.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    hf.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+              num_hidden_layers=num_layers)
     cfg = ModelConfig.from_hf_dict(hf)
     model = build_model(cfg, dtype=torch.bfloat16, device="cuda")
     init_dummy_weights(model, 0)
+    return model, cfg
+
+
+@pytest.mark.parametrize("seq_lens", [[5, 20, 33], [17], [40, 1, 300, 64, 9]])
+def test_graph_decode_equals_eager(seq_lens):
+    """Graph replay (batch padded to its bucket) gives the eager hidden states and writes the same KV;
+    padding rows touch no block outside the batch."""
+    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    model, cfg = _tiny_model()
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
-    graphs = DecodeGraphs(model, backend, 16, 8, 8, torch.device("cuda"))
-    md = _metadata([1, 1, 1], [5, 20, 33])
-    ids = torch.tensor([3, 4, 5], device="cuda")
-    pos = torch.tensor([4, 19, 32], device="cuda")
-    tables = [[0], [1, 2], [3, 4, 5]]
+    graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"))
+    n = len(seq_lens)
+    md = _metadata([1] * n, seq_lens)
+    ids = torch.arange(3, 3 + n, device="cuda")
+    pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
+    tables, nxt = [], 0
+    for s in seq_lens:
+        tables.append(list(range(nxt, nxt + (s + 15) // 16)))
+        nxt += len(tables[-1])
     saved = kv.clone()
-    backend.begin_batch(md)
-    eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
-    kv.copy_(saved)
-    graph = graphs.run(0, ids, pos, md, tables).float()
-    rel = float((graph - eager).norm() / eager.norm())
-    assert rel < 1e-2, f"relative difference {rel:.4f}"
+    with torch.inference_mode():
+        backend.begin_batch(md)
+        eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+        eager_kv = kv.clone()
+        for _ in range(2):  # the first call captures (and replays), the second replays the captured graph
+            kv.copy_(saved)
+            graph = graphs.run(0, ids, pos, md, tables).float()
+            assert graph.shape == eager.shape
+            rel = float((graph - eager).norm() / eager.norm())
+            assert rel < 1e-2, f"relative difference {rel:.4f}"
+    assert torch.equal(kv[:, nxt:], saved[:, nxt:])  # blocks outside the batch untouched
+    assert float((kv.float() - eager_kv.float()).norm() / eager_kv.float().norm()) < 1e-2
+    assert graphs.num_captures == 1
+
+
+def test_graph_is_reused_across_context_lengths():
+    """One graph per bucket serves growing contexts (the plan of the CUDA-core kernel depends on the
+    batch size alone); every replay equals eager."""
+    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    model, cfg = _tiny_model()
+    kv = torch.randn(cfg.num_hidden_layers, 128, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
+    graphs = DecodeGraphs(model, backend, 16, 4, 64, torch.device("cuda"))
+    with torch.inference_mode():
+        for lens in ([10, 30, 3], [90, 200, 17], [400, 31, 900]):
+            md = _metadata([1] * 3, lens)
+            tables, nxt = [], 0
+            for s in lens:
+                tables.append(list(range(nxt, nxt + (s + 15) // 16)))
+                nxt += len(tables[-1])
+            ids = torch.tensor([5, 6, 7], device="cuda")
+            pos = torch.tensor([s - 1 for s in lens], device="cuda")
+            saved = kv.clone()
+            backend.begin_batch(md)
+            eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+            kv.copy_(saved)
+            graph = graphs.run(1, ids, pos, md, tables).float()
+            assert float((graph - eager).norm() / eager.norm()) < 1e-2
+    assert graphs.num_captures == 1
+
+
+def test_fused_kernels_match_the_pytorch_layers():
+    """RMSNorm, SiLU-and-mul and rotary through flashinfer equal the layers' own PyTorch code."""
+    import os
+
+    from bullet_ray.models import gpu_kernels
+    from bullet_ray.models.layers import RMSNorm, RotaryEmbedding
+
+    x = torch.randn(37, 512, device="cuda", dtype=torch.bfloat16)
+    norm = RMSNorm(512, 1e-5, torch.bfloat16, "cuda")
+    norm.weight.data.normal_(1.0, 0.1)
+    fused = gpu_kernels.rms_norm(x, norm.weight, 1e-5)
+    os.environ["BULLET_RAY_DISABLE_FUSED_KERNELS"] = "1"
+    gpu_kernels._flashinfer.cache_clear()
+    try:
+        ref_norm = norm(x)
+        rot = RotaryEmbedding(128, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                              "cuda")
+        qkv = torch.randn(37, (8 + 2 + 2) * 128, device="cuda", dtype=torch.bfloat16)
+        pos = torch.randint(0, 100000, (37,), device="cuda")
+        q, k = qkv[:, :1024].view(37, 8, 128), qkv[:, 1024:1280].view(37, 2, 128)
+        ref_q, ref_k = rot(pos, q, k)
+        gu = torch.randn(37, 2 * 256, device="cuda", dtype=torch.bfloat16)
+        from bullet_ray.models.layers import silu_and_mul
+
+        ref_act = silu_and_mul(gu)
+    finally:
+        del os.environ["BULLET_RAY_DISABLE_FUSED_KERNELS"]
+        gpu_kernels._flashinfer.cache_clear()
+    assert fused is not None
+    assert float((fused.float() - ref_norm.float()).norm() / ref_norm.float().norm()) < 1e-2
+    out = gpu_kernels.rope_inplace(rot, pos, q, k)
+    assert out is not None
+    assert float((q.float() - ref_q.float()).norm() / ref_q.float().norm()) < 1e-2
+    assert float((k.float() - ref_k.float()).norm() / ref_k.float().norm()) < 1e-2
+    act = gpu_kernels.silu_and_mul(gu)
+    assert act is not None and float((act.float() - ref_act.float()).norm() / ref_act.float().norm()) < 1e-2
 
 
 def test_green_partitions_report_their_sm_counts():

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for the engine's GPU path: install the carried flashinfer wheels, build its JIT kernels
+# in parallel, then the GPU tests, correctness, speed and the two-process engine, each under a deadline.
+# Run from the repo root on the GPU machine with .carry/flashinfer-a and -b carried; results land in $OUT.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1
+cp -r .carry/flashinfer-*/* /tmp/wh/
+(cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD
+LIMIT=${LIMIT:-570}
+step() {  # step NAME CAP CMD...: run with timeout min(CAP, time left)
+  local name=$1 cap=$2; shift 2
+  local left=$((LIMIT - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 20 ]; then echo "== skip $name (no time left)"; return; fi
+  echo "== $name (cap ${cap}s, t=${SECONDS}s)"
+  timeout -k 5 "$cap" "$@" 2>&1 | tee -a "$OUT/engine_log.txt" | grep -v "^\s*$" | tail -40
+  echo "== $name done rc=${PIPESTATUS[0]} t=${SECONDS}s"
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/engine_log.txt"
+step warm_jit 200 python3 -m benchmarks.gpu.warm_jit
+step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py -m gpu
+step correctness 150 python3 -m benchmarks.gpu.engine_correctness
+step speed 280 python3 -m benchmarks.gpu.engine_speed
+step two_process 200 python3 -m benchmarks.gpu.engine_two_process
+tar czf "$OUT/fi_jit_cache.tgz" -C /tmp fi_ws 2>/dev/null; ls -la "$OUT"

@@ -1,9 +1,22 @@
 """Prometheus metrics through Ray's metrics export, named as vLLM names them under a `bullet` prefix.
 
-vLLM writes `vllm:time_to_first_token_seconds`; Ray forbids ':' in metric names, so ours are
-`bullet_time_to_first_token_seconds`, exported by Ray with its `ray_` prefix on each node's metrics port
-(`ray_bullet_time_to_first_token_seconds`); deploy/prometheus.yml scrapes every node. Tags: model_name,
-engine (replica id).
+vLLM writes `vllm:time_to_first_token_seconds`. Ray 2.60 refuses ':' in metric names, so ours are
+registered as `bullet_<vllm name>`; Ray's exporter on each node (the node's metrics export port, listed
+in /tmp/ray/prom_metrics_service_discovery.json, which deploy/prometheus.yml reads) prefixes `ray_` and
+gives counters a `_total` suffix. What Prometheus sees (checked by
+tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
+
+    ray_bullet_time_to_first_token_seconds_{bucket,sum,count}   vllm:time_to_first_token_seconds
+    ray_bullet_inter_token_latency_seconds_{bucket,sum,count}   vllm:inter_token_latency_seconds
+    ray_bullet_e2e_request_latency_seconds_{bucket,sum,count}   vllm:e2e_request_latency_seconds
+    ray_bullet_num_requests_running / _waiting                  vllm:num_requests_running / _waiting
+    ray_bullet_kv_cache_usage_perc  (0..1)                      vllm:kv_cache_usage_perc
+    ray_bullet_prompt_tokens_total / generation_tokens_total    vllm:prompt_tokens_total / ...
+    ray_bullet_request_success_total{finished_reason=...}       vllm:request_success_total
+    ray_bullet_admissions_rejected_total                        (bullet's own: 429s by admission)
+
+Every series carries the tags model_name and engine (the Serve replica id), plus Ray's own labels
+(NodeAddress, WorkerId, SessionName...). Buckets are vLLM's.
 """
 
 from __future__ import annotations

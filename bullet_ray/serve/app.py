@@ -35,5 +35,5 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         options["placement_group_strategy"] = "STRICT_PACK"
     engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     dumped = config.model_dump()
-    return Ingress.options(name="BulletIngress").bind(  # type: ignore[attr-defined]
+    return Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas).bind(  # type: ignore[attr-defined]
         engine.bind(dumped, engine_factory), dumped)

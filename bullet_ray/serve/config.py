@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bullet_ray.config import EngineConfig
 
+GRPC_SERVICER_FUNCTION = "bullet_ray.serve.proto.generate_pb2_grpc.add_GeneratorServicer_to_server"
+
 
 class EngineArgs(BaseModel):
     """Engine settings of every engine replica; see bullet_ray.config.EngineConfig for each field."""
@@ -28,6 +30,13 @@ class EngineArgs(BaseModel):
     seed: int = Field(0, description="seed of dummy weights")
     enforce_eager: bool = Field(False, description="no CUDA graphs")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")
+    kv_watermark: float = Field(0.01, ge=0, le=0.5, description="fraction of KV blocks prefill leaves free for "
+                                                                "running sequences to grow into")
+    static_decode_sms: int | None = Field(None, ge=1, description="decode SMs of the static schedule's fixed "
+                                                                  "split; null: half the GPU")
+    idle_poll_ms: float = Field(2.0, gt=0, description="how often an idle worker polls for work (ms)")
+    runtime_dir: str | None = Field(None, description="folder for the engine's socket and shared-memory files; "
+                                                      "null: a fresh one under /dev/shm")
 
     def to_engine_config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())
@@ -41,26 +50,49 @@ class BulletAppConfig(BaseModel):
     engine: EngineArgs = Field(default_factory=EngineArgs)  # type: ignore[arg-type]
     served_model_name: str | None = Field(None, description="name clients use in 'model'; default: engine.model")
     num_engines: int = Field(1, ge=1, description="engine replicas: one per GPU (on CPU, one per process pair)")
+    num_ingress_replicas: int = Field(
+        1, ge=1, description="replicas of the HTTP/gRPC ingress (CPU only); raise it with the number of nodes "
+                             "serving traffic so the ingress is not the bottleneck")
     worker_launcher: Literal["ray", "process"] = Field(
         "ray", description="ray: prefill/decode workers are Ray actors in the replica's placement group; "
                            "process: child processes of the replica")
     accelerator_resource: str | None = Field(
         None, description="Ray resource one engine occupies (a GPU); default 'GPU' on cuda, none on CPU. "
                           "Tests use a custom resource standing in for GPUs.")
+    mps: Literal["auto", "off"] = Field(
+        "auto", description="auto: on GPU with a two-process schedule (bullet, static) each engine replica makes "
+                            "sure its node's MPS daemon `mps_name` runs (starting it if not) and runs its prefill "
+                            "and decode workers as its clients, so they execute concurrently; off: no MPS")
+    mps_name: str = Field("bullet_ray", description="the node's MPS daemon (pipe folder /tmp/bullet_ray/mps/<name>); "
+                                                  "left running when Serve stops: `bash deploy/mps/stop.sh <name>`")
     engine_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for each engine replica process")
     worker_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for each worker actor")
     max_waiting_per_engine: int = Field(
-        64, ge=1, description="requests an engine holds without a first token before it answers 429")
+        64, ge=1, description="admission: requests an engine holds without a first token (its queue) before "
+                              "it answers 429; runtime-tunable through user_config")
+    admission_ttft_s: float | None = Field(
+        None, gt=0, description="admission: answer 429 when the engine's predicted TTFT of a new request exceeds "
+                                "this target x (1 + admission_margin); null: queue length only. Runtime-tunable")
+    admission_margin: float = Field(
+        0.0, ge=0, description="admission: slack over admission_ttft_s before refusing, as a fraction")
     max_ongoing_requests: int = Field(256, ge=1, description="Serve's cap of concurrent requests per engine replica")
     retry_after_s: int = Field(1, ge=1, description="Retry-After (s) sent with 429")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer tokens; empty: no auth")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413")
-    route_prefix: str = Field("/", description="HTTP route prefix of the ingress")
+    grpc_enabled: bool = Field(
+        True, description="answer the gRPC Generate call (Serve's gRPC proxy must be on: grpc_options in the "
+                          "YAML with grpc_servicer_functions: [" + GRPC_SERVICER_FUNCTION + "])")
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.engine.model
+
+    @property
+    def uses_mps(self) -> bool:
+        """Whether this app's workers run as clients of the node's MPS daemon."""
+        return (self.mps == "auto" and self.engine.device.startswith("cuda")
+                and self.engine.schedule in ("bullet", "static") and self.worker_launcher == "ray")
 
     @property
     def accelerator(self) -> str | None:

@@ -3,6 +3,7 @@ request table, token streams) and the engine's prefill/decode worker actors."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -16,6 +17,7 @@ from ray import serve
 from bullet_ray.engine.outputs import RequestOutput
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import EngineDeadError, InvalidRequest, InvalidSamplingParams
+from bullet_ray.serve.admission import AdmissionSettings
 from bullet_ray.serve.config import BulletAppConfig
 
 logger = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class EngineReplica:
         if engine_factory is not None:  # tests pass a mock engine that implements EngineClient
             self.engine = engine_factory(self.cfg)
         else:
-            launcher = (RayActorLauncher(self.cfg.accelerator, self.cfg.worker_num_cpus)
+            launcher = (RayActorLauncher(self.cfg.accelerator, self.cfg.worker_num_cpus, env=self._mps_env())
                         if self.cfg.worker_launcher == "ray" else ProcessLauncher())
             self.engine = LLMEngine(self.cfg.engine.to_engine_config(), launcher=launcher,
                                     served_model_name=self.cfg.model_name)
@@ -57,8 +59,24 @@ class EngineReplica:
         from bullet_ray.metrics import EngineMetrics
 
         self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id)
-        self.max_waiting = self.cfg.max_waiting_per_engine
+        self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,
+                                           self.cfg.admission_margin, self.cfg.retry_after_s)
         self.num_requests_total = 0
+        self.num_rejected_total = 0
+
+    def _mps_env(self) -> dict[str, str]:
+        """Start (or find) this node's MPS daemon when the workers should be its clients; their environment."""
+        if not self.cfg.uses_mps:
+            return {}
+        from bullet_ray.gpu.mps import MpsDaemon, MpsError
+
+        daemon = MpsDaemon(self.cfg.mps_name)
+        try:
+            daemon.start()  # a no-op when another replica on this node started it already
+        except MpsError:
+            if not daemon.status().is_running:  # lost a race with a replica starting it at the same time: fine
+                raise
+        return daemon.env()
 
     # Serve hooks ------------------------------------------------------------------------------------
     def __del__(self) -> None:
@@ -71,9 +89,10 @@ class EngineReplica:
         self.engine.check_health()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Runtime knobs: max_waiting_per_engine."""
-        if "max_waiting_per_engine" in user_config:
-            self.max_waiting = int(user_config["max_waiting_per_engine"])
+        """Runtime knobs (the deployment's user_config): max_waiting_per_engine, admission_ttft_s,
+        admission_margin, retry_after_s. Unknown keys are an error naming them."""
+        self.admission = self.admission.updated(user_config)
+        logger.info("admission settings now %s", self.admission)
 
     def record_routing_stats(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -86,12 +105,18 @@ class EngineReplica:
         return {"model_name": self.engine.model_name, "max_model_len": self.engine.max_model_len,
                 "replica_id": self.replica_id}
 
+    def get_tokenizer(self) -> Any:
+        """The engine's tokenizer (picklable), or None; the ingress decodes logprob tokens with it."""
+        return self.engine.tokenizer
+
     def stats(self) -> dict[str, Any]:
         s = self.engine.stats()
         return {"num_waiting": s.num_waiting, "num_running": s.num_running, "num_kv_blocks": s.num_kv_blocks,
                 "num_free_kv_blocks": s.num_free_kv_blocks, "num_preemptions": s.num_preemptions,
-                "replica_id": self.replica_id, "node_id": ray.get_runtime_context().get_node_id(),
-                "num_requests_total": self.num_requests_total}
+                "replica_id": self.replica_id,
+                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+                "num_requests_total": self.num_requests_total, "num_rejected_total": self.num_rejected_total,
+                "predicted_ttft_s": s.predicted_ttft_s, "admission": dataclasses.asdict(self.admission)}
 
     def _prompt(self, request: dict[str, Any]) -> str | list[int]:
         if request.get("messages") is None:
@@ -106,10 +131,12 @@ class EngineReplica:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
         params: SamplingParams = request["params"]
         self.num_requests_total += 1
-        if self.engine.stats().num_waiting >= self.max_waiting:
+        refusal = self.admission.refusal(self.engine.stats())
+        if refusal is not None:
+            self.num_rejected_total += 1
             self.metrics.rejected()
-            yield GenerateError(429, "every engine is saturated; retry later", "rate_limit_error",
-                                retry_after_s=self.cfg.retry_after_s)
+            yield GenerateError(429, f"every engine is saturated ({refusal}); retry later", "rate_limit_error",
+                                retry_after_s=self.admission.retry_after_s)
             return
         start = time.monotonic()
         last_token_s: float | None = None

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import InvalidSamplingParams
 from bullet_ray.serve.config import BulletAppConfig
+from bullet_ray.serve.grpc_service import generate_stream
 from bullet_ray.serve.openai_protocol import ChatCompletionRequest, CompletionRequest, error_body
 from bullet_ray.serve.streams import ApiError, ChoiceStreams
 
@@ -77,14 +79,24 @@ def _usage(streams: ChoiceStreams, prompt_tokens: list[int], completion_tokens: 
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _completion_logprobs(items: list[Any]) -> dict[str, Any]:
-    return {"tokens": [str(lp.token_id) for lp in items], "token_logprobs": [lp.logprob for lp in items],
-            "top_logprobs": [{str(t): v for t, v in lp.top} for lp in items], "text_offset": []}
+def _token_ids(items: list[Any]) -> set[int]:
+    return {lp.token_id for lp in items} | {t for lp in items for t, _ in lp.top}
 
 
-def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
-    return {"content": [{"token": str(lp.token_id), "logprob": lp.logprob, "bytes": None,
-                         "top_logprobs": [{"token": str(t), "logprob": v, "bytes": None} for t, v in lp.top]}
+def _completion_logprobs(items: list[Any], texts: dict[int, str], offset: int = 0) -> dict[str, Any]:
+    offsets = []
+    for lp in items:
+        offsets.append(offset)
+        offset += len(texts[lp.token_id])
+    return {"tokens": [texts[lp.token_id] for lp in items], "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{texts[t]: v for t, v in lp.top} for lp in items], "text_offset": offsets}
+
+
+def _chat_logprobs(items: list[Any], texts: dict[int, str]) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": texts[token_id], "logprob": logprob, "bytes": list(texts[token_id].encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                         for lp in items]}
 
 
@@ -94,6 +106,17 @@ class Ingress:
     def __init__(self, engine: Any, app_config: dict[str, Any]) -> None:
         self.engine = engine
         self.cfg = BulletAppConfig(**app_config)
+        self._tokenizer: Any = None
+        self._has_tokenizer = False
+
+    async def _token_texts(self, token_ids: set[int]) -> dict[int, str]:
+        """Text of each token id, for logprobs; the tokenizer is fetched once from an engine replica."""
+        if not self._has_tokenizer:
+            self._tokenizer = await self.engine.get_tokenizer.remote()
+            self._has_tokenizer = True
+        if self._tokenizer is None:  # an engine without a tokenizer (the mock): the ids as text
+            return {t: str(t) for t in token_ids}
+        return {t: self._tokenizer.decode([t]) for t in token_ids}
 
     # checks -----------------------------------------------------------------------------------------
     def _check(self, request: Request, model: str | None) -> None:
@@ -138,6 +161,8 @@ class Ingress:
     @fastapi_app.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._check(request, body.model)
+        if body.echo:
+            raise ApiError(400, "echo=true is not supported; send echo=false (or leave it out)", param="echo")
         prompts = _prompt_list(body.prompt)
         reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
                 for p in prompts for i in range(body.n)]
@@ -150,6 +175,17 @@ class Ingress:
         reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
                 for i in range(body.n)]
         return await self._respond(body, reqs, chat=True)
+
+    # gRPC: Serve's gRPC proxy calls the method named after the RPC ---------------------------------
+    async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:
+        """bullet_ray.Generator/Generate (bullet_ray/serve/proto/generate.proto), server streaming."""
+        if not self.cfg.grpc_enabled:
+            if grpc_context is not None:
+                grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+                grpc_context.set_details("gRPC is off for this application (grpc_enabled: false)")
+            raise ApiError(501, "gRPC is off for this application (grpc_enabled: false)")
+        async for response in generate_stream(self.engine, self.cfg, request, grpc_context):
+            yield response
 
     # responses --------------------------------------------------------------------------------------
     async def _respond(self, body: Any, reqs: list[dict[str, Any]], chat: bool) -> Any:
@@ -182,15 +218,17 @@ class Ingress:
         except ApiError:
             raise
         choices = []
+        token_texts = (await self._token_texts(set().union(*(_token_ids(items) for items in logprobs)))
+                       if any(logprobs) else {})
         for i in range(n):
             wants_logprobs = streams.requests[i]["params"].logprobs is not None
             if chat:
-                choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": texts[i]},
-                                          "finish_reason": finish[i],
-                                          "logprobs": _chat_logprobs(logprobs[i]) if wants_logprobs else None}
+                choice: dict[str, Any] = {
+                    "index": i, "message": {"role": "assistant", "content": texts[i]}, "finish_reason": finish[i],
+                    "logprobs": _chat_logprobs(logprobs[i], token_texts) if wants_logprobs else None}
             else:
                 choice = {"index": i, "text": texts[i], "finish_reason": finish[i],
-                          "logprobs": _completion_logprobs(logprobs[i]) if wants_logprobs else None}
+                          "logprobs": _completion_logprobs(logprobs[i], token_texts) if wants_logprobs else None}
             choices.append(choice)
         usage = _usage(streams, prompt_tokens, completion_tokens)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -200,6 +238,7 @@ class Ingress:
                           include_usage: bool) -> AsyncIterator[str]:
         n = len(streams.requests)
         prompt_tokens, completion_tokens = [0] * n, [0] * n
+        text_offsets = [0] * n
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name}
@@ -213,13 +252,15 @@ class Ingress:
                 if not out.text_delta and not out.finished:
                     continue
                 lp = out.logprobs_delta if streams.requests[i]["params"].logprobs is not None else None
+                token_texts = await self._token_texts(_token_ids(lp)) if lp else {}
                 if chat:
                     choice: dict[str, Any] = {"index": i, "delta": {"content": out.text_delta} if out.text_delta else {},
                                               "finish_reason": out.finish_reason,
-                                              "logprobs": _chat_logprobs(lp) if lp else None}
+                                              "logprobs": _chat_logprobs(lp, token_texts) if lp else None}
                 else:
                     choice = {"index": i, "text": out.text_delta, "finish_reason": out.finish_reason,
-                              "logprobs": _completion_logprobs(lp) if lp else None}
+                              "logprobs": _completion_logprobs(lp, token_texts, text_offsets[i]) if lp else None}
+                text_offsets[i] += len(out.text_delta)
                 yield _sse({**base, "choices": [choice]})
             if include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(streams, prompt_tokens, completion_tokens)})

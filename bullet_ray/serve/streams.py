@@ -27,6 +27,9 @@ class ApiError(Exception):
         self.status, self.message, self.err_type, self.param = status, message, err_type, param
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across Ray (the gRPC path raises it through Serve)
+        return (ApiError, (self.status, self.message, self.err_type, self.param, self.retry_after_s))
+
     @classmethod
     def from_generate_error(cls, e: GenerateError) -> ApiError:
         return cls(e.status, e.message, e.err_type, e.param, e.retry_after_s)

@@ -66,14 +66,18 @@ class _ActorHandle(WorkerHandle):
 class RayActorLauncher(WorkerLauncher):
     """Starts workers as Ray actors beside the calling Serve replica."""
 
-    def __init__(self, accelerator: str | None, num_cpus: float = 1.0, bundle_index: int = 1) -> None:
+    def __init__(self, accelerator: str | None, num_cpus: float = 1.0, bundle_index: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.accelerator = accelerator
+        self.env = dict(env or {})  # e.g. the MPS daemon's pipe folder
         self.num_cpus = num_cpus
         self.bundle_index = bundle_index
         self.actors: dict[str, Any] = {}
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.env:
+            options["runtime_env"] = {"env_vars": self.env}
         if self.accelerator == "GPU":
             options["num_gpus"] = 0.5
         elif self.accelerator:

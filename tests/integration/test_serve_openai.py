@@ -1,16 +1,23 @@
-"""The Serve application on a real local Ray cluster: `deploy/local.yaml`'s app (embedded SmolLM2, workers
-as Ray actors) through the official openai client, plus a mock-engine app for auth and overload."""
+"""The Serve application on the session's local Ray cluster: `deploy/local.yaml`'s args through
+`serve.run(build_app(args))` (embedded SmolLM2, the real LLMEngine, prefill/decode workers as Ray actors)
+driven by the official openai client, httpx and the gRPC stub; plus a mock-engine app for auth and
+overload. (`serve run deploy/local.yaml` itself, the CLI, is exercised by test_serve_cli.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 
+import grpc
 import httpx
 import pytest
 import yaml
 from openai import OpenAI
+
+from bullet_ray.serve.proto.generate_pb2 import GenerateRequest
+from bullet_ray.serve.proto.generate_pb2_grpc import GeneratorStub
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -42,6 +49,12 @@ def app(serve_url):
 
 
 @pytest.fixture(scope="module")
+def grpc_stub(app, ray_session):
+    with grpc.insecure_channel(ray_session.grpc_address) as channel:
+        yield GeneratorStub(channel)
+
+
+@pytest.fixture(scope="module")
 def client(app):
     return OpenAI(base_url=f"{app}/v1", api_key="unused", max_retries=0)
 
@@ -54,13 +67,23 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    import torch
-    from transformers import AutoModelForCausalLM
+def engine_core():
+    """What the engine core (LLMEngine.generate, standalone, deploy/local.yaml's engine args) answers."""
+    from bullet_ray.engine.llm_engine import LLMEngine
+    from bullet_ray.engine.sampling_params import SamplingParams
+    from bullet_ray.serve.config import BulletAppConfig
 
-    from bullet_ray.models.loader import cache_embedded
-
-    return AutoModelForCausalLM.from_pretrained(cache_embedded(), dtype=torch.float32).eval()
+    cfg = BulletAppConfig(**local_yaml_args())
+    engine = LLMEngine(cfg.engine.to_engine_config(), served_model_name=cfg.model_name)
+    try:
+        chat_ids = list(engine.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
+                                                             return_dict=False))
+        chat, story = engine.generate([chat_ids, "Once upon a time"],
+                                      [SamplingParams(temperature=0, max_tokens=24),
+                                       SamplingParams(temperature=0, max_tokens=12)])
+    finally:
+        engine.shutdown()
+    return {"chat_ids": chat_ids, "chat": chat, "story": story}
 
 
 def test_builder_is_what_serve_run_calls():
@@ -78,16 +101,21 @@ def test_models_and_health(client, app):
     assert httpx.get(f"{app}/health").json() == {"status": "ok"}
 
 
-def test_chat_greedy_text_equals_the_engine_core(client, tokenizer, hf_model, hf_greedy):
+def test_chat_greedy_text_equals_the_engine_core(client, engine_core):
     r = client.chat.completions.create(model="smollm2-135m-instruct", messages=QUESTION, temperature=0, max_tokens=24)
-    ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False)
-    ref = hf_greedy(hf_model, ids, 24)
-    ref = ref[:ref.index(2)] if 2 in ref else ref  # <|im_end|> (id 2) ends the answer
-    assert r.choices[0].message.content == tokenizer.decode(ref, skip_special_tokens=True)
+    ref = engine_core["chat"]
+    assert r.choices[0].message.content == ref.text
     assert r.choices[0].message.content.startswith("The capital of France is Paris.")
-    assert r.choices[0].finish_reason == "stop"
-    assert r.usage.prompt_tokens == len(ids)
-    assert r.usage.completion_tokens == len(ref) + 1  # the stop token counts as generated
+    assert r.choices[0].finish_reason == ref.finish_reason == "stop"
+    assert r.usage.prompt_tokens == len(engine_core["chat_ids"]) == len(ref.prompt_token_ids)
+    assert r.usage.completion_tokens == len(ref.token_ids)  # the stop token counts as generated
+
+
+def test_completion_greedy_text_equals_the_engine_core(client, engine_core):
+    r = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=12,
+                                  temperature=0)
+    assert r.choices[0].text == engine_core["story"].text
+    assert r.usage.completion_tokens == len(engine_core["story"].token_ids) == 12
 
 
 def test_streaming_completion_matches_non_streaming_and_counts_usage(client, tokenizer):
@@ -101,6 +129,28 @@ def test_streaming_completion_matches_non_streaming_and_counts_usage(client, tok
     assert usage.prompt_tokens == len(tokenizer.encode("Once upon a time")) == full.usage.prompt_tokens
     assert usage.completion_tokens == 12 == len(full.choices[0].logprobs.tokens)
     assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_logprobs_name_tokens_by_their_text(client):
+    chat = client.chat.completions.create(model="smollm2-135m-instruct", messages=QUESTION, temperature=0,
+                                          max_tokens=6, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 6
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token  # greedy: the top token
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-4) and c.logprob <= 0
+    comp = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=5,
+                                     temperature=0, logprobs=1)
+    lp = comp.choices[0].logprobs
+    assert "".join(lp.tokens) == comp.choices[0].text and len(lp.token_logprobs) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    r = client.chat.completions.create(model="smollm2-135m-instruct", messages=QUESTION, temperature=0,
+                                       max_tokens=24, stop=[" France"])
+    assert r.choices[0].message.content == "The capital of" and r.choices[0].finish_reason == "stop"
 
 
 def test_chat_streaming_with_n_and_seed(client):
@@ -207,3 +257,69 @@ def test_benchmark_client_against_the_local_server(app):
         assert rec.output_tokens == spec.output_tokens  # forced output lengths
         assert rec.ttft_s > 0 and rec.e2e_s >= rec.ttft_s
     assert result.summary["num_completed"] == 4
+
+
+def test_echo_is_refused(app):
+    r = httpx.post(f"{app}/v1/completions", json={"model": "smollm2-135m-instruct", "prompt": "hi", "echo": True},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_grpc_streams_the_same_text_as_http(client, grpc_stub):
+    http = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=12,
+                                     temperature=0)
+    metadata = (("application", "bullet"),)
+    responses = list(grpc_stub.Generate(GenerateRequest(prompt="Once upon a time", max_tokens=12, temperature=0.0),
+                                        metadata=metadata))
+    assert "".join(r.text for r in responses) == http.choices[0].text
+    assert sum(len(r.token_ids) for r in responses) == 12
+    last = responses[-1]
+    assert last.finish_reason == "length"
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (http.usage.prompt_tokens, 12)
+    chat = list(grpc_stub.Generate(GenerateRequest(prompt="What is the capital of France?", chat=True,
+                                                   max_tokens=8, temperature=0.0), metadata=metadata))
+    assert "".join(r.text for r in chat).startswith("The capital of France")
+
+
+def test_grpc_refusals_carry_status_codes(grpc_stub):
+    metadata = (("application", "bullet"),)
+    with pytest.raises(grpc.RpcError) as e:
+        list(grpc_stub.Generate(GenerateRequest(prompt="hi", top_p=0.0), metadata=metadata))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "top_p" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        list(grpc_stub.Generate(GenerateRequest(prompt="hi", model="gpt-5"), metadata=metadata))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:  # the mock app wants an API key
+        list(grpc_stub.Generate(GenerateRequest(prompt="a b c", max_tokens=2), metadata=(("application", "mock"),)))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    ok = list(grpc_stub.Generate(GenerateRequest(prompt="a b c", max_tokens=2),
+                                 metadata=(("application", "mock"), ("authorization", "Bearer sekret"))))
+    assert "".join(r.text for r in ok) == " t3 t4"
+
+
+def test_metrics_reach_the_node_exporter(app, ray_session, client):
+    """vLLM-named metrics come out of Ray's per-node exporter as ray_bullet_<name>, tagged by model and engine.
+    (Runs last in this module: the requests above produced the samples; Ray exports them periodically.)"""
+    client.completions.create(model="smollm2-135m-instruct", prompt="Hello", max_tokens=3, temperature=0)
+    wanted = ["ray_bullet_time_to_first_token_seconds_bucket", "ray_bullet_e2e_request_latency_seconds_count",
+              "ray_bullet_generation_tokens_total", "ray_bullet_request_success_total",
+              "ray_bullet_kv_cache_usage_perc", "ray_bullet_num_requests_waiting"]
+
+    def success_of_this_model(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("ray_bullet_request_success_total{")
+                and 'finished_reason="length"' in line and 'model_name="smollm2-135m-instruct"' in line]
+
+    def rejections_of_the_mock(text: str) -> re.Match | None:  # the overload test's 429s
+        return re.search(r'ray_bullet_admissions_rejected_total\{[^}]*model_name="mock"', text)
+
+    deadline = time.monotonic() + 90
+    text = ""
+    while time.monotonic() < deadline:
+        text = httpx.get(ray_session.metrics_url, timeout=10).text
+        if all(name in text for name in wanted) and success_of_this_model(text) and rejections_of_the_mock(text):
+            break
+        time.sleep(2)
+    missing = [name for name in wanted if name not in text]
+    assert not missing, missing
+    assert success_of_this_model(text)
+    assert rejections_of_the_mock(text)

@@ -1,0 +1,54 @@
+"""Admission control of one engine replica: when to answer 429 instead of queueing a new request.
+
+An engine refuses a request when its queue (requests without a first token) is full, or when the
+engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin.
+The router sends each request to the replica with the best predicted TTFT / load, so a refusal means
+the best engine was saturated. Pure Python, unit-tested without Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bullet_ray.engine.outputs import EngineStats
+from bullet_ray.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """Runtime-tunable admission knobs (see BulletAppConfig for each field's meaning)."""
+
+    max_waiting_per_engine: int
+    admission_ttft_s: float | None = None
+    admission_margin: float = 0.0
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_per_engine < 1:
+            raise ConfigError("max_waiting_per_engine", f"must be >= 1, got {self.max_waiting_per_engine}")
+        if self.admission_ttft_s is not None and self.admission_ttft_s <= 0:
+            raise ConfigError("admission_ttft_s", f"must be > 0 or null, got {self.admission_ttft_s}")
+        if self.admission_margin < 0:
+            raise ConfigError("admission_margin", f"must be >= 0, got {self.admission_margin}")
+        if self.retry_after_s < 1:
+            raise ConfigError("retry_after_s", f"must be >= 1, got {self.retry_after_s}")
+
+    def updated(self, user_config: dict[str, Any]) -> AdmissionSettings:
+        """These settings with the user_config's keys applied; unknown keys raise ConfigError."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(user_config) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"not a runtime-tunable setting; known: {sorted(known)}")
+        return dataclasses.replace(self, **user_config)
+
+    def refusal(self, stats: EngineStats) -> str | None:
+        """Why a request arriving now must be refused, or None to admit it."""
+        if stats.num_waiting >= self.max_waiting_per_engine:
+            return f"{stats.num_waiting} requests waiting, limit {self.max_waiting_per_engine}"
+        if self.admission_ttft_s is not None and stats.predicted_ttft_s is not None:
+            bound_s = self.admission_ttft_s * (1.0 + self.admission_margin)
+            if stats.predicted_ttft_s > bound_s:
+                return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
+        return None

@@ -1,0 +1,97 @@
+"""Two raylets on one machine: a custom resource `fake_gpu` stands in for one GPU per node, one engine
+replica (the real LLMEngine on a tiny dummy model, its prefill/decode workers as Ray actors in the
+replica's placement group) per "GPU" on each node, and requests routed to both replicas.
+
+The cluster is separate from the session's: this file runs itself in a subprocess (`python
+test_serve_two_nodes.py <port>` builds the cluster, drives it and prints a JSON line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+NUM_REQUESTS = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_engine_per_gpu_on_both_nodes_and_routing_reaches_both():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(free_port())], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert len(result["served"]) == 2, result
+    assert len(set(result["replica_nodes"].values())) == 2  # one replica on each node
+    assert all(count > 0 for count in result["served"].values()), result  # the router used both
+    assert sum(result["served"].values()) == NUM_REQUESTS
+    assert result["completion_tokens"] == [4]
+    # each replica's two workers sit on its own node, in its fake GPU's bundle: two workers per node
+    nodes = result["worker_nodes"]
+    assert len(nodes) == 4 and len(set(nodes)) == 2 and nodes.count(nodes[0]) == 2
+
+
+def _main(port: int) -> None:
+    import asyncio
+
+    import httpx
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from bullet_ray.serve import build_app
+
+    cluster = Cluster()
+    for _ in range(2):
+        cluster.add_node(num_cpus=4, resources={"fake_gpu": 1})
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = {"engine": {"model": "dummy:tiny-llama", "num_kv_blocks": 64, "block_size": 4},
+                "num_engines": 2, "accelerator_resource": "fake_gpu", "engine_num_cpus": 0.5,
+                "worker_num_cpus": 0.5}
+        serve.run(build_app(args), name="bullet", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+
+        async def fire() -> list[httpx.Response]:  # concurrent, so load-based routing spreads them
+            async with httpx.AsyncClient(timeout=120) as client:
+                return await asyncio.gather(*(
+                    client.post(f"{url}/v1/completions", json={"model": "dummy:tiny-llama", "prompt": [5, 6, 7, i],
+                                                               "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+                    for i in range(NUM_REQUESTS)))
+
+        responses = asyncio.run(fire())
+        for r in responses:
+            r.raise_for_status()
+        served: dict[str, int] = {}
+        nodes: dict[str, str] = {}
+        for _ in range(40):  # /v1/internal/stats answers from one replica, picked by the router
+            stats = httpx.get(f"{url}/v1/internal/stats", timeout=30).json()
+            served[stats["replica_id"]] = stats["num_requests_total"]
+            nodes[stats["replica_id"]] = stats["node_id"]
+        workers = list_actors(filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")])
+        print(json.dumps({"served": served, "replica_nodes": nodes,
+                          "completion_tokens": sorted({r.json()["usage"]["completion_tokens"] for r in responses}),
+                          "worker_nodes": sorted(a.node_id for a in workers)}))
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]))

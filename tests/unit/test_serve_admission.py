@@ -1,0 +1,84 @@
+"""Admission control and the engine replica's request path over the mock engine (no Ray cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bullet_ray.engine.outputs import EngineStats
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import ConfigError
+from bullet_ray.serve.admission import AdmissionSettings
+from bullet_ray.serve.config import BulletAppConfig
+from bullet_ray.serve.engine_deployment import EngineReplica, GenerateError
+from bullet_ray.serve.mock_engine import MockEngine, mock_engine_factory
+
+
+def _stats(waiting: int = 0, ttft_s: float | None = None) -> EngineStats:
+    return EngineStats(waiting, 0, 10, 10, predicted_ttft_s=ttft_s)
+
+
+def test_refuses_on_a_full_queue_or_a_predicted_ttft_over_the_bound():
+    settings = AdmissionSettings(max_waiting_per_engine=4, admission_ttft_s=1.0, admission_margin=0.5)
+    assert settings.refusal(_stats(3, 1.5)) is None  # 1.5 s <= 1.0 x (1 + 0.5)
+    assert "4 requests waiting" in settings.refusal(_stats(4))
+    assert "predicted TTFT 1.600 s" in settings.refusal(_stats(0, 1.6))
+    assert settings.refusal(_stats(0, None)) is None  # no prediction yet: queue length only
+    assert AdmissionSettings(4).refusal(_stats(0, 100.0)) is None  # no TTFT target
+
+
+def test_runtime_update_names_unknown_and_bad_fields():
+    settings = AdmissionSettings(4)
+    assert settings.updated({"admission_ttft_s": 0.5}).admission_ttft_s == 0.5
+    with pytest.raises(ConfigError, match="max_queue"):
+        settings.updated({"max_queue": 3})
+    with pytest.raises(ConfigError, match="admission_margin"):
+        settings.updated({"admission_margin": -1})
+
+
+def _run(replica: EngineReplica, prompt: str, max_tokens: int) -> list:
+    async def go() -> list:
+        return [o async for o in replica.generate({"prompt": prompt, "params": SamplingParams(max_tokens=max_tokens)})]
+
+    return asyncio.run(go())
+
+
+def test_replica_answers_429_until_reconfigured():
+    cfg = BulletAppConfig(engine={"model": "mock"}, admission_ttft_s=1.0)
+    replica = EngineReplica(cfg.model_dump(), mock_engine_factory(predicted_ttft_s=2.0))
+    [refused] = _run(replica, "a b", 2)
+    assert isinstance(refused, GenerateError) and refused.status == 429 and refused.retry_after_s == 1
+    replica.reconfigure({"admission_ttft_s": 3.0})
+    outs = _run(replica, "a b", 2)
+    assert [o.text_delta for o in outs] == [" t2", " t3"] and outs[-1].finish_reason == "length"
+    stats = replica.stats()
+    assert stats["num_rejected_total"] == 1 and stats["num_requests_total"] == 2
+    assert replica.record_routing_stats() == {"predicted_ttft_s": 2.0, "num_waiting": 0, "num_running": 0,
+                                              "kv_usage": 0.0}
+
+
+def test_replica_maps_engine_errors_to_http_statuses():
+    replica = EngineReplica(BulletAppConfig(engine={"model": "mock"}).model_dump(),
+                            mock_engine_factory(max_model_len=8))
+    [too_long] = _run(replica, "a b c d", 5)
+    assert (too_long.status, too_long.param) == (413, "max_tokens")
+    [empty] = _run(replica, "", 1)
+    assert (empty.status, empty.param) == (400, "prompt")
+
+
+def test_mock_engine_holds_kv_blocks_per_token_and_frees_them_on_abort():
+    engine = MockEngine(num_kv_blocks=8, block_size=4, token_delay_s=0.01)
+
+    async def go() -> tuple[int, int, str]:
+        stream = engine.stream_async("a b c d e", SamplingParams(max_tokens=20), "r1")
+        for _ in range(4):  # 5 prompt + 4 generated tokens: 3 blocks of 4
+            await stream.__anext__()
+        held = engine.num_kv_blocks - engine.stats().num_free_kv_blocks
+        engine.abort("r1")
+        last = [o async for o in stream][-1]
+        return held, engine.stats().num_free_kv_blocks, last.finish_reason
+
+    assert asyncio.run(go()) == (3, 8, "abort")
+    outs = engine.generate(["x y"], SamplingParams(max_tokens=3))
+    assert outs[0].token_ids == [2, 3, 4] and outs[0].text == " t2 t3 t4"

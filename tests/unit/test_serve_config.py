@@ -1,0 +1,104 @@
+"""Every deploy/*.yaml is a valid Serve config whose args build the application (no Ray cluster)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+from ray.serve.schema import ServeDeploySchema
+
+from bullet_ray.serve import build_app
+from bullet_ray.serve.config import GRPC_SERVICER_FUNCTION, BulletAppConfig
+
+DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "deploy")
+CONFIGS = ["local.yaml", "gpu.yaml", "node.yaml", "cluster.yaml"]
+
+
+def _load(name: str) -> dict:
+    with open(os.path.join(DEPLOY, name)) as f:
+        return yaml.safe_load(f)
+
+
+def _engine_options(app) -> dict:
+    # the ingress is bound to the engine deployment: the engine is its first init argument
+    return app._bound_deployment.init_args[0]._bound_deployment._deployment_config, \
+        app._bound_deployment.init_args[0]._bound_deployment._replica_config
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_yaml_is_a_serve_config_that_builds(name):
+    raw = _load(name)
+    schema = ServeDeploySchema(**raw)
+    assert schema.grpc_options.grpc_servicer_functions == [GRPC_SERVICER_FUNCTION]
+    [app_schema] = schema.applications
+    assert app_schema.import_path == "bullet_ray.serve:build_app"
+    app = call_user_app_builder_with_args_if_necessary(build_app, app_schema.args)  # what `serve run` does
+    deployment_config, replica_config = _engine_options(app)
+    cfg = BulletAppConfig(**app_schema.args)
+    assert deployment_config.num_replicas == cfg.num_engines
+    assert app._bound_deployment._deployment_config.num_replicas == cfg.num_ingress_replicas
+    if cfg.engine.device == "cuda":  # bundle 0: the CPU-only replica; bundle 1: the GPU of its two workers
+        assert replica_config.placement_group_bundles == [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]
+        assert replica_config.placement_group_strategy == "STRICT_PACK"
+    else:
+        assert replica_config.placement_group_bundles is None
+
+
+def test_node_and_cluster_configs_use_every_proxy():
+    for name in ("node.yaml", "cluster.yaml"):
+        assert _load(name)["proxy_location"] == "EveryNode"
+
+
+def test_bad_args_name_the_field():
+    with pytest.raises(ValidationError, match="num_engines"):
+        build_app({"num_engines": 0})
+    with pytest.raises(ValidationError, match="max_queue"):
+        build_app({"max_queue": 3})
+    with pytest.raises(ValidationError, match="schedule"):
+        build_app({"engine": {"schedule": "fifo"}})
+
+
+def test_kuberay_service_embeds_a_valid_serve_config():
+    with open(os.path.join(DEPLOY, "kuberay", "rayservice.yaml")) as f:
+        service = yaml.safe_load(f)
+    assert service["kind"] == "RayService"
+    schema = ServeDeploySchema(**yaml.safe_load(service["spec"]["serveConfigV2"]))
+    [app_schema] = schema.applications
+    call_user_app_builder_with_args_if_necessary(build_app, app_schema.args)
+
+
+def test_prometheus_reads_rays_service_discovery_file():
+    with open(os.path.join(DEPLOY, "prometheus.yml")) as f:
+        config = yaml.safe_load(f)
+    [job] = config["scrape_configs"]
+    assert job["file_sd_configs"] == [{"files": ["/tmp/ray/prom_metrics_service_discovery.json"]}]
+
+
+def test_engine_args_mirror_every_engine_config_field():
+    import dataclasses
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.serve.config import EngineArgs
+
+    assert set(EngineArgs.model_fields) == {f.name for f in dataclasses.fields(EngineConfig)}
+    defaults = EngineArgs().to_engine_config()
+    assert defaults == EngineConfig(model="smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("engine, mps, expected", [
+    ({"device": "cuda", "schedule": "bullet"}, "auto", True),
+    ({"device": "cuda", "schedule": "static"}, "auto", True),
+    ({"device": "cuda", "schedule": "chunked"}, "auto", False),  # one worker process: nothing to share SMs with
+    ({"device": "cpu", "schedule": "bullet"}, "auto", False),
+    ({"device": "cuda", "schedule": "bullet"}, "off", False),
+])
+def test_workers_are_mps_clients_only_for_two_process_gpu_schedules(engine, mps, expected):
+    assert BulletAppConfig(engine=engine, mps=mps).uses_mps is expected
+
+
+def test_gpu_yaml_workers_run_under_the_nodes_mps_daemon():
+    cfg = BulletAppConfig(**_load("gpu.yaml")["applications"][0]["args"])
+    assert cfg.uses_mps and cfg.mps_name == "bullet_ray"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls for the Serve application on the H100 (run from the repo root on the GPU machine).
+#   stage            copy whatever .carry/ folders came with this call to /tmp/wh (flashinfer, ray wheels),
+#                    unpack a carried flashinfer JIT cache, copy a carried Azure trace to /tmp/azure
+#   run SYSTEMS...   (once everything is staged) install the wheels, build native/,
+#                    then `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS`; results in $OUT
+# The carried parts exceed one call's 64 MiB, so stage runs once per part, back to back (the machine
+# keeps /tmp only while it stays warm).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site /tmp/azure
+if [ "${1:-}" = stage ]; then
+  for d in .carry/flashinfer-* .carry/ray-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/wh/; done
+  [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
+  [ -d .carry/azure ] && cp .carry/azure/* /tmp/azure/
+  ls /tmp/wh | wc -l; ls /tmp/azure; exit 0
+fi
+shift
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
+if [ ! -f /tmp/site/.installed ]; then
+  (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+  touch /tmp/site/.installed
+fi
+make -s -C native >/dev/null || exit 4
+[ -d /tmp/fi_ws ] || timeout 200 python3 -m benchmarks.gpu.warm_jit
+NAME=$(echo "$*" | tr ' ,' '__'); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
+timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
+  | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
+cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null
+tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
+(cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "*.err" -o -path "*/logs/serve/*" \) \
+  | tar czf "$OUT/ray_logs_$NAME.tgz" -T -); ls -la "$OUT"

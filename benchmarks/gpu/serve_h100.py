@@ -1,0 +1,247 @@
+"""The Serve application on one GPU, launched the way users launch it (`serve run <yaml>`), and the engine's
+schedules compared on the Azure conversation trace with dummy Llama-3.1-8B weights.
+
+For each system a YAML (deploy/gpu.yaml, or a copy with the schedule changed) is launched with `serve run`
+(which starts a local Ray cluster); the system is swept over Poisson request rates with the trace's prompt and
+output lengths (benchmarks.compare), then Ctrl-C stops `serve run` and frees the GPU for the next one. The first launch of
+deploy/gpu.yaml itself (system "bullet") also answers a batch of concurrent streaming requests and one gRPC
+call, compared with HTTP (the Serve application issue's GPU check).
+
+    python -m benchmarks.gpu.serve_h100 --systems bullet --out $OUT          # one device call
+    python -m benchmarks.gpu.serve_h100 --systems chunked-1024,chunked-2048 --out $OUT
+    python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
+
+Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
+deploy/gpu.yaml), chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks import report
+from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, wait_ready
+from benchmarks.serve_bench import BenchConfig, run_benchmark
+from benchmarks.slo import parse_slo
+from benchmarks.traces import WorkloadConfig, build_workload
+
+logger = logging.getLogger("serve_h100")
+REPO = Path(__file__).resolve().parents[2]
+BASE_URL = "http://127.0.0.1:8000"
+GPU_YAML = REPO / "deploy" / "gpu.yaml"
+
+
+def _sh(cmd: str, timeout_s: float = 60) -> str:
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout_s)
+    return (proc.stdout + proc.stderr).strip()
+
+
+def gpu_memory_gib() -> float:
+    out = _sh("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
+    return float(out.splitlines()[0]) / 1024 if out and out.splitlines()[0].strip().isdigit() else float("nan")
+
+
+def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
+    """deploy/gpu.yaml for "bullet"; a copy with schedule chunked and the token budget for chunked-<n>."""
+    if name == "bullet":
+        return base_yaml
+    schedule, _, budget = name.partition("-")
+    if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
+        raise SystemExit(f"unknown system {name!r}: bullet, chunked-<tokens> or static[-<tokens>]")
+    doc = yaml.safe_load(base_yaml.read_text())
+    engine = doc["applications"][0]["args"]["engine"]
+    engine["schedule"] = schedule
+    if budget:
+        engine["max_num_batched_tokens"] = int(budget)
+    path = out_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
+    """`serve run <yaml>` (it starts a local Ray cluster, as a user's first run does); stopped after."""
+    path = system_yaml(system.name, out_dir, Path(system.extra.get("base_yaml", GPU_YAML)))
+    system.extra["yaml"] = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name)
+    system.extra["command"] = f"serve run {system.extra['yaml']}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    idle_gib = gpu_memory_gib()
+    started = time.monotonic()
+    with open(out_dir / f"{system.name}-serve.log", "ab") as log:
+        proc = subprocess.Popen(["serve", "run", str(path)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            wait_ready(system.base_url, system.ready_timeout_s, proc)
+            _wait_generates(system.base_url, system.ready_timeout_s)
+            system.extra["ready_s"] = round(time.monotonic() - started, 1)
+            system.extra["gpu_memory_gib_serving"] = round(gpu_memory_gib(), 2)
+            logger.info("%s ready in %.0f s", system.name, system.extra["ready_s"])
+            if system.name == "bullet" and system.extra.get("check_requests"):
+                system.extra["serve_check"] = serve_check(system.base_url, system.extra["check_requests"],
+                                                          system.extra["check_prompt_tokens"])
+            yield
+        finally:
+            _stop(proc, idle_gib)
+            system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)
+
+
+def _wait_generates(base_url: str, timeout_s: float) -> None:
+    """Until a one-token completion succeeds (the ingress answers /health before the engines are up)."""
+    import requests  # type: ignore[import-untyped]
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            r = requests.post(f"{base_url}/v1/completions", json={"prompt": [1000, 1001], "max_tokens": 1},
+                              timeout=timeout_s)
+            if r.status_code == 200:
+                return
+            logger.info("not generating yet: %s %s", r.status_code, r.text[:200])
+        except requests.RequestException as e:
+            logger.info("not generating yet: %s", e)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base_url} did not generate within {timeout_s:.0f} s")
+        time.sleep(2)
+
+
+def _stop(proc: subprocess.Popen, idle_gib: float) -> None:
+    """Ctrl-C to `serve run` (it shuts Serve and its local Ray down); wait until the GPU memory is idle again."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=90)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and gpu_memory_gib() > idle_gib + 1.0:
+        time.sleep(1)
+    if gpu_memory_gib() > idle_gib + 1.0:  # a worker outlived its cluster: the GPU is needed for the next system
+        logger.warning("GPU memory still in use after serve run stopped; ray stop --force")
+        _sh("ray stop --force", timeout_s=120)
+
+
+def serve_check(base_url: str, num_requests: int = 64, prompt_tokens: int = 1024) -> dict[str, Any]:
+    """A batch of concurrent streaming completions (`prompt_tokens` each, 128 forced output tokens), and
+    one greedy gRPC call compared with the same request over HTTP."""
+    workload = WorkloadConfig(dataset="random", num_prompts=num_requests, random_input_tokens=prompt_tokens,
+                              random_output_tokens=128, random_distribution="fixed", seed=1)
+    config = BenchConfig(base_url=base_url, workload=workload, slos=["relaxed", "strict"], label="bullet-batch")
+    result = asyncio.run(run_benchmark(config, build_workload(workload)))
+    s = result.summary
+    check: dict[str, Any] = {
+        "requests": num_requests, "prompt_tokens_each": prompt_tokens, "output_tokens_each": 128, "all_at_once": True,
+        "completed": s["num_completed"], "failed": s["num_failed"],
+        "output_length_mismatches": s["num_output_length_mismatch"],
+        "total_output_tokens": s["total_output_tokens"], "duration_s": round(s["duration_s"], 2),
+        "output_tokens_per_s": round(s["output_throughput_tps"], 1),
+        "ttft_ms": s["ttft_ms"], "tpot_ms": s["tpot_ms"], "itl_ms": s["itl_ms"],
+    }
+    check["grpc"] = grpc_check(base_url)
+    check["gpu_memory_gib"] = round(gpu_memory_gib(), 2)
+    check["mps_servers"] = _sh("echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=/tmp/bullet_ray/mps/bullet_ray/pipe "
+                               "nvidia-cuda-mps-control")
+    return check
+
+
+def grpc_check(base_url: str) -> dict[str, Any]:
+    import grpc
+    import requests  # type: ignore[import-untyped]
+
+    from bullet_ray.serve.proto.generate_pb2 import GenerateRequest
+    from bullet_ray.serve.proto.generate_pb2_grpc import GeneratorStub
+
+    ids = list(range(1000, 1256))
+    http = requests.post(f"{base_url}/v1/completions", json={"prompt": ids, "max_tokens": 32, "temperature": 0,
+                                                           "ignore_eos": True}, timeout=120).json()
+    chunks: list[str] = []
+    with grpc.insecure_channel("127.0.0.1:9000") as channel:
+        request = GenerateRequest(prompt_token_ids=ids, max_tokens=32, temperature=0.0, ignore_eos=True)
+        for response in GeneratorStub(channel).Generate(request, metadata=[("application", "bullet")], timeout=120):
+            chunks.append(response.text)
+    http_text = http["choices"][0]["text"]
+    return {"grpc_text_equals_http": "".join(chunks) == http_text, "num_grpc_messages": len(chunks),
+            "http_completion_tokens": http["usage"]["completion_tokens"]}
+
+
+def merge(paths: list[Path], out: Path) -> dict[str, Any]:
+    """One table and one figure from several compare.json files made with the same workload."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    doc = docs[0]
+    for other in docs[1:]:
+        doc["systems"].update(other["systems"])
+        doc.setdefault("runs", []).extend(other.get("runs", []))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(doc, indent=1))
+    (out / "compare.md").write_text(comparison_markdown(doc) + "\n")
+    primary = doc["slo"]["name"]
+    report.plot_sweep({n: e["points"] for n, e in doc["systems"].items()}, primary, out / "compare.png",
+                      {n: e["goodput"][primary] for n, e in doc["systems"].items()},
+                      title=f"H100, dummy Llama-3.1-8B, {doc['config']['workload']['dataset']} lengths, Poisson; "
+                            f"SLO {parse_slo(primary).describe()}")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
+                        help="comma-separated: bullet, chunked-<tokens>, static[-<tokens>]")
+    parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
+    parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
+    parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")
+    parser.add_argument("--ready-timeout-s", type=float, default=420.0)
+    parser.add_argument("--base-yaml", type=Path, default=GPU_YAML,
+                        help="the YAML of system 'bullet'; the others are copies of it (deploy/local.yaml tries "
+                             "this script on a CPU)")
+    parser.add_argument("--check-requests", type=int, default=64,
+                        help="concurrent streaming requests sent to 'bullet' before its sweep (0: none)")
+    parser.add_argument("--check-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--trace-path", default=str(REPO.parent / "shared" / "data" / "azure-llm-inference-2023"),
+                        help="the Azure trace folder (or conv.csv)")
+    parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files into --out")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/serve_h100")))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.merge:
+        merge(args.merge, args.out)
+        print((args.out / "compare.md").read_text())
+        return 0
+
+    systems = [SystemSpec(n, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
+                          extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
+                                 "check_prompt_tokens": args.check_prompt_tokens})
+               for n in args.systems.split(",") if n]
+    workload = WorkloadConfig(dataset="azure-conv", num_prompts=args.num_prompts, seed=0,
+                              trace_path=args.trace_path)
+    base = BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)
+    doc = run_comparison(systems, base, args.out, rates=[float(r) for r in args.rates.split(",")], plot=True)
+    doc["runs"] = [{"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "command": "python -m benchmarks.gpu.serve_h100 " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "device": _sh("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader"),
+                    "systems": [s.name for s in systems],
+                    "extra": {s.name: s.extra for s in systems}}]
+    for s in systems:
+        doc["systems"][s.name]["extra"] = s.extra
+    (args.out / "compare.json").write_text(json.dumps(doc, indent=1))
+    print((args.out / "compare.md").read_text())
+    print(json.dumps(doc["runs"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

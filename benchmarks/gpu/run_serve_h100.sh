@@ -23,11 +23,12 @@ if [ ! -f /tmp/site/.installed ]; then
   touch /tmp/site/.installed
 fi
 make -s -C native >/dev/null || exit 4
-[ -d /tmp/fi_ws ] || timeout 200 python3 -m benchmarks.gpu.warm_jit
+timeout 240 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3  # builds what the carried cache lacks
 NAME=$(echo "$*" | tr ' ,' '__'); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
 timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
   | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
 cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null
 tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
-(cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "*.err" -o -path "*/logs/serve/*" \) \
+(cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "worker-*" -o -path "*/logs/serve/*" \) \
   | tar czf "$OUT/ray_logs_$NAME.tgz" -T -); ls -la "$OUT"
+tar czf "$OUT/fi_jit_cache.tgz" -C /tmp fi_ws 2>/dev/null  # carry it back next time as .carry/fi-jit

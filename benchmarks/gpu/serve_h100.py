@@ -92,8 +92,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
             system.extra["gpu_memory_gib_serving"] = round(gpu_memory_gib(), 2)
             logger.info("%s ready in %.0f s", system.name, system.extra["ready_s"])
             if system.name == "bullet" and system.extra.get("check_requests"):
-                system.extra["serve_check"] = serve_check(system.base_url, system.extra["check_requests"],
-                                                          system.extra["check_prompt_tokens"])
+                for attempt in ("serve_check_first", "serve_check"):  # the first batch meets cold graphs
+                    system.extra[attempt] = serve_check(system.base_url, system.extra["check_requests"],
+                                                        system.extra["check_prompt_tokens"])
             yield
         finally:
             _stop(proc, idle_gib)

@@ -36,7 +36,13 @@ from bullet_ray.engine.messages import (
     Wake,
     WorkerFailed,
 )
-from bullet_ray.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
+from bullet_ray.engine.outputs import (
+    CompletionOutput,
+    EngineStats,
+    FinishReason,
+    RequestOutput,
+    merge_outputs,
+)
 from bullet_ray.engine.protocol import EngineClient, Prompt
 from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.sampling_params import SamplingParams
@@ -195,11 +201,11 @@ class LLMEngine(EngineClient):
                 f"context length {self._max_model_len}; shorten the prompt or lower max_tokens",
                 "max_tokens", code="context_length_exceeded")
         rid = request_id or uuid.uuid4().hex
-        detok = None
-        if self._tokenizer is not None:
-            from bullet_ray.engine.stop_checker import IncrementalDetokenizer
+        from bullet_ray.engine.stop_checker import IncrementalDetokenizer, TokenIdText
 
-            detok = IncrementalDetokenizer(self._tokenizer, params, ids)
+        # a model without a tokenizer (dummy weights) streams its token ids as text: " <id>" per token
+        detok = IncrementalDetokenizer(self._tokenizer if self._tokenizer is not None else TokenIdText(), params, ids,
+                                       eos_token_ids=self.eos_token_ids)
         target = "prefill" if self.config.is_disaggregated else "hybrid"
         state = RequestState(rid, ids, params, OutputSink(loop), detok, target)  # type: ignore[arg-type]
         with self._lock:
@@ -225,12 +231,17 @@ class LLMEngine(EngineClient):
 
     async def stream_async(self, prompt: Prompt, params: SamplingParams,
                            request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """The request's updates as they come. Updates that queued up while the consumer was busy are merged
+        into one (a consumer that forwards each update, e.g. over Ray, pays per update, not per token)."""
         state = self._submit(prompt, params, request_id, asyncio.get_running_loop())
-        assert state.sink.async_queue is not None
+        queue = state.sink.async_queue
+        assert queue is not None
         finished = False
         try:
             while not finished:
-                out = await state.sink.async_queue.get()
+                out = await queue.get()
+                while not out.finished and not queue.empty():
+                    out = merge_outputs(out, queue.get_nowait())
                 finished = out.finished
                 yield out
         finally:

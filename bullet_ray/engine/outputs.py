@@ -47,6 +47,19 @@ class RequestOutput:
     e2e_s: float | None = None
 
 
+def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """One update equal to `first` followed by `then` (deltas joined; state and figures from `then`)."""
+    logprobs = None
+    if first.logprobs_delta is not None or then.logprobs_delta is not None:
+        logprobs = (first.logprobs_delta or []) + (then.logprobs_delta or [])
+    return RequestOutput(
+        request_id=then.request_id, token_ids_delta=first.token_ids_delta + then.token_ids_delta,
+        text_delta=first.text_delta + then.text_delta, logprobs_delta=logprobs,
+        num_prompt_tokens=then.num_prompt_tokens, num_output_tokens=then.num_output_tokens,
+        finished=then.finished, finish_reason=then.finish_reason, stop_reason=then.stop_reason, error=then.error,
+        ttft_s=first.ttft_s if first.ttft_s is not None else then.ttft_s, e2e_s=then.e2e_s)
+
+
 @dataclass(frozen=True)
 class CompletionOutput:
     """The whole result of one request (what `LLMEngine.generate` returns)."""

@@ -39,7 +39,7 @@ class RequestState:
     prompt_token_ids: list[int]
     params: SamplingParams
     sink: OutputSink
-    detokenizer: Any  # IncrementalDetokenizer or None (no tokenizer: token ids only)
+    detokenizer: Any  # IncrementalDetokenizer (over TokenIdText for a model without a tokenizer)
     location: Location
     arrival_s: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None

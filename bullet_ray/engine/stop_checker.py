@@ -33,6 +33,19 @@ _INCOMPLETE = "\ufffd"  # what a partial UTF-8 sequence decodes to
 NUM_PROMPT_CONTEXT_TOKENS = 5
 
 
+class TokenIdText:
+    """The text of a model without a tokenizer (dummy weights): each token id as " <id>".
+
+    So streams of such models still carry one text delta per token (clients, and benchmarks measuring
+    inter-token latency, see every token), and stop strings and usage work as with a real vocabulary.
+    """
+
+    eos_token_id = None
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return "".join(f" <{int(i)}>" for i in ids)
+
+
 class IncrementalDetokenizer:
     """Turns a request's growing output ids into text deltas and detects its stop strings.
 

@@ -157,3 +157,28 @@ def test_explicit_eos_ids_replace_the_tokenizer_default(tok):
     detok.step(_ids(tok, "Hi"))
     detok.step([42])
     assert detok.finish() == "" and detok.text == "Hi"
+
+
+def test_a_model_without_tokenizer_streams_each_token_id_as_text():
+    from bullet_ray.engine.stop_checker import IncrementalDetokenizer, TokenIdText
+
+    detok = IncrementalDetokenizer(TokenIdText(), SamplingParams(max_tokens=8, stop=["<7>"]), [1, 2, 3],
+                                   eos_token_ids=[9])
+    assert detok.step([5]) == (" <5>", False)
+    assert detok.step([6]) == (" <6>", False)
+    text, hit = detok.step([7, 8])
+    assert hit and detok.text == " <5> <6> " and detok.stop_reason == "<7>"
+    eos = IncrementalDetokenizer(TokenIdText(), SamplingParams(max_tokens=8), [1], eos_token_ids=[9])
+    assert eos.step([4, 9]) == (" <4>", False) and eos.finish() == ""
+
+
+def test_merged_updates_equal_the_updates_in_order():
+    from bullet_ray.engine.outputs import RequestOutput, merge_outputs
+
+    a = RequestOutput("r", [5], " <5>", None, num_prompt_tokens=3, num_output_tokens=1, ttft_s=0.1)
+    b = RequestOutput("r", [6, 7], " <6> <7>", None, num_prompt_tokens=3, num_output_tokens=3, finished=True,
+                      finish_reason="length", e2e_s=0.5)
+    m = merge_outputs(a, b)
+    assert (m.token_ids_delta, m.text_delta, m.num_output_tokens) == ([5, 6, 7], " <5> <6> <7>", 3)
+    assert m.finished and m.finish_reason == "length" and m.ttft_s == 0.1 and m.e2e_s == 0.5
+    assert m.logprobs_delta is None

@@ -32,6 +32,14 @@ from bullet_ray.models.loader import load_model, preset_hf_config
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
 NUM_NEW, BLOCK, MAX_LEN = 64, 16, 256
 PROMPT_LENGTHS = (7, 33, 90, 150)
+TEXT_PROMPTS = (
+    "The capital of France is",
+    "Write a short story about a robot who learns to paint. Once upon a time, in a small workshop at the edge "
+    "of a busy city, there lived a robot named",
+    "Explain in simple terms how a CPU cache works, why it makes programs faster, and what a cache miss is. "
+    "Start with an analogy that a child could understand, then give the technical details step by step.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+)
 
 
 def _gpu_config(family: str) -> str:
@@ -85,12 +93,15 @@ def compare(ref_logits: list[torch.Tensor], out_logits: list[torch.Tensor]) -> d
 
 
 def run_family(fam: str, prompts: list[list[int]], device: str, backend: str, dtype: torch.dtype,
-               use_graphs: bool) -> dict[str, Any]:
-    source = _gpu_config(fam)
+               use_graphs: bool, source: str | None = None) -> dict[str, Any]:
+    """`fam`'s random-weight config, or the model at `source` (real weights, loaded twice from the file)."""
+    is_random = source is None
+    source = source or _gpu_config(fam)
     cpu = load_model(source, dtype=torch.float32, device="cpu", show_progress=False, seed=3)
     dev = load_model(source, dtype=dtype, device=device, show_progress=False, seed=3)
-    dev.model.load_state_dict({k: v.to(dtype) for k, v in cpu.model.state_dict().items()}, strict=False)
-    dev.model.rotary.inv_freq.copy_(cpu.model.rotary.inv_freq)
+    if is_random:  # the same random draw on both sides
+        dev.model.load_state_dict({k: v.to(dtype) for k, v in cpu.model.state_dict().items()}, strict=False)
+        dev.model.rotary.inv_freq.copy_(cpu.model.rotary.inv_freq)
     ref_runner, _ = make_runner(cpu.model, cpu.config, "torch", 64, BLOCK, "cpu", torch.float32)
     runner, _ = make_runner(dev.model, dev.config, backend, 64, BLOCK, device, dtype)
     ref = greedy(ref_runner, prompts, NUM_NEW, BLOCK, MAX_LEN)
@@ -122,21 +133,31 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="flashinfer")
     ap.add_argument("--name", default="gpu_engine_correctness_h100")
+    ap.add_argument("--model", default=None,
+                    help="a real model (HF folder or .gguf, e.g. the embedded SmolLM2) instead of the random tiny "
+                         "families; prompts are English text through its tokenizer")
     args = ap.parse_args()
     on_gpu = args.device == "cuda"
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+    families: dict[str, str | None] = {fam: None for fam in FAMILIES}
+    if args.model:
+        from bullet_ray.models.loader import load_tokenizer, resolve_source
+
+        tokenizer = load_tokenizer(resolve_source(args.model).tokenizer_path)
+        prompts = [tokenizer.encode(text) for text in TEXT_PROMPTS]
+        families = {os.path.basename(args.model.rstrip("/")): args.model}
     results = {}
-    for fam in FAMILIES:
+    for fam, source in families.items():
         results[fam] = run_family(fam, prompts, args.device, args.backend,
-                                  torch.bfloat16 if on_gpu else torch.float32, use_graphs=on_gpu)
+                                  torch.bfloat16 if on_gpu else torch.float32, use_graphs=on_gpu, source=source)
         r = results[fam]
         print(f"{fam}: free-running agreement {[round(a, 3) for a in r['token_agreement']]} first divergence "
               f"{r['first_divergence']}, step-0 logits rel diff {r['step0_logits_rel_norm_diff']:.2e}, "
               f"teacher-forced {[round(a, 3) for a in r['teacher_forced_agreement']]}, "
               f"clear-margin flips {r['clear_margin_disagreements']}, graphs==eager {r.get('graphs_equal_eager_tokens')}",
               flush=True)
-    save(args.name, {"prompt_lengths": list(PROMPT_LENGTHS), "num_new_tokens": NUM_NEW, "block_size": BLOCK,
+    save(args.name, {"prompt_lengths": [len(p) for p in prompts], "model": args.model or "random tiny families", "num_new_tokens": NUM_NEW, "block_size": BLOCK,
                      "dtype": "bfloat16" if on_gpu else "float32", "backend": args.backend, "families": results})
     print(f"{'family':12} {'min agree':>9} {'mean':>6} {'step0 rel':>10} {'forced min':>10} {'clear flips':>11}")
     for fam, r in results.items():

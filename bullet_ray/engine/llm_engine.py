@@ -48,6 +48,7 @@ from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.state_block import Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
+from bullet_ray.policy.ttft import PrefillTimeModel
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,47 @@ def _runtime_dir(config: EngineConfig) -> str:
         os.makedirs(path)
         return path
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix="bullet_ray-", dir=base)
+    _sweep_orphans(base or tempfile.gettempdir())
+    path = tempfile.mkdtemp(prefix="bullet_ray-", dir=base)
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
+OWNER_FILE = "owner.pid"  # the engine front's pid, so a later engine can remove what a killed one left
+
+
+def _sweep_orphans(base: str) -> list[str]:
+    """Remove bullet_ray-* runtime folders (shared weights, KV pool) whose front process no longer runs:
+    a front killed with SIGKILL cannot clean up, and its files would hold the memory until reboot."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("bullet_ray-")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner file: older or foreign)
+        if pid == os.getpid() or _is_running(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+        logger.warning("removed %s, left by engine process %d which no longer runs", path, pid)
+    return removed
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _prepare_model_in_subprocess(source: str) -> None:
@@ -92,6 +133,8 @@ class LLMEngine(EngineClient):
         self._dead_reason: str | None = None
         self._is_shut_down = False
         self.num_preemptions = 0
+        # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
+        self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
         self.runtime_dir = _runtime_dir(self.config)
         self._authkey = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self.runtime_dir, "engine.sock"), family="AF_UNIX",
@@ -212,6 +255,7 @@ class LLMEngine(EngineClient):
             if rid in self._requests:
                 raise InvalidRequest(f"request id {rid!r} is already running", "request_id")
             self._requests[rid] = state
+            self._prefill_time.observe_prompt(len(ids))
         self._send(target, AddRequest(rid, ids, params, time.time(), self._max_model_len))
         return state
 
@@ -306,8 +350,16 @@ class LLMEngine(EngineClient):
                     return
                 try:
                     self._on_message(msg)
+                    if conns[conn] != "decode":  # type: ignore[index]
+                        self._observe_prefill_step()
                 except Exception:
                     logger.exception("engine front failed on %s", type(msg).__name__)
+
+    def _observe_prefill_step(self) -> None:
+        """Feed the prefill side's (or hybrid worker's) last published step to the TTFT model."""
+        row = self.state.read(Side.PREFILL)
+        with self._lock:
+            self._prefill_time.observe_step(row["step"], row["num_tokens"], row["step_time_us"] / 1e6)
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, StepOutputs):
@@ -413,14 +465,18 @@ class LLMEngine(EngineClient):
             raise EngineDeadError(self._dead_reason)
 
     def stats(self) -> EngineStats:
+        self._observe_prefill_step()
         with self._lock:
             located = [s.location if s.location != "hybrid" or s.first_token_s is None else "decode"
                        for s in self._requests.values()]
+            queued_tokens = sum(len(s.prompt_token_ids) for s in self._requests.values()
+                                if s.location in ("prefill", "hybrid") and s.first_token_s is None)
+            predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
         extra = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
-                           num_preemptions=self.num_preemptions, extra=extra)
+                           num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)
 
     def shutdown(self) -> None:
         if self._is_shut_down:

@@ -1,1 +1,1 @@
-"""bullet_ray.policy."""
+"""Performance models and policies that turn measured step times and SLO targets into decisions."""

@@ -69,8 +69,12 @@ def test_greedy_matches_transformers(preset, schedule, hf_root, hf_greedy):
     config = EngineConfig(model=folder, schedule=schedule, num_kv_blocks=64, block_size=4,
                           max_num_batched_tokens=16)
     with LLMEngine(config) as engine:
+        assert engine.stats().predicted_ttft_s is None  # no prefill step measured yet
         results = engine.generate(PROMPTS, params)
-        assert engine.stats().num_free_kv_blocks == 64
+        stats = engine.stats()
+        assert stats.num_free_kv_blocks == 64
+        # measured prefill steps give a prediction; an idle engine's is about one step of an average prompt
+        assert stats.predicted_ttft_s is not None and 0 < stats.predicted_ttft_s < 5
     assert [r.token_ids for r in results] == expected
 
 

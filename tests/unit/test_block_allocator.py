@@ -56,3 +56,4 @@ def test_second_process_sees_and_changes_the_same_free_list(allocator):
     assert not set(mine) & set(theirs)
     allocator.free(theirs)  # blocks taken by one process are freed by the other
     assert allocator.num_free == 6
+

@@ -357,7 +357,7 @@ class LLMEngine(EngineClient):
 
     def _observe_prefill_step(self) -> None:
         """Feed the prefill side's (or hybrid worker's) last published step to the TTFT model."""
-        row = self.state.read(Side.PREFILL)
+        row = self.state.read(Side.PREFILL if self.config.is_disaggregated else Side.DECODE)
         with self._lock:
             self._prefill_time.observe_step(row["step"], row["num_tokens"], row["step_time_us"] / 1e6)
 

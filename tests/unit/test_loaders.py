@@ -16,6 +16,7 @@ from bullet_ray.errors import ConfigError, ModelLoadError
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.loader import load_model, preset_hf_config, preset_names
 from bullet_ray.models.testing import prefill_logits
+from tests.hf_random import random_hf_model
 
 PROMPT = [1, 17, 300, 42, 9, 255, 77, 5, 88, 130, 64, 3, 200]
 
@@ -25,20 +26,7 @@ def _preset(name: str) -> dict:
 
 
 def _hf_model(config: dict, seed: int = 0):
-    import transformers
-
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items()
-                                                                       if k != "model_type"})
-    cfg.initializer_range = 0.1
-    torch.manual_seed(seed)
-    model = getattr(transformers, config["architectures"][0])(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-    return model
+    return random_hf_model(config, seed)
 
 
 def _hf_logits(hf) -> torch.Tensor:

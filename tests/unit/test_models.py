@@ -11,6 +11,7 @@ import torch
 
 from bullet_ray.models.loader import load_model
 from bullet_ray.models.testing import greedy_generate, prefill_logits
+from tests.hf_random import random_hf_model
 
 PROMPTS = [[1, 17, 300, 42, 9, 255, 77, 5, 88, 130, 64], [1, 400, 23]]
 NUM_NEW_TOKENS = 16
@@ -41,22 +42,8 @@ FAMILIES = {
 }
 
 
-def _hf_model(config: dict, seed: int):
-    """A transformers model of `config` with random weights, incl. non-trivial norms and biases."""
-    import transformers
-
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items()
-                                                                       if k != "model_type"})
-    cfg.initializer_range = 0.1  # spread the logits: fewer near-ties in greedy decoding
-    torch.manual_seed(seed)
-    model = getattr(transformers, config["architectures"][0])(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-    return model
+def _hf_model(config: dict, seed: int = 0):
+    return random_hf_model(config, seed)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

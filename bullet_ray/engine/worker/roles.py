@@ -28,6 +28,21 @@ def sequence_from_request(msg: AddRequest) -> Sequence:
     return Sequence(msg.request_id, list(msg.prompt_token_ids), sampling, msg.arrival_s, msg.max_model_len)
 
 
+def admitting_scheduler_args(worker: WorkerBase) -> tuple[Any, ...]:
+    """The arguments of a scheduler that admits new prompts (prefill, chunked): allocator, block size,
+    token budget, batch size, and the free blocks it leaves for running sequences to grow into."""
+    cfg = worker.config
+    return (worker.allocator, cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+            int(cfg.kv_watermark * worker.allocator.num_blocks))
+
+
+def expect_add_request(worker: WorkerBase, msg: Any) -> AddRequest:
+    """The message of a worker that takes new requests (prefill, hybrid); anything else is a bug."""
+    if not isinstance(msg, AddRequest):
+        raise TypeError(f"{worker.role} worker got unexpected message {type(msg).__name__}")
+    return msg
+
+
 def token_updates(worker: WorkerBase, result: StepResult) -> tuple[list[TokenUpdate], list[Sequence]]:
     """One update per sampled sequence, and the sequences that finished with it."""
     updates, finished = [], []
@@ -48,15 +63,11 @@ class PrefillWorker(WorkerBase):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        cfg = self.config
-        self.scheduler = PrefillScheduler(self.allocator, cfg.block_size, cfg.max_num_batched_tokens,
-                                          cfg.max_num_seqs, int(cfg.kv_watermark * self.allocator.num_blocks))
+        self.scheduler = PrefillScheduler(*admitting_scheduler_args(self))
 
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, AddRequest):
-            self.scheduler.add(sequence_from_request(msg), front=msg.resume is not None)
-        else:
-            raise TypeError(f"prefill worker got unexpected message {type(msg).__name__}")
+        add = expect_add_request(self, msg)
+        self.scheduler.add(sequence_from_request(add), front=add.resume is not None)
 
     def has_work(self) -> bool:
         return len(self.scheduler) > 0
@@ -129,15 +140,10 @@ class HybridWorker(WorkerBase):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        cfg = self.config
-        self.scheduler = ChunkedScheduler(self.allocator, cfg.block_size, cfg.max_num_batched_tokens,
-                                          cfg.max_num_seqs, int(cfg.kv_watermark * self.allocator.num_blocks))
+        self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
 
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, AddRequest):
-            self.scheduler.add(sequence_from_request(msg))
-        else:
-            raise TypeError(f"hybrid worker got unexpected message {type(msg).__name__}")
+        self.scheduler.add(sequence_from_request(expect_add_request(self, msg)))
 
     def has_work(self) -> bool:
         return self.scheduler.num_waiting + self.scheduler.num_running > 0

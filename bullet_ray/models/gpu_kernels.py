@@ -49,6 +49,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     return _flashinfer().norm.rmsnorm(x, weight, eps, enable_pdl=PDL)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """residual += x, then x = RMSNorm(residual), both in place in one kernel; returns (x, residual)."""
+    if (not is_available(x) or x.dim() != 2 or not x.is_contiguous() or not residual.is_contiguous()
+            or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype):
+        return None
+    _flashinfer().norm.fused_add_rmsnorm(x, residual, weight, eps, enable_pdl=PDL)
+    return x, residual
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up with gate and up concatenated on the last dimension, in one kernel."""
     if not is_available(gate_up) or not gate_up.is_contiguous():

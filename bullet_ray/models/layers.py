@@ -26,6 +26,14 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(x + residual), x + residual): the residual add and the norm, fused in one kernel on GPU
+        (which may reuse x's and residual's memory)."""
+        if x.is_cuda and (fused := gpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)) is not None:
+            return fused
+        residual = x + residual
+        return self.forward(residual), residual
+
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up, with gate and up concatenated on the last dimension."""

@@ -71,10 +71,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding,
-                ctx: AttentionContext) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), rotary, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+                rotary: RotaryEmbedding, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the caller adds the two (the next
+        layer's input norm does, fused). residual None: h is the embedding, the stream's start."""
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(positions, h, rotary, ctx)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
@@ -106,9 +113,10 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
+        residual = None
         for layer in self.model.layers:
-            h = layer(positions, h, self.rotary, ctx)
-        return self.model.norm(h)
+            h, residual = layer(positions, h, residual, self.rotary, ctx)
+        return self.model.norm(h) if residual is None else self.model.norm.add_forward(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.output_weight()).float()

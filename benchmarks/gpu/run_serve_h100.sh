@@ -24,7 +24,7 @@ if [ ! -f /tmp/site/.installed ]; then
 fi
 make -s -C native >/dev/null || exit 4
 timeout 240 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3  # builds what the carried cache lacks
-NAME=$(echo "$*" | tr ' ,' '__'); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
+NAME=$(echo "$*" | tr ' ,' '__' | sed 's/^-*//'); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
 timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
   | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
 cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null

@@ -4,7 +4,11 @@ Ceilings measured in the same run: bf16 GEMM 8192^3 (TFLOP/s) and device copy ba
 Prefill: tokens/s and MFU at 1k, 4k, 16k tokens per batch (2k-token sequences). Decode: step time and
 achieved bandwidth ((weights + KV bytes read) / step time) at batch 1/16/64/256 x context 1k/4k (pairs whose
 KV does not fit are skipped and listed), eager and replayed through the decode CUDA graphs (batch padded
-to its bucket; graph vs eager hidden-state difference reported). transformers' generate on the same
+to its bucket; graph vs eager hidden-state difference reported). Graph decode is timed two ways: `ms`, one
+step at a time with the host's plan inside the timed span (the GPU idles while the host plans: what an
+engine that waits for each step's tokens gets), and `pipelined_ms`, steps issued back to back so the host
+plans step k+1 while the GPU runs step k (the GPU's own step time: what an engine that overlaps
+scheduling with the GPU gets). transformers' generate on the same
 model (all 32 layers, same weights, bf16, GPU) at batch 1 and 16 for comparison.
 
     python -m benchmarks.gpu.engine_speed
@@ -18,7 +22,7 @@ import sys
 import torch
 from tqdm import tqdm
 
-from benchmarks.gpu.common import copy_bandwidth_gbs, peak_gemm_tflops, save, time_cuda
+from benchmarks.gpu.common import copy_bandwidth_gbs, peak_gemm_tflops, save, time_back_to_back, time_cuda
 from benchmarks.gpu.engine_common import make_runner
 from bullet_ray.engine.attention.base import AttentionContext
 from bullet_ray.engine.scheduler.base import ScheduledSeq
@@ -94,6 +98,10 @@ def main() -> int:
                                           "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3)}
             print(bs, ctx, decode[f"bs{bs}_ctx{ctx}"])
     graphs_result = decode_with_graphs(runner, cfg, num_blocks, capacity, weight_bytes, kv_per_token, bw)
+    try:
+        kernels = decode_kernel_breakdown(runner, 64, 1024)
+    except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic; keep the figures without it
+        kernels = {"error": repr(exc)}
     del runner, kv
     gc.collect()
     torch.cuda.empty_cache()
@@ -104,9 +112,12 @@ def main() -> int:
     save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
                                    "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
                                    "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
-                                   "decode_cuda_graphs": graphs_result, "transformers_generate": hf,
+                                   "decode_cuda_graphs": graphs_result, "decode_kernels_bs64_ctx1024": kernels,
+                                   "transformers_generate": hf,
                                    "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
-                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph; "
+                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph "
+                                            "(ms: one step at a time, host plan included; pipelined_ms: "
+                                            "back to back, host planning overlapped with the GPU); "
                                             "decode steps include the lm_head and the graph's host-side plan"})
     print(f"GEMM {peak:.0f} TFLOP/s, copy {bw:.0f} GB/s")
     for k, v in prefill.items():
@@ -114,7 +125,8 @@ def main() -> int:
     for k, v in graphs_result.items():
         if isinstance(v, dict):
             e = decode.get(k, {})
-            print(f"decode {k:>14}: graphs {v['ms']:7.3f} ms {v['gb_per_s']:>5} GB/s ({v['bw_frac']:.3f}) "
+            print(f"decode {k:>14}: graphs {v['ms']:7.3f} ms {v['gb_per_s']:>5} GB/s ({v['bw_frac']:.3f}), "
+                  f"pipelined {v['pipelined_ms']:7.3f} ms ({v['pipelined_bw_frac']:.3f}); "
                   f"eager {e.get('ms', float('nan')):7.3f} ms")
     print("transformers", hf)
     return 0
@@ -148,13 +160,50 @@ def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes
                 return runner.model.compute_logits(h)
 
             ms = time_cuda(step, iters=10, warmup=2)
+            pipelined = time_back_to_back(step, iters=20, warmup=3)
             read = weight_bytes + bs * ctx * kv_per_token
             out[f"bs{bs}_ctx{ctx}"] = {"ms": round(ms, 3), "tokens_per_s": round(bs / (ms / 1e3)),
                                        "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3),
+                                       "pipelined_ms": round(pipelined, 3),
+                                       "pipelined_bw_frac": round(read / (pipelined / 1e3) / 1e9 / bw, 3),
                                        "graph_vs_eager_rel_diff": rel}
             print("graphs", bs, ctx, out[f"bs{bs}_ctx{ctx}"], flush=True)
     out["num_graph_captures"] = graphs.num_captures
     return out
+
+
+@torch.inference_mode()
+def decode_kernel_breakdown(runner, bs: int, ctx: int, top: int = 12) -> dict:
+    """GPU time per kernel kind of one eager decode step (torch.profiler): where the step's time goes, and
+    how much of it is small kernels rather than weight and KV reads."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seqs = _seqs(bs, ctx, 1)
+    for s in seqs:
+        s.num_computed_tokens = ctx - 1
+    ids, pos, md = runner.build_metadata([ScheduledSeq(s, 1) for s in seqs])
+
+    def step():
+        runner.backend.begin_batch(md)
+        h = runner.model.forward(ids, pos, AttentionContext(runner.backend, md))
+        return runner.model.compute_logits(h)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    def own_us(e) -> float:  # a kernel's own GPU time; 0 for host-side ops (their kernels are rows of their own)
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+    rows = [(e.key, e.count, own_us(e)) for e in prof.key_averages() if own_us(e) > 0]
+    rows.sort(key=lambda r: -r[2])
+    total_us = sum(r[2] for r in rows)
+    return {"batch": bs, "context": ctx, "kernel_time_ms": round(total_us / 1e3, 3),
+            "num_kernels": sum(r[1] for r in rows),
+            "top": [{"kernel": k[:120], "count": c, "ms": round(t / 1e3, 3), "share": round(t / total_us, 3)}
+                    for k, c, t in rows[:top]]}
 
 
 @torch.inference_mode()

@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # One device call for the engine's GPU path: install the carried flashinfer wheels, build its JIT kernels
 # in parallel, then the GPU tests, correctness, speed and the two-process engine, each under a deadline.
-# Run from the repo root on the GPU machine with .carry/flashinfer-a and -b carried; results land in $OUT.
+# Run from the repo root on the GPU machine; results land in $OUT.
+#   bash benchmarks/gpu/run_engine_h100.sh stage   copy the .carry/ parts that came with this call to /tmp/wh
+#                                                  (and unpack a carried JIT cache); once per part, back to back
+#   bash benchmarks/gpu/run_engine_h100.sh         install what is staged or carried, then run STEPS
+# STEPS (default "warm_jit tests correctness speed two_process") picks and orders the steps.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site
+stage() {
+  for d in .carry/flashinfer-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/wh/; done
+  if [ -f .carry/fi-jit/fi_jit_cache.tgz ]; then tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp; fi
+}
+stage
+if [ "${1:-}" = stage ]; then ls /tmp/wh; exit 0; fi
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1
-cp -r .carry/flashinfer-*/* /tmp/wh/
-(cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+if [ ! -f /tmp/site/.installed ]; then
+  (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+  touch /tmp/site/.installed
+fi
 export PYTHONPATH=/tmp/site:$PWD
 LIMIT=${LIMIT:-570}
 step() {  # step NAME CAP CMD...: run with timeout min(CAP, time left)
@@ -19,9 +31,14 @@ step() {  # step NAME CAP CMD...: run with timeout min(CAP, time left)
   echo "== $name done rc=${PIPESTATUS[0]} t=${SECONDS}s"
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/engine_log.txt"
-step warm_jit 200 python3 -m benchmarks.gpu.warm_jit
-step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py -m gpu
-step correctness 150 python3 -m benchmarks.gpu.engine_correctness
-step speed 280 python3 -m benchmarks.gpu.engine_speed
-step two_process 200 python3 -m benchmarks.gpu.engine_two_process
+for name in ${STEPS:-warm_jit tests correctness speed two_process}; do
+  case $name in
+    warm_jit) step warm_jit 200 python3 -m benchmarks.gpu.warm_jit ;;
+    tests) step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py -m gpu ;;
+    correctness) step correctness 150 python3 -m benchmarks.gpu.engine_correctness ;;
+    speed) step speed 280 python3 -m benchmarks.gpu.engine_speed ;;
+    two_process) step two_process 200 python3 -m benchmarks.gpu.engine_two_process ;;
+    *) echo "unknown step $name" ;;
+  esac
+done
 tar czf "$OUT/fi_jit_cache.tgz" -C /tmp fi_ws 2>/dev/null; ls -la "$OUT"

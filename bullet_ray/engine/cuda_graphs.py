@@ -17,9 +17,11 @@ the ladder index of the worker's side) gets its own set.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 
 from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
@@ -70,23 +72,24 @@ class DecodeGraphs:
         return self.wrappers[b]
 
     def _plan(self, b: int, tables: list[list[int]], seq_lens: list[int]) -> tuple[int, ...]:
-        """Plan the bucket-b wrapper (padding rows repeat row 0); returns the plan's description."""
-        indptr, indices, last = [0], [], []
-        for blocks, n in zip(tables, seq_lens):
-            indices.extend(blocks)
-            indptr.append(len(indices))
-            last.append((n - 1) % self.block_size + 1)
-        for _ in range(b - len(tables)):
-            indices.extend(tables[0])
-            indptr.append(len(indices))
-            last.append(last[0])
+        """Plan the bucket-b wrapper (padding rows repeat row 0); returns the plan's description.
+
+        Nothing here waits for the GPU: the page indices go to the graph's buffer by an asynchronous copy
+        from pinned memory, indptr and last-page lengths stay on the host (flashinfer copies them the same
+        way), so this step is planned while the previous one still runs."""
+        rows = list(tables) + [tables[0]] * (b - len(tables))
+        lens = list(seq_lens) + [seq_lens[0]] * (b - len(seq_lens))
+        counts = [len(r) for r in rows]
+        indptr = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum(counts, out=indptr[1:])
+        total = int(indptr[-1])
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
+        last = (np.asarray(lens, dtype=np.int32) - 1) % self.block_size + 1
         be, wrapper = self.backend, self._wrapper(b)
-        dev = self.indptr.device
-        wrapper.plan(torch.tensor(indptr, dtype=torch.int32, device=dev),
-                     torch.tensor(indices, dtype=torch.int32, device=dev),
-                     torch.tensor(last, dtype=torch.int32, device=dev), be.num_heads, be.num_kv_heads,
-                     be.head_dim, self.block_size, q_data_type=be.kv_cache.dtype, kv_data_type=be.kv_cache.dtype,
-                     sm_scale=be.scale)
+        self.indices[:total].copy_(torch.from_numpy(flat).pin_memory(), non_blocking=True)
+        be.fence.plan(wrapper, torch.from_numpy(indptr).pin_memory(), self.indices[:total], torch.from_numpy(last).pin_memory(),
+                     be.num_heads, be.num_kv_heads, be.head_dim, self.block_size, q_data_type=be.kv_cache.dtype,
+                     kv_data_type=be.kv_cache.dtype, sm_scale=be.scale)
         info = getattr(wrapper, "_plan_info", None)
         return tuple(int(x) for x in info) if info is not None else ()
 

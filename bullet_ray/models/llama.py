@@ -49,7 +49,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        out = ctx.backend.forward(self.layer_idx, q, k, v.contiguous(), ctx.metadata)
+        out = ctx.backend.forward(self.layer_idx, q, k, v, ctx.metadata)  # views of qkv: backends take strides
         return self.o_proj(out.reshape(-1, self.q_size))
 
 

@@ -2,11 +2,18 @@
 and paged decode.
 
 The pool layout is flashinfer's paged NHD layout ([num_blocks, 2, block_size, kv_heads, head_dim] per
-layer), so the kernels read the shared pool in place. New K/V are written with two `index_copy_` calls
-per layer into the layer viewed as rows of [kv_heads, head_dim]; the row indices are computed once per
-batch. `begin_batch` plans the kernels once per step (prefill/mixed batches: BatchPrefillWithPagedKVCache,
-causal; pure decode batches: BatchDecodeWithPagedKVCache), `forward` runs them per layer. One workspace
-buffer serves every wrapper and is allocated once.
+layer), so the kernels read the shared pool in place. New K/V are written into the layer viewed as rows of
+[kv_heads, head_dim]; the row indices are computed once per batch. When K and V are adjacent columns of
+one fused qkv row (the model's layout), one scatter writes both straight from the projection's output;
+otherwise one `index_copy_` each. `begin_batch` plans the kernels once per step (prefill/mixed batches:
+BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache), `forward` runs
+them per layer; decode reads q in place (the kernel takes q's strides). One workspace buffer serves every
+wrapper and is allocated once.
+
+Planning waits for the GPU only as far as it must: the page-table arrays flashinfer reads on the host go
+in as CPU tensors, and what the kernels read goes to the device with asynchronous copies from pinned
+memory, so the host plans the next step while the GPU still runs the last one. A wrapper's plan fills a
+page-locked host buffer and queues its copy; `PlanFence` replans a wrapper only once that copy has run.
 
 Decode uses flashinfer's CUDA-core kernel eagerly as well as inside CUDA graphs (bullet_ray.engine.
 cuda_graphs), so a sequence gets the same tokens whichever way its batch ran.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -43,39 +51,36 @@ class FlashInferBackend(AttentionBackend):
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
                                                                     use_tensor_cores=False)
+        self.fence = PlanFence()
         self._is_decode = False
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None
-        self._k_rows: torch.Tensor | None = None
-        self._v_rows: torch.Tensor | None = None
+        self._kv_rows: torch.Tensor | None = None
 
     def begin_batch(self, metadata: AttentionMetadata) -> None:
         bs = metadata.block_size
         seq_lens = metadata.seq_lens_list
         num_blocks = [(n + bs - 1) // bs for n in seq_lens]
-        kv_indptr = [0]
-        for n in num_blocks:
-            kv_indptr.append(kv_indptr[-1] + n)
         dev = self.kv_cache.device
         tables = metadata.block_tables
         if all(n == tables.shape[1] for n in num_blocks):
             kv_indices = tables.reshape(-1).to(torch.int32)
-        else:
-            counts = torch.tensor(num_blocks, dtype=torch.int32, device=dev)
-            cols = torch.arange(tables.shape[1], device=dev, dtype=torch.int32)
-            kv_indices = tables[cols[None, :] < counts[:, None]].to(torch.int32)
-        indptr = torch.tensor(kv_indptr, dtype=torch.int32)
-        last_page_len = torch.tensor([(n - 1) % bs + 1 for n in seq_lens], dtype=torch.int32)
+        else:  # the first num_blocks[i] entries of row i, gathered without a host sync
+            width = tables.shape[1]
+            flat = [i * width + j for i, n in enumerate(num_blocks) for j in range(n)]
+            kv_indices = tables.reshape(-1).index_select(0, to_device_async(flat, dev, torch.int64)).to(torch.int32)
+        indptr = torch.tensor([0, *_cumsum(num_blocks)], dtype=torch.int32).pin_memory()
+        last_page_len = torch.tensor([(n - 1) % bs + 1 for n in seq_lens], dtype=torch.int32).pin_memory()
         dtype = self.kv_cache.dtype
         self._is_decode = metadata.is_decode
         self._rows_md = None
         if metadata.is_decode:
-            self.decode.plan(indptr.to(dev), kv_indices, last_page_len.to(dev), self.num_heads, self.num_kv_heads,
+            self.fence.plan(self.decode, indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads,
                              self.head_dim, bs, q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
         else:
-            qo_indptr = torch.tensor([0, *_cumsum(metadata.query_lens_list)], dtype=torch.int32)
-            self.prefill.plan(qo_indptr.to(dev), indptr.to(dev), kv_indices, last_page_len.to(dev), self.num_heads, self.num_kv_heads,
+            qo_indptr = torch.tensor([0, *_cumsum(metadata.query_lens_list)], dtype=torch.int32).pin_memory()
+            self.fence.plan(self.prefill, qo_indptr, indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads,
                               self.head_dim, bs, causal=True, q_data_type=dtype, kv_data_type=dtype,
                               sm_scale=self.scale)
 
@@ -83,15 +88,18 @@ class FlashInferBackend(AttentionBackend):
         """Store the batch's new K/V of one layer at their slots."""
         cache = self.kv_cache[layer]
         num_blocks, _, bs, kv_heads, head_dim = cache.shape
-        if self._rows_md is not metadata or self._k_rows is None or self._v_rows is None:
+        if self._rows_md is not metadata or self._kv_rows is None:
             slots = metadata.slot_mapping
-            self._k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
-            self._v_rows = self._k_rows + bs
+            k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
+            self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
             self._rows_md = metadata
-        k_rows, v_rows = self._k_rows, self._v_rows
         rows = cache.view(num_blocks * 2 * bs, kv_heads, head_dim)
-        rows.index_copy_(0, k_rows, k.to(cache.dtype))
-        rows.index_copy_(0, v_rows, v.to(cache.dtype))
+        kv = _adjacent_kv(k, v)
+        if kv is not None and kv.dtype == cache.dtype:
+            rows.index_put_((self._kv_rows,), kv)
+        else:
+            rows.index_copy_(0, self._kv_rows[:, 0], k.to(cache.dtype))
+            rows.index_copy_(0, self._kv_rows[:, 1], v.to(cache.dtype))
 
     def forget_batch(self) -> None:
         """Drop what was derived from the last batch's metadata (a CUDA graph capture must recompute it)."""
@@ -100,8 +108,47 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         self.write_kv(layer, k, v, metadata)
-        wrapper = self.decode if self._is_decode else self.prefill
-        return wrapper.run(q.contiguous(), self.kv_cache[layer], enable_pdl=PDL)
+        if self._is_decode:  # the decode kernel takes q's token and head strides
+            return self.decode.run(q if q.stride(-1) == 1 else q.contiguous(), self.kv_cache[layer], enable_pdl=PDL)
+        return self.prefill.run(q.contiguous(), self.kv_cache[layer], enable_pdl=PDL)
+
+
+class PlanFence:
+    """Plans a flashinfer wrapper again only after the GPU has taken its previous plan.
+
+    `plan` writes the schedule into the wrapper's page-locked host buffer and queues a copy of it on the
+    stream; rewriting that buffer before the queued copy has run would hand the step still waiting on the
+    GPU the next step's schedule. An event recorded after each plan is waited on before the wrapper's next
+    one: the host stays at most one step ahead."""
+
+    def __init__(self) -> None:
+        self._copied: dict[int, torch.cuda.Event] = {}
+
+    def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+        previous = self._copied.get(id(wrapper))
+        if previous is not None:
+            previous.synchronize()
+        wrapper.plan(*args, **kwargs)
+        event = torch.cuda.Event()
+        event.record()
+        self._copied[id(wrapper)] = event
+
+
+def to_device_async(values: list[int], device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """A host list on the device through pinned memory, without waiting for the GPU (the caching host
+    allocator keeps the pinned block until the copy has run)."""
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """k and v [tokens, kv_heads, head_dim] as one [tokens, 2, kv_heads, head_dim] view when v starts right
+    after k in every token's row (the split of a fused qkv projection) with the same layout; else None."""
+    if k.shape != v.shape or k.stride() != v.stride() or k.dtype != v.dtype or k.stride(-1) != 1:
+        return None
+    tokens, heads, dim = k.shape
+    if k.stride(1) != dim or v.data_ptr() != k.data_ptr() + heads * dim * k.element_size():
+        return None
+    return k.as_strided((tokens, 2, heads, dim), (k.stride(0), heads * dim, dim, 1))
 
 
 def _cumsum(values: list[int]) -> list[int]:

@@ -104,17 +104,21 @@ def main() -> int:
             result["memory"] = {"engine_gpu_gib_driver_delta": round(used, 2), "weights_gib": round(weights, 2),
                                 "kv_pool_gib": KV_GB, "one_copy_plus_pool_gib": round(weights + KV_GB, 2),
                                 "per_process": per_process_memory(), "workers": engine.worker_info}
-            print("memory", result["memory"], flush=True)
+            print("memory", result["memory"], f"t={time.monotonic() - t0:.0f}s", flush=True)
             load = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
             streams = [engine.stream([(i * 31 + j) % 30000 + 100 for j in range(512)], load) for i in range(32)]
             with ThreadPoolExecutor(32) as pool:
                 list(pool.map(next, streams))
+            print(f"32 streams started t={time.monotonic() - t0:.0f}s", flush=True)
             steps = decode_step_times(engine, 3.0)
             result["decode_step_ms_bs32_ctx512"] = round(statistics.median(steps), 2) if steps else None
             for s in streams:
                 s.close()
+            print(f"decode step {result['decode_step_ms_bs32_ctx512']} ms, streams closed t={time.monotonic() - t0:.0f}s",
+                  flush=True)
         with LLMEngine(cfg.replace(schedule="chunked")) as engine:
             one = [o.token_ids for o in engine.generate(prompts, params)]
+        print(f"chunked run done t={time.monotonic() - t0:.0f}s", flush=True)
         result["same_tokens_default_budget"] = _agreement(two, one, cfg.max_num_batched_tokens)
         print("same tokens, default budget", result["same_tokens_default_budget"], flush=True)
         whole = cfg.replace(max_num_batched_tokens=4096)  # every prompt in one step

@@ -10,6 +10,8 @@ prefilled in one batch then decoded in batches through the runner (eager, then t
   (`clear_margin_disagreements` counts flips where the margin exceeds 2x that step's error; target 0).
 
     python -m benchmarks.gpu.engine_correctness          (CPU smoke run: --device cpu --backend torch)
+    python -m benchmarks.gpu.engine_correctness --device cpu --backend torch --dtype bfloat16 \
+        --name cpu_bf16_control_correctness          (the control: bf16 with PyTorch's CPU kernels only)
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="flashinfer")
     ap.add_argument("--name", default="gpu_engine_correctness_h100")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                    help="the compared side's dtype (default bfloat16 on cuda, float32 on cpu); --device cpu "
+                         "--backend torch --dtype bfloat16 is the control: bf16 without any GPU kernel")
     ap.add_argument("--model", default=None,
                     help="a real model (HF folder or .gguf, e.g. the embedded SmolLM2) instead of the random tiny "
                          "families; prompts are English text through its tokenizer")
@@ -147,10 +152,10 @@ def main() -> int:
         tokenizer = load_tokenizer(resolve_source(args.model).tokenizer_path)
         prompts = [tokenizer.encode(text) for text in TEXT_PROMPTS]
         families = {os.path.basename(args.model.rstrip("/")): args.model}
+    dtype = getattr(torch, args.dtype or ("bfloat16" if on_gpu else "float32"))
     results = {}
     for fam, source in families.items():
-        results[fam] = run_family(fam, prompts, args.device, args.backend,
-                                  torch.bfloat16 if on_gpu else torch.float32, use_graphs=on_gpu, source=source)
+        results[fam] = run_family(fam, prompts, args.device, args.backend, dtype, use_graphs=on_gpu, source=source)
         r = results[fam]
         print(f"{fam}: free-running agreement {[round(a, 3) for a in r['token_agreement']]} first divergence "
               f"{r['first_divergence']}, step-0 logits rel diff {r['step0_logits_rel_norm_diff']:.2e}, "
@@ -158,7 +163,8 @@ def main() -> int:
               f"clear-margin flips {r['clear_margin_disagreements']}, graphs==eager {r.get('graphs_equal_eager_tokens')}",
               flush=True)
     save(args.name, {"prompt_lengths": [len(p) for p in prompts], "model": args.model or "random tiny families", "num_new_tokens": NUM_NEW, "block_size": BLOCK,
-                     "dtype": "bfloat16" if on_gpu else "float32", "backend": args.backend, "families": results})
+                     "dtype": str(dtype).removeprefix("torch."), "device": args.device, "backend": args.backend,
+                     "families": results})
     print(f"{'family':12} {'min agree':>9} {'mean':>6} {'step0 rel':>10} {'forced min':>10} {'clear flips':>11}")
     for fam, r in results.items():
         print(f"{fam:12} {min(r['token_agreement']):9.3f} {r['mean_agreement']:6.3f} "

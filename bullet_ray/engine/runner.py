@@ -16,6 +16,7 @@ from bullet_ray.engine.attention.base import AttentionBackend, AttentionContext,
 from bullet_ray.engine.outputs import TokenLogprob
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
+from bullet_ray.engine.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class ModelRunner:
         self.graph_key: Any = 0
 
     def build_metadata(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat input ids, positions and the attention metadata of a batch."""
+        """Flat input ids, positions and the attention metadata of a batch (copied to the device without
+        waiting for the GPU)."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -68,17 +70,17 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
         dev = self.device
         metadata = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(table, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc=to_device(qsl, torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            block_tables=to_device(table, torch.int32, dev),
+            slot_mapping=to_device(slots, torch.int64, dev),
             query_lens_list=query_lens,
             seq_lens_list=seq_lens,
             block_size=bs,
             is_decode=all(n == 1 for n in query_lens),
         )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        ids = to_device(input_ids, torch.long, dev)
+        pos = to_device(positions, torch.long, dev)
         return ids, pos, metadata
 
     @torch.inference_mode()
@@ -102,7 +104,7 @@ class ModelRunner:
         sampled: list[Sequence] = []
         logprobs: dict[str, TokenLogprob | None] = {}
         if sample_idx:
-            rows = torch.tensor([last_rows[i] for i in sample_idx], device=hidden.device)
+            rows = to_device([last_rows[i] for i in sample_idx], torch.long, hidden.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
             seqs = [batch[i].seq for i in sample_idx]
             out = self.sampler.sample(logits, [s.sampling for s in seqs])

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from bullet_ray.engine.attention.base import AttentionBackend, AttentionMetadata
+from bullet_ray.engine.transfer import to_device
 from bullet_ray.models.gpu_kernels import PDL
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class FlashInferBackend(AttentionBackend):
         else:  # the first num_blocks[i] entries of row i, gathered without a host sync
             width = tables.shape[1]
             flat = [i * width + j for i, n in enumerate(num_blocks) for j in range(n)]
-            kv_indices = tables.reshape(-1).index_select(0, to_device_async(flat, dev, torch.int64)).to(torch.int32)
+            kv_indices = tables.reshape(-1).index_select(0, to_device(flat, torch.int64, dev)).to(torch.int32)
         indptr = torch.tensor([0, *_cumsum(num_blocks)], dtype=torch.int32).pin_memory()
         last_page_len = torch.tensor([(n - 1) % bs + 1 for n in seq_lens], dtype=torch.int32).pin_memory()
         dtype = self.kv_cache.dtype
@@ -132,12 +133,6 @@ class PlanFence:
         event = torch.cuda.Event()
         event.record()
         self._copied[id(wrapper)] = event
-
-
-def to_device_async(values: list[int], device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """A host list on the device through pinned memory, without waiting for the GPU (the caching host
-    allocator keeps the pinned block until the copy has run)."""
-    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
 
 
 def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:

@@ -20,9 +20,9 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLE
 if [ ! -f /tmp/site/.installed ]; then
   (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
-  # pip stamps the sources with today's time: date them back so the carried JIT cache's ninja sees its
-  # objects as newer and does not rebuild them
-  find /tmp/site/flashinfer -type f -exec touch -d 2026-01-01 {} +
+  # pip stamps what it installs with today's time: date it all back (flashinfer's sources and the
+  # tvm_ffi headers its objects depend on) so the carried JIT cache's objects are newer than their inputs
+  find /tmp/site -type f -exec touch -d 2026-01-01 {} +
   touch /tmp/site/.installed
 fi
 make -s -C native >/dev/null || exit 4

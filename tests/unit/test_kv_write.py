@@ -44,3 +44,7 @@ def test_other_layouts_are_refused():
     _, _, k2, v2 = _split(heads=(4, 2, 1))
     assert _adjacent_kv(k2, v2) is None  # shapes differ
     assert _adjacent_kv(k.half(), v.half()) is None
+    buf = torch.randn(2 * 2 * 8)
+    k3, v3 = buf[:16].view(1, 2, 8), buf[16:].view(1, 2, 8)
+    assert _adjacent_kv(k3, v3) is not None  # one storage: one view
+    assert _adjacent_kv(k3.clone(), v3.clone()) is None  # separate allocations (the check is by storage)

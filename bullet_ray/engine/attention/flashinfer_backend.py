@@ -140,6 +140,8 @@ def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     after k in every token's row (the split of a fused qkv projection) with the same layout; else None."""
     if k.shape != v.shape or k.stride() != v.stride() or k.dtype != v.dtype or k.stride(-1) != 1:
         return None
+    if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():  # two tensors that merely sit side by side
+        return None
     tokens, heads, dim = k.shape
     if k.stride(1) != dim or v.data_ptr() != k.data_ptr() + heads * dim * k.element_size():
         return None

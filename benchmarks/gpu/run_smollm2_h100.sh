@@ -13,6 +13,7 @@ fi
 (cd /tmp/wh && cat smolpart.* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf && rm -f smolpart.*)
 (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
+find /tmp/site -type f -exec touch -d 2026-01-01 {} +  # older than the carried JIT cache's objects: no rebuild
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1 PYTHONPATH=/tmp/site:$PWD
 make -s -C native >/dev/null
 timeout 240 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -2

@@ -40,7 +40,7 @@ for name in ${STEPS:-warm_jit tests correctness speed two_process}; do
     tests) step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py -m gpu ;;
     correctness) step correctness 150 python3 -m benchmarks.gpu.engine_correctness ;;
     speed) step speed 280 python3 -m benchmarks.gpu.engine_speed ;;
-    two_process) step two_process 200 python3 -m benchmarks.gpu.engine_two_process ;;
+    two_process) step two_process 300 python3 -m benchmarks.gpu.engine_two_process ;;
     *) echo "unknown step $name" ;;
   esac
 done

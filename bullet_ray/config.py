@@ -54,6 +54,13 @@ class EngineConfig:
     partition: str = "auto"
     # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
     static_decode_sms: int | None = None
+    # SM split of the "bullet" schedule: "slo" (moved step by step to meet ttft/tpot targets,
+    # bullet_ray.policy.split), "fixed" (stays at the middle of the ladder), "auto" (slo on GPU, fixed on
+    # CPU, where partitions change nothing)
+    split_policy: str = "auto"
+    # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
+    ttft_target_ms: float = 500.0
+    tpot_target_ms: float = 25.0
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0
     # folder for this engine's sockets and shared-memory files; None: a fresh one under /dev/shm or /tmp
@@ -81,6 +88,11 @@ class EngineConfig:
                               f"must be >= block_size ({self.block_size}), got {self.max_num_batched_tokens}")
         if not 0.0 <= self.kv_watermark <= 0.5:
             raise ConfigError("kv_watermark", f"must be in [0, 0.5], got {self.kv_watermark}")
+        if self.split_policy not in ("auto", "slo", "fixed"):
+            raise ConfigError("split_policy", f"unknown split policy {self.split_policy!r}; choose auto, slo or fixed")
+        for name in ("ttft_target_ms", "tpot_target_ms"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.partition not in ("auto", "green", "mps", "none"):
             raise ConfigError("partition", f"unknown partition backend {self.partition!r}; "
                               "choose auto, green, mps or none")
@@ -100,6 +112,11 @@ class EngineConfig:
         if self.attention_backend != "auto":
             return self.attention_backend
         return "flashinfer" if self.is_gpu else "torch"
+
+    @property
+    def uses_split_policy(self) -> bool:
+        """True when the engine front moves the SM split step by step (bullet schedule, policy slo)."""
+        return self.schedule == "bullet" and (self.split_policy == "slo" or (self.split_policy == "auto" and self.is_gpu))
 
     @property
     def is_disaggregated(self) -> bool:

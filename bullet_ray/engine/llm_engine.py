@@ -48,6 +48,7 @@ from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.state_block import Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
+from bullet_ray.policy.split import Load, SplitPolicy
 from bullet_ray.policy.ttft import PrefillTimeModel
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,10 @@ class LLMEngine(EngineClient):
             raise
         self._receiver = threading.Thread(target=self._receive_loop, name="bullet-engine-recv", daemon=True)
         self._receiver.start()
+        self.split_policy: SplitPolicy | None = None
+        self.num_split_requests = 0
+        if self.config.uses_split_policy:
+            self._start_split_policy()
 
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
@@ -444,6 +449,72 @@ class LLMEngine(EngineClient):
             raise InvalidRequest(f"split index {index} must be >= 0", "split_index")
         self.state.switch[REQUESTED] = index
         self.state.switch[EPOCH] += 1
+        self._wake_workers()
+
+    def _start_split_policy(self) -> None:
+        """Move the SM split step by step (bullet_ray.policy.split) from a thread of this front. The ladder
+        is the workers' (`default_ladder` of the GPU's SM count; the none backend uses the same)."""
+        from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, LadderEntry, SplitSwitch, default_ladder
+        from bullet_ray.policy.split import SmScaling, SplitPolicy, SplitTargets
+
+        sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
+        counts = default_ladder(sm_count)
+        self.split_policy = SplitPolicy(counts, SmScaling(sm_count), SplitTargets(
+            self.config.ttft_target_ms / 1e3, self.config.tpot_target_ms / 1e3))
+        self._split_switch = SplitSwitch(self.state.switch, [LadderEntry(i, c, sm_count - c)
+                                                              for i, c in enumerate(counts)])
+        self._decode_steps_on_split = 0
+        self._split_acks_woken: tuple[int, int, int] | None = None
+        thread = threading.Thread(target=self._split_loop, name="bullet-split-policy", daemon=True)
+        thread.start()
+
+    def _split_loop(self, interval_s: float = 0.005) -> None:
+        while not self._is_shut_down and self._dead_reason is None:
+            time.sleep(interval_s)
+            try:
+                self._split_tick()
+            except Exception:  # noqa: BLE001 - a policy error must not take the engine down
+                logger.exception("split policy step failed")
+
+    def _split_tick(self) -> None:
+        """Feed the last decode step to the policy; ask for a new split when it wants one, the previous
+        request has settled and (while decode runs) a decode step ran on the current split."""
+        policy, switch = self.split_policy, self._split_switch
+        assert policy is not None
+        row = self.state.read(Side.DECODE)
+        if policy.observe_decode_step(row["step"], row["step_time_us"] / 1e6, row["split_index"]) \
+                and row["split_index"] == switch.current("decode"):
+            self._decode_steps_on_split += 1
+        self._observe_prefill_step()
+        with self._lock:
+            decoding = prefilling = queued_tokens = 0
+            for state in self._requests.values():
+                if state.location == "decode":
+                    decoding += 1
+                elif state.first_token_s is None:
+                    prefilling += 1
+                    queued_tokens += len(state.prompt_token_ids)
+            ttft = self._prefill_time.predict_ttft(queued_tokens) if prefilling else None
+        current = switch.current("decode")
+        want = policy.choose(current, Load(decoding, prefilling, ttft))
+        if not switch.is_settled():
+            # the growing side waits for the shrinking side's ack; an idle one would see it only at its
+            # next poll: wake both whenever an ack moved
+            acks = (switch.requested(), switch.current("prefill"), current)
+            if acks != self._split_acks_woken:
+                self._split_acks_woken = acks
+                self._wake_workers()
+            return
+        if want == switch.requested():
+            return
+        if decoding and self._decode_steps_on_split == 0:
+            return  # let decode run a step on the split it has before judging it
+        if switch.request(want):
+            self._decode_steps_on_split = 0
+            self.num_split_requests += 1
+            self._wake_workers()
+
+    def _wake_workers(self) -> None:
         for role in self._conns:
             self._send(role, Wake())  # an idle worker would otherwise notice only at its next poll
 
@@ -473,7 +544,10 @@ class LLMEngine(EngineClient):
                                 if s.location in ("prefill", "hybrid") and s.first_token_s is None)
             predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
-        extra = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
+        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
+        if self.split_policy is not None:
+            extra["split"] = {**self.split_indexes(), **self.split_policy.describe(),
+                              "num_requests": self.num_split_requests}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)

@@ -88,6 +88,10 @@ class SplitSwitch:
         self.slots[EPOCH] += 1
         return True
 
+    def requested(self) -> int:
+        """The ladder index last asked for."""
+        return int(self.slots[REQUESTED])
+
     def current(self, side: str) -> int:
         """The ladder index `side` ("prefill" or "decode") has acked."""
         return int(self.slots[self._slot(side)])

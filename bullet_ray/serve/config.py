@@ -34,6 +34,11 @@ class EngineArgs(BaseModel):
                                                                 "running sequences to grow into")
     static_decode_sms: int | None = Field(None, ge=1, description="decode SMs of the static schedule's fixed "
                                                                   "split; null: half the GPU")
+    split_policy: Literal["auto", "slo", "fixed"] = Field(
+        "auto", description="SM split of the bullet schedule: slo (moved step by step to meet the ttft/tpot "
+                            "targets), fixed (the middle of the ladder), auto (slo on GPU, fixed on CPU)")
+    ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
+    tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
     idle_poll_ms: float = Field(2.0, gt=0, description="how often an idle worker polls for work (ms)")
     runtime_dir: str | None = Field(None, description="folder for the engine's socket and shared-memory files; "
                                                       "null: a fresh one under /dev/shm")

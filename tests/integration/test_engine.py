@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from importlib.resources import files
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.policy.split import SplitTargets
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +93,36 @@ def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
         assert stats.num_free_kv_blocks == 24
         assert stats.num_preemptions > 0
     assert [r.token_ids for r in results] == expected
+
+
+def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy):
+    """The bullet schedule with the SLO split policy (forced on for CPU, where partitions change nothing):
+    the front asks for splits as decode steps are measured, both workers follow, tokens stay HF's."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    # a TPOT target no CPU step misses: once a decode step is measured, decode needs the fewest SMs
+    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                          split_policy="slo", tpot_target_ms=60_000.0)
+    def settled_split(engine):  # the growing side follows once the shrinking one acked
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(set(engine.split_indexes().values())) > 1:
+            time.sleep(0.02)
+        return engine.stats().extra["split"]
+
+    with LLMEngine(config) as engine:
+        results = engine.generate(PROMPTS, params)
+        first = settled_split(engine)
+        # now a TPOT target no step meets: decode must get the most SMs
+        engine.split_policy.targets = SplitTargets(tpot_s=1e-6)
+        again = engine.generate(PROMPTS, params)
+        second = settled_split(engine)
+        assert engine.stats().num_free_kv_blocks == 64
+    assert [r.token_ids for r in results] == expected
+    assert [r.token_ids for r in again] == expected
+    # prefill alone first: all to prefill (index 0); decode steps measured there meet the target: stay
+    assert first["requested"] == first["prefill"] == first["decode"] == 0 and first["decode_sms"][0] == 16
+    assert first["num_requests"] >= 1 and first["full_gpu_decode_step_ms"] > 0
+    top = len(second["decode_sms"]) - 1
+    assert second["requested"] == top and second["decode"] == top  # both sides followed
+    assert second["num_requests"] > first["num_requests"]

@@ -54,9 +54,9 @@ class EngineConfig:
     partition: str = "auto"
     # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
     static_decode_sms: int | None = None
-    # SM split of the "bullet" schedule: "slo" (moved step by step to meet ttft/tpot targets,
-    # bullet_ray.policy.split), "fixed" (stays at the middle of the ladder), "auto" (slo on GPU, fixed on
-    # CPU, where partitions change nothing)
+    # SM split of the "bullet" schedule: "fixed" (stays at the middle of the ladder), "slo" (moved step by
+    # step to meet ttft/tpot targets, bullet_ray.policy.split; opt-in: on the H100 it served less goodput
+    # than the fixed split so far, docs/gpu.md), "auto" (fixed, until the policy beats it)
     split_policy: str = "auto"
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
@@ -116,7 +116,7 @@ class EngineConfig:
     @property
     def uses_split_policy(self) -> bool:
         """True when the engine front moves the SM split step by step (bullet schedule, policy slo)."""
-        return self.schedule == "bullet" and (self.split_policy == "slo" or (self.split_policy == "auto" and self.is_gpu))
+        return self.schedule == "bullet" and self.split_policy == "slo"
 
     @property
     def is_disaggregated(self) -> bool:

@@ -12,7 +12,8 @@ call, compared with HTTP (the Serve application issue's GPU check).
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
 
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
-deploy/gpu.yaml), chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens).
+deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step),
+chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens).
 """
 
 from __future__ import annotations
@@ -57,17 +58,21 @@ def gpu_memory_gib() -> float:
 
 
 def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
-    """deploy/gpu.yaml for "bullet"; a copy with schedule chunked and the token budget for chunked-<n>."""
+    """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo", and
+    with schedule chunked and the token budget for chunked-<n>."""
     if name == "bullet":
         return base_yaml
-    schedule, _, budget = name.partition("-")
-    if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-        raise SystemExit(f"unknown system {name!r}: bullet, chunked-<tokens> or static[-<tokens>]")
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
-    engine["schedule"] = schedule
-    if budget:
-        engine["max_num_batched_tokens"] = int(budget)
+    if name == "bullet-slo":
+        engine["split_policy"] = "slo"
+    else:
+        schedule, _, budget = name.partition("-")
+        if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo, chunked-<tokens> or static[-<tokens>]")
+        engine["schedule"] = schedule
+        if budget:
+            engine["max_num_batched_tokens"] = int(budget)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -205,7 +210,8 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
-                        help="comma-separated: bullet, chunked-<tokens>, static[-<tokens>]")
+                        help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
+                             "chunked-<tokens>, static[-<tokens>]")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")

@@ -17,6 +17,11 @@ saturates: `SmScaling` holds that curve as (fraction of the GPU's SMs, fraction 
 points, by default the H100's measured decode-like GEMV (GPU.md: 8/16/32/48/72/132 SMs give 27/51/75/
 85/94/100% of the whole GPU's bandwidth). Each measured step is turned into its whole-GPU equivalent
 (time x scaling(n)); an exponential average of those predicts the step on any other split (EMA / scaling).
+
+Status: opt-in (`split_policy: slo`). Its first H100 sweep (benchmarks/results/serve_h100/bullet-slo-policy)
+served less goodput than the fixed split; suspected, not yet measured: every new (partition, batch bucket)
+pair captures a decode CUDA graph mid-serving, a long prefill step holds the split until it ends, the
+headroom (slack 0.8) sits close to the SLO, and nothing damps moves between neighbouring entries.
 """
 
 from __future__ import annotations

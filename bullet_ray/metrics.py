@@ -14,6 +14,9 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_prompt_tokens_total / generation_tokens_total    vllm:prompt_tokens_total / ...
     ray_bullet_request_success_total{finished_reason=...}       vllm:request_success_total
     ray_bullet_admissions_rejected_total                        (bullet's own: 429s by admission)
+    ray_bullet_sm_split_decode_sms / _prefill_sms               (bullet's own: SMs each side runs on now)
+    ray_bullet_decode_step_seconds                              (bullet's own: the last decode step's time)
+    ray_bullet_predicted_ttft_seconds                           (bullet's own: of a request arriving now)
 
 Every series carries the tags model_name and engine (the Serve replica id), plus Ray's own labels
 (NodeAddress, WorkerId, SessionName...). Buckets are vLLM's.
@@ -55,8 +58,16 @@ class EngineMetrics:
                                  tag_keys=(*TAGS, "finished_reason"))
         self.rejected_total = m.Counter("bullet_admissions_rejected", "Requests answered 429 by admission.",
                                         tag_keys=TAGS)
+        self.decode_sms = m.Gauge("bullet_sm_split_decode_sms", "SMs the decode side runs on now.", tag_keys=TAGS)
+        self.prefill_sms = m.Gauge("bullet_sm_split_prefill_sms", "SMs the prefill side runs on now.",
+                                   tag_keys=TAGS)
+        self.decode_step = m.Gauge("bullet_decode_step_seconds", "Wall time of the last decode step (s).",
+                                   tag_keys=TAGS)
+        self.predicted_ttft = m.Gauge("bullet_predicted_ttft_seconds",
+                                      "Predicted time to first token of a request arriving now (s).", tag_keys=TAGS)
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
-                       self.prompt_tokens, self.generation_tokens, self.rejected_total):
+                       self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
+                       self.prefill_sms, self.decode_step, self.predicted_ttft):
             metric.set_default_tags(tags)
         self.success.set_default_tags(tags)
 
@@ -81,3 +92,13 @@ class EngineMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
+        extra = getattr(stats, "extra", None) or {}
+        split = extra.get("split")
+        if split:
+            self.decode_sms.set(split["decode_sms_now"])
+            self.prefill_sms.set(split["prefill_sms_now"])
+        decode = extra.get("decode")
+        if decode and decode.get("step", 0) > 0:
+            self.decode_step.set(decode["step_time_us"] / 1e6)
+        if stats.predicted_ttft_s is not None:
+            self.predicted_ttft.set(stats.predicted_ttft_s)

@@ -153,6 +153,11 @@ class LLMEngine(EngineClient):
         self._receiver.start()
         self.split_policy: SplitPolicy | None = None
         self.num_split_requests = 0
+        from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, default_ladder
+
+        # the workers' SM ladder (decode SM counts; the none backend's is the same nominal one)
+        self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
+        self.ladder_decode_sms = default_ladder(self.sm_count)
         if self.config.uses_split_policy:
             self._start_split_policy()
 
@@ -454,11 +459,10 @@ class LLMEngine(EngineClient):
     def _start_split_policy(self) -> None:
         """Move the SM split step by step (bullet_ray.policy.split) from a thread of this front. The ladder
         is the workers' (`default_ladder` of the GPU's SM count; the none backend uses the same)."""
-        from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, LadderEntry, SplitSwitch, default_ladder
+        from bullet_ray.gpu.partition import LadderEntry, SplitSwitch
         from bullet_ray.policy.split import SmScaling, SplitPolicy, SplitTargets
 
-        sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
-        counts = default_ladder(sm_count)
+        sm_count, counts = self.sm_count, self.ladder_decode_sms
         self.split_policy = SplitPolicy(counts, SmScaling(sm_count), SplitTargets(
             self.config.ttft_target_ms / 1e3, self.config.tpot_target_ms / 1e3))
         self._split_switch = SplitSwitch(self.state.switch, [LadderEntry(i, c, sm_count - c)
@@ -545,9 +549,14 @@ class LLMEngine(EngineClient):
             predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
         extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
-        if self.split_policy is not None:
-            extra["split"] = {**self.split_indexes(), **self.split_policy.describe(),
+        if self.config.is_disaggregated:
+            indexes = self.split_indexes()
+            counts = self.ladder_decode_sms
+            extra["split"] = {**indexes, "decode_sms_now": counts[min(indexes["decode"], len(counts) - 1)],
+                              "prefill_sms_now": self.sm_count - counts[min(indexes["prefill"], len(counts) - 1)],
                               "num_requests": self.num_split_requests}
+            if self.split_policy is not None:
+                extra["split"].update(self.split_policy.describe())
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)

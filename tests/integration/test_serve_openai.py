@@ -303,7 +303,9 @@ def test_metrics_reach_the_node_exporter(app, ray_session, client):
     client.completions.create(model="smollm2-135m-instruct", prompt="Hello", max_tokens=3, temperature=0)
     wanted = ["ray_bullet_time_to_first_token_seconds_bucket", "ray_bullet_e2e_request_latency_seconds_count",
               "ray_bullet_generation_tokens_total", "ray_bullet_request_success_total",
-              "ray_bullet_kv_cache_usage_perc", "ray_bullet_num_requests_waiting"]
+              "ray_bullet_kv_cache_usage_perc", "ray_bullet_num_requests_waiting",
+              "ray_bullet_sm_split_decode_sms", "ray_bullet_sm_split_prefill_sms", "ray_bullet_decode_step_seconds",
+              "ray_bullet_predicted_ttft_seconds"]
 
     def success_of_this_model(text: str) -> list[str]:
         return [line for line in text.splitlines() if line.startswith("ray_bullet_request_success_total{")

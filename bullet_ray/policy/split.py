@@ -2,12 +2,14 @@
 
 The rule (DESIGN.md, per-GPU policy), applied whenever the decode side has finished a step on the split
 last asked for:
-- decode has nothing to run: prefill gets the most SMs the ladder allows (when it has work);
-- otherwise decode gets the fewest SMs with which its step is predicted to stay under the TPOT target
-  with headroom (`slack` x target), and prefill the rest, so a prompt that arrives finds prefill already
-  holding most of the GPU. When the predicted TTFT of a new request is over its target, decode gets just
-  enough for the TPOT target itself; if even that needs more than the middle of the ladder, the split
-  balances at the middle. Until a decode step was measured, decode gets the most.
+- decode gets the fewest SMs with which its step is predicted to stay under the TPOT target with
+  headroom (aim: `slack` x target), and prefill the rest, so prompts find prefill holding most of the GPU.
+  When the predicted TTFT of a new request is over its target, the aim is the TPOT target itself, and if
+  even that needs more than the middle of the ladder, the split balances at the middle;
+- damping: a split whose predicted step lies between `hold_below` x the target and the aim is kept;
+  decode gives up at most `max_shrink` ladder entries per decision but takes what it needs at once;
+- decode with nothing to run keeps its split (it would restart slowly on a few SMs); until a decode step
+  was measured, decode gets the most.
 The policy spends SMs on meeting the targets, not on beating them: at light load decode runs near
 slack x the TPOT target on few SMs rather than as fast as the whole GPU would let it.
 
@@ -18,10 +20,11 @@ points, by default the H100's measured decode-like GEMV (GPU.md: 8/16/32/48/72/1
 85/94/100% of the whole GPU's bandwidth). Each measured step is turned into its whole-GPU equivalent
 (time x scaling(n)); an exponential average of those predicts the step on any other split (EMA / scaling).
 
-Status: opt-in (`split_policy: slo`). Its first H100 sweep (benchmarks/results/serve_h100/bullet-slo-policy)
-served less goodput than the fixed split; suspected, not yet measured: every new (partition, batch bucket)
-pair captures a decode CUDA graph mid-serving, a long prefill step holds the split until it ends, the
-headroom (slack 0.8) sits close to the SLO, and nothing damps moves between neighbouring entries.
+Status: opt-in (`split_policy: slo`). Its first version (no damping, decode idle -> all SMs to prefill)
+served less goodput than the fixed split on the Azure conversation sweep
+(benchmarks/results/serve_h100/bullet-slo-policy) and moved the split 366 times in 45 s on the
+split-trace workload (benchmarks/results/gpu_split_trace_h100_undamped.*); the damping above came from that
+trace.
 """
 
 from __future__ import annotations
@@ -90,13 +93,17 @@ class SplitPolicy:
     """Chooses a ladder index (decode SM counts in ascending order) from measured decode steps and the load."""
 
     def __init__(self, decode_sms: Sequence[int], scaling: SmScaling, targets: SplitTargets,
-                 ema_weight: float = 0.3) -> None:
+                 ema_weight: float = 0.3, hold_below: float = 0.6, max_shrink: int = 2) -> None:
         if not decode_sms or list(decode_sms) != sorted(decode_sms):
             raise ConfigError("decode_sm_counts", f"need ascending decode SM counts, got {list(decode_sms)}")
         self.decode_sms = list(decode_sms)
         self.scaling = scaling
         self.targets = targets
         self.ema_weight = ema_weight
+        # a decode step predicted between hold_below x the TPOT target and the aim keeps the split
+        self.hold_below = hold_below
+        # ladder entries decode gives up per decision at most
+        self.max_shrink = max_shrink
         self.full_gpu_step_s: float | None = None  # decode step time predicted on the whole GPU
         self._last_step = -1
 
@@ -128,14 +135,21 @@ class SplitPolicy:
         """The ladder index to run the next steps on."""
         top = len(self.decode_sms) - 1
         if load.num_decoding == 0:
-            return 0 if load.num_prefilling > 0 else current
+            return current  # an idle decode side keeps its SMs: it restarts without a slow first step
         if self.full_gpu_step_s is None:
             return top
         t = self.targets
         ttft_missed = load.predicted_ttft_s is not None and load.predicted_ttft_s > t.ttft_s
-        if not ttft_missed:
-            return self._fewest_meeting(t.slack * t.tpot_s)
-        return min(self._fewest_meeting(t.tpot_s), top // 2)
+        aim = t.tpot_s if ttft_missed else t.slack * t.tpot_s
+        now = self.predicted_step_s(current)
+        if now is not None and self.hold_below * t.tpot_s <= now <= aim:
+            return current  # inside the band: moving would only trade noise
+        want = self._fewest_meeting(aim)
+        if ttft_missed:
+            want = min(want, top // 2)
+        if want < current:
+            want = max(want, current - self.max_shrink)  # give SMs away gradually, take them at once
+        return want
 
     def describe(self) -> dict[str, float | list[int] | None]:
         step = self.full_gpu_step_s

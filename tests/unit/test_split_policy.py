@@ -36,16 +36,17 @@ def test_bad_inputs_name_the_field():
         SmScaling(132, [(0.5, 1.5)])
 
 
-def test_without_measurements_decode_gets_the_most_and_an_idle_decode_gives_all_to_prefill():
+def test_without_measurements_decode_gets_the_most_and_an_idle_decode_keeps_its_split():
     p = _policy()
     assert p.predicted_step_s(0) is None
     assert p.choose(MIDDLE, Load(num_decoding=3, num_prefilling=2, predicted_ttft_s=None)) == len(LADDER) - 1
-    assert p.choose(MIDDLE, Load(0, 5, 0.1)) == 0  # nothing decoding: prefill gets the most
-    assert p.choose(MIDDLE, Load(0, 0, None)) == MIDDLE  # nothing at all: stay
+    assert p.choose(MIDDLE, Load(0, 5, 0.1)) == MIDDLE  # nothing decoding: keep (no slow restart on few SMs)
+    assert p.choose(MIDDLE, Load(0, 0, None)) == MIDDLE
 
 
 def test_decode_gets_the_fewest_sms_that_keep_its_step_under_slack_times_the_target():
     p = _policy(tpot_ms=25.0)
+    p.max_shrink = len(LADDER)  # no damping of the size of a move here
     assert p.observe_decode_step(step=1, step_time_s=0.012, index=MIDDLE)  # 12 ms on 64 SMs
     assert not p.observe_decode_step(step=1, step_time_s=0.5, index=MIDDLE)  # the same step again: ignored
     i = p.choose(MIDDLE, Load(10, 3, 0.2))
@@ -53,6 +54,24 @@ def test_decode_gets_the_fewest_sms_that_keep_its_step_under_slack_times_the_tar
     assert p.predicted_step_s(i) <= limit < p.predicted_step_s(i - 1)
     assert p.predicted_step_s(MIDDLE) == pytest.approx(0.012)  # the measured split predicts what was measured
     assert i < MIDDLE  # 12 ms has slack: SMs go to prefill
+
+
+def test_damping_holds_inside_the_band_and_gives_sms_away_two_entries_at_a_time():
+    p = _policy(tpot_ms=25.0)
+    p.observe_decode_step(1, 0.017, MIDDLE)  # 17 ms: between 0.6 x 25 and 0.8 x 25
+    assert p.choose(MIDDLE, Load(10, 3, 0.2)) == MIDDLE
+    fast = _policy(tpot_ms=25.0)
+    fast.observe_decode_step(1, 0.006, MIDDLE)  # 6 ms: far below the band
+    steps, current = [], MIDDLE
+    for _ in range(5):
+        current = fast.choose(current, Load(10, 3, 0.2))
+        steps.append(current)
+    assert steps[0] == MIDDLE - 2 and steps[1] == MIDDLE - 4  # two entries per decision
+    assert steps[-1] == fast.choose(steps[-1], Load(10, 3, 0.2))  # then it stays
+    slow = _policy(tpot_ms=25.0)
+    slow.observe_decode_step(1, 0.030, 0)  # 30 ms on 16 SMs: needs more, taken at once
+    grown = slow.choose(0, Load(10, 3, 0.2))
+    assert grown > 2 and slow.predicted_step_s(grown) <= 0.02
 
 
 def test_longer_decode_steps_get_more_sms():
@@ -68,9 +87,11 @@ def test_longer_decode_steps_get_more_sms():
 
 def test_missed_ttft_aims_decode_at_the_target_itself_and_balances_at_the_middle():
     p = _policy(tpot_ms=25.0, ttft_ms=500.0)
-    p.observe_decode_step(1, 0.018, MIDDLE)  # 18 ms on 64 SMs
+    p.max_shrink = len(LADDER)
+    p.observe_decode_step(1, 0.013, MIDDLE)  # 13 ms on 64 SMs: below the band either way
     relaxed = p.choose(MIDDLE, Load(10, 3, predicted_ttft_s=2.0))
-    assert p.predicted_step_s(relaxed) <= 0.025 < p.predicted_step_s(relaxed - 1)
+    assert p.predicted_step_s(relaxed) <= 0.025
+    assert relaxed == 0 or p.predicted_step_s(relaxed - 1) > 0.025
     assert relaxed < p.choose(MIDDLE, Load(10, 3, predicted_ttft_s=0.1))  # TTFT met: keep the headroom
     slow = _policy()
     slow.observe_decode_step(1, 0.040, MIDDLE)  # decode misses TPOT even on 64 SMs, and TTFT is missed too

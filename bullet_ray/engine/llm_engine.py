@@ -469,8 +469,8 @@ class LLMEngine(EngineClient):
                                                               for i, c in enumerate(counts)])
         self._decode_steps_on_split = 0
         self._split_acks_woken: tuple[int, int, int] | None = None
-        thread = threading.Thread(target=self._split_loop, name="bullet-split-policy", daemon=True)
-        thread.start()
+        self._split_thread = threading.Thread(target=self._split_loop, name="bullet-split-policy", daemon=True)
+        self._split_thread.start()
 
     def _split_loop(self, interval_s: float = 0.005) -> None:
         while not self._is_shut_down and self._dead_reason is None:
@@ -565,6 +565,9 @@ class LLMEngine(EngineClient):
         if self._is_shut_down:
             return
         self._is_shut_down = True
+        split_thread = getattr(self, "_split_thread", None)
+        if split_thread is not None:
+            split_thread.join(5)  # it reads the state block, which is unmapped below
         for role in list(self._conns):
             try:
                 with self._send_locks[role]:

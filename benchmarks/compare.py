@@ -128,9 +128,9 @@ def run_comparison(systems: Sequence[SystemSpec], base: BenchConfig, out_dir: st
         raise ValueError("give rates (Poisson) or trace_scales (Azure replay), one of them")
     sweep = [("rate", r) for r in rates] + [("trace_scale", s) for s in trace_scales]
     workloads: dict[float, list[RequestSpec]] = {}
-    for kind, value in sweep:
+    for salt, (kind, value) in enumerate(sweep, start=1):  # distinct prompts per rate, same lengths and arrivals
         w = replace(base.workload, rate_rps=value if kind == "rate" else None,
-                    trace_scale=value if kind == "trace_scale" else None)
+                    trace_scale=value if kind == "trace_scale" else None, prompt_salt=salt)
         workloads[value] = build_workload(w)
     primary = parse_slo(base.slos[0])
     doc: dict[str, Any] = {"config": {**base.to_dict(), "rates": list(rates), "trace_scales": list(trace_scales)},

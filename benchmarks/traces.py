@@ -72,6 +72,9 @@ class WorkloadConfig:
     vocab_low: int = 1000  # ids mode without a tokenizer: sample ids in [vocab_low, vocab_high)
     vocab_high: int = 30000
     seed: int = 0
+    # prompts' token contents are drawn from (seed, prompt_salt): a rate sweep gives each rate its own salt, so
+    # no rate re-sends another's prompts (a server's prefix cache would otherwise serve later rates from cache)
+    prompt_salt: int = 0
 
 
 # ---------------------------------------------------------------- Azure traces
@@ -295,8 +298,9 @@ def id_prompt(num_tokens: int, rng: np.random.Generator, cfg: WorkloadConfig, to
     return [int(i) for i in rng.integers(cfg.vocab_low, cfg.vocab_high, size=num_tokens)]
 
 
-def _prompt_rng(seed: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, _STREAM_PROMPT, index])
+def _prompt_rng(seed: int, index: int, salt: int = 0) -> np.random.Generator:
+    key = [seed, _STREAM_PROMPT, index] + ([salt] if salt else [])  # salt 0 keeps earlier runs' prompts
+    return np.random.default_rng(key)
 
 
 # ---------------------------------------------------------------- ShareGPT
@@ -383,7 +387,7 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
             break
         prompt = prompts[i]
         if prompt is None:
-            rng = _prompt_rng(cfg.seed, i)
+            rng = _prompt_rng(cfg.seed, i, cfg.prompt_salt)
             prompt = text_prompt(tokenizer, num_prompt, rng) if cfg.prompt_mode == "text" else \
                 id_prompt(num_prompt, rng, cfg, tokenizer)
         specs.append(RequestSpec(i, float(arrival), num_prompt, num_out, prompt))

@@ -140,3 +140,13 @@ def test_the_shared_azure_traces():
     assert (conv.num_requests, code.num_requests) == (19366, 8819)
     assert conv.mean_rate_rps == pytest.approx(5.5, abs=0.1) and code.mean_rate_rps == pytest.approx(2.6, abs=0.1)
     assert (conv.prompt_tokens[0], conv.output_tokens[0]) == (374, 44)
+
+
+def test_prompt_salt_gives_new_prompts_with_the_same_lengths_and_arrivals():
+    """A rate sweep salts each rate's prompts, so a server's prefix cache cannot serve one rate from another."""
+    cfg = WorkloadConfig(dataset="random", num_prompts=10, rate_rps=5.0, seed=3, random_input_tokens=64,
+                         random_output_tokens=16)
+    a, b = build_workload(cfg), build_workload(replace(cfg, prompt_salt=2))
+    assert [(s.arrival_s, s.prompt_tokens, s.output_tokens) for s in a] == \
+        [(s.arrival_s, s.prompt_tokens, s.output_tokens) for s in b]
+    assert all(x.prompt[:8] != y.prompt[:8] for x, y in zip(a, b))

@@ -1,37 +1,52 @@
 #!/usr/bin/env bash
 # Device calls for the Serve application on the H100 (run from the repo root on the GPU machine).
-#   stage            copy whatever .carry/ folders came with this call to /tmp/wh (flashinfer, ray wheels),
-#                    unpack a carried flashinfer JIT cache, copy a carried Azure trace to /tmp/azure
-#   run SYSTEMS...   (once everything is staged) install the wheels, build native/,
-#                    then `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS`; results in $OUT
+#   stage            copy whatever .carry/ folders came with this call: ray and flashinfer wheels to /tmp/wh,
+#                    vLLM's to /tmp/whv, a flashinfer JIT cache (.carry/fi-jit), the Azure traces (.carry/azure)
+#   run SYSTEMS...   (once everything is staged) install, build native/, warm the JIT, then
+#                    `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS ...`; results in $OUT
+#   py MODULE ARGS   the same set-up, then `python -m MODULE ARGS` (offline throughput, profile, recovery ...)
 # The carried parts exceed one call's 64 MiB, so stage runs once per part, back to back (the machine
-# keeps /tmp only while it stays warm).
+# keeps /tmp only while it stays warm). vLLM goes to its own folder (/tmp/vsite): it brings fastapi, pydantic
+# and flashinfer in other versions than Ray's and ours.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site /tmp/azure
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/whv /tmp/site /tmp/vsite /tmp/azure
 if [ "${1:-}" = stage ]; then
   for d in .carry/flashinfer-* .carry/ray-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/wh/; done
+  for d in .carry/vllm-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/whv/; done
   [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
   [ -d .carry/azure ] && cp .carry/azure/* /tmp/azure/
-  ls /tmp/wh | wc -l; ls /tmp/azure; exit 0
+  echo "wheels: $(ls /tmp/wh | wc -l) ours, $(ls /tmp/whv | wc -l) vllm"; ls /tmp/azure; exit 0
 fi
-shift
-export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1
+mode=$1; shift
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1 VLLM_SITE=/tmp/vsite
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
+join_parts() { (cd "$1" && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done); }
 if [ ! -f /tmp/site/.installed ]; then
-  (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
+  join_parts /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
   # pip stamps what it installs with today's time: date it all back (flashinfer's sources and the
   # tvm_ffi headers its objects depend on) so the carried JIT cache's objects are newer than their inputs
   find /tmp/site -type f -exec touch -d 2026-01-01 {} +
   touch /tmp/site/.installed
 fi
+if [ ! -f /tmp/vsite/.installed ] && [ -n "$(ls /tmp/whv 2>/dev/null)" ]; then
+  join_parts /tmp/whv
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/whv/*.whl || exit 5
+  touch /tmp/vsite/.installed
+fi
 make -s -C native >/dev/null || exit 4
-timeout 240 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3  # builds what the carried cache lacks
-NAME=$(echo "$*" | tr ' ,' '__' | sed 's/^-*//'); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
-timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
-  | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
-cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null
-tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
-(cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "worker-*" -o -path "*/logs/serve/*" \) \
-  | tar czf "$OUT/ray_logs_$NAME.tgz" -T -); ls -la "$OUT"
+[ -f /tmp/.jit_warm ] || { timeout 300 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3; touch /tmp/.jit_warm; }
+if [ "$mode" = py ]; then
+  NAME=$(echo "$1" | sed 's/.*\.//'); timeout -k 10 ${LIMIT:-540} python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
+    | grep -v "it/s\]$" | tail -80
+else
+  NAME=$(echo "$*" | tr ' ,' '__' | sed 's/^-*//' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
+  timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
+    | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
+  cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null
+  tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
+  (cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "worker-*" -o -path "*/logs/serve/*" \) \
+    | tar czf "$OUT/ray_logs_$NAME.tgz" -T -)
+fi
+ls -la "$OUT"
 tar czf "$OUT/fi_jit_cache.tgz" -C /tmp fi_ws 2>/dev/null  # carry it back next time as .carry/fi-jit

@@ -13,7 +13,10 @@ call, compared with HTTP (the Serve application issue's GPU check).
 
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
 deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step),
-chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens).
+chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve`
+(0.24.0 on the GPU machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B
+weights, its defaults but prefix caching off (this project has no prefix cache yet), driven by the same client
+with the same requests. Each rate of the sweep sends its own prompts (same lengths and arrivals).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from benchmarks.traces import WorkloadConfig, build_workload
 logger = logging.getLogger("serve_h100")
 REPO = Path(__file__).resolve().parents[2]
 BASE_URL = "http://127.0.0.1:8000"
+VLLM_URL = "http://127.0.0.1:8001"
 GPU_YAML = REPO / "deploy" / "gpu.yaml"
 
 
@@ -143,6 +147,30 @@ def _stop(proc: subprocess.Popen, idle_gib: float) -> None:
         _sh("ray stop --force", timeout_s=120)
 
 
+def vllm_command(model_dir: str = "/tmp/llama8b", port: int = 8001, max_model_len: int = 16384) -> str:
+    """Write the dummy model folder, then `vllm serve` it with vLLM's own packages first on the path ($VLLM_SITE,
+    kept apart from Ray's and flashinfer's, which bring other fastapi/pydantic/flashinfer versions)."""
+    site = os.environ.get("VLLM_SITE", "/tmp/vsite")
+    env = f"env PYTHONPATH={site}:{REPO} PATH={site}/bin:$PATH"
+    return (f"{env} python3 -m benchmarks.gpu.vllm_model {model_dir} && exec {env} python3 -m "
+            f"vllm.entrypoints.openai.api_server --model {model_dir} --load-format dummy --dtype bfloat16 "
+            f"--max-model-len {max_model_len} --port {port} --seed 0 --no-enable-prefix-caching")
+
+
+def vllm_version() -> str:
+    site = os.environ.get("VLLM_SITE", "/tmp/vsite")
+    return _sh(f"PYTHONPATH={site} python3 -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -1", timeout_s=120)
+
+
+def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
+    if name == "vllm":
+        return SystemSpec(name, VLLM_URL, launch=vllm_command(), ready_timeout_s=args.ready_timeout_s,
+                          extra={"command": vllm_command(), "version": vllm_version(), "prefix_caching": False})
+    return SystemSpec(name, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
+                      extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
+                             "check_prompt_tokens": args.check_prompt_tokens})
+
+
 def serve_check(base_url: str, num_requests: int = 64, prompt_tokens: int = 1024) -> dict[str, Any]:
     """A batch of concurrent streaming completions (`prompt_tokens` each, 128 forced output tokens), and
     one greedy gRPC call compared with the same request over HTTP."""
@@ -211,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "chunked-<tokens>, static[-<tokens>]")
+                             "chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")
@@ -233,10 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print((args.out / "compare.md").read_text())
         return 0
 
-    systems = [SystemSpec(n, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
-                          extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
-                                 "check_prompt_tokens": args.check_prompt_tokens})
-               for n in args.systems.split(",") if n]
+    systems = [make_system(n, args) for n in args.systems.split(",") if n]
     workload = WorkloadConfig(dataset="azure-conv", num_prompts=args.num_prompts, seed=0,
                               trace_path=args.trace_path)
     base = BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)

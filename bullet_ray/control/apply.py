@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 
 def apply_decision(replica: Any, decision: dict[str, Any]) -> dict[str, Any]:
     """Apply `decision` (Decision.to_dict()) to an EngineReplica; returns what is in force."""
+    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    if decision.get("node_id") not in (None, node_id):
+        return {"skipped": True}  # relayed by another node's agent
+    decision = {k: v for k, v in decision.items() if k != "node_id"}
     mine: EngineDecision = Decision.from_dict(decision).for_engine(replica.replica_id)
     engine = replica.engine
     if not hasattr(replica, "_admission_before_control"):
@@ -46,6 +50,6 @@ def apply_decision(replica: Any, decision: dict[str, Any]) -> dict[str, Any]:
     logger.info("decision %s for engine %s: decode SMs %s, targets %.3f/%.3f s, admission %s (%s)",
                 decision.get("seq"), replica.replica_id, bounds, ttft_s, tpot_s, replica.admission, mine.reason)
     return {"engine_id": replica.replica_id, "seq": decision.get("seq"),
-            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+            "node_id": node_id,
             "decode_sms_bounds": bounds, "ttft_target_s": ttft_s, "tpot_target_s": tpot_s,
             "admission": dataclasses.asdict(replica.admission)}

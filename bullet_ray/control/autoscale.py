@@ -60,5 +60,5 @@ def autoscaling_config(min_engines: int, max_engines: int, initial: int) -> dict
     """The engine deployment's autoscaling_config when a controller runs."""
     return {"min_replicas": min_engines, "max_replicas": max(max_engines, min_engines),
             "initial_replicas": min(max(initial, min_engines), max(max_engines, min_engines)),
-            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0, "metrics_interval_s": 1.0, "look_back_period_s": 2.0,
+            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0, "look_back_period_s": 2.0,
             "policy": {"policy_function": POLICY_PATH}}

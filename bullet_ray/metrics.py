@@ -17,8 +17,24 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_sm_split_decode_sms / _prefill_sms               (bullet's own: SMs each side runs on now)
     ray_bullet_decode_step_seconds                              (bullet's own: the last decode step's time)
     ray_bullet_predicted_ttft_seconds                           (bullet's own: of a request arriving now)
+    ray_bullet_predicted_decode_step_seconds                    (bullet's own: the split policy's prediction)
+    ray_bullet_requests_arrived_total                           (bullet's own: admitted or refused)
+    ray_bullet_request_slo_total{slo_met="true|false"}          (bullet's own: both targets met; rate = goodput)
+    ray_bullet_slo_ttft_target_seconds / _tpot_target_seconds   (bullet's own: the targets in force)
+    ray_bullet_split_min_decode_sms / _max_decode_sms           (bullet's own: the controller's bounds in force)
+    ray_bullet_admission_max_waiting                            (bullet's own: the queue limit in force)
 
-Every series carries the tags model_name and engine (the Serve replica id), plus Ray's own labels
+The cluster controller (tags app) and node agents (tags node, gpu) export:
+
+    ray_bullet_controller_decisions_total{mode="queue|shed"}    ray_bullet_controller_num_replicas
+    ray_bullet_controller_arrival_rate_rps{kind="measured|forecast"}
+    ray_bullet_controller_demand_tokens_per_s{kind=...}         ray_bullet_controller_capacity_tokens_per_s
+    ray_bullet_controller_mean_tokens{phase="prompt|output", kind=...}
+    ray_bullet_controller_slo_attainment                        ray_bullet_controller_push_failures_total
+    ray_bullet_controller_decode_sms_bound{engine, bound="min|max"}
+    ray_bullet_node_gpu_utilization_perc / _memory_used_bytes / _power_watts, ray_bullet_node_mps_running
+
+Engine series carry the tags model_name, engine (the Serve replica id) and gpu (its UUID; "cpu"), plus Ray's own labels
 (NodeAddress, WorkerId, SessionName...). Buckets are vLLM's.
 """
 
@@ -33,16 +49,17 @@ ITL_BUCKETS_S = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
                  40.0, 80.0]
 E2E_BUCKETS_S = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                  480.0, 960.0, 1920.0, 7680.0]
-TAGS = ("model_name", "engine")
+TAGS = ("model_name", "engine", "gpu")
 
 
 class EngineMetrics:
     """Per-engine-replica metrics; a no-op outside a Ray worker."""
 
-    def __init__(self, model_name: str, engine_id: str) -> None:
+    def __init__(self, model_name: str, engine_id: str, gpu: str = "cpu", ttft_target_s: float = 0.5,
+                 tpot_target_s: float = 0.025) -> None:
         from ray.util import metrics as m
 
-        tags = {"model_name": model_name, "engine": engine_id}
+        tags = {"model_name": model_name, "engine": engine_id, "gpu": gpu}
         self.ttft = m.Histogram("bullet_time_to_first_token_seconds", "Time to first token (s).",
                                 boundaries=TTFT_BUCKETS_S, tag_keys=TAGS)
         self.itl = m.Histogram("bullet_inter_token_latency_seconds", "Time between two output tokens (s).",
@@ -65,11 +82,41 @@ class EngineMetrics:
                                    tag_keys=TAGS)
         self.predicted_ttft = m.Gauge("bullet_predicted_ttft_seconds",
                                       "Predicted time to first token of a request arriving now (s).", tag_keys=TAGS)
+        self.predicted_decode_step = m.Gauge("bullet_predicted_decode_step_seconds",
+                                             "Decode step time the split policy predicts on the current split (s).",
+                                             tag_keys=TAGS)
+        self.arrived_total = m.Counter("bullet_requests_arrived", "Requests that reached the engine (admitted or "
+                                       "refused).", tag_keys=TAGS)
+        self.slo_total = m.Counter("bullet_request_slo", "Finished requests by whether both the TTFT and the TPOT "
+                                   "target were met.", tag_keys=(*TAGS, "slo_met"))
+        self.ttft_target = m.Gauge("bullet_slo_ttft_target_seconds", "TTFT target in force (s).", tag_keys=TAGS)
+        self.tpot_target = m.Gauge("bullet_slo_tpot_target_seconds", "TPOT target in force (s).", tag_keys=TAGS)
+        self.min_decode_sms = m.Gauge("bullet_split_min_decode_sms", "Fewest decode SMs allowed now.", tag_keys=TAGS)
+        self.max_decode_sms = m.Gauge("bullet_split_max_decode_sms", "Most decode SMs allowed now.", tag_keys=TAGS)
+        self.max_waiting = m.Gauge("bullet_admission_max_waiting", "Admission queue limit in force.", tag_keys=TAGS)
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
-                       self.prefill_sms, self.decode_step, self.predicted_ttft):
+                       self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
+                       self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
+                       self.max_decode_sms, self.max_waiting):
             metric.set_default_tags(tags)
         self.success.set_default_tags(tags)
+        self.slo_total.set_default_tags(tags)
+        self.set_targets(ttft_target_s, tpot_target_s)
+
+    def set_targets(self, ttft_target_s: float, tpot_target_s: float) -> None:
+        """The SLO targets that attainment is measured against from now on."""
+        self.ttft_target_s, self.tpot_target_s = ttft_target_s, tpot_target_s
+        self.ttft_target.set(ttft_target_s)
+        self.tpot_target.set(tpot_target_s)
+
+    def set_limits(self, min_decode_sms: int, max_decode_sms: int, max_waiting: int) -> None:
+        self.min_decode_sms.set(min_decode_sms)
+        self.max_decode_sms.set(max_decode_sms)
+        self.max_waiting.set(max_waiting)
+
+    def arrived(self) -> None:
+        self.arrived_total.inc(1)
 
     def first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
         self.ttft.observe(ttft_s)
@@ -81,9 +128,16 @@ class EngineMetrics:
     def generated(self, num_tokens: int) -> None:
         self.generation_tokens.inc(num_tokens)
 
-    def finished(self, reason: str, e2e_s: float) -> None:
+    def finished(self, reason: str, e2e_s: float, ttft_s: float | None = None, num_output_tokens: int = 0) -> None:
         self.e2e.observe(e2e_s)
         self.success.inc(1, tags={"finished_reason": reason})
+        if ttft_s is not None:
+            self.slo_total.inc(1, tags={"slo_met": str(self.meets_slo(ttft_s, e2e_s, num_output_tokens)).lower()})
+
+    def meets_slo(self, ttft_s: float, e2e_s: float, num_output_tokens: int) -> bool:
+        """Both targets met: TTFT, and TPOT = (e2e - TTFT) / (tokens - 1) (DistServe's attainment)."""
+        tpot_s = (e2e_s - ttft_s) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
+        return ttft_s <= self.ttft_target_s and tpot_s <= self.tpot_target_s
 
     def rejected(self) -> None:
         self.rejected_total.inc(1)
@@ -97,8 +151,68 @@ class EngineMetrics:
         if split:
             self.decode_sms.set(split["decode_sms_now"])
             self.prefill_sms.set(split["prefill_sms_now"])
+            predicted = predicted_decode_step_s(split)
+            if predicted is not None:
+                self.predicted_decode_step.set(predicted)
         decode = extra.get("decode")
         if decode and decode.get("step", 0) > 0:
             self.decode_step.set(decode["step_time_us"] / 1e6)
         if stats.predicted_ttft_s is not None:
             self.predicted_ttft.set(stats.predicted_ttft_s)
+
+
+def predicted_decode_step_s(split: dict[str, Any]) -> float | None:
+    """The split policy's decode step prediction on the split both sides run on now (None without a policy,
+    before a decode step, or while the split moves)."""
+    full_ms = split.get("full_gpu_decode_step_ms")
+    if full_ms is None or not split.get("requested") == split.get("decode") == split.get("prefill"):
+        return None
+    from bullet_ray.policy.split import SmScaling
+
+    sm_count = int(split["decode_sms_now"]) + int(split["prefill_sms_now"])
+    return float(full_ms) / 1e3 / SmScaling(sm_count)(int(split["decode_sms_now"]))
+
+
+class ControllerMetrics:
+    """The cluster controller's decisions (one set per application)."""
+
+    def __init__(self, app_name: str) -> None:
+        from ray.util import metrics as m
+
+        tags = {"app": app_name}
+        self.decisions = m.Counter("bullet_controller_decisions", "Controller decisions by admission mode.",
+                                   tag_keys=("app", "mode"))
+        self.num_replicas = m.Gauge("bullet_controller_num_replicas", "Engine replicas the controller asks for.",
+                                    tag_keys=("app",))
+        self.rate = m.Gauge("bullet_controller_arrival_rate_rps", "Arrival rate, measured and forecast (req/s).",
+                            tag_keys=("app", "kind"))
+        self.demand = m.Gauge("bullet_controller_demand_tokens_per_s", "Prompt + output tokens per second, measured "
+                              "and forecast.", tag_keys=("app", "kind"))
+        self.capacity = m.Gauge("bullet_controller_capacity_tokens_per_s", "Tokens per second the decided replicas "
+                                "serve within SLO.", tag_keys=("app",))
+        self.mean_tokens = m.Gauge("bullet_controller_mean_tokens", "Mean prompt / output length, measured and "
+                                   "forecast.", tag_keys=("app", "phase", "kind"))
+        self.attainment = m.Gauge("bullet_controller_slo_attainment", "Share of requests meeting both targets over "
+                                  "the last interval.", tag_keys=("app",))
+        self.push_failures = m.Counter("bullet_controller_push_failures", "Decisions that did not reach the engines.",
+                                       tag_keys=("app",))
+        self.bound = m.Gauge("bullet_controller_decode_sms_bound", "Decode SM bounds decided per engine.",
+                             tag_keys=("app", "engine", "bound"))
+        for metric in (self.decisions, self.num_replicas, self.rate, self.demand, self.capacity, self.mean_tokens,
+                       self.attainment, self.push_failures, self.bound):
+            metric.set_default_tags(tags)
+
+
+class NodeMetrics:
+    """A node agent's telemetry (NVML; nothing on a node without GPUs but the MPS state)."""
+
+    def __init__(self, node: str) -> None:
+        from ray.util import metrics as m
+
+        keys = ("node", "gpu")
+        self.util = m.Gauge("bullet_node_gpu_utilization_perc", "Share of time a kernel ran (0..1).", tag_keys=keys)
+        self.memory = m.Gauge("bullet_node_gpu_memory_used_bytes", "GPU memory in use.", tag_keys=keys)
+        self.power = m.Gauge("bullet_node_gpu_power_watts", "GPU power draw (W).", tag_keys=keys)
+        self.mps = m.Gauge("bullet_node_mps_running", "1 when the node's MPS daemon answers.", tag_keys=("node",))
+        for metric in (self.util, self.memory, self.power, self.mps):
+            metric.set_default_tags({"node": node})

@@ -158,6 +158,7 @@ class LLMEngine(EngineClient):
         # the workers' SM ladder (decode SM counts; the none backend's is the same nominal one)
         self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
         self.ladder_decode_sms = default_ladder(self.sm_count)
+        self._split_bounds = (0, len(self.ladder_decode_sms) - 1)  # ladder indexes allowed (set_split_bounds)
         if self.config.uses_split_policy:
             self._start_split_policy()
 
@@ -456,6 +457,24 @@ class LLMEngine(EngineClient):
         self.state.switch[EPOCH] += 1
         self._wake_workers()
 
+    def set_split_bounds(self, min_decode_sms: int | None, max_decode_sms: int | None) -> tuple[int, int]:
+        """Keep decode's SMs within [min_decode_sms, max_decode_sms] (None: unbounded; the cluster controller's
+        bounds): the split policy chooses only ladder entries inside, and a split outside moves now. Bounds
+        that hold no entry keep the one nearest to them. Returns the allowed ladder index range."""
+        counts = self.ladder_decode_sms
+        inside = [i for i, c in enumerate(counts) if (min_decode_sms is None or c >= min_decode_sms)
+                  and (max_decode_sms is None or c <= max_decode_sms)]
+        if not inside:
+            bound = max_decode_sms if max_decode_sms is not None else min_decode_sms
+            inside = [min(range(len(counts)), key=lambda i: abs(counts[i] - (bound or 0)))]
+        self._split_bounds = (inside[0], inside[-1])
+        if self.config.is_disaggregated:
+            requested = self.split_indexes()["requested"]
+            clamped = min(max(requested, inside[0]), inside[-1])
+            if clamped != requested:
+                self.request_split(clamped)
+        return self._split_bounds
+
     def _start_split_policy(self) -> None:
         """Move the SM split step by step (bullet_ray.policy.split) from a thread of this front. The ladder
         is the workers' (`default_ladder` of the GPU's SM count; the none backend uses the same)."""
@@ -500,7 +519,8 @@ class LLMEngine(EngineClient):
                     queued_tokens += len(state.prompt_token_ids)
             ttft = self._prefill_time.predict_ttft(queued_tokens) if prefilling else None
         current = switch.current("decode")
-        want = policy.choose(current, Load(decoding, prefilling, ttft))
+        want = min(max(policy.choose(current, Load(decoding, prefilling, ttft)), self._split_bounds[0]),
+                   self._split_bounds[1])
         if not switch.is_settled():
             # the growing side waits for the shrinking side's ack; an idle one would see it only at its
             # next poll: wake both whenever an ack moved

@@ -152,3 +152,12 @@ def snapshot(index: int = 0) -> dict[str, Any]:
             "memory_used_bytes": mem.used_bytes if mem else None, "memory_total_bytes": mem.total_bytes if mem else None,
             "gpu_util_percent": util.gpu_percent if util else None,
             "processes": [p.__dict__ for p in process_memory(index)]}
+
+
+def power_watts(index: int = 0) -> float | None:
+    """Power draw (W); None without a GPU or where the driver does not say."""
+    h = _handle(index)
+    try:
+        return h[0].nvmlDeviceGetPowerUsage(h[1]) / 1000.0 if h else None
+    except Exception:
+        return None

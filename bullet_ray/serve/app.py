@@ -13,7 +13,8 @@ from bullet_ray.serve.ingress import Ingress
 
 
 def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) -> Application:
-    """Ingress + one engine replica per GPU (num_engines). Pure: builds, deploys nothing.
+    """Ingress + one engine replica per GPU (num_engines). Deploys nothing; with a `controller:` section it
+    starts (or finds) the application's cluster controller, whose replica count Serve's autoscaler follows.
 
     `engine_factory(app_config) -> EngineClient` replaces the real engine (tests use a mock engine).
     """
@@ -33,6 +34,10 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         workers: dict[str, float] = {"CPU": 2 * config.worker_num_cpus, accelerator: 1.0}
         options["placement_group_bundles"] = [{"CPU": max(config.engine_num_cpus, 0.01)}, workers]
         options["placement_group_strategy"] = "STRICT_PACK"
+    if config.controller is not None:  # replicas follow the controller; it starts (or is found) now
+        from bullet_ray.control.controller import controller_options
+
+        options.update(controller_options(config))
     engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     dumped = config.model_dump()
     return Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas).bind(  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bullet_ray.config import EngineConfig
+from bullet_ray.control.config import ControllerConfig
 
 GRPC_SERVICER_FUNCTION = "bullet_ray.serve.proto.generate_pb2_grpc.add_GeneratorServicer_to_server"
 
@@ -86,6 +87,10 @@ class BulletAppConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer tokens; empty: no auth")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413")
+    controller: ControllerConfig | None = Field(
+        None, description="cluster controller (bullet_ray.control): forecasts load, sets engine replicas within a GPU "
+                          "budget through Serve's autoscaler, pushes split bounds, SLO targets and admission; "
+                          "null: none, num_engines fixed")
     grpc_enabled: bool = Field(
         True, description="answer the gRPC Generate call (Serve's gRPC proxy must be on: grpc_options in the "
                           "YAML with grpc_servicer_functions: [" + GRPC_SERVICER_FUNCTION + "])")

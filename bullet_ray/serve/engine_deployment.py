@@ -44,6 +44,7 @@ class EngineReplica:
 
         self.cfg = BulletAppConfig(**app_config)
         self.replica_id = _replica_id()
+        gpu_id = "cpu"
         if engine_factory is not None:  # tests pass a mock engine that implements EngineClient
             self.engine = engine_factory(self.cfg)
         else:
@@ -56,9 +57,11 @@ class EngineReplica:
                 uuids = {info.get("gpu_uuid") for info in placed.values()}
                 if len(uuids) != 1 or None in uuids:
                     raise EngineDeadError(f"prefill and decode workers are not on one GPU: {placed}")
+                gpu_id = str(uuids.pop())
         from bullet_ray.metrics import EngineMetrics
 
-        self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id)
+        self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id, gpu_id, self.cfg.engine.ttft_target_ms / 1e3,
+                                     self.cfg.engine.tpot_target_ms / 1e3)
         self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,
                                            self.cfg.admission_margin, self.cfg.retry_after_s)
         self.num_requests_total = 0
@@ -93,6 +96,13 @@ class EngineReplica:
         admission_margin, retry_after_s. Unknown keys are an error naming them."""
         self.admission = self.admission.updated(user_config)
         logger.info("admission settings now %s", self.admission)
+
+    def apply_policy(self, decision: dict[str, Any]) -> dict[str, Any]:
+        """A cluster controller decision (bullet_ray.control.decide.Decision as a dict): this replica's split
+        bounds, SLO targets and admission. Returns what is in force now (bullet_ray.control.apply)."""
+        from bullet_ray.control.apply import apply_decision
+
+        return apply_decision(self, decision)
 
     def record_routing_stats(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -131,6 +141,7 @@ class EngineReplica:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
         params: SamplingParams = request["params"]
         self.num_requests_total += 1
+        self.metrics.arrived()
         refusal = self.admission.refusal(self.engine.stats())
         if refusal is not None:
             self.num_rejected_total += 1
@@ -140,6 +151,7 @@ class EngineReplica:
             return
         start = time.monotonic()
         last_token_s: float | None = None
+        ttft_s: float | None = None
         try:
             prompt = self._prompt(request)
             stream = self.engine.stream_async(prompt, params, request.get("request_id") or uuid.uuid4().hex)
@@ -147,13 +159,14 @@ class EngineReplica:
                 now = time.monotonic()
                 if out.token_ids_delta:
                     if last_token_s is None:
-                        self.metrics.first_token(now - start, out.num_prompt_tokens)
+                        ttft_s = now - start
+                        self.metrics.first_token(ttft_s, out.num_prompt_tokens)
                     else:
                         self.metrics.inter_token(now - last_token_s)
                     last_token_s = now
                     self.metrics.generated(len(out.token_ids_delta))
                 if out.finished:
-                    self.metrics.finished(out.finish_reason or "stop", now - start)
+                    self.metrics.finished(out.finish_reason or "stop", now - start, ttft_s, out.num_output_tokens)
                 yield out
         except InvalidSamplingParams as e:
             yield GenerateError(400, str(e), "invalid_request_error", e.field)

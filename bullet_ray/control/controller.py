@@ -1,0 +1,248 @@
+"""The cluster controller: one detached, named Ray actor per application (`start_controller`).
+
+Every `interval_s` it reads the metrics (bullet_ray.control.readings: Prometheus when `prometheus_url`
+is set, else every node's exporter), updates the load forecast (bullet_ray.control.forecast), decides
+(bullet_ray.control.decide, pure), then:
+- writes the replica count to Ray's internal KV, where the engine deployment's custom autoscaling policy
+  reads it (bullet_ray.control.autoscale);
+- pushes each engine its split bounds, SLO targets and admission through the node agent of the engine's
+  node (`NodeAgent.relay`), or straight to the deployment when no agent answers;
+- logs the decision with its inputs, exports it as bullet_controller_* metrics and persists its state
+  (decision counter, scale-down streak, forecaster, operator overrides, last decision) in the internal KV,
+  so a restarted controller (Ray restarts it: max_restarts=-1) continues where it was.
+It stops itself when its application has been gone for a while (`serve.delete`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from bullet_ray.control import autoscale
+from bullet_ray.control.config import ControllerConfig
+from bullet_ray.control.decide import ControllerInputs, ControllerState, Decision, decide
+from bullet_ray.control.forecast import LoadForecaster
+from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "bullet_ray"
+APP_GONE_S = 120.0  # the application missing this long (never deployed, or deleted) -> the controller exits
+
+
+def controller_name(app_name: str) -> str:
+    return f"bullet_controller:{app_name}"
+
+
+class ClusterController:
+    """Ray actor class (see the module docstring). `model_name` selects the series of this application."""
+
+    def __init__(self, config: dict[str, Any], model_name: str, accelerator: str | None, initial_replicas: int,
+                 run_loop: bool = True) -> None:
+        from bullet_ray.metrics import ControllerMetrics
+
+        self.base_config = ControllerConfig(**config)
+        self.model_name, self.accelerator = model_name, accelerator
+        self.app = self.base_config.app_name
+        self.overrides: dict[str, Any] = {}
+        self.state = ControllerState()
+        self.last: Decision | None = None
+        self.num_replicas = initial_replicas
+        self.num_restores = 0
+        self.cfg = self.base_config
+        self.forecaster = self._new_forecaster()
+        self._restore()
+        self.metrics = ControllerMetrics(self.app)
+        self.log: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self.reader: PrometheusReader | NodeExporterReader = (
+            PrometheusReader(self.cfg.prometheus_url, model_name, window_s=max(30.0, 3 * self.cfg.interval_s))
+            if self.cfg.prometheus_url else NodeExporterReader(model_name))
+        self._agents: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._app_seen_s = time.monotonic()
+        if run_loop:
+            threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
+
+    # state ------------------------------------------------------------------------------------------
+    def _new_forecaster(self) -> LoadForecaster:
+        c = self.cfg
+        return LoadForecaster(c.interval_s, c.horizon_s, c.forecast_alpha, c.forecast_beta, c.forecast_phi)
+
+    def _restore(self) -> None:
+        saved = autoscale.kv_get(self.app, "state")
+        if not saved:
+            return
+        self.overrides = saved.get("overrides", {})
+        self.cfg = self.base_config.model_copy(update=self.overrides)
+        self.forecaster = self._new_forecaster()
+        self.forecaster.load_dict(saved["forecaster"])
+        self.state = ControllerState(**saved["state"])
+        self.last = Decision.from_dict(saved["last"]) if saved.get("last") else None
+        self.num_replicas = saved.get("num_replicas", self.num_replicas)
+        self.num_restores = saved.get("num_restores", 0) + 1
+        logger.info("controller %s restored at decision %d", self.app, self.state.seq)
+
+    def _persist(self) -> None:
+        autoscale.kv_put(self.app, "state", {
+            "overrides": self.overrides, "forecaster": self.forecaster.to_dict(),
+            "state": dataclasses.asdict(self.state), "last": self.last.to_dict() if self.last else None,
+            "num_replicas": self.num_replicas, "num_restores": self.num_restores})
+
+    # operator API -----------------------------------------------------------------------------------
+    def update_config(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change settings at run time (e.g. {"max_decode_sms": 32}); validated, persisted, used from the next
+        decision on. Returns the overrides in force."""
+        with self._lock:
+            merged = {**self.overrides, **changes}
+            self.cfg = ControllerConfig(**{**self.base_config.model_dump(), **merged})
+            self.overrides = merged
+            self._persist()
+            return dict(self.overrides)
+
+    def status(self) -> dict[str, Any]:
+        return {"app": self.app, "seq": self.state.seq, "num_replicas": self.num_replicas,
+                "num_restores": self.num_restores, "overrides": dict(self.overrides),
+                "forecaster": self.forecaster.to_dict(), "last": self.last.to_dict() if self.last else None,
+                "log": list(self.log)[-10:]}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # the loop ---------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.interval_s):
+            try:
+                if not self._app_exists():
+                    if time.monotonic() - self._app_seen_s > APP_GONE_S:
+                        logger.info("application %s is gone: controller exits", self.app)
+                        ray.actor.exit_actor()
+                    continue
+                self.tick()
+            except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
+                logger.exception("controller tick failed")
+
+    def _app_exists(self) -> bool:
+        from ray import serve
+
+        if self.app in serve.status().applications:
+            self._app_seen_s = time.monotonic()
+            return True
+        return False
+
+    def _budget(self) -> int:
+        if self.cfg.max_engines is not None:
+            return self.cfg.max_engines
+        if self.accelerator is not None:
+            return max(self.cfg.min_engines, int(ray.cluster_resources().get(self.accelerator, 0)))
+        return max(self.cfg.min_engines, self.num_replicas)
+
+    def tick(self, reading: ClusterReading | None = None) -> dict[str, Any]:
+        """One decision now (the loop calls it; tests may too). Returns its log record."""
+        with self._lock:
+            reading = reading or self.reader.read()
+            self.forecaster.update(reading.load)
+            inputs = ControllerInputs(reading.time_s, reading.engines, reading.load, self.forecaster.forecast(),
+                                      self.num_replicas, self._budget(), reading.attainment)
+            decision, self.state = decide(inputs, self.cfg, self.state)
+            self.last = decision
+            self.num_replicas = decision.num_replicas
+            autoscale.kv_put(self.app, "num_replicas", decision.num_replicas)
+            pushed = self._push(decision)
+            self._persist()
+            record = {"inputs": dataclasses.asdict(inputs), "decision": decision.to_dict(), "pushed": pushed}
+            self.log.append(record)
+            self._export(inputs, decision)
+            logger.info("decision %d: %s replicas, %s; inputs: rate %.2f req/s (forecast %.2f), %d engines",
+                        decision.seq, decision.num_replicas, "; ".join(decision.reasons), inputs.load.rate_rps,
+                        inputs.forecast.rate_rps, len(inputs.engines))
+            return record
+
+    def _push(self, decision: Decision) -> list[dict[str, Any]]:
+        """Decision to every engine: through the node agents, else one broadcast; answers of the engines."""
+        from bullet_ray.control.node_agent import start_node_agents
+
+        d = decision.to_dict()
+        try:
+            if not self._agents:
+                self._agents = start_node_agents(self.accelerator)
+            refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
+            return [a for answers in ray.get(refs, timeout=30) for a in answers]
+        except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time
+            logger.warning("relay through node agents failed (%s); pushing directly", e)
+            self._agents = {}
+        try:
+            from ray import serve
+
+            handle = serve.get_deployment_handle("BulletEngine", self.app)
+            return list(handle.broadcast("apply_policy", d).results(timeout_s=30))
+        except Exception as e:  # noqa: BLE001
+            logger.warning("push of decision %d failed: %s", decision.seq, e)
+            self.metrics.push_failures.inc(1)
+            return []
+
+    def _export(self, inputs: ControllerInputs, d: Decision) -> None:
+        m, fc, load = self.metrics, inputs.forecast, inputs.load
+        m.decisions.inc(1, tags={"mode": d.mode})
+        m.num_replicas.set(d.num_replicas)
+        m.rate.set(load.rate_rps, tags={"kind": "measured"})
+        m.rate.set(fc.rate_rps, tags={"kind": "forecast"})
+        measured = load.rate_rps * ((load.mean_prompt_tokens or fc.mean_prompt_tokens)
+                                    + (load.mean_output_tokens or fc.mean_output_tokens))
+        m.demand.set(measured, tags={"kind": "measured"})
+        m.demand.set(fc.tokens_per_s, tags={"kind": "forecast"})
+        m.capacity.set(d.capacity_tokens_s)
+        for phase, now, ahead in (("prompt", load.mean_prompt_tokens, fc.mean_prompt_tokens),
+                                  ("output", load.mean_output_tokens, fc.mean_output_tokens)):
+            if now is not None:
+                m.mean_tokens.set(now, tags={"phase": phase, "kind": "measured"})
+            m.mean_tokens.set(ahead, tags={"phase": phase, "kind": "forecast"})
+        if inputs.attainment is not None:
+            m.attainment.set(inputs.attainment)
+        for e in (*d.engines, d.default):
+            for bound, value in (("min", e.min_decode_sms), ("max", e.max_decode_sms)):
+                if value is not None:
+                    m.bound.set(value, tags={"engine": e.engine_id, "bound": bound})
+
+
+def start_controller(config: ControllerConfig, model_name: str, accelerator: str | None,
+                     initial_replicas: int) -> Any:
+    """Find or start the application's controller (detached, restarted by Ray when it dies)."""
+    actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
+        name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        num_cpus=0, max_restarts=-1, max_concurrency=4,
+    ).remote(config.model_dump(), model_name, accelerator, initial_replicas)
+    return actor
+
+
+def stop_controller(app_name: str, forget: bool = True) -> None:
+    """Kill the application's controller; `forget` also drops its persisted state."""
+    try:
+        ray.kill(ray.get_actor(controller_name(app_name), namespace=NAMESPACE), no_restart=True)
+    except ValueError:
+        pass
+    if forget:
+        for what in ("state", "num_replicas"):
+            autoscale.kv_delete(app_name, what)
+
+
+def controller_options(app_config: Any) -> dict[str, Any]:
+    """Engine deployment options when the app has a controller (a BulletAppConfig with `controller` set):
+    an autoscaling_config following the controller instead of num_replicas. Starts the controller when
+    Ray runs here (the builder runs in `serve run`'s build task or the driver)."""
+    cfg: ControllerConfig = app_config.controller
+    budget = cfg.max_engines
+    if budget is None:
+        accel = app_config.accelerator
+        total = int(ray.cluster_resources().get(accel, 0)) if accel and ray.is_initialized() else 0
+        budget = max(app_config.num_engines, total)
+    if ray.is_initialized():
+        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines)
+    return {"num_replicas": "auto",
+            "autoscaling_config": autoscale.autoscaling_config(cfg.min_engines, budget, app_config.num_engines)}

@@ -1,0 +1,142 @@
+"""Load forecasting for the cluster controller: Holt's double exponential smoothing (level + trend).
+
+DOPD (arXiv 2511.20982) sizes capacity from a forecast of the arrival rate and of the prompt/output length
+mix instead of the load already queued. Here each series (arrival rate, mean prompt tokens, mean output
+tokens) is one `Holt` smoother, updated once per controller interval:
+
+    level_t = alpha * y_t + (1 - alpha) * (level_{t-1} + phi * trend_{t-1})
+    trend_t = beta * (level_t - level_{t-1}) + (1 - beta) * phi * trend_{t-1}
+    forecast(h) = level_t + (phi + phi^2 + ... + phi^h) * trend_t
+
+No seasonality: the controller looks minutes ahead, where the trend matters and the daily cycle does
+not. `phi` < 1 damps the trend so a long horizon does not run away. A ramp is predicted ahead (the
+forecast leads the measurement by the horizon), a step converges to the new level. Pure Python; the
+state is a plain dict so the controller can persist it (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bullet_ray.errors import ConfigError
+
+
+class Holt:
+    """One series' smoother. Forecasts are clipped at 0 (rates and lengths are never negative)."""
+
+    def __init__(self, alpha: float = 0.5, beta: float = 0.3, phi: float = 0.98) -> None:
+        for name, value in (("alpha", alpha), ("beta", beta), ("phi", phi)):
+            if not 0 < value <= 1:
+                raise ConfigError(f"forecast_{name}", f"must be in (0, 1], got {value}")
+        self.alpha, self.beta, self.phi = alpha, beta, phi
+        self.level: float | None = None
+        self.trend = 0.0
+        self.num_observations = 0
+
+    def update(self, value: float) -> None:
+        """Add the newest observation (one per interval)."""
+        if value != value or value < 0:  # NaN or negative: a broken reading, skip it
+            return
+        self.num_observations += 1
+        if self.level is None:
+            self.level = value
+            return
+        if self.num_observations == 2:  # the first difference seeds the trend
+            self.trend = value - self.level
+            self.level = value
+            return
+        prev = self.level
+        self.level = self.alpha * value + (1 - self.alpha) * (prev + self.phi * self.trend)
+        self.trend = self.beta * (self.level - prev) + (1 - self.beta) * self.phi * self.trend
+
+    def forecast(self, steps: float) -> float | None:
+        """The value `steps` intervals ahead (fractions allowed); None before any observation."""
+        if self.level is None:
+            return None
+        if steps <= 0:
+            return max(0.0, self.level)
+        if self.phi == 1.0:
+            gain = steps
+        else:  # phi + phi^2 + ... + phi^steps, continued to fractional steps
+            gain = self.phi * (1 - self.phi ** steps) / (1 - self.phi)
+        return max(0.0, self.level + gain * self.trend)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"alpha": self.alpha, "beta": self.beta, "phi": self.phi, "level": self.level, "trend": self.trend,
+                "num_observations": self.num_observations}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, float | int | None]) -> Holt:
+        h = cls(float(state["alpha"] or 0.5), float(state["beta"] or 0.3), float(state["phi"] or 0.98))
+        h.level = None if state.get("level") is None else float(state["level"])  # type: ignore[arg-type]
+        h.trend = float(state.get("trend") or 0.0)
+        h.num_observations = int(state.get("num_observations") or 0)
+        return h
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """What was measured over the last interval."""
+
+    rate_rps: float  # requests arriving per second (admitted or not)
+    mean_prompt_tokens: float | None  # of requests that got a first token; None when none did
+    mean_output_tokens: float | None  # of requests that finished; None when none did
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    """The load expected `horizon_s` ahead."""
+
+    horizon_s: float
+    rate_rps: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prompt + output tokens per second the engines must process."""
+        return self.rate_rps * (self.mean_prompt_tokens + self.mean_output_tokens)
+
+
+class LoadForecaster:
+    """Arrival rate and length mix, each through its own `Holt` smoother."""
+
+    def __init__(self, interval_s: float, horizon_s: float, alpha: float = 0.5, beta: float = 0.3,
+                 phi: float = 0.98, default_prompt_tokens: float = 512.0, default_output_tokens: float = 128.0) -> None:
+        if interval_s <= 0:
+            raise ConfigError("interval_s", f"must be > 0, got {interval_s}")
+        if horizon_s < 0:
+            raise ConfigError("horizon_s", f"must be >= 0, got {horizon_s}")
+        self.interval_s, self.horizon_s = interval_s, horizon_s
+        self.rate = Holt(alpha, beta, phi)
+        # lengths change slowly: a weaker trend
+        self.prompt = Holt(alpha, beta / 2, phi)
+        self.output = Holt(alpha, beta / 2, phi)
+        self.default_prompt_tokens = default_prompt_tokens
+        self.default_output_tokens = default_output_tokens
+
+    def update(self, sample: LoadSample) -> None:
+        self.rate.update(sample.rate_rps)
+        if sample.mean_prompt_tokens is not None:
+            self.prompt.update(sample.mean_prompt_tokens)
+        if sample.mean_output_tokens is not None:
+            self.output.update(sample.mean_output_tokens)
+
+    def forecast(self, horizon_s: float | None = None) -> LoadForecast:
+        horizon = self.horizon_s if horizon_s is None else horizon_s
+        steps = horizon / self.interval_s
+        prompt = self.prompt.forecast(steps)
+        output = self.output.forecast(steps)
+        return LoadForecast(horizon, self.rate.forecast(steps) or 0.0,
+                            self.default_prompt_tokens if prompt is None else prompt,
+                            self.default_output_tokens if output is None else output)
+
+    def to_dict(self) -> dict[str, dict[str, float | int | None]]:
+        return {"rate": self.rate.to_dict(), "prompt": self.prompt.to_dict(), "output": self.output.to_dict()}
+
+    def load_dict(self, state: dict[str, dict[str, float | int | None]]) -> None:
+        """Restore what `to_dict` saved (a controller restart)."""
+        self.rate = Holt.from_dict(state["rate"])
+        self.prompt = Holt.from_dict(state["prompt"])
+        self.output = Holt.from_dict(state["output"])
+

@@ -1,0 +1,191 @@
+"""What the controller reads each interval: the Prometheus HTTP API, or every Ray node's metrics export.
+
+Both readers return one `ClusterReading`: the application's arrival rate and length mix over the last
+window (a `LoadSample`), its SLO attainment, and per engine replica the gauges (queue, KV, decode SMs,
+predicted TTFT) and latency p90s. `PrometheusReader` asks a Prometheus server with PromQL (the same series
+the dashboards show); `NodeExporterReader` scrapes each node's export port itself (listed by `ray.nodes()`)
+and takes rates and histogram quantiles from the difference between two scrapes, so it needs no server.
+Metric names: bullet_ray/metrics.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from bullet_ray.control.decide import EngineObservation
+from bullet_ray.control.forecast import LoadSample
+
+logger = logging.getLogger(__name__)
+
+P = "ray_bullet_"
+GAUGES = {"num_running": "num_requests_running", "num_waiting": "num_requests_waiting", "kv_usage": "kv_cache_usage_perc",
+          "decode_sms": "sm_split_decode_sms", "predicted_ttft_s": "predicted_ttft_seconds"}
+QUANTILES = {"ttft_p90_s": "time_to_first_token_seconds", "tpot_p90_s": "inter_token_latency_seconds"}
+
+
+@dataclass(frozen=True)
+class ClusterReading:
+    time_s: float
+    load: LoadSample
+    attainment: float | None
+    engines: tuple[EngineObservation, ...]
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+class PrometheusReader:
+    """PromQL against `url` (http://host:port) over a `window_s` rate window."""
+
+    def __init__(self, url: str, model_name: str, window_s: float = 30.0, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.selector = f'{{model_name="{model_name}"}}'
+        self.window = f"{max(int(window_s), 2)}s"
+        self.timeout_s = timeout_s
+
+    def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query's (labels, value) samples; NaN samples dropped."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
+            body = json.load(resp)
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus query {promql!r} failed: {body.get('error')}")
+        out = []
+        for item in body["data"]["result"]:
+            value = float(item["value"][1])
+            if value == value:
+                out.append((item["metric"], value))
+        return out
+
+    def _scalar(self, promql: str) -> float | None:
+        rows = self.query(promql)
+        return rows[0][1] if rows else None
+
+    def _rate(self, name: str, extra: str = "") -> str:
+        sel = self.selector if not extra else self.selector[:-1] + f",{extra}}}"
+        return f"sum(rate({P}{name}{sel}[{self.window}]))"
+
+    def read(self) -> ClusterReading:
+        rate = self._scalar(self._rate("requests_arrived_total")) or 0.0
+        prompt = self._scalar(f"{self._rate('prompt_tokens_total')} / {self._rate('time_to_first_token_seconds_count')}")
+        output = self._scalar(f"{self._rate('generation_tokens_total')} / "
+                              f"{self._rate('e2e_request_latency_seconds_count')}")
+        attainment = self._scalar(f"{self._rate('request_slo_total', 'slo_met=' + chr(34) + 'true' + chr(34))} / "
+                                  f"{self._rate('request_slo_total')}")
+        by_engine: dict[str, dict[str, float]] = defaultdict(dict)
+        for field, name in GAUGES.items():
+            for labels, value in self.query(f"max by (engine) ({P}{name}{self.selector})"):
+                by_engine[labels.get("engine", "")][field] = value
+        for field, name in QUANTILES.items():
+            q = f"histogram_quantile(0.9, sum by (engine, le) (rate({P}{name}_bucket{self.selector}[{self.window}])))"
+            for labels, value in self.query(q):
+                by_engine[labels.get("engine", "")][field] = value
+        return ClusterReading(time.time(), LoadSample(rate, prompt, output), attainment, _engines(by_engine))
+
+
+def _engines(by_engine: dict[str, dict[str, float]]) -> tuple[EngineObservation, ...]:
+    return tuple(EngineObservation(engine_id, **fields) for engine_id, fields in sorted(by_engine.items())  # type: ignore[arg-type]
+                 if engine_id)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative bucket counts {le: count} (linear inside a bucket)."""
+    if not buckets:
+        return None
+    les = sorted(buckets)
+    total = buckets[les[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le in les:
+        count = buckets[le]
+        if count >= rank:
+            if le == float("inf"):
+                return prev_le
+            width = count - prev_count
+            return prev_le + (le - prev_le) * ((rank - prev_count) / width if width > 0 else 1.0)
+        prev_le, prev_count = le, count
+    return les[-1]
+
+
+Series = tuple[str, frozenset[tuple[str, str]]]
+
+
+class NodeExporterReader:
+    """Scrapes every node's metrics export port; rates from the change since the previous `read()`."""
+
+    def __init__(self, model_name: str, endpoints: Callable[[], Iterable[str]] | None = None,
+                 timeout_s: float = 5.0) -> None:
+        self.model_name = model_name
+        self.endpoints = endpoints or ray_node_endpoints
+        self.timeout_s = timeout_s
+        self._prev: tuple[float, dict[Series, float]] | None = None
+
+    def scrape(self) -> dict[Series, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict[Series, float] = {}
+        for url in self.endpoints():
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
+                    text = resp.read().decode()
+            except OSError as e:
+                logger.warning("cannot scrape %s: %s", url, e)
+                continue
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name.startswith(P) and s.labels.get("model_name") == self.model_name:
+                        key = (s.name, frozenset(s.labels.items()))
+                        out[key] = out.get(key, 0.0) + float(s.value)
+        return out
+
+    def read(self) -> ClusterReading:
+        now, cur = time.time(), self.scrape()
+        prev_t, prev = self._prev or (now, cur)
+        self._prev = (now, cur)
+        dt = max(now - prev_t, 1e-9)
+
+        def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
+            return sum(max(0.0, v - prev.get(k, 0.0)) for k, v in cur.items() if k[0] == P + name and where(dict(k[1])))
+
+        rate = delta("requests_arrived_total") / dt if prev is not cur else 0.0
+        prompt = _ratio(delta("prompt_tokens_total"), delta("time_to_first_token_seconds_count"))
+        output = _ratio(delta("generation_tokens_total"), delta("e2e_request_latency_seconds_count"))
+        attainment = _ratio(delta("request_slo_total", lambda lb: lb.get("slo_met") == "true"),
+                            delta("request_slo_total"))
+        by_engine: dict[str, dict[str, float]] = defaultdict(dict)
+        for (name, labels), value in cur.items():
+            lb = dict(labels)
+            for field, gauge in GAUGES.items():
+                if name == P + gauge:
+                    by_engine[lb.get("engine", "")][field] = value
+        for field, hist in QUANTILES.items():
+            buckets: dict[str, dict[float, float]] = defaultdict(dict)
+            for (name, labels), value in cur.items():
+                if name == P + hist + "_bucket":
+                    lb = dict(labels)
+                    le = float(lb["le"])
+                    b = buckets[lb.get("engine", "")]
+                    b[le] = b.get(le, 0.0) + max(0.0, value - prev.get((name, labels), 0.0))
+            for engine, b in buckets.items():
+                value_q = histogram_quantile(0.9, b)
+                if value_q is not None:
+                    by_engine[engine][field] = value_q
+        return ClusterReading(now, LoadSample(rate, prompt, output), attainment, _engines(by_engine))
+
+
+def ray_node_endpoints() -> list[str]:
+    """The metrics export URL of every alive Ray node."""
+    import ray
+
+    return [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in ray.nodes()
+            if n.get("Alive") and n.get("MetricsExportPort")]

@@ -1,0 +1,69 @@
+"""The controller's forecaster on synthetic series: a ramp is predicted ahead, a step converges."""
+
+from __future__ import annotations
+
+import pytest
+
+from bullet_ray.control.forecast import Holt, LoadForecaster, LoadSample
+from bullet_ray.errors import ConfigError
+
+
+def test_constant_series_forecasts_itself():
+    h = Holt()
+    for _ in range(20):
+        h.update(5.0)
+    assert h.forecast(10) == pytest.approx(5.0)
+
+
+def test_ramp_is_predicted_ahead():
+    h = Holt(alpha=0.5, beta=0.3, phi=1.0)
+    for t in range(30):
+        h.update(2.0 * t)  # the last value is 58
+    assert h.forecast(0) == pytest.approx(58.0, abs=0.5)
+    assert h.forecast(5) == pytest.approx(68.0, abs=1.0)  # the ramp continued 5 steps
+    damped = Holt(alpha=0.5, beta=0.3, phi=0.9)
+    for t in range(30):
+        damped.update(2.0 * t)
+    assert 58.0 < damped.forecast(5) < 68.0  # damping: ahead of now, short of the undamped line
+
+
+def test_step_converges_to_the_new_level():
+    h = Holt()
+    for _ in range(10):
+        h.update(1.0)
+    for _ in range(25):
+        h.update(10.0)
+    assert h.forecast(3) == pytest.approx(10.0, rel=0.03)
+    assert abs(h.trend) < 0.2
+
+
+def test_forecast_is_never_negative_and_bad_readings_are_skipped():
+    h = Holt(phi=1.0)
+    for v in (10.0, 5.0, 0.0):
+        h.update(v)
+    h.update(float("nan"))
+    h.update(-3.0)
+    assert h.num_observations == 3
+    assert h.forecast(10) == 0.0
+
+
+def test_load_forecaster_lengths_and_persistence():
+    f = LoadForecaster(interval_s=1.0, horizon_s=5.0)
+    assert f.forecast().rate_rps == 0.0  # nothing seen: no load, default lengths
+    assert f.forecast().mean_prompt_tokens == 512.0
+    for t in range(20):
+        f.update(LoadSample(rate_rps=1.0 + 0.5 * t, mean_prompt_tokens=200.0, mean_output_tokens=None))
+    fc = f.forecast()
+    assert fc.rate_rps > 10.5  # the last measured rate; the forecast is ahead of it
+    assert fc.mean_prompt_tokens == pytest.approx(200.0)
+    assert fc.mean_output_tokens == 128.0
+    assert fc.tokens_per_s == pytest.approx(fc.rate_rps * (200.0 + 128.0))
+    g = LoadForecaster(interval_s=1.0, horizon_s=5.0)
+    g.load_dict(f.to_dict())
+    assert g.forecast() == fc
+
+
+@pytest.mark.parametrize("kwargs,field", [({"alpha": 0}, "forecast_alpha"), ({"phi": 1.5}, "forecast_phi")])
+def test_bad_parameters_name_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        Holt(**kwargs)

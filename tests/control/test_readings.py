@@ -1,0 +1,66 @@
+"""The node-exporter reader on canned exposition text (no Ray, no server) and the quantile helper."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from bullet_ray.control.readings import NodeExporterReader, histogram_quantile
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    buckets = {0.1: 10.0, 0.5: 90.0, 1.0: 100.0, float("inf"): 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * 40 / 80)
+    assert histogram_quantile(0.9, buckets) == pytest.approx(0.5)
+    assert histogram_quantile(0.9, {0.1: 0.0, float("inf"): 0.0}) is None
+
+
+def exposition(arrived: float, ttft_fast: float, ttft_all: float) -> str:
+    lab = 'model_name="m",engine="e1"'
+    return "\n".join([
+        "# TYPE ray_bullet_requests_arrived_total counter", f"ray_bullet_requests_arrived_total{{{lab}}} {arrived}",
+        "# TYPE ray_bullet_num_requests_waiting gauge", f"ray_bullet_num_requests_waiting{{{lab}}} 3",
+        "# TYPE ray_bullet_time_to_first_token_seconds histogram",
+        f'ray_bullet_time_to_first_token_seconds_bucket{{{lab},le="0.1"}} {ttft_fast}',
+        f'ray_bullet_time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {ttft_all}',
+        f"ray_bullet_time_to_first_token_seconds_count{{{lab}}} {ttft_all}",
+        f"ray_bullet_time_to_first_token_seconds_sum{{{lab}}} 1.0",
+        "# TYPE ray_bullet_prompt_tokens_total counter", f"ray_bullet_prompt_tokens_total{{{lab}}} {ttft_all * 10}",
+        "# TYPE ray_bullet_request_slo_total counter",
+        f'ray_bullet_request_slo_total{{{lab},slo_met="true"}} {ttft_fast}',
+        f'ray_bullet_request_slo_total{{{lab},slo_met="false"}} {ttft_all - ttft_fast}',
+        'ray_bullet_num_requests_waiting{model_name="other",engine="x"} 9', ""])
+
+
+def test_node_exporter_reader_rates_and_per_engine_values():
+    pages = [exposition(10, 5, 10), exposition(30, 10, 30)]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = pages[0].encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        reader = NodeExporterReader("m", endpoints=lambda: [url])
+        first = reader.read()
+        assert first.load.rate_rps == 0.0  # one scrape: no rate yet
+        pages.pop(0)
+        second = reader.read()
+        assert second.load.rate_rps > 0
+        assert second.load.mean_prompt_tokens == pytest.approx(10.0)
+        assert second.attainment == pytest.approx(5 / 20)
+        (engine,) = second.engines
+        assert engine.engine_id == "e1" and engine.num_waiting == 3
+        assert engine.ttft_p90_s == pytest.approx(0.1)  # 15 of the 20 new ones were slower: the last finite bound
+    finally:
+        server.shutdown()

@@ -293,6 +293,20 @@ async def _warm_up(session: aiohttp.ClientSession, url: str, headers: dict[str, 
             logger.warning("warm-up request failed: %s", record.error)
 
 
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the value of --api-key replaced, so result files never hold a key."""
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=<redacted>")
+        else:
+            out.append(arg)
+        hide_next = arg == "--api-key"
+    return out
+
+
 def environment(config: BenchConfig, model: str) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -301,7 +315,7 @@ def environment(config: BenchConfig, model: str) -> dict[str, Any]:
         commit = None
     return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "aiohttp": require_extra("aiohttp").__version__, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command_line": sys.argv, "bench_git_commit": commit, "server_url": config.base_url, "model": model}
+            "command_line": redact_argv(sys.argv), "bench_git_commit": commit, "server_url": config.base_url, "model": model}
 
 
 async def run_benchmark(config: BenchConfig, requests: list[RequestSpec] | None = None) -> BenchResult:

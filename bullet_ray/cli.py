@@ -155,8 +155,13 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     from bullet_ray.gpu.selftest import main as selftest_main
+    from bullet_ray.gpu.smctl import SmctlError
 
-    return int(selftest_main(["--out", args.out] if args.out else []) or 0)
+    try:
+        return int(selftest_main(["--out", args.out] if args.out else []) or 0)
+    except SmctlError as e:  # e.g. the native helper cannot be built here (no C compiler)
+        print(f"{args.prog}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------------------------- main

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -26,8 +27,18 @@ SIDE_DECODE = 1
 SIDE_PREFILL = 2
 SIDE_BOTH = 3
 SMCTL_OK, SMCTL_ENODRIVER, SMCTL_ENOTSUP, SMCTL_EINVAL, SMCTL_ECUDA, SMCTL_ENOMEM = 0, -1, -2, -3, -4, -5
-NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 _SOURCES = ("smctl.c", "smctl.h")
+
+
+def _native_dir() -> Path:
+    """native/ of a source checkout, else the sources a wheel installs under <prefix>/share/bullet_ray/native."""
+    checkout = Path(__file__).resolve().parents[2] / "native"
+    if (checkout / _SOURCES[0]).is_file():
+        return checkout
+    return Path(sysconfig.get_path("data")) / "share" / "bullet_ray" / "native"
+
+
+NATIVE_DIR = _native_dir()
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 

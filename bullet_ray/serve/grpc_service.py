@@ -16,6 +16,7 @@ import grpc
 
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import InvalidSamplingParams
+from bullet_ray.serve.auth import is_authorized
 from bullet_ray.serve.config import BulletAppConfig
 from bullet_ray.serve.proto.generate_pb2 import GenerateRequest, GenerateResponse, Usage
 from bullet_ray.serve.streams import ApiError, ChoiceStreams
@@ -39,6 +40,8 @@ def engine_request(message: GenerateRequest, cfg: BulletAppConfig) -> dict[str, 
     has_text, has_ids = bool(message.prompt), bool(message.prompt_token_ids)
     if has_text == has_ids:
         raise ApiError(400, "give exactly one of prompt and prompt_token_ids", param="prompt")
+    if any(t < 0 for t in message.prompt_token_ids):
+        raise ApiError(400, "prompt_token_ids must be >= 0", param="prompt_token_ids")
     if message.chat and not has_text:
         raise ApiError(400, "chat=true needs the user message in prompt", param="prompt")
     fields: dict[str, Any] = {"stop": list(message.stop), "ignore_eos": message.ignore_eos}
@@ -59,10 +62,8 @@ def engine_request(message: GenerateRequest, cfg: BulletAppConfig) -> dict[str, 
 
 def check_api_key(metadata: list[tuple[str, str]], cfg: BulletAppConfig) -> None:
     """Raise ApiError(401) unless the call carries `authorization: Bearer <key>` (when keys are configured)."""
-    if not cfg.api_keys:
-        return
-    auth = dict(metadata).get("authorization", "")
-    if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in cfg.api_keys:
+    auth = next((value for key, value in metadata if key.lower() == "authorization"), None)
+    if not is_authorized(auth if isinstance(auth, str) else None, cfg.api_keys):
         raise ApiError(401, "invalid or missing API key (metadata authorization: Bearer <key>)",
                        "authentication_error")
 

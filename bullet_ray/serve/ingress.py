@@ -2,13 +2,18 @@
 
 Streams are Server-Sent Events ending in `data: [DONE]`; with stream_options.include_usage a last chunk
 carries the usage. Errors have OpenAI's body {"error": {message, type, param, code}}: 400 bad
-parameters, 401 bad API key, 404 unknown model or route, 413 prompt too long or body too large, 422
-malformed body, 429 saturated (with Retry-After).
+parameters or an unsupported feature (tools, response_format other than text, ...: see
+openai_protocol), 401 bad API key, 404 unknown model or route, 413 prompt too long or body too large,
+422 malformed body, 429 saturated (with Retry-After).
+
+With `api_keys` set, every route but /health needs `Authorization: Bearer <key>`: the API, the engine
+stats and the OpenAPI spec (/openapi.json; the Swagger pages are off). Keys are never logged.
 """
 
 # no `from __future__ import annotations`: FastAPI reads these annotations at run time
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,12 +28,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import InvalidSamplingParams
+from bullet_ray.serve.auth import is_authorized
 from bullet_ray.serve.config import BulletAppConfig
 from bullet_ray.serve.grpc_service import generate_stream
-from bullet_ray.serve.openai_protocol import ChatCompletionRequest, CompletionRequest, error_body
+from bullet_ray.serve.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    UnsupportedParameter,
+    error_body,
+)
 from bullet_ray.serve.streams import ApiError, ChoiceStreams
 
-fastapi_app = FastAPI(title="bullet_ray", description="OpenAI-compatible API of bullet_ray")
+logger = logging.getLogger(__name__)
+
+# the spec is served by Ingress.openapi_spec (behind the API key); no Swagger/ReDoc pages
+fastapi_app = FastAPI(title="bullet_ray", description="OpenAI-compatible API of bullet_ray", docs_url=None,
+                      redoc_url=None, openapi_url=None)
 
 
 def _error_response(e: ApiError) -> JSONResponse:
@@ -108,6 +123,7 @@ class Ingress:
         self.cfg = BulletAppConfig(**app_config)
         self._tokenizer: Any = None
         self._has_tokenizer = False
+        self._logged_ignored: set[str] = set()
 
     async def _token_texts(self, token_ids: set[int]) -> dict[int, str]:
         """Text of each token id, for logprobs; the tokenizer is fetched once from an engine replica."""
@@ -120,17 +136,27 @@ class Ingress:
 
     # checks -----------------------------------------------------------------------------------------
     def _check(self, request: Request, model: str | None) -> None:
-        if self.cfg.api_keys:
-            auth = request.headers.get("authorization", "")
-            if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in self.cfg.api_keys:
-                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
-                               "authentication_error")
-        length = request.headers.get("content-length")
-        if length is not None and int(length) > self.cfg.max_request_bytes:
+        """API key, body size and model name; raises ApiError (401, 413, 404)."""
+        if not is_authorized(request.headers.get("authorization"), self.cfg.api_keys):
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.cfg.max_request_bytes:
             raise ApiError(413, f"request body of {length} bytes exceeds {self.cfg.max_request_bytes}")
         if model is not None and model != self.cfg.model_name:
             raise ApiError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_name!r}",
                            "not_found_error", "model")
+
+    def _check_body(self, request: Request, body: CompletionRequest | ChatCompletionRequest) -> None:
+        """_check, then refuse features this server does not implement (400 naming the field)."""
+        self._check(request, body.model)
+        try:
+            body.check_supported()
+        except UnsupportedParameter as e:
+            raise ApiError(400, str(e), "invalid_request_error", e.param) from e
+        ignored = set(body.ignored_fields()) - self._logged_ignored
+        if ignored:  # names only, never values; once per field and replica
+            self._logged_ignored |= ignored
+            logger.warning("accepted and ignored request fields: %s", ", ".join(sorted(ignored)))
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, choice: int) -> SamplingParams:
         fields = body.sampling_fields()
@@ -146,6 +172,11 @@ class Ingress:
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
+    @fastapi_app.get("/openapi.json", include_in_schema=False)
+    async def openapi_spec(self, request: Request) -> dict[str, Any]:
+        self._check(request, None)
+        return request.app.openapi()
+
     @fastapi_app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
         self._check(request, None)
@@ -160,9 +191,7 @@ class Ingress:
 
     @fastapi_app.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
-        self._check(request, body.model)
-        if body.echo:
-            raise ApiError(400, "echo=true is not supported; send echo=false (or leave it out)", param="echo")
+        self._check_body(request, body)
         prompts = _prompt_list(body.prompt)
         reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
                 for p in prompts for i in range(body.n)]
@@ -170,7 +199,7 @@ class Ingress:
 
     @fastapi_app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
-        self._check(request, body.model)
+        self._check_body(request, body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
                 for i in range(body.n)]

@@ -112,8 +112,8 @@ class ServerThread:
 
 
 def _config(url: str, **workload):
-    from benchmarks.serve_bench import BenchConfig
-    from benchmarks.traces import WorkloadConfig
+    from bullet_ray.bench.serve_bench import BenchConfig
+    from bullet_ray.bench.traces import WorkloadConfig
 
     w = WorkloadConfig(**{"dataset": "random", "num_prompts": 12, "rate_rps": 200.0, "random_input_tokens": 20,
                           "random_output_tokens": 10, "seed": 3, **workload})
@@ -121,8 +121,8 @@ def _config(url: str, **workload):
 
 
 def test_token_counts_match_usage_and_lengths_are_forced():
-    from benchmarks.serve_bench import run_benchmark
-    from benchmarks.traces import build_workload
+    from bullet_ray.bench.serve_bench import run_benchmark
+    from bullet_ray.bench.traces import build_workload
 
     fake = FakeServer(tokens_per_chunk=3)
     with ServerThread(fake) as srv:
@@ -155,7 +155,7 @@ def test_token_counts_match_usage_and_lengths_are_forced():
 
 
 def test_errors_are_recorded_not_lost():
-    from benchmarks.serve_bench import run_benchmark
+    from bullet_ray.bench.serve_bench import run_benchmark
 
     fake = FakeServer(fail_every=4, break_every=5)
     with ServerThread(fake) as srv:
@@ -174,7 +174,7 @@ def test_errors_are_recorded_not_lost():
 
 
 def test_server_down_gives_error_records():
-    from benchmarks.serve_bench import run_benchmark
+    from bullet_ray.bench.serve_bench import run_benchmark
 
     config = replace(_config(f"http://127.0.0.1:{free_port()}", num_prompts=3), model="m")
     result = asyncio.run(run_benchmark(config))
@@ -184,8 +184,8 @@ def test_server_down_gives_error_records():
 
 
 def test_chat_endpoint_text_prompts_and_missing_usage():
-    from benchmarks.serve_bench import run_benchmark
-    from benchmarks.traces import RequestSpec
+    from bullet_ray.bench.serve_bench import run_benchmark
+    from bullet_ray.bench.traces import RequestSpec
 
     fake = FakeServer(is_usage_sent=False)
     specs = [RequestSpec(i, 0.0, 3, 4 + i, "hello big world") for i in range(3)]
@@ -199,7 +199,7 @@ def test_chat_endpoint_text_prompts_and_missing_usage():
 
 
 def test_cli_writes_json_table_and_plot(tmp_path: Path):
-    from benchmarks import serve_bench
+    from bullet_ray.bench import serve_bench
 
     with ServerThread(FakeServer()) as srv:
         rc = serve_bench.main(["--base-url", srv.url, "--num-prompts", "5", "--rate", "100",
@@ -216,7 +216,7 @@ def test_cli_writes_json_table_and_plot(tmp_path: Path):
 
 @pytest.mark.slow
 def test_compare_two_systems_one_launched(tmp_path: Path):
-    from benchmarks.compare import SystemSpec, run_comparison
+    from bullet_ray.bench.compare import SystemSpec, run_comparison
 
     port = free_port()
     launch = f"{sys.executable} {Path(__file__).resolve()} --port {port}"

@@ -21,12 +21,39 @@ def test_generate_answers_the_chat_question():
     assert "loading" in proc.stderr
 
 
-def test_bad_flag_names_the_field():
-    proc = _cli("generate", "--temperature", "-1", "hi", timeout=60)
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["--model", "nosuch"], "bullet-ray generate: error: --model: model 'nosuch' is not a folder"),
+    (["--model", "dummy:nope"], "bullet-ray generate: error: --model: unknown preset 'nope'"),
+    (["--model", "/nowhere/m.gguf"], "bullet-ray generate: error: --model: GGUF file"),
+    (["--temperature", "-1"], "bullet-ray generate: error: --temperature: must be"),
+    (["--top-p", "2"], "bullet-ray generate: error: --top-p:"),
+    (["--max-tokens", "0"], "bullet-ray generate: error: --max-tokens:"),
+    (["--max-tokens", "x"], "bullet-ray generate: error: --max-tokens: invalid int value: 'x'"),
+    (["--schedule", "nope"], "bullet-ray generate: error: --schedule: invalid choice: 'nope'"),
+    (["--device", "tpu"], "bullet-ray generate: error: --device: unknown device 'tpu'"),
+    (["--kv-cache-gb", "0"], "bullet-ray generate: error: --kv-cache-gb:"),
+])
+def test_bad_argument_is_one_line_naming_the_flag(args, prefix):
+    proc = _cli("generate", *args, "hi", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
+    assert proc.stderr.startswith(prefix), proc.stderr
+    assert proc.stdout == ""
+
+
+def test_missing_argument_and_unknown_command_are_one_line():
+    for args in (["generate"], ["nosuch"]):
+        proc = _cli(*args, timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_debug_env_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("BULLET_RAY_DEBUG", "1")
+    proc = _cli("generate", "--model", "nosuch", "hi", timeout=60)
     assert proc.returncode == 2
-    assert "temperature" in proc.stderr
-    proc = _cli("generate", "--schedule", "nope", "hi", timeout=60)
-    assert proc.returncode == 2 and "schedule" in proc.stderr
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("bullet-ray generate: error: --model:")
 
 
 def test_help_lists_the_commands():

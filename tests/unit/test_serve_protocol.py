@@ -1,0 +1,88 @@
+"""Which OpenAI request fields are refused (400 naming the field), which are malformed (422), which are
+accepted and ignored; and the API-key comparison. No Ray, no HTTP."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bullet_ray.serve.auth import is_authorized
+from bullet_ray.serve.openai_protocol import ChatCompletionRequest, CompletionRequest, UnsupportedParameter
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"prompt": "hi"}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream=true
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]}, "messages[1].tool_calls"),
+])
+def test_chat_refuses_unsupported_features_naming_the_field(extra, param):
+    body = ChatCompletionRequest(**{**CHAT, **extra})
+    with pytest.raises(UnsupportedParameter) as e:
+        body.check_supported()
+    assert e.value.param == param and str(e.value)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"suffix": "end"}, "suffix"),
+    ({"best_of": 3}, "best_of"),
+    ({"echo": True}, "echo"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_completion_refuses_unsupported_features(extra, param):
+    with pytest.raises(UnsupportedParameter) as e:
+        CompletionRequest(**{**COMPLETION, **extra}).check_supported()
+    assert e.value.param == param
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": []}, {"tool_choice": "none"}, {"function_call": "none"}, {"response_format": {"type": "text"}},
+    {"logit_bias": {}}, {"modalities": ["text"]}, {"user": "u1"}, {"store": False}, {"metadata": {"a": "b"}},
+    {"service_tier": "auto"}, {"parallel_tool_calls": False}, {"reasoning_effort": "low"},
+    {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": False}},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+])
+def test_harmless_fields_are_accepted(extra):
+    body = ChatCompletionRequest(**{**CHAT, **extra})
+    body.check_supported()
+
+
+def test_ignored_fields_are_listed_by_name():
+    body = ChatCompletionRequest(**CHAT, store=True, metadata={"k": "v"})
+    assert body.ignored_fields() == ["metadata", "store"]
+    assert CompletionRequest(prompt="x", best_of=1).ignored_fields() == ["best_of"]
+
+
+@pytest.mark.parametrize("stream_options", ["yes", 1, [True], {"include_usage": "maybe"}, {"include_usage": 1}])
+def test_stream_options_of_the_wrong_type_is_a_schema_error(stream_options):
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest(**CHAT, stream=True, stream_options=stream_options)
+    assert e.value.errors()[0]["loc"][0] == "stream_options"
+
+
+def test_api_key_check():
+    keys = ["k1", "k2-longer"]
+    assert is_authorized(None, [])
+    assert is_authorized("Bearer k1", keys) and is_authorized("Bearer k2-longer", keys)
+    for bad in (None, "", "k1", "Bearer ", "Bearer k", "Bearer k1x", "Basic k1", "bearer k1", "Bearer k2"):
+        assert not is_authorized(bad, keys), bad
+    assert not is_authorized("Bearer \udcff", keys)  # undecodable bytes do not raise

@@ -142,6 +142,36 @@ def worker_refs(folder: str) -> dict[str, ProcessRef]:
     return refs
 
 
+@dataclass(frozen=True)
+class EngineFolder:
+    """One engine as its runtime folder describes it: the front and the workers that registered."""
+
+    path: str
+    front: ProcessRef
+    workers: dict[str, ProcessRef]
+
+    def is_gone(self) -> bool:
+        """The folder is removed and none of the engine's processes runs."""
+        return not os.path.exists(self.path) and not self.front.is_running() and \
+            not any(w.is_running() for w in self.workers.values())
+
+
+def list_engines(base: str | None = None) -> list[EngineFolder]:
+    """The engines with a runtime folder under `base` (default: where new engines put theirs)."""
+    base = base or default_base()
+    found = []
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith(PREFIX))
+    except OSError:
+        return found
+    for name in names:
+        path = os.path.join(base, name)
+        front = read_pid_file(os.path.join(path, OWNER_FILE))
+        if front is not None:
+            found.append(EngineFolder(path, front, worker_refs(path)))
+    return found
+
+
 def sweep_orphans(base: str) -> list[str]:
     """Remove bullet_ray-* folders under `base` whose front no longer runs (and kill their workers)."""
     removed: list[str] = []

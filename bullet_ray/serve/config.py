@@ -86,6 +86,17 @@ class BulletAppConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer tokens; empty: no auth")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413")
+    # shutdown and recovery ------------------------------------------------------------------------
+    drain_grace_s: float = Field(
+        30.0, ge=0, description="when an engine replica stops (serve shutdown, scale-down, redeploy, Ctrl-C of "
+                                "`serve run`), how long its running requests may finish (Serve's "
+                                "graceful_shutdown_timeout_s); requests still running then end with an error "
+                                "event. The ingress waits this + 5 s so it can deliver those events")
+    health_check_period_s: float = Field(
+        2.0, gt=0, description="how often Serve checks each engine replica; a replica whose engine died (a worker "
+                               "crashed) fails the check and is replaced after 3 failures in a row")
+    health_check_timeout_s: float = Field(
+        10.0, gt=0, description="a health check not answered in this time counts as failed")
     grpc_enabled: bool = Field(
         True, description="answer the gRPC Generate call (Serve's gRPC proxy must be on: grpc_options in the "
                           "YAML with grpc_servicer_functions: [" + GRPC_SERVICER_FUNCTION + "])")

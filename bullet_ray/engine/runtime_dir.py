@@ -159,7 +159,7 @@ class EngineFolder:
 def list_engines(base: str | None = None) -> list[EngineFolder]:
     """The engines with a runtime folder under `base` (default: where new engines put theirs)."""
     base = base or default_base()
-    found = []
+    found: list[EngineFolder] = []
     try:
         names = sorted(n for n in os.listdir(base) if n.startswith(PREFIX))
     except OSError:

@@ -14,7 +14,7 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
+import subprocess
 import threading
 import time
 import uuid
@@ -45,6 +45,13 @@ from bullet_ray.engine.outputs import (
 )
 from bullet_ray.engine.protocol import EngineClient, Prompt
 from bullet_ray.engine.request_table import OutputSink, RequestState
+from bullet_ray.engine.runtime_dir import (
+    WATCH_POLL_S,
+    WORKER_FILE_PREFIX,
+    create_runtime_dir,
+    start_watchdog,
+    write_pid_file,
+)
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.state_block import Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
@@ -52,55 +59,6 @@ from bullet_ray.policy.split import Load, SplitPolicy
 from bullet_ray.policy.ttft import PrefillTimeModel
 
 logger = logging.getLogger(__name__)
-
-
-def _runtime_dir(config: EngineConfig) -> str:
-    if config.runtime_dir:
-        path = os.path.join(config.runtime_dir, f"engine-{uuid.uuid4().hex[:8]}")
-        os.makedirs(path)
-        return path
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    _sweep_orphans(base or tempfile.gettempdir())
-    path = tempfile.mkdtemp(prefix="bullet_ray-", dir=base)
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
-        f.write(str(os.getpid()))
-    return path
-
-
-OWNER_FILE = "owner.pid"  # the engine front's pid, so a later engine can remove what a killed one left
-
-
-def _sweep_orphans(base: str) -> list[str]:
-    """Remove bullet_ray-* runtime folders (shared weights, KV pool) whose front process no longer runs:
-    a front killed with SIGKILL cannot clean up, and its files would hold the memory until reboot."""
-    removed: list[str] = []
-    try:
-        names = [n for n in os.listdir(base) if n.startswith("bullet_ray-")]
-    except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(base, name)
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                pid = int(f.read().strip())
-        except (OSError, ValueError):
-            continue  # not ours to judge (no owner file: older or foreign)
-        if pid == os.getpid() or _is_running(pid):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-        logger.warning("removed %s, left by engine process %d which no longer runs", path, pid)
-    return removed
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _prepare_model_in_subprocess(source: str) -> None:
@@ -133,10 +91,13 @@ class LLMEngine(EngineClient):
         self._requests: dict[str, RequestState] = {}
         self._dead_reason: str | None = None
         self._is_shut_down = False
+        self._is_draining = False  # shutdown() began: new requests are refused
         self.num_preemptions = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
-        self.runtime_dir = _runtime_dir(self.config)
+        self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
+        # removes the folder and stops the workers if this process dies without shutdown()
+        self._watchdog = start_watchdog(self.runtime_dir)
         self._authkey = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self.runtime_dir, "engine.sock"), family="AF_UNIX",
                                   authkey=self._authkey)
@@ -203,6 +164,8 @@ class LLMEngine(EngineClient):
             raise EngineDeadError(f"{role} worker failed to start:\n{msg.error}")
         assert isinstance(msg, Ready), msg
         self.worker_info[role] = msg.info
+        if msg.info.get("pid"):  # for the watchdog, should this front die first
+            write_pid_file(self.runtime_dir, f"{WORKER_FILE_PREFIX}{role}.pid", int(msg.info["pid"]))
         return msg
 
     def _accept(self, handle: WorkerHandle, role: str, timeout_s: float) -> Connection:
@@ -439,11 +402,16 @@ class LLMEngine(EngineClient):
             return
         logger.error("engine is dead: %s", reason)
         self._dead_reason = reason
+        self._fail_requests(reason)
+
+    def _fail_requests(self, reason: str) -> int:
+        """End every running request with an error output; returns how many there were."""
         with self._lock:
             states = list(self._requests.values())
             self._requests.clear()
         for state in states:
             state.sink.put(state.make_output([], "", None, finish_reason="error", error=reason))
+        return len(states)
 
     # SM split ---------------------------------------------------------------------------------------
     def request_split(self, index: int) -> None:
@@ -550,8 +518,9 @@ class LLMEngine(EngineClient):
 
     # health, stats, shutdown ------------------------------------------------------------------------
     def check_health(self) -> None:
-        if self._is_shut_down:
-            raise EngineDeadError("the engine was shut down")
+        if self._is_shut_down or self._is_draining:
+            raise EngineDeadError("the engine is shutting down" if not self._is_shut_down else
+                                  "the engine was shut down")
         if self._dead_reason is None:
             for role, handle in self._workers.items():
                 if not handle.is_alive():
@@ -581,9 +550,23 @@ class LLMEngine(EngineClient):
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)
 
-    def shutdown(self) -> None:
+    @property
+    def num_running_requests(self) -> int:
+        with self._lock:
+            return len(self._requests)
+
+    def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        """Stop the workers and release the runtime folder (shared weights, KV pool). Requests still
+        running after `drain_timeout_s` (new ones are refused meanwhile) end with an error output."""
         if self._is_shut_down:
             return
+        self._is_draining = True
+        deadline = time.monotonic() + drain_timeout_s
+        while self.num_running_requests and self._dead_reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        num_failed = self._fail_requests("the engine is shutting down")
+        if num_failed:
+            logger.warning("engine shut down with %d requests still running; they ended with an error", num_failed)
         self._is_shut_down = True
         split_thread = getattr(self, "_split_thread", None)
         if split_thread is not None:
@@ -606,6 +589,12 @@ class LLMEngine(EngineClient):
                 obj.close()
         self._listener.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            try:
+                watchdog.wait(2 * WATCH_POLL_S + 1)  # it sees the folder gone and exits: reap it
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
 
     def __enter__(self) -> LLMEngine:
         return self

@@ -11,6 +11,8 @@ from bullet_ray.serve.config import BulletAppConfig
 from bullet_ray.serve.engine_deployment import EngineReplica
 from bullet_ray.serve.ingress import Ingress
 
+INGRESS_EXTRA_GRACE_S = 5.0
+
 
 def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) -> Application:
     """Ingress + one engine replica per GPU (num_engines). Deploys nothing; with a `controller:` section it
@@ -26,7 +28,12 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         "ray_actor_options": {"num_cpus": config.engine_num_cpus},
         "request_router_config": {"request_router_class": "bullet_ray.serve.router:PredictedTTFTRouter",
                                   "request_routing_stats_period_s": 1.0},
-        "health_check_period_s": 5.0,
+        "health_check_period_s": config.health_check_period_s,
+        "health_check_timeout_s": config.health_check_timeout_s,
+        # running requests may finish for drain_grace_s; Serve then kills the replica (the engine's watchdog
+        # removes its shared memory and workers if the destructor could not run)
+        "graceful_shutdown_timeout_s": config.drain_grace_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
     }
     accelerator = config.accelerator
     if accelerator is not None and config.worker_launcher == "ray":
@@ -40,5 +47,9 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         options.update(controller_options(config))
     engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     dumped = config.model_dump()
-    return Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas).bind(  # type: ignore[attr-defined]
+    # the ingress outlives the engines' drain by a little, so it can stream their last (error) events
+    ingress = Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas,  # type: ignore[attr-defined]
+                              graceful_shutdown_timeout_s=config.drain_grace_s + INGRESS_EXTRA_GRACE_S,
+                              graceful_shutdown_wait_loop_s=0.5)
+    return ingress.bind(
         engine.bind(dumped, engine_factory), dumped)

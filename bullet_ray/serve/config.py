@@ -91,6 +91,17 @@ class BulletAppConfig(BaseModel):
         None, description="cluster controller (bullet_ray.control): forecasts load, sets engine replicas within a GPU "
                           "budget through Serve's autoscaler, pushes split bounds, SLO targets and admission; "
                           "null: none, num_engines fixed")
+    # shutdown and recovery ------------------------------------------------------------------------
+    drain_grace_s: float = Field(
+        30.0, ge=0, description="when an engine replica stops (serve shutdown, scale-down, redeploy, Ctrl-C of "
+                                "`serve run`), how long its running requests may finish (Serve's "
+                                "graceful_shutdown_timeout_s); requests still running then end with an error "
+                                "event. The ingress waits this + 5 s so it can deliver those events")
+    health_check_period_s: float = Field(
+        2.0, gt=0, description="how often Serve checks each engine replica; a replica whose engine died (a worker "
+                               "crashed) fails the check and is replaced after 3 failures in a row")
+    health_check_timeout_s: float = Field(
+        10.0, gt=0, description="a health check not answered in this time counts as failed")
     grpc_enabled: bool = Field(
         True, description="answer the gRPC Generate call (Serve's gRPC proxy must be on: grpc_options in the "
                           "YAML with grpc_servicer_functions: [" + GRPC_SERVICER_FUNCTION + "])")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ from bullet_ray.serve.admission import AdmissionSettings
 from bullet_ray.serve.config import BulletAppConfig
 
 logger = logging.getLogger(__name__)
+
+DEAD_TTFT_S = 1e9  # what a replica whose engine died reports to the router: rank it last
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,22 @@ class EngineReplica:
 
     # Serve hooks ------------------------------------------------------------------------------------
     def __del__(self) -> None:
-        """Serve calls this when the replica stops: stop the workers, remove the shared memory."""
+        """Serve calls this when the replica stops, after its running requests drained (or drain_grace_s
+        passed): stop the workers, remove the shared memory. If Serve kills the replica instead (the grace
+        ran out), the engine's watchdog does the same."""
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
 
     def check_health(self) -> None:
         self.engine.check_health()
+
+    def _is_healthy(self) -> bool:
+        try:
+            self.engine.check_health()
+        except EngineDeadError:
+            return False
+        return True
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs (the deployment's user_config): max_waiting_per_engine, admission_ttft_s,
@@ -105,6 +117,10 @@ class EngineReplica:
         return apply_decision(self, decision)
 
     def record_routing_stats(self) -> dict[str, Any]:
+        if not self._is_healthy():
+            # the router ranks this replica last until Serve replaces it (its requests would get 503)
+            return {"predicted_ttft_s": DEAD_TTFT_S, "num_waiting": DEAD_TTFT_S, "num_running": 0, "kv_usage": 1.0,
+                    "is_dead": True}
         stats = self.engine.stats()
         self.metrics.observe_stats(stats)
         return {"predicted_ttft_s": stats.predicted_ttft_s, "num_waiting": stats.num_waiting,
@@ -126,7 +142,14 @@ class EngineReplica:
                 "replica_id": self.replica_id,
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "num_requests_total": self.num_requests_total, "num_rejected_total": self.num_rejected_total,
-                "predicted_ttft_s": s.predicted_ttft_s, "admission": dataclasses.asdict(self.admission)}
+                "predicted_ttft_s": s.predicted_ttft_s, "admission": dataclasses.asdict(self.admission),
+                **self._process_info()}
+
+    def _process_info(self) -> dict[str, Any]:
+        """Where this engine's memory and processes are (operators, the chaos tests, benchmarks/soak.py)."""
+        workers = getattr(self.engine, "worker_info", {})
+        return {"pid": os.getpid(), "runtime_dir": getattr(self.engine, "runtime_dir", None),
+                "worker_pids": {role: info.get("pid") for role, info in workers.items()}}
 
     def _prompt(self, request: dict[str, Any]) -> str | list[int]:
         if request.get("messages") is None:
@@ -174,7 +197,9 @@ class EngineReplica:
             status = 413 if e.code == "context_length_exceeded" else 400
             yield GenerateError(status, str(e), "invalid_request_error", e.field)
         except EngineDeadError as e:
-            yield GenerateError(503, f"engine unavailable: {e}", "server_error")
+            # Serve replaces this replica (its health check fails); the client may retry meanwhile
+            yield GenerateError(503, f"engine unavailable: {e}", "server_error",
+                                retry_after_s=self.admission.retry_after_s)
 
 
 def _replica_id() -> str:

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from bullet_ray.engine.outputs import RequestOutput
@@ -35,6 +36,12 @@ class ApiError(Exception):
         return cls(e.status, e.message, e.err_type, e.param, e.retry_after_s)
 
 
+def replica_lost(e: BaseException, retry_after_s: int) -> ApiError:
+    """The error a client gets when its engine replica died under it (503: Serve is replacing it)."""
+    return ApiError(503, f"engine replica unavailable ({type(e).__name__}); retry later", "server_error",
+                    retry_after_s=retry_after_s)
+
+
 class ChoiceStreams:
     def __init__(self, engine: Any, requests: list[dict[str, Any]], retry_after_s: int) -> None:
         self.engine = engine
@@ -53,6 +60,9 @@ class ChoiceStreams:
             self.cancel()
             raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
                            retry_after_s=self.retry_after_s) from e
+        except RayActorError as e:  # the replica died (killed, or replaced after a crash) before answering
+            self.cancel()
+            raise replica_lost(e, self.retry_after_s) from e
         except BaseException:
             self.cancel()
             raise
@@ -76,8 +86,10 @@ class ChoiceStreams:
                     await queue.put((index, item))
                     if isinstance(item, GenerateError) or item.finished:
                         return
-            except Exception as e:  # an engine failed mid-stream: end this choice with an error
+            except ApiError as e:
                 await queue.put((index, e))
+            except Exception as e:  # the replica failed mid-stream: end this choice with an error event
+                await queue.put((index, replica_lost(e, self.retry_after_s)))
 
         tasks = [asyncio.create_task(pump(i)) for i in range(len(self.gens))]
         remaining = len(tasks)

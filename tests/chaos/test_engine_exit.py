@@ -1,0 +1,92 @@
+"""An engine without Ray (worker child processes) releases its runtime folder and workers on every exit:
+shutdown with requests in flight (they end with an error output), a worker killed (the engine is dead,
+its requests end with an error), and the front itself killed with SIGKILL (the watchdog cleans up)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bullet_ray.config import EngineConfig
+from bullet_ray.engine.llm_engine import LLMEngine
+from bullet_ray.engine.runtime_dir import ProcessRef, worker_refs
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import EngineDeadError
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LONG = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+
+
+def _config(tmp_path) -> EngineConfig:
+    return EngineConfig(model="dummy:tiny-llama", num_kv_blocks=512, block_size=16, runtime_dir=str(tmp_path))
+
+
+def _wait_for(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def _first_token(stream) -> None:
+    out = next(stream)
+    assert out.finish_reason is None
+
+
+def test_shutdown_ends_running_requests_with_an_error_and_releases_everything(tmp_path):
+    engine = LLMEngine(_config(tmp_path))
+    folder, workers = engine.runtime_dir, worker_refs(engine.runtime_dir)
+    assert set(workers) == {"prefill", "decode"}
+    streams = [engine.stream([5, 6, 7, i], LONG) for i in range(3)]
+    for s in streams:
+        _first_token(s)
+    engine.shutdown(drain_timeout_s=0.2)  # far too short for 1,000 tokens: they are cut
+    for s in streams:
+        last = list(s)[-1]
+        assert last.finish_reason == "error" and "shutting down" in (last.error or "")
+    assert not os.path.exists(folder)
+    assert not any(ref.is_running() for ref in workers.values())
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+
+
+def test_a_killed_worker_fails_running_requests_and_shutdown_still_cleans_up(tmp_path):
+    engine = LLMEngine(_config(tmp_path))
+    folder, workers = engine.runtime_dir, worker_refs(engine.runtime_dir)
+    stream = engine.stream([5, 6, 7], LONG)
+    _first_token(stream)
+    os.kill(workers["decode"].pid, signal.SIGKILL)
+    last = list(stream)[-1]
+    assert last.finish_reason == "error"
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+    engine.shutdown()
+    assert not os.path.exists(folder)
+    assert not any(ref.is_running() for ref in workers.values())
+
+
+def test_a_front_killed_with_sigkill_leaves_no_folder_and_no_worker(tmp_path):
+    code = ("import sys, time; from bullet_ray.config import EngineConfig; "
+            "from bullet_ray.engine.llm_engine import LLMEngine; "
+            f"e = LLMEngine(EngineConfig(model='dummy:tiny-llama', num_kv_blocks=64, runtime_dir={str(tmp_path)!r})); "
+            "print(e.runtime_dir, flush=True); time.sleep(300)")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    front = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert front.stdout is not None
+    folder = front.stdout.readline().strip()
+    assert folder and os.path.isdir(folder)
+    workers: dict[str, ProcessRef] = worker_refs(folder)
+    assert set(workers) == {"prefill", "decode"}
+    front.kill()
+    front.wait()
+    assert _wait_for(lambda: not os.path.exists(folder)), os.listdir(folder)
+    assert _wait_for(lambda: not any(ref.is_running() for ref in workers.values()))

@@ -1,0 +1,177 @@
+"""Faults under load on a real local Ray Serve: two engine replicas (the real LLMEngine on a tiny dummy model,
+prefill/decode workers as Ray actors). Kill a decode worker, a prefill worker, a replica process; then scale
+down and delete the application. Each time:
+- every in-flight stream ends (never hangs) with its tokens or an error event;
+- new requests get 200 (routed to the other replica) or 503/429 with Retry-After, never anything else;
+- Serve replaces the broken replica, and the dead engine leaves no runtime folder and no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from bullet_ray.engine.runtime_dir import EngineFolder, list_engines
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+APP, PREFIX = "chaos", "/chaos"
+MODEL = "dummy:tiny-llama"
+RECOVERY_TIMEOUT_S = 180.0
+
+
+def _args(runtime_base: str, num_engines: int) -> dict:
+    return {"engine": {"model": MODEL, "num_kv_blocks": 256, "block_size": 16, "runtime_dir": runtime_base},
+            "num_engines": num_engines, "engine_num_cpus": 0, "worker_num_cpus": 0,
+            "health_check_period_s": 1.0, "drain_grace_s": 2.0}
+
+
+def _wait_for(condition, timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return bool(condition())
+
+
+@dataclass
+class Stream:
+    """One streaming completion run in a thread: what came back."""
+
+    status: int | None = None
+    finish_reason: str | None = None
+    error_event: dict | None = None
+    num_chunks: int = 0
+    first_chunk: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    exception: str | None = None
+
+    @property
+    def ended_with_error(self) -> bool:
+        return self.error_event is not None or self.finish_reason == "error"
+
+
+def _stream(url: str, prompt: list[int], max_tokens: int = 1000) -> Stream:
+    result = Stream()
+
+    def run() -> None:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                result.status = r.status_code
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        result.error_event = event["error"]
+                        continue
+                    result.num_chunks += 1
+                    result.first_chunk.set()
+                    result.finish_reason = event["choices"][0]["finish_reason"] or result.finish_reason
+        except Exception as e:  # noqa: BLE001 - recorded and asserted on
+            result.exception = repr(e)
+        finally:
+            result.first_chunk.set()
+            result.done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return result
+
+
+def _probe(url: str) -> tuple[int, str | None]:
+    try:
+        r = httpx.post(f"{url}/v1/completions", timeout=30,
+                       json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True})
+        return r.status_code, r.headers.get("retry-after")
+    except httpx.HTTPError as e:
+        return -1, repr(e)
+
+
+@pytest.fixture(scope="module")
+def app(chaos_serve_url, tmp_path_factory):
+    from ray import serve
+
+    from bullet_ray.serve import build_app
+
+    base = str(tmp_path_factory.mktemp("chaos_runtime"))
+    serve.run(build_app(_args(base, 2)), name=APP, route_prefix=PREFIX)
+    url = chaos_serve_url + PREFIX
+    yield url, base
+    serve.delete(APP)
+
+
+def _steady(url: str, base: str, num: int = 2) -> list[EngineFolder]:
+    """Wait until `num` engines run with both workers and a request succeeds."""
+    def ready() -> bool:
+        engines = [e for e in list_engines(base) if e.front.is_running()]
+        return len(engines) == num and all({"prefill", "decode"} <= set(e.workers) for e in engines) \
+            and _probe(url)[0] == 200
+    assert _wait_for(ready, RECOVERY_TIMEOUT_S), list_engines(base)
+    return [e for e in list_engines(base) if e.front.is_running()]
+
+
+def _kill_under_load(url: str, base: str, victim_pid) -> None:
+    engines = _steady(url, base)
+    victim = engines[0]
+    streams = [_stream(url, [5, 6, 7, i]) for i in range(6)]  # the router spreads them over both replicas
+    for s in streams:
+        assert s.first_chunk.wait(60)
+    killed_at = time.monotonic()
+    os.kill(victim_pid(victim), signal.SIGKILL)
+
+    probes: list[tuple[float, int, str | None]] = []
+    while time.monotonic() - killed_at < RECOVERY_TIMEOUT_S:
+        status, retry_after = _probe(url)
+        probes.append((time.monotonic() - killed_at, status, retry_after))
+        replaced = victim.is_gone() and len([e for e in list_engines(base) if e.front.is_running()]) == 2
+        if replaced and status == 200:
+            break
+        time.sleep(0.25)
+
+    for s in streams:
+        assert s.done.wait(60), "a stream hung"
+        assert s.exception is None, s.exception
+        assert s.status == 200
+        assert s.ended_with_error or s.finish_reason == "length", s
+    assert any(s.ended_with_error for s in streams), "no stream was on the killed engine"
+    for _, status, retry_after in probes:
+        assert status == 200 or (status in (429, 503) and retry_after is not None), probes
+    assert victim.is_gone(), f"{victim} left behind"
+    assert probes[-1][1] == 200 and len(_steady(url, base)) == 2
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_killing_a_worker_fails_its_streams_and_the_replica_is_replaced(app, role):
+    url, base = app
+    _kill_under_load(url, base, lambda victim: victim.workers[role].pid)
+
+
+def test_killing_the_replica_process_fails_its_streams_and_the_replica_is_replaced(app):
+    url, base = app
+    _kill_under_load(url, base, lambda victim: victim.front.pid)
+
+
+def test_scale_down_and_delete_release_every_engine(app):
+    from ray import serve
+
+    from bullet_ray.serve import build_app
+
+    url, base = app
+    engines = _steady(url, base)
+    # num_engines is one of the replicas' arguments: Serve rolls out new replicas and stops the old ones
+    serve.run(build_app(_args(base, 1)), name=APP, route_prefix=PREFIX)
+    (survivor,) = _steady(url, base, num=1)
+    old = [e for e in engines if e.path != survivor.path]
+    assert _wait_for(lambda: all(e.is_gone() for e in old), 60), old
+    serve.delete(APP)
+    assert _wait_for(survivor.is_gone, 60), survivor
+    assert list_engines(base) == []

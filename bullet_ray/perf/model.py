@@ -41,6 +41,8 @@ class PerfModel:
         self.calibration = calibration or Calibration()
         self.dtype_bytes = dtype_bytes
         self.online = online or OnlineCorrection()
+        self._coef = _linear_coefficients(cfg, dtype_bytes)
+        self._ceilings: dict[float, tuple[float, float]] = {}
 
     @classmethod
     def from_profile(cls, profile: Profile, cfg: ModelConfig, refit: bool = False) -> PerfModel:
@@ -58,13 +60,23 @@ class PerfModel:
                 for k, c in kernel_costs(self.cfg, shape, self.dtype_bytes).items()}
 
     def group_times_s(self, shape: StepShape, sms: float) -> tuple[float, float]:
-        """(T_linear, T_attention) on `sms` SMs."""
-        lin = att = 0.0
-        for k, t in self.kernel_times_s(shape, sms).items():
-            if k.group == "attention":
-                att += t
-            else:
-                lin += t
+        """(T_linear, T_attention) on `sms` SMs: the sums of `kernel_times_s` by group, computed from
+        per-model coefficients (a prediction must cost microseconds: the policy makes dozens per step)."""
+        ceilings = self._ceilings.get(sms)
+        if ceilings is None:
+            ceilings = self._ceilings[sms] = (self.gpu.compute_flops_per_s(sms), self.gpu.bandwidth_bytes_per_s(sms))
+        return self._groups(shape.num_tokens, shape.num_seqs, shape.num_context_tokens, shape.num_attention_pairs,
+                            ceilings)
+
+    def _groups(self, t: int, s: int, c: int, pairs: int, ceilings: tuple[float, float]) -> tuple[float, float]:
+        compute, bandwidth = ceilings
+        lin = 0.0
+        for flops_per_row, weight_bytes, bytes_per_row, by_seq in self._coef.linear:
+            rows = s if by_seq else t
+            lin += max(flops_per_row * rows / compute, (weight_bytes + bytes_per_row * rows) / bandwidth)
+        a = self._coef
+        att = max(a.attn_flops_per_pair * pairs / compute,
+                  (a.attn_bytes_per_context * c + a.attn_bytes_per_token * t) / bandwidth)
         return lin, att
 
     # predictions ----------------------------------------------------------------------------------
@@ -74,16 +86,36 @@ class PerfModel:
         return StepPrediction(shape.phase, calibrated * self.online.factor(shape.phase, index), calibrated, sms)
 
     def predict_prefill_s(self, tokens: int, context: int | None = None, sms: int | None = None,
-                          other_busy: bool = False, num_seqs: int = 1, index: int | None = None) -> float:
-        """A prefill step of `tokens` new tokens in `num_seqs` prompts whose KV reaches `context` tokens."""
-        shape = StepShape.prefill(tokens, context, num_seqs)
-        return self.predict(shape, sms or self.gpu.sm_count, other_busy, index).seconds
+                          other_busy: bool = False, num_seqs: int = 1, index: int | None = None,
+                          num_attention_pairs: int | None = None) -> float:
+        """A prefill step of `tokens` new tokens in `num_seqs` prompts whose KV reaches `context` tokens
+        (StepShape.prefill's pairs unless given, computed inline: the policy calls this dozens of times per
+        step)."""
+        n = sms or self.gpu.sm_count
+        ceilings = self._ceilings.get(n)
+        if ceilings is None:
+            ceilings = self._ceilings[n] = (self.gpu.compute_flops_per_s(n), self.gpu.bandwidth_bytes_per_s(n))
+        t = max(1, tokens)
+        ctx = t if context is None else max(context, t)
+        s = max(1, num_seqs)
+        per_new, per_ctx = t / s, ctx / s
+        pairs = num_attention_pairs if num_attention_pairs is not None else \
+            max(t, round(s * (per_new * per_ctx - per_new * (per_new - 1) / 2)))
+        lin, att = self._groups(t, s, ctx, pairs, ceilings)
+        return self.calibration.prefill.time_s(lin, att, other_busy) * self.online.factor("prefill", index)
 
     def predict_decode_s(self, batch: int, total_context: int, sms: int | None = None, other_busy: bool = False,
                          index: int | None = None) -> float:
-        """A decode step of `batch` sequences holding `total_context` KV tokens in all."""
-        shape = StepShape.decode(batch, total_context)
-        return self.predict(shape, sms or self.gpu.sm_count, other_busy, index).seconds
+        """A decode step of `batch` sequences holding `total_context` KV tokens in all (the hot path of the
+        split rule: no StepShape built)."""
+        n = sms or self.gpu.sm_count
+        ceilings = self._ceilings.get(n)
+        if ceilings is None:
+            ceilings = self._ceilings[n] = (self.gpu.compute_flops_per_s(n), self.gpu.bandwidth_bytes_per_s(n))
+        b = max(1, batch)
+        ctx = max(total_context, b)
+        lin, att = self._groups(b, b, ctx, ctx, ceilings)
+        return self.calibration.decode.time_s(lin, att, other_busy) * self.online.factor("decode", index)
 
     def saturation_tokens(self, sms: int, share: float = 0.9, max_tokens: int = 16384, seq_len: int = 1024) -> int:
         """Fewest tokens per prefill step whose throughput (tokens / s) reaches `share` of the throughput
@@ -124,6 +156,29 @@ class PerfModel:
 
     def describe(self) -> dict[str, object]:
         return {"gpu": self.gpu.name, "calibration": self.calibration.to_dict(), "online": self.online.describe()}
+
+
+@dataclass(frozen=True)
+class _Coefficients:
+    # (FLOPs per row, weight bytes, bytes per row, rows are sequences (lm_head) rather than tokens)
+    linear: tuple[tuple[float, float, float, bool], ...]
+    attn_flops_per_pair: float
+    attn_bytes_per_context: float
+    attn_bytes_per_token: float
+
+
+def _linear_coefficients(cfg: ModelConfig, dtype_bytes: int) -> _Coefficients:
+    """kernel_costs' formulas as FLOPs and bytes per row (bullet_ray.perf.kernels has them written out)."""
+    one = kernel_costs(cfg, StepShape("prefill", 1, 1, 1, 1), dtype_bytes)
+    two = kernel_costs(cfg, StepShape("prefill", 2, 2, 2, 2), dtype_bytes)
+    linear = []
+    for k in (KernelClass.QKV, KernelClass.O_PROJ, KernelClass.GATE_UP, KernelClass.DOWN, KernelClass.LM_HEAD):
+        per_row_bytes = two[k].num_bytes - one[k].num_bytes
+        linear.append((one[k].flops, one[k].num_bytes - per_row_bytes, per_row_bytes, k is KernelClass.LM_HEAD))
+    attn_one = kernel_costs(cfg, StepShape("prefill", 1, 1, 1, 1), dtype_bytes)[KernelClass.ATTENTION_PREFILL]
+    ctx = kernel_costs(cfg, StepShape("prefill", 1, 1, 2, 1), dtype_bytes)[KernelClass.ATTENTION_PREFILL]
+    per_context = ctx.num_bytes - attn_one.num_bytes
+    return _Coefficients(tuple(linear), attn_one.flops, per_context, attn_one.num_bytes - per_context)
 
 
 def relative_errors(model: PerfModel, samples: list[Sample]) -> list[float]:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
 
 
 def batch_time_s(model: PerfModel, prompt_lens: Sequence[int], sms: int, other_busy: bool,
                  index: int | None = None, cached_lens: Sequence[int] | None = None) -> float:
     """One prefill step over these prompts (exact causal attention pairs)."""
-    shape = StepShape.of_prompts(list(prompt_lens), list(cached_lens) if cached_lens is not None else None)
-    return model.predict(shape, sms, other_busy, index).seconds
+    cached = list(cached_lens) if cached_lens is not None else [0] * len(prompt_lens)
+    new = [p - c for p, c in zip(prompt_lens, cached)]
+    pairs = sum(n * p - n * (n - 1) // 2 for n, p in zip(new, prompt_lens))  # as StepShape.of_prompts
+    return model.predict_prefill_s(sum(new), sum(prompt_lens), sms, other_busy, len(new), index, pairs)
 
 
 def batches_finish_s(model: PerfModel, batches: Sequence[Sequence[int]], sms: int, other_busy: bool,

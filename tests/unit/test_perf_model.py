@@ -221,3 +221,24 @@ def test_bad_profiles_name_the_field(tmp_path: Path, edit, field):
     with pytest.raises(ConfigError) as err:
         Profile.from_dict(d)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("shape", [StepShape.decode(64, 64 * 1024), StepShape.prefill(2048, 4096, 2),
+                                   StepShape.of_prompts([100, 900], [0, 300]), StepShape.decode(1, 5)])
+def test_fast_group_times_equal_the_kernel_sums(shape):
+    model = PerfModel(LLAMA8B, H100_SXM)
+    for sms in (16, 64, 132):
+        per_class = model.kernel_times_s(shape, sms)
+        lin = sum(t for k, t in per_class.items() if k.group == "linear")
+        att = sum(t for k, t in per_class.items() if k.group == "attention")
+        assert model.group_times_s(shape, sms) == pytest.approx((lin, att), rel=1e-9)
+
+
+def test_fast_predictions_equal_the_step_shape_path():
+    model = PerfModel(LLAMA8B, H100_SXM, Calibration(PhaseCalibration(0.001, 1.2, 1.5, 0.1),
+                                                     PhaseCalibration(0.0005, 1.1, 1.3, 0.05)))
+    for busy in (False, True):
+        assert model.predict_prefill_s(3000, 5000, 68, busy, num_seqs=3) == pytest.approx(
+            model.predict(StepShape.prefill(3000, 5000, 3), 68, busy).seconds, rel=1e-9)
+        assert model.predict_decode_s(48, 48 * 700, 40, busy) == pytest.approx(
+            model.predict(StepShape.decode(48, 48 * 700), 40, busy).seconds, rel=1e-9)

@@ -14,8 +14,8 @@ from bullet_ray.models.config import ModelConfig
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.perf.roofline import H100_SXM
 from bullet_ray.policy.batching import plan_batches
-from bullet_ray.policy.bullet import BulletPolicy
 from bullet_ray.policy.buckets import LengthBuckets
+from bullet_ray.policy.bullet import BulletPolicy
 from bullet_ray.policy.ordering import least_slack_order
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule, SplitSettings

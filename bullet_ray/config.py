@@ -54,13 +54,17 @@ class EngineConfig:
     partition: str = "auto"
     # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
     static_decode_sms: int | None = None
-    # SM split of the "bullet" schedule: "fixed" (stays at the middle of the ladder), "slo" (moved step by
-    # step to meet ttft/tpot targets, bullet_ray.policy.split; opt-in: on the H100 it served less goodput
-    # than the fixed split so far, docs/gpu.md), "auto" (fixed, until the policy beats it)
+    # SM split of the "bullet" schedule: "fixed" (stays at the middle of the ladder), "slo" (the prefill
+    # worker decides it at every step boundary from the performance model and the ttft/tpot targets,
+    # bullet_ray.policy, docs/policy.md; opt-in until an H100 sweep shows it beats the fixed split),
+    # "auto" (fixed, until then)
     split_policy: str = "auto"
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
+    # append one JSON line per step (phase, tokens, batch, context, split, predicted and measured time) and
+    # per split decision to this file (both workers; None: no log); benchmarks/plot_steps.py plots it
+    step_log_path: str | None = None
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0
     # folder for this engine's sockets and shared-memory files; None: a fresh one under /dev/shm or /tmp
@@ -115,7 +119,7 @@ class EngineConfig:
 
     @property
     def uses_split_policy(self) -> bool:
-        """True when the engine front moves the SM split step by step (bullet schedule, policy slo)."""
+        """True when the workers move the SM split step by step (bullet schedule, policy slo)."""
         return self.schedule == "bullet" and self.split_policy == "slo"
 
     @property

@@ -55,7 +55,6 @@ from bullet_ray.engine.runtime_dir import (
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.state_block import Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
-from bullet_ray.policy.split import Load, SplitPolicy
 from bullet_ray.policy.ttft import PrefillTimeModel
 
 logger = logging.getLogger(__name__)
@@ -77,6 +76,13 @@ def _prepare_model_in_subprocess(source: str) -> None:
     proc.join()
     if proc.exitcode != 0:
         cache_embedded()  # raise the real error here
+
+
+def _reason_name(code: int) -> str:
+    from bullet_ray.policy.state import SplitReason
+
+    reasons = list(SplitReason)
+    return reasons[code].value if 0 <= code < len(reasons) else "?"
 
 
 class LLMEngine(EngineClient):
@@ -112,16 +118,17 @@ class LLMEngine(EngineClient):
             raise
         self._receiver = threading.Thread(target=self._receive_loop, name="bullet-engine-recv", daemon=True)
         self._receiver.start()
-        self.split_policy: SplitPolicy | None = None
-        self.num_split_requests = 0
+        self.num_split_requests = 0  # by request_split (by hand); the policy's are in the state block
         from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, default_ladder
 
         # the workers' SM ladder (decode SM counts; the none backend's is the same nominal one)
         self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
         self.ladder_decode_sms = default_ladder(self.sm_count)
+        # the split policy (split_policy: slo) runs in the prefill worker at its step boundaries
+        # (bullet_ray.engine.worker.policy_link); the front only reads its records from the state block
+        self._drained_steps = {Side.PREFILL: 0, Side.DECODE: 0}
+        self._drained_switches = 0
         self._split_bounds = (0, len(self.ladder_decode_sms) - 1)  # ladder indexes allowed (set_split_bounds)
-        if self.config.uses_split_policy:
-            self._start_split_policy()
 
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
@@ -345,6 +352,8 @@ class LLMEngine(EngineClient):
                 self._on_preempted(wire)
         elif isinstance(msg, WorkerFailed):
             self._mark_dead(f"{msg.role} worker failed:\n{msg.error}")
+        elif isinstance(msg, Wake):
+            self._send("decode", Wake())  # the prefill worker moved the split; an idle decode side must ack
         elif isinstance(msg, AbortMissed):
             pass  # the sequence was handed off first; its Handoff (already handled) dropped it
         else:
@@ -423,6 +432,7 @@ class LLMEngine(EngineClient):
             raise InvalidRequest(f"split index {index} must be >= 0", "split_index")
         self.state.switch[REQUESTED] = index
         self.state.switch[EPOCH] += 1
+        self.num_split_requests += 1
         self._wake_workers()
 
     def set_split_bounds(self, min_decode_sms: int | None, max_decode_sms: int | None) -> tuple[int, int]:
@@ -436,6 +446,7 @@ class LLMEngine(EngineClient):
             bound = max_decode_sms if max_decode_sms is not None else min_decode_sms
             inside = [min(range(len(counts)), key=lambda i: abs(counts[i] - (bound or 0)))]
         self._split_bounds = (inside[0], inside[-1])
+        self.state.set_split_bounds(inside[0], inside[-1])  # the deciding worker keeps its choice inside
         if self.config.is_disaggregated:
             requested = self.split_indexes()["requested"]
             clamped = min(max(requested, inside[0]), inside[-1])
@@ -443,72 +454,23 @@ class LLMEngine(EngineClient):
                 self.request_split(clamped)
         return self._split_bounds
 
-    def _start_split_policy(self) -> None:
-        """Move the SM split step by step (bullet_ray.policy.split) from a thread of this front. The ladder
-        is the workers' (`default_ladder` of the GPU's SM count; the none backend uses the same)."""
-        from bullet_ray.gpu.partition import LadderEntry, SplitSwitch
-        from bullet_ray.policy.split import SmScaling, SplitPolicy, SplitTargets
-
-        sm_count, counts = self.sm_count, self.ladder_decode_sms
-        self.split_policy = SplitPolicy(counts, SmScaling(sm_count), SplitTargets(
-            self.config.ttft_target_ms / 1e3, self.config.tpot_target_ms / 1e3))
-        self._split_switch = SplitSwitch(self.state.switch, [LadderEntry(i, c, sm_count - c)
-                                                              for i, c in enumerate(counts)])
-        self._decode_steps_on_split = 0
-        self._split_acks_woken: tuple[int, int, int] | None = None
-        self._split_thread = threading.Thread(target=self._split_loop, name="bullet-split-policy", daemon=True)
-        self._split_thread.start()
-
-    def _split_loop(self, interval_s: float = 0.005) -> None:
-        while not self._is_shut_down and self._dead_reason is None:
-            time.sleep(interval_s)
-            try:
-                self._split_tick()
-            except Exception:  # noqa: BLE001 - a policy error must not take the engine down
-                logger.exception("split policy step failed")
-
-    def _split_tick(self) -> None:
-        """Feed the last decode step to the policy; ask for a new split when it wants one, the previous
-        request has settled and (while decode runs) a decode step ran on the current split."""
-        policy, switch = self.split_policy, self._split_switch
-        assert policy is not None
-        row = self.state.read(Side.DECODE)
-        if policy.observe_decode_step(row["step"], row["step_time_us"] / 1e6, row["split_index"]) \
-                and row["split_index"] == switch.current("decode"):
-            self._decode_steps_on_split += 1
-        self._observe_prefill_step()
-        with self._lock:
-            decoding = prefilling = queued_tokens = 0
-            for state in self._requests.values():
-                if state.location == "decode":
-                    decoding += 1
-                elif state.first_token_s is None:
-                    prefilling += 1
-                    queued_tokens += len(state.prompt_token_ids)
-            ttft = self._prefill_time.predict_ttft(queued_tokens) if prefilling else None
-        current = switch.current("decode")
-        want = min(max(policy.choose(current, Load(decoding, prefilling, ttft)), self._split_bounds[0]),
-                   self._split_bounds[1])
-        if not switch.is_settled():
-            # the growing side waits for the shrinking side's ack; an idle one would see it only at its
-            # next poll: wake both whenever an ack moved
-            acks = (switch.requested(), switch.current("prefill"), current)
-            if acks != self._split_acks_woken:
-                self._split_acks_woken = acks
-                self._wake_workers()
-            return
-        if want == switch.requested():
-            return
-        if decoding and self._decode_steps_on_split == 0:
-            return  # let decode run a step on the split it has before judging it
-        if switch.request(want):
-            self._decode_steps_on_split = 0
-            self.num_split_requests += 1
-            self._wake_workers()
-
     def _wake_workers(self) -> None:
         for role in self._conns:
             self._send(role, Wake())  # an idle worker would otherwise notice only at its next poll
+
+    def drain_step_records(self) -> dict[str, Any]:
+        """Per-step records since the last call (at most the state block's ring per side; older ones are
+        dropped): {"prefill"/"decode": [(measured_s, predicted_s, ladder index)], "switch_s": [...]} for the
+        metrics (predicted vs measured step time, decision-to-new-split time)."""
+        out: dict[str, Any] = {}
+        with self._lock:
+            for side in (Side.PREFILL, Side.DECODE):
+                step, entries = self.state.recent_steps(side, self._drained_steps[side])
+                self._drained_steps[side] = step
+                out[side.name.lower()] = [(m / 1e6, p / 1e6, i) for m, p, i in entries]
+            self._drained_switches, switches = self.state.recent_switches(self._drained_switches)
+        out["switch_s"] = [us / 1e6 for us in switches]
+        return out
 
     def split_indexes(self) -> dict[str, int]:
         from bullet_ray.gpu.partition import DECODE_ACK, PREFILL_ACK, REQUESTED
@@ -536,6 +498,9 @@ class LLMEngine(EngineClient):
             queued_tokens = sum(len(s.prompt_token_ids) for s in self._requests.values()
                                 if s.location in ("prefill", "hybrid") and s.first_token_s is None)
             predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
+        policy = self.state.read_policy()
+        if self.config.uses_split_policy and policy["predicted_ttft_us"] > 0:
+            predicted_ttft = policy["predicted_ttft_us"] / 1e6  # the performance model's, from the prefill worker
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
         extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
         if self.config.is_disaggregated:
@@ -543,9 +508,9 @@ class LLMEngine(EngineClient):
             counts = self.ladder_decode_sms
             extra["split"] = {**indexes, "decode_sms_now": counts[min(indexes["decode"], len(counts) - 1)],
                               "prefill_sms_now": self.sm_count - counts[min(indexes["prefill"], len(counts) - 1)],
-                              "num_requests": self.num_split_requests}
-            if self.split_policy is not None:
-                extra["split"].update(self.split_policy.describe())
+                              "num_requests": self.num_split_requests + policy["num_switches"],
+                              "decode_sms": counts}
+            extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)
@@ -568,9 +533,6 @@ class LLMEngine(EngineClient):
         if num_failed:
             logger.warning("engine shut down with %d requests still running; they ended with an error", num_failed)
         self._is_shut_down = True
-        split_thread = getattr(self, "_split_thread", None)
-        if split_thread is not None:
-            split_thread.join(5)  # it reads the state block, which is unmapped below
         for role in list(self._conns):
             try:
                 with self._send_locks[role]:

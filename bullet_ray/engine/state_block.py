@@ -2,6 +2,12 @@
 
 Each side (prefill, decode) writes only its own row; the engine front, the policy and the SM-split
 switch read both. Values are plain int64 (times in microseconds) so a write is one aligned store.
+
+Besides the rows: the split switch's slots (bullet_ray.gpu.switch), the policy's slots (the last split
+decision, made by the prefill worker at its step boundaries: when, which entry, why, what it cost, the
+predicted TTFT of a new request, and the time from a decision to both sides running on the new split),
+and two rings the front reads for the metrics: each side's last RING_SIZE steps (measured and predicted
+time, ladder entry) and the last RING_SIZE decision-to-new-split times.
 """
 
 from __future__ import annotations
@@ -32,7 +38,31 @@ class Field(enum.IntEnum):
     SPLIT_INDEX = 5  # ladder entry this side runs on now
     NUM_QUEUED = 6  # sequences this side holds but did not run (waiting / preempted)
     HEARTBEAT_US = 7  # monotonic clock at the last write
-    NUM_FIELDS = 8
+    PREDICTED_STEP_US = 8  # the performance model's prediction of the last step (0: none)
+    QUEUED_TOKENS = 9  # prompt tokens this side holds but did not run yet
+    IS_ACTIVE = 10  # 1 while this side has work (it will step again), else 0
+    NUM_FIELDS = 11
+
+
+class Policy(enum.IntEnum):
+    """The policy's slots (written by the side that decides, and by the sides that complete a switch)."""
+
+    NUM_DECISIONS = 0  # split decisions made
+    DECISION_US = 1  # monotonic clock of the last decision
+    DECISION_INDEX = 2  # ladder entry it chose
+    DECISION_REASON = 3  # index of bullet_ray.policy.state.SplitReason in REASONS
+    DECISION_COST_US = 4  # time the decision took
+    PREDICTED_TTFT_US = 5  # predicted TTFT of a request arriving now (average prompt), 0: unknown
+    PENDING_SWITCH_US = 6  # decision time of the switch in flight (0: none)
+    NUM_SWITCHES = 7  # switches completed (both sides on the new entry)
+    LAST_SWITCH_US = 8  # decision-to-new-split time of the last completed switch
+    MIN_INDEX = 9  # lowest ladder entry the decider may choose (the cluster controller's bounds)
+    MAX_INDEX_PLUS_ONE = 10  # highest allowed entry + 1 (0: no upper bound)
+    NUM_SLOTS = 11
+
+
+RING_SIZE = 64
+STEP_RING_FIELDS = 3  # measured_us, predicted_us, split index
 
 
 # the SM-split switch protocol's slots (bullet_ray.gpu.partition.SplitSwitch reads these):
@@ -45,30 +75,42 @@ class StateBlockHandle:
     arena: ArenaHandle
     rows: TensorSpec
     switch: TensorSpec
+    policy: TensorSpec
+    steps: TensorSpec
+    switches: TensorSpec
 
 
 class StateBlock:
-    """rows: int64 [2, NUM_FIELDS]; switch: int64 [NUM_SWITCH_SLOTS]."""
+    """rows: int64 [2, NUM_FIELDS]; switch: int64 [NUM_SWITCH_SLOTS]; policy: int64 [Policy.NUM_SLOTS];
+    steps: int64 [2, RING_SIZE, STEP_RING_FIELDS]; switches: int64 [RING_SIZE]."""
 
-    def __init__(self, arena: TensorArena, rows: TensorSpec, switch: TensorSpec) -> None:
+    def __init__(self, arena: TensorArena, rows: TensorSpec, switch: TensorSpec, policy: TensorSpec,
+                 steps: TensorSpec, switches: TensorSpec) -> None:
         self._arena = arena
-        self._rows_spec, self._switch_spec = rows, switch
+        self._specs = (rows, switch, policy, steps, switches)
         self.rows: np.ndarray = arena.view(rows).numpy()
         self.switch: np.ndarray = arena.view(switch).numpy()
+        self.policy: np.ndarray = arena.view(policy).numpy()
+        self.steps: np.ndarray = arena.view(steps).numpy()
+        self.switches: np.ndarray = arena.view(switches).numpy()
 
     @classmethod
     def create(cls, path: str) -> StateBlock:
-        arena = TensorArena.create(1024, "cpu", path)
+        arena = TensorArena.create(8192, "cpu", path)
         _, rows = arena.allocate((2, int(Field.NUM_FIELDS)), torch.int64)
         _, switch = arena.allocate((NUM_SWITCH_SLOTS,), torch.int64)
-        return cls(arena, rows, switch)
+        _, policy = arena.allocate((int(Policy.NUM_SLOTS),), torch.int64)
+        _, steps = arena.allocate((2, RING_SIZE, STEP_RING_FIELDS), torch.int64)
+        _, switches = arena.allocate((RING_SIZE,), torch.int64)
+        return cls(arena, rows, switch, policy, steps, switches)
 
     @classmethod
     def attach(cls, handle: StateBlockHandle) -> StateBlock:
-        return cls(TensorArena.attach(handle.arena), handle.rows, handle.switch)
+        return cls(TensorArena.attach(handle.arena), handle.rows, handle.switch, handle.policy, handle.steps,
+                   handle.switches)
 
     def export(self) -> StateBlockHandle:
-        return StateBlockHandle(self._arena.handle, self._rows_spec, self._switch_spec)
+        return StateBlockHandle(self._arena.handle, *self._specs)
 
     def publish(self, side: Side, *, num_seqs: int, num_tokens: int, num_context_tokens: int,
                 step_time_us: int, num_queued: int, split_index: int = 0) -> None:
@@ -82,6 +124,74 @@ class StateBlock:
         row[Field.SPLIT_INDEX] = split_index
         row[Field.HEARTBEAT_US] = time.monotonic_ns() // 1000
         row[Field.STEP] += 1
+
+    def annotate(self, side: Side, *, predicted_step_us: int, queued_tokens: int, is_active: bool) -> None:
+        """The policy's extras of the step `publish` is about to record (call it first: `publish` bumps
+        STEP last, so a reader that sees the new STEP sees these too); the step also enters the ring."""
+        row = self.rows[int(side)]
+        row[Field.PREDICTED_STEP_US] = predicted_step_us
+        row[Field.QUEUED_TOKENS] = queued_tokens
+        row[Field.IS_ACTIVE] = int(is_active)
+
+    def record_ring(self, side: Side, measured_us: int, predicted_us: int, split_index: int) -> None:
+        """Enter the step `publish` just recorded (STEP already counts it) into `side`'s ring."""
+        step = int(self.rows[int(side)][Field.STEP])
+        self.steps[int(side), (step - 1) % RING_SIZE] = (measured_us, predicted_us, split_index)
+
+    def recent_steps(self, side: Side, after_step: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """(`side`'s step count now, its ring entries for steps after `after_step`, at most RING_SIZE)."""
+        step = int(self.rows[int(side)][Field.STEP])
+        first = max(after_step, step - RING_SIZE)
+        ring = self.steps[int(side)].copy()
+        return step, [tuple(int(v) for v in ring[s % RING_SIZE]) for s in range(first, step)]  # type: ignore[misc]
+
+    def record_decision(self, index: int, reason: int, cost_us: int, predicted_ttft_us: int,
+                        is_switch: bool) -> None:
+        """A split decision (by the deciding side); `is_switch`: it asked for a new entry."""
+        p, now = self.policy, time.monotonic_ns() // 1000
+        p[Policy.DECISION_US] = now
+        p[Policy.DECISION_INDEX] = index
+        p[Policy.DECISION_REASON] = reason
+        p[Policy.DECISION_COST_US] = cost_us
+        p[Policy.PREDICTED_TTFT_US] = predicted_ttft_us
+        if is_switch:
+            p[Policy.PENDING_SWITCH_US] = now
+        p[Policy.NUM_DECISIONS] += 1
+
+    def set_split_bounds(self, min_index: int, max_index: int) -> None:
+        """The ladder entries the deciding side may choose (inclusive), set by the engine front."""
+        self.policy[Policy.MIN_INDEX] = min_index
+        self.policy[Policy.MAX_INDEX_PLUS_ONE] = max_index + 1
+
+    def clamp_to_bounds(self, index: int) -> int:
+        """`index` moved inside the bounds set by `set_split_bounds` (none set: unchanged)."""
+        lo, hi = int(self.policy[Policy.MIN_INDEX]), int(self.policy[Policy.MAX_INDEX_PLUS_ONE]) - 1
+        index = max(index, lo)
+        return min(index, hi) if hi >= 0 else index
+
+    def record_switch_done(self) -> int | None:
+        """Both sides run on the requested entry now (called by the side that acked last): the
+        decision-to-new-split time in microseconds, or None if no decision was pending."""
+        p = self.policy
+        pending = int(p[Policy.PENDING_SWITCH_US])
+        if pending == 0:
+            return None
+        p[Policy.PENDING_SWITCH_US] = 0
+        latency = time.monotonic_ns() // 1000 - pending
+        self.switches[int(p[Policy.NUM_SWITCHES]) % RING_SIZE] = latency
+        p[Policy.LAST_SWITCH_US] = latency
+        p[Policy.NUM_SWITCHES] += 1
+        return latency
+
+    def recent_switches(self, after: int) -> tuple[int, list[int]]:
+        """(switches completed, the decision-to-new-split times of those after `after`, microseconds)."""
+        n = int(self.policy[Policy.NUM_SWITCHES])
+        ring = self.switches.copy()
+        return n, [int(ring[i % RING_SIZE]) for i in range(max(after, n - RING_SIZE), n)]
+
+    def read_policy(self) -> dict[str, int]:
+        p = self.policy.copy()
+        return {f.name.lower(): int(p[f]) for f in Policy if f is not Policy.NUM_SLOTS}
 
     def read(self, side: Side) -> dict[str, int]:
         row = self.rows[int(side)].copy()

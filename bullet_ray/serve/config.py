@@ -42,6 +42,9 @@ class EngineArgs(BaseModel):
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
     idle_poll_ms: float = Field(2.0, gt=0, description="how often an idle worker polls for work (ms)")
+    step_log_path: str | None = Field(None, description="append one JSON line per worker step and split "
+                                                        "decision to this file (benchmarks/plot_steps.py); "
+                                                        "null: no log")
     runtime_dir: str | None = Field(None, description="folder for the engine's socket and shared-memory files; "
                                                       "null: a fresh one under /dev/shm")
 

@@ -17,7 +17,6 @@ import torch
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
-from bullet_ray.policy.split import SplitTargets
 
 pytestmark = pytest.mark.slow
 
@@ -95,34 +94,40 @@ def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
     assert [r.token_ids for r in results] == expected
 
 
-def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy):
-    """The bullet schedule with the SLO split policy (forced on for CPU, where partitions change nothing):
-    the front asks for splits as decode steps are measured, both workers follow, tokens stay HF's."""
+def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
+    """The bullet schedule with the model-driven split policy (forced on for CPU, where partitions change
+    nothing): the prefill worker decides at its step boundaries, both workers follow, every step is
+    predicted and recorded, and the tokens stay HF's."""
     folder = _hf_folder("tiny-llama", hf_root)
     expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    # a TPOT target no CPU step misses: once a decode step is measured, decode needs the fewest SMs
+    log = tmp_path / "steps.jsonl"
+    # a TPOT target no CPU step meets: whenever both sides are busy, decode must get the most SMs
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
-                          split_policy="slo", tpot_target_ms=60_000.0)
-    def settled_split(engine):  # the growing side follows once the shrinking one acked
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(set(engine.split_indexes().values())) > 1:
-            time.sleep(0.02)
-        return engine.stats().extra["split"]
-
+                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log))
     with LLMEngine(config) as engine:
         results = engine.generate(PROMPTS, params)
-        first = settled_split(engine)
-        # now a TPOT target no step meets: decode must get the most SMs
-        engine.split_policy.targets = SplitTargets(tpot_s=1e-6)
-        again = engine.generate(PROMPTS, params)
-        second = settled_split(engine)
-        assert engine.stats().num_free_kv_blocks == 64
+        deadline = time.monotonic() + 10  # the last switch settles at the workers' next loop
+        while time.monotonic() < deadline and len(set(engine.split_indexes().values())) > 1:
+            time.sleep(0.02)
+        stats = engine.stats()
+        drained = engine.drain_step_records()
+        assert stats.num_free_kv_blocks == 64
     assert [r.token_ids for r in results] == expected
-    assert [r.token_ids for r in again] == expected
-    # prefill alone first: all to prefill (index 0); decode steps measured there meet the target: stay
-    assert first["requested"] == first["prefill"] == first["decode"] == 0 and first["decode_sms"][0] == 16
-    assert first["num_requests"] >= 1 and first["full_gpu_decode_step_ms"] > 0
-    top = len(second["decode_sms"]) - 1
-    assert second["requested"] == top and second["decode"] == top  # both sides followed
-    assert second["num_requests"] > first["num_requests"]
+    policy, split = stats.extra["policy"], stats.extra["split"]
+    top = len(split["decode_sms"]) - 1
+    # the first prompt finds decode idle: all to prefill (index 0), a switch both sides completed
+    assert policy["num_decisions"] > 0 and policy["num_switches"] >= 1
+    assert 0 < policy["last_switch_us"] < 5_000_000
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    decisions = [r for r in records if r["kind"] == "decision"]
+    assert decisions[0]["reason"] == "only_prefill" and decisions[0]["index"] == 0
+    for d in decisions:
+        if d["decode_seqs"] > 0 and d["num_queued"] > 0:
+            assert d["index"] == top and d["reason"] == "to_decode"
+    steps = [r for r in records if r["kind"] == "step"]
+    assert {r["side"] for r in steps} == {"prefill", "decode"}
+    assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)
+    assert sum(r["num_tokens"] for r in steps if r["side"] == "prefill") == sum(len(p) for p in PROMPTS)
+    assert drained["decode"] and all(m > 0 and p > 0 for m, p, _ in drained["decode"])
+    assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])

@@ -14,6 +14,7 @@ from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.main import WorkerBase
+from bullet_ray.engine.worker.policy_link import SplitDecider, StepRecorder, is_policy_on, make_perf_model
 
 
 def sequence_from_request(msg: AddRequest) -> Sequence:
@@ -57,20 +58,52 @@ def token_updates(worker: WorkerBase, result: StepResult) -> tuple[list[TokenUpd
     return updates, finished
 
 
-class PrefillWorker(WorkerBase):
+class SideWorker(WorkerBase):
+    """A side of the bullet schedule: predicts and records its steps, and records a split switch when it
+    completes it (the performance model and records: bullet_ray.engine.worker.policy_link)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        model, self.perf_source = make_perf_model(self)
+        self.recorder = StepRecorder(self, model)
+
+    def follow_split(self) -> None:
+        before = self.partitioner.current_index
+        super().follow_split()
+        if self.partitioner.current_index != before and self.switch.is_settled():
+            self.res.state.record_switch_done()  # this side acked last: both run on the new split
+
+    def switch_pending(self) -> bool:
+        """A requested split this side has not acked yet (it must step through its loop to follow)."""
+        return self.partitioner.side != "both" and self.switch.current(self.partitioner.side) != self.switch.requested()
+
+    def publish_step(self, record: tuple[Any, float, bool], started: float, num_seqs: int, result: StepResult,
+                     num_queued: int, queued_tokens: int) -> None:
+        shape, predicted, busy = record
+        self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work())
+        self.publish(num_seqs, result.num_tokens, result.num_context_tokens, started, num_queued)
+        self.recorder.after_publish()
+
+
+class PrefillWorker(SideWorker):
     role = "prefill"
     side = Side.PREFILL
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = PrefillScheduler(*admitting_scheduler_args(self))
+        self.decider = SplitDecider(self, self.recorder.model, self.recorder) if is_policy_on(self) else None
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)
         self.scheduler.add(sequence_from_request(add), front=add.resume is not None)
+        if self.decider is not None and add.resume is None:
+            self.decider.note_prompt(len(add.prompt_token_ids))
 
     def has_work(self) -> bool:
-        return len(self.scheduler) > 0
+        if len(self.scheduler) > 0 or self.switch_pending():
+            return True
+        return self.decider is not None and self.decider.is_due()
 
     def abort(self, request_ids: list[str]) -> None:
         missed = [rid for rid in request_ids if self.scheduler.abort(rid) is None]
@@ -78,23 +111,30 @@ class PrefillWorker(WorkerBase):
             self.conn.send(AbortMissed(missed))
 
     def step(self) -> bool:
+        if self.decider is not None:
+            self.decider.decide()
+            self.follow_split()  # a shrinking prefill side moves at once
         started = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return False
+        record = self.recorder.predict(batch)
         result = self.execute(batch)
         updates, finished = token_updates(self, result)
         self.scheduler.remove(result.sampled)
         for seq in finished:
             release(seq, self.allocator)
         handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, len(self.scheduler))
+        if handoffs and self.decider is not None:
+            self.decider.note_handoff()
+        queued_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
+        self.publish_step(record, started, len(batch), result, len(self.scheduler), queued_tokens)
         if updates or handoffs:
             self.conn.send(StepOutputs(self.role, updates, handoffs))
         return True
 
 
-class DecodeWorker(WorkerBase):
+class DecodeWorker(SideWorker):
     role = "decode"
     side = Side.DECODE
 
@@ -109,7 +149,7 @@ class DecodeWorker(WorkerBase):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
 
     def has_work(self) -> bool:
-        return len(self.scheduler) > 0
+        return len(self.scheduler) > 0 or self.switch_pending()
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -123,11 +163,12 @@ class DecodeWorker(WorkerBase):
             if preempted_wires:
                 self.conn.send(StepOutputs(self.role, preempted=preempted_wires))
             return bool(preempted_wires)
+        record = self.recorder.predict(batch)
         result = self.execute(batch)
         updates, finished = token_updates(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, 0)
+        self.publish_step(record, started, len(batch), result, 0, 0)
         self.conn.send(StepOutputs(self.role, updates, preempted=preempted_wires))
         return True
 

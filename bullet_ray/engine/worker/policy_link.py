@@ -1,0 +1,212 @@
+"""Where the policy meets the workers: per-step predictions and records, and the split decision.
+
+- `StepRecorder` (both sides): predicts each step with the performance model before it runs, and after it
+  writes the prediction, the queue and whether the side stays active into its row of the state block,
+  enters (measured, predicted, entry) into the block's ring, feeds the online correction, and appends a
+  JSONL record when `step_log_path` is set.
+- `SplitDecider` (prefill side, bullet schedule with `split_policy: slo`): at each prefill step boundary,
+  and while prefill idles each time decode publishes a step, builds the `StepState` from its own queue and
+  decode's row, runs `BulletPolicy.step`, reorders its queue and sizes the next batch as planned, asks for
+  the chosen split (when the previous switch has settled) and records the decision in the block. The
+  decision thus runs where the step state is, not behind a polling thread in the engine front.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from bullet_ray.engine.messages import Wake
+from bullet_ray.engine.state_block import Field, Side, StateBlock
+from bullet_ray.perf.kernels import StepShape
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason, StepState
+
+logger = logging.getLogger(__name__)
+
+REASONS: tuple[SplitReason, ...] = tuple(SplitReason)
+_HANDOFF_GRACE_S = 0.05  # decode counts as busy this long after prefill handed it sequences
+
+
+def make_perf_model(worker: Any) -> tuple[PerfModel, str]:
+    """The model for this worker's device and model (the matching profile, else the roofline defaults)."""
+    from bullet_ray.models.config import ModelConfig
+    from bullet_ray.perf.loading import load_perf_model
+
+    cfg = ModelConfig.from_hf_dict(worker.res.handles.model_config)
+    entry = worker.partitioner.ladder[0]
+    if worker.config.is_gpu:
+        import torch
+
+        name = torch.cuda.get_device_name(worker.res.device)
+        sm_count = entry.decode_sms + entry.prefill_sms
+    else:
+        name, sm_count = "cpu", 1
+    return load_perf_model(name, sm_count, cfg, worker.config.torch_dtype_name)
+
+
+def shape_of(batch: list[Any], phase: str) -> StepShape:
+    """The StepShape of a batch of ScheduledSeq (exact causal pairs)."""
+    tokens = ctx = pairs = 0
+    for item in batch:
+        n, c = item.num_new_tokens, item.seq.num_computed_tokens
+        tokens += n
+        ctx += c + n
+        pairs += n * (c + n) - n * (n - 1) // 2
+    return StepShape(phase, max(1, tokens), max(1, len(batch)), max(ctx, tokens, 1), max(pairs, 1))  # type: ignore[arg-type]
+
+
+class StepRecorder:
+    def __init__(self, worker: Any, model: PerfModel) -> None:
+        self.worker = worker
+        self.model = model
+        self.state: StateBlock = worker.res.state
+        self.side: Side = worker.side
+        self.phase = "prefill" if self.side is Side.PREFILL else "decode"
+        path = worker.config.step_log_path
+        self._log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - closed in close()
+
+    def _sms(self) -> int:
+        entry = self.worker.partitioner.current
+        return entry.prefill_sms if self.side is Side.PREFILL else entry.decode_sms
+
+    def other_busy(self) -> bool:
+        other = Side.DECODE if self.side is Side.PREFILL else Side.PREFILL
+        return bool(self.state.rows[int(other)][Field.IS_ACTIVE])
+
+    def predict(self, batch: list[Any]) -> tuple[StepShape, float, bool]:
+        shape = shape_of(batch, self.phase)
+        busy = self.other_busy()
+        return shape, self.model.predict(shape, self._sms(), busy, self.worker.partitioner.current_index).seconds, busy
+
+    def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
+               queued_tokens: int, is_active: bool) -> None:
+        """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log."""
+        measured_s = time.perf_counter() - started_s
+        index = self.worker.partitioner.current_index
+        self.state.annotate(self.side, predicted_step_us=int(predicted_s * 1e6), queued_tokens=queued_tokens,
+                            is_active=is_active)
+        self.model.observe(shape, self._sms(), other_busy, index, measured_s)
+        self._pending = (measured_s, predicted_s, index)
+        if self._log is not None:
+            entry = self.worker.partitioner.current
+            self._log.write(json.dumps({
+                "kind": "step", "t": round(time.time(), 6), "side": self.side.name.lower(), "phase": shape.phase,
+                "num_tokens": shape.num_tokens, "num_seqs": shape.num_seqs,
+                "num_context_tokens": shape.num_context_tokens, "split_index": index,
+                "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
+                "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
+                "measured_ms": round(measured_s * 1e3, 4)}) + "\n")
+
+    def after_publish(self) -> None:
+        """Enter the step just published into the ring (STEP counts it now)."""
+        measured_s, predicted_s, index = self._pending
+        self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
+
+    def log_decision(self, record: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps({"kind": "decision", "t": round(time.time(), 6), **record}) + "\n")
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+
+class SplitDecider:
+    def __init__(self, worker: Any, model: PerfModel, recorder: StepRecorder) -> None:
+        from bullet_ray.policy.bullet import BulletPolicy
+        from bullet_ray.policy.slo import SloTargets
+
+        cfg = worker.config
+        ladder = worker.partitioner.ladder
+        self.worker = worker
+        self.recorder = recorder
+        self.state: StateBlock = worker.res.state
+        self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
+                                   ladder[0].decode_sms + ladder[0].prefill_sms,
+                                   SloTargets(cfg.ttft_target_ms / 1e3, cfg.tpot_target_ms / 1e3),
+                                   token_cap=cfg.max_num_batched_tokens)
+        self.model = model
+        self._seen_decode_step = -1
+        self._observed_decode_step = 0
+        self._last_handoff_s = -1e9
+        self._prompt_tokens: deque[int] = deque(maxlen=64)
+
+    # inputs -----------------------------------------------------------------------------------------
+    def note_prompt(self, num_tokens: int) -> None:
+        self._prompt_tokens.append(num_tokens)
+
+    def note_handoff(self) -> None:
+        self._last_handoff_s = time.monotonic()
+
+    def is_due(self) -> bool:
+        """While prefill idles: decide again once decode has published a new step."""
+        return int(self.state.rows[int(Side.DECODE)][Field.STEP]) != self._seen_decode_step
+
+    def _observe_decode(self) -> None:
+        """Feed decode's published steps (those still in the ring) to this side's online correction."""
+        step, entries = self.state.recent_steps(Side.DECODE, self._observed_decode_step)
+        row = self.state.rows[int(Side.DECODE)]
+        if entries:
+            measured_us, _, index = entries[-1]
+            ladder = self.worker.partitioner.ladder
+            if 0 <= index < len(ladder) and measured_us > 0 and row[Field.NUM_SEQS] > 0:
+                shape = StepShape.decode(int(row[Field.NUM_SEQS]), int(row[Field.NUM_CONTEXT_TOKENS]))
+                busy = bool(self.state.rows[int(Side.PREFILL)][Field.IS_ACTIVE])
+                self.model.observe(shape, ladder[index].decode_sms, busy, index, measured_us / 1e6)
+        self._observed_decode_step = step
+
+    def step_state(self) -> StepState:
+        row = self.state.rows[int(Side.DECODE)]
+        self._seen_decode_step = int(row[Field.STEP])
+        is_active = bool(row[Field.IS_ACTIVE]) or time.monotonic() - self._last_handoff_s < _HANDOFF_GRACE_S
+        seqs = int(row[Field.NUM_SEQS]) if is_active else 0
+        decode = DecodeLoad(seqs, int(row[Field.NUM_CONTEXT_TOKENS]) if seqs else 0,
+                            int(row[Field.STEP_TIME_US]) / 1e6 if seqs and row[Field.STEP] > 0 else None)
+        if is_active and seqs == 0:  # sequences handed off before decode ran a step: assume one each
+            decode = DecodeLoad(1, 1)
+        now = time.time()
+        queue = tuple(QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
+                      for s in self.worker.scheduler.waiting)
+        return StepState(self.worker.switch.requested(), queue, decode, time.monotonic())
+
+    # the decision -----------------------------------------------------------------------------------
+    def decide(self) -> None:
+        self._observe_decode()
+        state = self.step_state()
+        out = self.policy.step(state)
+        self._apply_order(out.order, out.batches)
+        index, switch = self.state.clamp_to_bounds(out.split.index), self.worker.switch
+        is_switch = index != switch.requested() and switch.request(index)
+        if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
+            self.worker.conn.send(Wake())  # an idle decode side waits on its pipe: the front relays this
+        avg = round(sum(self._prompt_tokens) / len(self._prompt_tokens)) if self._prompt_tokens else 512
+        ttft = self.policy.predict_new_ttft_s(state, avg)
+        self.state.record_decision(index, REASONS.index(out.split.reason), int(out.decision_s * 1e6),
+                                   int(ttft * 1e6), bool(is_switch))
+        if is_switch or out.split.reason is SplitReason.BALANCE:
+            self.recorder.log_decision({
+                "index": index, "reason": out.split.reason.value, "switch": bool(is_switch),
+                "decode_step_ms": None if out.split.decode_step_s is None else round(out.split.decode_step_s * 1e3, 3),
+                "num_queued": len(state.queue), "decode_seqs": state.decode.num_seqs,
+                "ttft_at_risk": out.split.num_ttft_at_risk, "cost_us": round(out.decision_s * 1e6, 1)})
+
+    def _apply_order(self, order: tuple[QueuedRequest, ...], batches: tuple[tuple[QueuedRequest, ...], ...]) -> None:
+        """Reorder the prefill queue (first batch first) and cap the next step at the first batch's tokens."""
+        sched = self.worker.scheduler
+        if not order:
+            return
+        first = [r.request_id for r in batches[0]] if batches else []
+        rank = {rid: i for i, rid in enumerate(first + [r.request_id for r in order if r.request_id not in first])}
+        sched.waiting = deque(sorted(sched.waiting, key=lambda s: rank.get(s.request_id, len(rank))))
+        cap = self.worker.config.max_num_batched_tokens
+        tokens = sum(r.num_remaining_tokens for r in batches[0]) if batches else cap
+        sched.max_num_batched_tokens = max(1, min(cap, tokens))
+
+
+def is_policy_on(worker: Any) -> bool:
+    """The prefill worker of the bullet schedule with `split_policy: slo` decides the split."""
+    return bool(worker.config.uses_split_policy) and worker.partitioner.side == "prefill"

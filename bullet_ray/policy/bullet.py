@@ -1,0 +1,101 @@
+"""BulletPolicy: one decision per step boundary (Bullet's Algorithm 1) from the performance model.
+
+    order   = least_slack_order(queue)                          (ordering.py)
+    batches = plan_batches(order, buckets, cap, saturation)     (batching.py, buckets.py)
+    split   = SplitRule.decide(state, batches)                  (split.py)
+
+and the predicted TTFT of every queued request on the chosen split. Only the first `lookahead_batches`
+batches are planned and judged (a decision must cost well under a millisecond). Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.perf.ttft import batches_finish_s
+from bullet_ray.policy.batching import plan_batches
+from bullet_ray.policy.buckets import LengthBuckets
+from bullet_ray.policy.ordering import least_slack_order
+from bullet_ray.policy.slo import SloTargets
+from bullet_ray.policy.split import SplitRule, SplitSettings
+from bullet_ray.policy.state import PolicyOutput, QueuedRequest, StepState
+
+
+class BulletPolicy:
+    def __init__(self, model: PerfModel, decode_sms: Sequence[int], sm_count: int, targets: SloTargets,
+                 token_cap: int = 2048, settings: SplitSettings | None = None,
+                 buckets: LengthBuckets | None = None, lookahead_batches: int = 8) -> None:
+        self.model = model
+        self.rule = SplitRule(model, decode_sms, sm_count, targets, settings)
+        self.targets = targets
+        self.token_cap = token_cap
+        self.buckets = buckets or LengthBuckets()
+        self.lookahead_batches = lookahead_batches
+        self._saturation: dict[int, int] = {}
+
+    @property
+    def decode_sms(self) -> list[int]:
+        return self.rule.decode_sms
+
+    def saturation_tokens(self, sms: int) -> int:
+        if sms not in self._saturation:
+            self._saturation[sms] = self.model.saturation_tokens(sms, share=0.95, max_tokens=max(self.token_cap, 64))
+        return self._saturation[sms]
+
+    def plan(self, state: StepState, index: int) -> tuple[list[QueuedRequest], list[list[QueuedRequest]]]:
+        """The queue's order and its first batches for the prefill side of ladder entry `index`."""
+        sms = self.rule.prefill_sms(index)
+        busy = state.decode.num_seqs > 0
+
+        def own(r: QueuedRequest) -> float:
+            return self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms, busy)
+
+        order = least_slack_order(state.queue, own, self.targets, state.prefill_remaining_s)
+        self.buckets.rebalance([r.num_prompt_tokens for r in state.queue])
+        head_target = self.targets.ttft_target_s(order[0].num_prompt_tokens) if order else 0.0
+
+        def fits(batch: list[QueuedRequest]) -> bool:
+            t = self.model.predict_prefill_s(sum(r.num_remaining_tokens for r in batch),
+                                             sum(r.num_prompt_tokens for r in batch), sms, busy, len(batch))
+            head = batch[0]
+            return head.waited_s + state.prefill_remaining_s + t <= head_target or \
+                head.waited_s + state.prefill_remaining_s + own(head) > head_target
+        batches = plan_batches(order, self.buckets, self.token_cap, self.saturation_tokens(sms), fits,
+                               self.lookahead_batches)
+        return order, batches
+
+    def step(self, state: StepState) -> PolicyOutput:
+        started = time.perf_counter()
+        order, batches = self.plan(state, state.current_index)
+        split = self.rule.decide(state, batches)
+        if split.index != state.current_index and batches:
+            order, batches = self.plan(state, split.index)
+        predicted = self.predicted_ttft_s(state, batches, split.index)
+        return PolicyOutput(tuple(order), tuple(tuple(b) for b in batches), split, predicted,
+                            time.perf_counter() - started)
+
+    def predicted_ttft_s(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]],
+                         index: int) -> dict[str, float]:
+        finish = batches_finish_s(self.model, [[r.num_remaining_tokens for r in b] for b in batches],
+                                  self.rule.prefill_sms(index), state.decode.num_seqs > 0,
+                                  state.prefill_remaining_s, index)
+        return {r.request_id: r.waited_s + f for b, f in zip(batches, finish) for r in b}
+
+    def predict_new_ttft_s(self, state: StepState, num_prompt_tokens: int) -> float:
+        """TTFT of a request of `num_prompt_tokens` arriving now, behind every queued prompt (a bound:
+        least-slack ordering may serve it sooner) on the current split: what admission and the router read."""
+        index = state.current_index
+        sms = self.rule.prefill_sms(index)
+        busy = state.decode.num_seqs > 0
+        queued = sum(r.num_remaining_tokens for r in state.queue)
+        cap = max(1, self.token_cap)
+        t = state.prefill_remaining_s
+        total = queued + num_prompt_tokens
+        full, rest = divmod(total, cap)
+        if full:
+            t += full * self.model.predict_prefill_s(cap, cap, sms, busy, index=index)
+        if rest:
+            t += self.model.predict_prefill_s(rest, rest, sms, busy, index=index)
+        return t

@@ -1,0 +1,190 @@
+"""The per-step scheduler on crafted states: every branch of the split rule, hysteresis, least-slack
+ordering, length buckets and prefill batches (H100 + Llama-3.1-8B roofline, no calibration; ms each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bullet_ray.errors import ConfigError
+from bullet_ray.gpu.partition import default_ladder
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.perf.roofline import H100_SXM
+from bullet_ray.policy.batching import plan_batches
+from bullet_ray.policy.buckets import LengthBuckets
+from bullet_ray.policy.bullet import BulletPolicy
+from bullet_ray.policy.ordering import least_slack_order
+from bullet_ray.policy.slo import SloTargets
+from bullet_ray.policy.split import SplitRule, SplitSettings
+from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason, StepState
+
+PRESETS = Path(__file__).resolve().parents[2] / "bullet_ray" / "models" / "presets"
+LLAMA8B = ModelConfig.from_hf_dict(json.loads((PRESETS / "llama-3.1-8b.json").read_text()))
+LADDER = default_ladder(132)  # 16, 24, ..., 112 decode SMs
+BUSY = DecodeLoad(64, 64 * 1024)  # decode steps: 18.5 ms on 16 SMs, 14.1 on 24, 12.2 on 32 ... 9.25 on 112
+
+
+def _rule(tpot_ms: float = 25.0, ttft_ms: float = 500.0, **settings) -> SplitRule:
+    return SplitRule(PerfModel(LLAMA8B, H100_SXM), LADDER, 132, SloTargets(ttft_ms / 1e3, tpot_ms / 1e3),
+                     SplitSettings(**settings))
+
+
+def _req(rid: str, tokens: int, waited_s: float = 0.0) -> QueuedRequest:
+    return QueuedRequest(rid, tokens, waited_s)
+
+
+def _state(index: int, queue=(), decode=BUSY, now_s: float = 1.0) -> StepState:
+    return StepState(index, tuple(queue), decode, now_s)
+
+
+def _decide(rule: SplitRule, state: StepState):
+    return rule.decide(state, [[r] for r in state.queue])
+
+
+def test_decode_steps_follow_the_ladder():
+    rule = _rule()
+    steps = [rule.decode_step_s(_state(0), i) * 1e3 for i in range(len(LADDER))]
+    assert steps == sorted(steps, reverse=True)
+    assert steps[0] == pytest.approx(18.46, abs=0.05) and steps[-1] == pytest.approx(9.25, abs=0.05)
+
+
+def test_idle_keeps_the_split():
+    d = _decide(_rule(), _state(5, decode=DecodeLoad(0, 0)))
+    assert (d.index, d.reason) == (5, SplitReason.IDLE)
+
+
+def test_only_prefill_takes_the_most_prefill_sms():
+    d = _decide(_rule(), _state(8, [_req("a", 1000)], decode=DecodeLoad(0, 0)))
+    assert (d.index, d.reason) == (0, SplitReason.ONLY_PREFILL)
+
+
+def test_only_decode_takes_the_sms_that_still_speed_it_up():
+    d = _decide(_rule(), _state(0))
+    # fastest 9.25 ms on 112 SMs; 72 SMs (9.68 ms) is the first within 5%
+    assert (d.index, d.reason) == (LADDER.index(72), SplitReason.ONLY_DECODE)
+
+
+def test_tpot_slack_gives_sms_to_prefill_gradually():
+    # 9.9 ms on 64 SMs is under 0.6 x 25 ms: decode could run on 16 SMs (18.5 ms <= 0.85 x 25) but gives up two entries
+    d = _decide(_rule(), _state(6, [_req("a", 512)]))
+    assert (d.index, d.reason) == (4, SplitReason.TO_PREFILL)
+    assert d.num_ttft_at_risk == 0
+
+
+def test_inside_the_band_the_split_holds():
+    d = _decide(_rule(tpot_ms=20.0), _state(1, [_req("a", 512)]))  # 14.1 ms in [12, 17]
+    assert (d.index, d.reason) == (1, SplitReason.HOLD)
+
+
+def test_tpot_over_its_aim_gives_sms_to_decode_at_once():
+    d = _decide(_rule(tpot_ms=20.0), _state(0, [_req("a", 512)]))  # 18.5 ms > 17: 24 SMs give 14.1
+    assert (d.index, d.reason) == (1, SplitReason.TO_DECODE)
+    d = _decide(_rule(tpot_ms=8.0), _state(3, [_req("a", 512)]))  # nothing meets 6.8 ms: the most
+    assert (d.index, d.reason) == (len(LADDER) - 1, SplitReason.TO_DECODE)
+
+
+def test_ttft_at_risk_spends_all_decode_slack_on_prefill():
+    # 2048 tokens after 0.45 s: 74 ms on 68 prefill SMs misses 0.5 s, 43.5 ms on 116 makes it
+    d = _decide(_rule(), _state(6, [_req("a", 2048, 0.45)]))
+    assert (d.index, d.reason) == (0, SplitReason.TO_PREFILL)  # 18.5 ms <= 25: no gradual limit
+    assert d.num_ttft_at_risk == 0
+
+
+def test_ttft_at_risk_and_tpot_over_balances():
+    # TPOT 12 ms: 14.1 ms on 24 SMs is over; the request misses on 108 prefill SMs but not on 116
+    d = _decide(_rule(tpot_ms=12.0), _state(1, [_req("a", 2048, 0.455)]))
+    assert d.reason is SplitReason.BALANCE
+    assert d.index == LADDER.index(32)  # max(12.15 / 12, 0.5054 / 0.5) = 1.0125 is the lowest
+
+
+def test_a_request_that_cannot_make_it_is_not_at_risk():
+    d = _decide(_rule(), _state(6, [_req("a", 2048, 0.499)]))
+    assert d.reason is SplitReason.TO_PREFILL and d.num_ttft_at_risk == 0  # the gradual rule, not the risk one
+    assert d.index == 4
+
+
+def test_ordinary_moves_wait_for_the_dwell_time():
+    rule = _rule(tpot_ms=20.0, min_dwell_s=0.05)
+    assert _decide(rule, _state(0, [_req("a", 512)], now_s=1.0)).index == 1  # moved at 1.0
+    d = _decide(rule, _state(6, [_req("a", 512)], now_s=1.02))  # 9.9 ms < 12 wants prefill, too soon
+    assert (d.index, d.reason) == (6, SplitReason.HOLD)
+    d = _decide(rule, _state(6, [_req("a", 512)], now_s=1.06))
+    assert (d.index, d.reason) == (4, SplitReason.TO_PREFILL)
+    # a burst (one side idle) moves at once
+    assert _decide(rule, _state(6, [_req("a", 512)], decode=DecodeLoad(0, 0), now_s=1.03)).index == 0
+
+
+def test_bad_ladders_and_settings_name_the_field():
+    with pytest.raises(ConfigError, match="decode_sm_counts"):
+        SplitRule(PerfModel(LLAMA8B, H100_SXM), [64, 16], 132, SloTargets())
+    with pytest.raises(ConfigError, match="split.aim"):
+        SplitSettings(aim=0.5, hold_below=0.6)
+    with pytest.raises(ConfigError, match="split_index"):
+        _rule().decide(_state(40), [])
+
+
+def _own(r: QueuedRequest) -> float:
+    return r.num_prompt_tokens * 1e-4
+
+
+def test_least_slack_first_and_lost_requests_last():
+    a, b, c, d = _req("A", 1000, 0.0), _req("B", 2000, 0.3), _req("C", 100, 0.1), _req("D", 500, 0.6)
+    order = least_slack_order([a, b, c, d], _own, SloTargets(0.5))
+    # slack: B 0.0, C 0.39, A 0.4; D cannot make it. C may not pass B (B would finish at 0.51 s)
+    assert [r.request_id for r in order] == ["B", "C", "A", "D"]
+
+
+def test_shorter_requests_move_forward_when_no_target_breaks():
+    e, f = _req("E", 1000), _req("F", 100, 0.0)
+    assert [r.request_id for r in least_slack_order([e, f], _own, SloTargets(0.5))] == ["F", "E"]
+    # a prompt in progress stays first whatever its slack
+    g = QueuedRequest("G", 4000, 0.0, num_computed_tokens=2048)
+    assert least_slack_order([e, f, g], _own, SloTargets(0.5))[0].request_id == "G"
+
+
+def test_per_token_ttft_targets():
+    t = SloTargets(0.5, 0.025, ttft_per_token_s=0.003)
+    assert t.ttft_target_s(100) == 0.5 and t.ttft_target_s(1000) == pytest.approx(3.0)
+
+
+def test_buckets_split_when_crowded_and_merge_when_sparse():
+    b = LengthBuckets((0, 256, 1024, 4096), split_above=4, merge_below=2, min_width=32)
+    lengths = [300, 320, 340, 600, 700, 800, 900]
+    assert b.rebalance(lengths)
+    assert 600 in b.bounds  # the crowded [256, 1024) split at its median
+    groups = b.group(lengths)
+    assert [lengths[i] for i in groups[b.bucket_of(300)]] == [300, 320, 340]
+    # the sparse ends merge: nothing below 256 and nothing above 1024 -> fewer buckets
+    assert 4096 not in b.bounds
+    b2 = LengthBuckets((0, 256, 1024, 4096), split_above=4, merge_below=2)
+    assert b2.rebalance([5000]) and b2.bounds == [0]  # one prompt: one bucket
+    with pytest.raises(ConfigError, match="bucket_bounds"):
+        LengthBuckets((10, 5))
+
+
+def test_batches_group_similar_lengths_up_to_saturation():
+    buckets = LengthBuckets((0, 256, 1024, 4096))
+    order = [_req("a", 300), _req("b", 3000), _req("c", 400), _req("d", 100), _req("e", 500)]
+    batches = plan_batches(order, buckets, token_cap=8192, saturation_tokens=1300)
+    ids = [[r.request_id for r in batch] for batch in batches]
+    # a's bucket first (c, e), then the nearest bucket (d) while the batch stays <= 1300 tokens
+    assert ids == [["a", "c", "e", "d"], ["b"]]
+    # a batch never makes its head miss: fits() refuses what does
+    batches = plan_batches(order, buckets, 8192, 1300, fits=lambda b: len(b) <= 2)
+    assert [[r.request_id for r in batch] for batch in batches][0] == ["a", "c"]
+
+
+def test_policy_step_orders_batches_and_predicts_ttft():
+    policy = BulletPolicy(PerfModel(LLAMA8B, H100_SXM), LADDER, 132, SloTargets(0.5, 0.025), token_cap=2048)
+    queue = (_req("long", 1800, 0.0), _req("short", 200, 0.0), _req("urgent", 900, 0.4))
+    out = policy.step(StepState(6, queue, BUSY, 1.0))
+    ids = [r.request_id for r in out.order]
+    assert ids.index("urgent") < ids.index("long")  # least slack; "short" may pass it: both still make it
+    assert set(out.predicted_ttft_s) == {"long", "short", "urgent"}
+    assert out.predicted_ttft_s["urgent"] < 0.5
+    assert sum(len(b) for b in out.batches) == 3
+    new = policy.predict_new_ttft_s(StepState(6, queue, BUSY, 1.0), 500)
+    assert new > policy.predict_new_ttft_s(StepState(6, (), BUSY, 1.0), 500) > 0

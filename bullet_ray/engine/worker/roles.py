@@ -1,13 +1,16 @@
-"""The three worker roles: prefill (bullet), decode (bullet), hybrid (chunked baseline)."""
+"""The three worker roles: prefill (bullet), decode (bullet), hybrid (chunked baseline).
+
+Each role plans its batches and turns collected steps into messages; `WorkerBase.step` launches and
+collects them (asynchronously when the config says so: the host learns a step's tokens one step late).
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs, TokenUpdate
 from bullet_ray.engine.runner import StepResult
-from bullet_ray.engine.scheduler.base import release
+from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
@@ -73,25 +76,30 @@ class PrefillWorker(WorkerBase):
         return len(self.scheduler) > 0
 
     def abort(self, request_ids: list[str]) -> None:
-        missed = [rid for rid in request_ids if self.scheduler.abort(rid) is None]
+        missed = []
+        for rid in request_ids:
+            seq = self.scheduler.abort(rid)
+            if seq is not None:
+                seq.finish_reason = "abort"
+            elif self.abort_awaiting(rid) is None:
+                missed.append(rid)
         if missed:
             self.conn.send(AbortMissed(missed))
 
-    def step(self) -> bool:
-        started = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
-            return False
-        result = self.execute(batch)
+    def plan(self) -> list[ScheduledSeq]:
+        return self.scheduler.schedule()
+
+    def after_launch(self, step: Any) -> None:
+        self.scheduler.remove(step.sampled)  # prefill complete: they leave the queue (handed off once collected)
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
         updates, finished = token_updates(self, result)
-        self.scheduler.remove(result.sampled)
         for seq in finished:
             release(seq, self.allocator)
         handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, len(self.scheduler))
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s, len(self.scheduler))
         if updates or handoffs:
             self.conn.send(StepOutputs(self.role, updates, handoffs))
-        return True
 
 
 class DecodeWorker(WorkerBase):
@@ -101,6 +109,8 @@ class DecodeWorker(WorkerBase):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
+        # preempted sequences (blocks freed) not yet sent back to the front for recompute
+        self.preempted: list[Sequence] = []
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, Handoff):
@@ -113,23 +123,29 @@ class DecodeWorker(WorkerBase):
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+            seq = self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+            if seq is not None:
+                seq.finish_reason = "abort"
 
-    def step(self) -> bool:
-        started = time.perf_counter()
+    def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()
-        preempted_wires = [seq.to_wire() for seq in preempted]
-        if not batch:
-            if preempted_wires:
-                self.conn.send(StepOutputs(self.role, preempted=preempted_wires))
-            return bool(preempted_wires)
-        result = self.execute(batch)
+        self.preempted.extend(preempted)
+        if not batch and self.inflight is None and self.preempted:
+            self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
+        return batch
+
+    def _take_preempted(self) -> list[Any]:
+        """Wires of the preempted sequences whose last token the host knows (the rest wait a step)."""
+        ready = [s for s in self.preempted if s.num_pending_tokens == 0]
+        self.preempted = [s for s in self.preempted if s.num_pending_tokens > 0]
+        return [s.to_wire() for s in ready if s.finish_reason is None]
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
         updates, finished = token_updates(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started, 0)
-        self.conn.send(StepOutputs(self.role, updates, preempted=preempted_wires))
-        return True
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s, 0)
+        self.conn.send(StepOutputs(self.role, updates, preempted=self._take_preempted()))
 
 
 class HybridWorker(WorkerBase):
@@ -150,20 +166,21 @@ class HybridWorker(WorkerBase):
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self.scheduler.abort(rid)
+            seq = self.scheduler.abort(rid)
+            if seq is not None:
+                seq.finish_reason = "abort"
 
-    def step(self) -> bool:
-        started = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
-            return False
-        result = self.execute(batch)
-        self.scheduler.after_step(result.sampled)
+    def plan(self) -> list[ScheduledSeq]:
+        return self.scheduler.schedule()
+
+    def after_launch(self, step: Any) -> None:
+        self.scheduler.after_step(step.sampled)  # prompts done: decode from the next step on
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
         updates, finished = token_updates(self, result)
         for seq in finished:
             self.scheduler.finish(seq)
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started,
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s,
                      self.scheduler.num_waiting)
         if updates:
             self.conn.send(StepOutputs(self.role, updates))
-        return True

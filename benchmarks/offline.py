@@ -9,8 +9,11 @@ call (a short warm-up call runs before it), as JSON.
     python -m benchmarks.offline --device cpu --model dummy:tiny-llama --num-prompts 32 --max-total-tokens 256
     python -m benchmarks.offline --device cuda --num-prompts 1000 --vllm --out /tmp/out/offline.json   # GPU
 
-vLLM runs with its defaults except prefix caching off (ours has none) and `skip_tokenizer_init` (the
-prompts are ids; our engine streams each token's ' <id>' text, vLLM detokenizes nothing).
+vLLM runs with its defaults except prefix caching off (ours has none), on benchmarks.gpu.vllm_model's folder
+(our preset's config and a word-level tokenizer, so both systems produce text for every token); its packages
+come first on the child's path from $VLLM_SITE (default /tmp/vsite, see benchmarks/gpu/run_serve_h100.sh):
+
+    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.offline --vllm --trace-path /tmp/azure --out $OUT/offline.json
 """
 
 from __future__ import annotations
@@ -75,33 +78,23 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def write_model_folder(model: str, folder: str) -> None:
-    """config.json of our dummy preset, for `vllm --load-format dummy` (no tokenizer: ids only)."""
-    from bullet_ray.models.loader import resolve_source
-
-    config = resolve_source(model).config.to_hf_dict()
-    config.setdefault("torch_dtype", "bfloat16")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-
-
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     """vLLM's offline LLM.generate on the same prompts (this process must not have touched the GPU)."""
     from vllm import LLM, SamplingParams, TokensPrompt  # type: ignore[import-not-found]
 
-    from bullet_ray.models.loader import resolve_source
+    from benchmarks.gpu.vllm_model import PRESET, write_model_folder
 
-    folder = tempfile.mkdtemp(prefix="vllm_model_")
-    write_model_folder(args.model, folder)
-    vocab = int(resolve_source(args.model).config.vocab_size)
-    specs = workload(args, vocab)
+    if not args.model.startswith("dummy:"):
+        raise SystemExit(f"--vllm compares dummy weights only; got --model {args.model}")
+    preset = PRESET.with_name(args.model.removeprefix("dummy:") + ".json")
+    folder = write_model_folder(tempfile.mkdtemp(prefix="vllm_model_"), preset)
+    specs = workload(args, int(json.loads(preset.read_text())["vocab_size"]))
     start = time.perf_counter()
-    llm = LLM(model=folder, load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=False,
+    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
               max_model_len=args.max_total_tokens, seed=args.seed)
     startup_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=list(s.prompt)) for s in specs]  # type: ignore[arg-type]
-    params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True, detokenize=False)
-              for s in specs]
+    params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
     llm.generate(prompts[:args.warmup], params[:args.warmup], use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
@@ -161,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _vllm_in_child(argv: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.offline", *[a for a in argv if a != "--vllm"], "--vllm-only"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("VLLM_RESULT "):
             return json.loads(line.removeprefix("VLLM_RESULT "))

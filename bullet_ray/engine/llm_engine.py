@@ -10,6 +10,7 @@ sends preempted ones back to prefill.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -135,6 +136,9 @@ class LLMEngine(EngineClient):
         self._dead_reason: str | None = None
         self._is_shut_down = False
         self.num_preemptions = 0
+        # token path measurements: the last worker -> front hops (s); CUDA graphs captured while serving
+        self.hop_worker_to_front_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
         self.runtime_dir = _runtime_dir(self.config)
@@ -378,7 +382,10 @@ class LLMEngine(EngineClient):
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, StepOutputs):
-            for update in msg.updates:
+            if msg.sent_s:  # the worker -> front hop (same host clock)
+                self.hop_worker_to_front_s.append(time.time() - msg.sent_s)
+            self.num_graph_captures_serving = max(self.num_graph_captures_serving, msg.num_graph_captures_serving)
+            for update in msg.updates():
                 self._on_update(update)
             for wire in msg.handoffs:
                 self._on_handoff(wire)
@@ -553,7 +560,8 @@ class LLMEngine(EngineClient):
                                 if s.location in ("prefill", "hybrid") and s.first_token_s is None)
             predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
-        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
+        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE),
+                                 "num_graph_captures_serving": self.num_graph_captures_serving}
         if self.config.is_disaggregated:
             indexes = self.split_indexes()
             counts = self.ladder_decode_sms

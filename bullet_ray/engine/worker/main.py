@@ -273,11 +273,12 @@ def run_worker(spec: WorkerSpec) -> None:
         device = _device(spec)
         if spec.attach is None:
             resources = create_resources(spec.config, os.path.dirname(spec.address), device)
-            conn.send(Ready(spec.role, resources.handles, _device_info(device)))
         else:
             resources = attach_resources(spec.config, spec.attach, device)
-            conn.send(Ready(spec.role, None, _device_info(device)))
-        _worker_class(spec.role)(spec, conn, resources).run()
+        worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
+        info = {**_device_info(device), "graphs": worker.graph_capture or None}
+        conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
+        worker.run()
     except (EOFError, ConnectionError, BrokenPipeError):
         logger.warning("%s worker: engine front went away; exiting", spec.role)
     except BaseException:

@@ -6,9 +6,11 @@ collects them (asynchronously when the config says so: the host learns a step's 
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
-from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs, TokenUpdate
+from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
@@ -46,18 +48,25 @@ def expect_add_request(worker: WorkerBase, msg: Any) -> AddRequest:
     return msg
 
 
-def token_updates(worker: WorkerBase, result: StepResult) -> tuple[list[TokenUpdate], list[Sequence]]:
-    """One update per sampled sequence, and the sequences that finished with it."""
-    updates, finished = [], []
-    for seq in result.sampled:
+def step_outputs(worker: WorkerBase, result: StepResult) -> tuple[StepOutputs, list[Sequence]]:
+    """The step's message (one token per sampled sequence, as arrays) and the sequences it finished."""
+    request_ids, token_ids, finished = [], [], []
+    done: dict[int, tuple[Any, int | None]] = {}
+    logprobs = {}
+    for i, seq in enumerate(result.sampled):
         token = seq.output_token_ids[-1]
-        is_done = seq.check_finished(token, worker.eos_token_ids)
-        lp = result.logprobs.get(seq.request_id)
-        updates.append(TokenUpdate(seq.request_id, [token], [lp] if lp is not None else None,
-                                   seq.finish_reason, seq.stop_reason))
-        if is_done:
+        request_ids.append(seq.request_id)
+        token_ids.append(token)
+        if seq.check_finished(token, worker.eos_token_ids):
+            done[i] = (seq.finish_reason, seq.stop_reason)
             finished.append(seq)
-    return updates, finished
+        lp = result.logprobs.get(seq.request_id)
+        if lp is not None:
+            logprobs[i] = lp
+    graphs = worker.runner.graphs
+    msg = StepOutputs(worker.role, request_ids, token_ids, done, logprobs, sent_s=time.time(),
+                      num_graph_captures_serving=graphs.num_captures_serving if graphs is not None else 0)
+    return msg, finished
 
 
 class PrefillWorker(WorkerBase):
@@ -93,13 +102,13 @@ class PrefillWorker(WorkerBase):
         self.scheduler.remove(step.sampled)  # prefill complete: they leave the queue (handed off once collected)
 
     def process(self, result: StepResult, step: Any, started_s: float) -> None:
-        updates, finished = token_updates(self, result)
+        msg, finished = step_outputs(self, result)
+        handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
         for seq in finished:
             release(seq, self.allocator)
-        handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s, len(self.scheduler))
-        if updates or handoffs:
-            self.conn.send(StepOutputs(self.role, updates, handoffs))
+        if msg.request_ids or handoffs:
+            self.conn.send(dataclasses.replace(msg, handoffs=handoffs))
 
 
 class DecodeWorker(WorkerBase):
@@ -141,11 +150,11 @@ class DecodeWorker(WorkerBase):
         return [s.to_wire() for s in ready if s.finish_reason is None]
 
     def process(self, result: StepResult, step: Any, started_s: float) -> None:
-        updates, finished = token_updates(self, result)
+        msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s, 0)
-        self.conn.send(StepOutputs(self.role, updates, preempted=self._take_preempted()))
+        self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted()))
 
 
 class HybridWorker(WorkerBase):
@@ -177,10 +186,10 @@ class HybridWorker(WorkerBase):
         self.scheduler.after_step(step.sampled)  # prompts done: decode from the next step on
 
     def process(self, result: StepResult, step: Any, started_s: float) -> None:
-        updates, finished = token_updates(self, result)
+        msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.finish(seq)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s,
                      self.scheduler.num_waiting)
-        if updates:
-            self.conn.send(StepOutputs(self.role, updates))
+        if msg.request_ids:
+            self.conn.send(msg)

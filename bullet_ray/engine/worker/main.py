@@ -77,15 +77,12 @@ class WorkerBase:
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
                               (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
         self.runner.graphs = graphs
-        start_index = self.partitioner.current_index
+        side = self.partitioner.side
         # every ladder entry when the split moves while serving; else the one this side runs on
-        indexes = range(len(self.partitioner.ladder)) if self.partitioner.side != "both" \
-            and self.config.uses_split_policy else [start_index]
+        indexes = range(len(self.partitioner.ladder)) if side != "both" and self.config.uses_split_policy \
+            else [self.partitioner.current_index]
         for index in indexes:
-            self.partitioner.select(index)
-            stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
-            graphs.capture_all(index, stream)
-        self.partitioner.select(start_index)
+            graphs.capture_all(index, self.partitioner.stream(index, side) if side != "both" else None)
         graphs.is_serving = True
         self.graph_capture = graphs.capture_report()
         logger.info("%s worker: decode graphs captured at start: %s", self.role, self.graph_capture)

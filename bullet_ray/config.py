@@ -50,6 +50,10 @@ class EngineConfig:
     seed: int = 0
     # disable CUDA graphs (GPU only)
     enforce_eager: bool = False
+    # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
+    # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
+    # CPU (where torch runs each op to completion, so it only delays every token by a step)
+    async_scheduling: bool | None = None
     # SM partition backend on GPU: "auto" (green contexts when available), "green", "mps", "none"
     partition: str = "auto"
     # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
@@ -121,6 +125,10 @@ class EngineConfig:
     def uses_split_policy(self) -> bool:
         """True when the workers move the SM split step by step (bullet schedule, policy slo)."""
         return self.schedule == "bullet" and self.split_policy == "slo"
+
+    @property
+    def is_async_scheduling(self) -> bool:
+        return self.async_scheduling if self.async_scheduling is not None else self.is_gpu
 
     @property
     def is_disaggregated(self) -> bool:

@@ -17,7 +17,7 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_sm_split_decode_sms / _prefill_sms               (bullet's own: SMs each side runs on now)
     ray_bullet_decode_step_seconds                              (bullet's own: the last decode step's time)
     ray_bullet_predicted_ttft_seconds                           (bullet's own: of a request arriving now)
-    ray_bullet_predicted_decode_step_seconds                    (bullet's own: the split policy's prediction)
+    ray_bullet_predicted_decode_step_seconds                    (bullet's own: the performance model's prediction)
     ray_bullet_requests_arrived_total                           (bullet's own: admitted or refused)
     ray_bullet_request_slo_total{slo_met="true|false"}          (bullet's own: both targets met; rate = goodput)
     ray_bullet_slo_ttft_target_seconds / _tpot_target_seconds   (bullet's own: the targets in force)
@@ -151,26 +151,13 @@ class EngineMetrics:
         if split:
             self.decode_sms.set(split["decode_sms_now"])
             self.prefill_sms.set(split["prefill_sms_now"])
-            predicted = predicted_decode_step_s(split)
-            if predicted is not None:
-                self.predicted_decode_step.set(predicted)
         decode = extra.get("decode")
         if decode and decode.get("step", 0) > 0:
             self.decode_step.set(decode["step_time_us"] / 1e6)
+            if decode.get("predicted_step_us", 0) > 0:  # the performance model's, for the step just published
+                self.predicted_decode_step.set(decode["predicted_step_us"] / 1e6)
         if stats.predicted_ttft_s is not None:
             self.predicted_ttft.set(stats.predicted_ttft_s)
-
-
-def predicted_decode_step_s(split: dict[str, Any]) -> float | None:
-    """The split policy's decode step prediction on the split both sides run on now (None without a policy,
-    before a decode step, or while the split moves)."""
-    full_ms = split.get("full_gpu_decode_step_ms")
-    if full_ms is None or not split.get("requested") == split.get("decode") == split.get("prefill"):
-        return None
-    from bullet_ray.policy.split import SmScaling
-
-    sm_count = int(split["decode_sms_now"]) + int(split["prefill_sms_now"])
-    return float(full_ms) / 1e3 / SmScaling(sm_count)(int(split["decode_sms_now"]))
 
 
 class ControllerMetrics:

@@ -9,7 +9,9 @@ step at a time with the host's plan inside the timed span (the GPU idles while t
 engine that waits for each step's tokens gets), and `pipelined_ms`, steps issued back to back so the host
 plans step k+1 while the GPU runs step k (the GPU's own step time: what an engine that overlaps
 scheduling with the GPU gets). transformers' generate on the same
-model (all 32 layers, same weights, bf16, GPU) at batch 1 and 16 for comparison.
+model (all 32 layers, same weights, bf16, GPU) at batch 1 and 16 for comparison. From step_checks.py:
+kernels and host launch calls per step (eager decode, graph decode, chunked mixed, prefill) and the chunked
+schedule's greedy tokens with decode graphs vs eager.
 
     python -m benchmarks.gpu.engine_speed
 """
@@ -24,6 +26,7 @@ from tqdm import tqdm
 
 from benchmarks.gpu.common import copy_bandwidth_gbs, peak_gemm_tflops, save, time_back_to_back, time_cuda
 from benchmarks.gpu.engine_common import make_runner
+from benchmarks.gpu.step_checks import chunked_graphs_vs_eager, step_kernel_counts
 from bullet_ray.engine.attention.base import AttentionContext
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
@@ -105,6 +108,15 @@ def main() -> int:
     del runner, kv
     gc.collect()
     torch.cuda.empty_cache()
+    steps: dict = {}
+    for name, check in (("kernels_per_step", step_kernel_counts), ("chunked_graphs_vs_eager", chunked_graphs_vs_eager)):
+        try:
+            steps[name] = check(model, cfg)
+        except Exception as exc:  # noqa: BLE001 - a failed check is reported, the rest is kept
+            steps[name] = {"error": repr(exc)}
+        print(name, steps[name], flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
     try:
         hf = hf_generate(cfg, model)
     except Exception as exc:  # noqa: BLE001 - keep the engine's figures when transformers fails
@@ -113,6 +125,7 @@ def main() -> int:
                                    "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
                                    "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
                                    "decode_cuda_graphs": graphs_result, "decode_kernels_bs64_ctx1024": kernels,
+                                   **steps,
                                    "transformers_generate": hf,
                                    "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
                                             "'decode_cuda_graphs': the same decode step replayed as a CUDA graph "

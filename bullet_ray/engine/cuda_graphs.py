@@ -1,4 +1,9 @@
-"""CUDA graphs for pure-decode batches: one graph per (SM partition, batch-size bucket), captured lazily.
+"""CUDA graphs for pure-decode batches: one graph per (SM partition, batch-size bucket).
+
+The workers capture every bucket of every partition they may run on at start (`capture_all`); once
+`is_serving` is set, a capture that still happens (a plan never seen at start) is counted in
+`num_captures_serving`, which tests and benchmarks read. The decode worker and the chunked schedule's
+decode-only steps use the same graphs.
 
 A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
 is padded up to its bucket (1, 2, 4, ..., 256, capped at max_num_seqs). Padding rows repeat the batch's
@@ -17,8 +22,10 @@ the ladder index of the worker's side) gets its own set.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -57,6 +64,10 @@ class DecodeGraphs:
         self.wrappers: dict[int, Any] = {}
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_captures = 0
+        self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
+        self.is_serving = False
+        self.capture_s = 0.0  # time spent capturing at start
+        self.capture_bytes = 0  # device memory the start-up captures took (allocated by torch)
         self.pool = torch.cuda.graph_pool_handle()
 
     def bucket(self, num_seqs: int) -> int | None:
@@ -123,6 +134,31 @@ class DecodeGraphs:
             be.forget_batch()
         return graph, out
 
+    @torch.inference_mode()
+    def capture_all(self, partition_key: Any, stream: Any = None) -> None:
+        """Capture every bucket for one partition (on its stream) with a dummy batch: every row is one
+        token at position 0 of block 0 (the pool is unused at start; a real step rewrites any slot it
+        reads)."""
+        start, before = time.perf_counter(), torch.cuda.memory_allocated()
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            for b in self.buckets:
+                self.input_ids[:b].zero_()
+                self.positions[:b].zero_()
+                self.slots[:b].zero_()
+                plan = self._plan(b, [[0]] * b, [1] * b)
+                key = (partition_key, b, plan)
+                if key not in self.graphs:
+                    self.graphs[key] = self._capture(b)
+                    self.num_captures += 1
+        torch.cuda.synchronize()
+        self.capture_s += time.perf_counter() - start
+        self.capture_bytes += torch.cuda.memory_allocated() - before
+
+    def capture_report(self) -> dict[str, Any]:
+        return {"num_graphs": len(self.graphs), "buckets": list(self.buckets), "capture_s": round(self.capture_s, 3),
+                "capture_mb": round(self.capture_bytes / 2**20, 1), "num_captures_serving": self.num_captures_serving}
+
     def run(self, partition_key: Any, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata, block_tables: list[list[int]]) -> torch.Tensor | None:
         """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large."""
@@ -142,7 +178,11 @@ class DecodeGraphs:
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)
             self.num_captures += 1
-            logger.info("captured decode graph %d (partition %s, bucket %d)", self.num_captures, partition_key, b)
+            if self.is_serving:
+                self.num_captures_serving += 1
+                logger.warning("captured decode graph while serving (partition %s, bucket %d, plan %s)",
+                               partition_key, b, plan)
         graph, out = self.graphs[key]
         graph.replay()
         return out[:n]
+

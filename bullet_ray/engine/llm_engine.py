@@ -10,8 +10,10 @@ sends preempted ones back to prefill.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import queue
 import secrets
 import shutil
 import subprocess
@@ -99,6 +101,9 @@ class LLMEngine(EngineClient):
         self._is_shut_down = False
         self._is_draining = False  # shutdown() began: new requests are refused
         self.num_preemptions = 0
+        # token path measurements: the last worker -> front hops (s); CUDA graphs captured while serving
+        self.hop_worker_to_front_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
         self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
@@ -216,7 +221,7 @@ class LLMEngine(EngineClient):
         return ids
 
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
-                loop: asyncio.AbstractEventLoop | None) -> RequestState:
+                loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
         self.check_health()
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self._max_model_len:
@@ -231,7 +236,7 @@ class LLMEngine(EngineClient):
         detok = IncrementalDetokenizer(self._tokenizer if self._tokenizer is not None else TokenIdText(), params, ids,
                                        eos_token_ids=self.eos_token_ids)
         target = "prefill" if self.config.is_disaggregated else "hybrid"
-        state = RequestState(rid, ids, params, OutputSink(loop), detok, target)  # type: ignore[arg-type]
+        state = RequestState(rid, ids, params, sink or OutputSink(loop), detok, target)  # type: ignore[arg-type]
         with self._lock:
             if rid in self._requests:
                 raise InvalidRequest(f"request id {rid!r} is already running", "request_id")
@@ -273,37 +278,41 @@ class LLMEngine(EngineClient):
             if not finished:
                 self.abort(state.request_id)
 
+    # offline ----------------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
                  use_tqdm: bool = False) -> list[CompletionOutput]:
+        """Run every prompt to completion and return the outputs in the prompts' order (vLLM's offline
+        `LLM.generate`). All requests are submitted at once; one queue collects every request's updates,
+        so the optional tqdm bar moves as requests finish, in whatever order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        states = [self._submit(p, sp, None, None) for p, sp in zip(prompts, plist)]
-        results = []
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
+        if len(plist) != len(prompts):
+            raise InvalidRequest(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
+        shared: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
+        states: list[RequestState] = []
+        try:
+            for prompt, sp in zip(prompts, plist):
+                states.append(self._submit(prompt, sp, None, None, sink=_SharedSink(shared)))
+            collected: dict[str, list[RequestOutput]] = {s.request_id: [] for s in states}
+            bar = None
+            if use_tqdm:
+                from tqdm import tqdm
 
-            bar = tqdm(total=len(states), desc="generate")
-        for state in states:
-            token_ids: list[int] = []
-            text: list[str] = []
-            logprobs: list = []
-            assert state.sink.sync_queue is not None
-            while True:
-                out = state.sink.sync_queue.get()
-                token_ids += out.token_ids_delta
-                text.append(out.text_delta)
-                logprobs += out.logprobs_delta or []
+                bar = tqdm(total=len(states), desc="generate", unit="req")
+            remaining = len(states)
+            while remaining:
+                out = shared.get()
+                collected[out.request_id].append(out)
                 if out.finished:
-                    break
+                    remaining -= 1
+                    if bar is not None:
+                        bar.update(1)
             if bar is not None:
-                bar.update(1)
-            results.append(CompletionOutput(
-                state.request_id, state.prompt_token_ids, token_ids, "".join(text),
-                out.finish_reason or "stop", logprobs if state.params.logprobs is not None else None,
-                out.ttft_s, out.e2e_s))
-        if bar is not None:
-            bar.close()
-        return results
+                bar.close()
+        except BaseException:
+            for state in states:
+                self.abort(state.request_id)
+            raise
+        return [_completion(state, collected[state.request_id]) for state in states]
 
     # abort ------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
@@ -344,7 +353,10 @@ class LLMEngine(EngineClient):
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, StepOutputs):
-            for update in msg.updates:
+            if msg.sent_s:  # the worker -> front hop (same host clock)
+                self.hop_worker_to_front_s.append(time.time() - msg.sent_s)
+            self.num_graph_captures_serving = max(self.num_graph_captures_serving, msg.num_graph_captures_serving)
+            for update in msg.updates():
                 self._on_update(update)
             for wire in msg.handoffs:
                 self._on_handoff(wire)
@@ -502,7 +514,8 @@ class LLMEngine(EngineClient):
         if self.config.uses_split_policy and policy["predicted_ttft_us"] > 0:
             predicted_ttft = policy["predicted_ttft_us"] / 1e6  # the performance model's, from the prefill worker
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
-        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE)}
+        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE),
+                                 "num_graph_captures_serving": self.num_graph_captures_serving}
         if self.config.is_disaggregated:
             indexes = self.split_indexes()
             counts = self.ladder_decode_sms
@@ -563,3 +576,24 @@ class LLMEngine(EngineClient):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class _SharedSink(OutputSink):
+    """An output sink that feeds one queue shared by many requests (offline `generate`)."""
+
+    def __init__(self, shared: queue.SimpleQueue[RequestOutput]) -> None:
+        super().__init__(None)
+        self.shared = shared
+
+    def put(self, output: RequestOutput) -> None:
+        self.shared.put(output)
+
+
+def _completion(state: RequestState, outputs: list[RequestOutput]) -> CompletionOutput:
+    """One request's updates folded into its completion (an engine failure shows as finish_reason "error")."""
+    token_ids = [t for o in outputs for t in o.token_ids_delta]
+    logprobs = [lp for o in outputs for lp in (o.logprobs_delta or [])]
+    last = outputs[-1]
+    return CompletionOutput(state.request_id, state.prompt_token_ids, token_ids,
+                            "".join(o.text_delta for o in outputs), last.finish_reason or "stop",
+                            logprobs if state.params.logprobs is not None else None, last.ttft_s, last.e2e_s)

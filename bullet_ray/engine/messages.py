@@ -1,7 +1,7 @@
 """Messages between the engine front and its workers (pickled over one Unix-socket connection each).
 
 Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake.
-Worker -> engine: Ready (once), StepOutputs (once per step that produced anything), AbortMissed,
+Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
 WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`);
 the engine relays each to the decode worker as a `Handoff`. A decode worker's StepOutputs carry
 sequences it preempted (blocks already freed); the engine sends them back to prefill for recompute.
@@ -9,6 +9,7 @@ sequences it preempted (blocks already freed); the engine sends them back to pre
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ class Wake:
 
 @dataclass(frozen=True)
 class TokenUpdate:
-    """New tokens of one request from one step."""
+    """New tokens of one request from one step (the front's view of one row of StepOutputs)."""
 
     request_id: str
     token_ids: list[int]
@@ -64,10 +65,29 @@ class TokenUpdate:
 
 @dataclass(frozen=True)
 class StepOutputs:
+    """Everything one step of one worker produced, in one message.
+
+    Tokens travel as two parallel lists (request i sampled token i), not as one object per token, so a
+    step of 256 sequences pickles two lists; the rare extras are sparse, keyed by row. `sent_s`
+    (time.time() at send) lets the front measure the hop."""
+
     role: str
-    updates: list[TokenUpdate] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    # row -> (finish reason, stop token id) for the requests this step finished
+    finished: dict[int, tuple[FinishReason, int | None]] = field(default_factory=dict)
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     handoffs: list[SequenceWire] = field(default_factory=list)
     preempted: list[SequenceWire] = field(default_factory=list)
+    sent_s: float = 0.0
+    # CUDA graphs this worker captured while serving so far (0 unless a shape was missed at start)
+    num_graph_captures_serving: int = 0
+
+    def updates(self) -> Iterator[TokenUpdate]:
+        for i, (rid, token) in enumerate(zip(self.request_ids, self.token_ids)):
+            lp = self.logprobs.get(i)
+            reason, stop = self.finished.get(i, (None, None))
+            yield TokenUpdate(rid, [token], [lp] if lp is not None else None, reason, stop)
 
 
 @dataclass(frozen=True)

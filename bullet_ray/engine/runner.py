@@ -2,6 +2,12 @@
 
 The same runner serves every schedule: a batch is a list of (sequence, number of new tokens), so a
 prefill batch, a decode batch and a chunked hybrid batch differ only in their numbers.
+
+A step is launched (`launch`: inputs, forward, sampling, all queued on the device) and later collected
+(`collect`: the host learns the sampled ids and appends them). Between the two the host may plan and
+launch the next step: a sequence's token sampled by the last launched step is still on the device
+(`Sequence.num_pending_tokens`), and the next step's input ids take it from there by a device-side
+gather, so the GPU never waits for the host. `execute` is launch + collect at once (synchronous).
 """
 
 from __future__ import annotations
@@ -32,6 +38,26 @@ class StepResult:
     num_context_tokens: int
 
 
+@dataclass
+class InFlightStep:
+    """A launched step whose sampled ids the host has not read yet."""
+
+    batch: list[ScheduledSeq]
+    sampled: list[Sequence]  # sequences that sample this step (one pending token each)
+    sample: Any  # bullet_ray.engine.sampler.DeviceSample, or None when nothing samples
+    host_ids: torch.Tensor | None  # pinned copy of the sampled ids, valid once `done` has passed
+    done: Any  # torch.cuda.Event recorded after the copy (None on CPU: already done)
+    num_tokens: int
+    num_context_tokens: int
+    # a sequence of this step samples with penalties: the next step needs its ids on the host first
+    needs_host_history: bool = False
+    launched_s: float = 0.0  # perf_counter when launched (the worker's step-time bookkeeping)
+    perf_record: Any = None  # the bullet sides' (shape, predicted seconds, other side busy) for this step
+
+    def is_done(self) -> bool:
+        return self.done is None or bool(self.done.query())
+
+
 class ModelRunner:
     def __init__(self, model: Any, backend: AttentionBackend, sampler: Any, block_size: int,
                  device: torch.device | str) -> None:
@@ -44,20 +70,35 @@ class ModelRunner:
         # SM partition the worker runs on; None = always eager
         self.graphs: Any = None
         self.graph_key: Any = 0
+        # the last launched step's sampled ids on the device, and each sampling sequence's row in them
+        self._last_ids: torch.Tensor | None = None
+        self._last_rows: dict[str, int] = {}
 
     def build_metadata(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids, positions and the attention metadata of a batch (copied to the device without
-        waiting for the GPU)."""
+        waiting for the GPU). A token still pending on the device is gathered from the last step's ids."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
         bs = self.block_size
         for item in batch:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
-            input_ids.extend(seq.token_ids_slice(start, end))
+            known = seq.num_known_tokens
+            if end > known:  # the last token is the one the previous step sampled
+                if end - known != 1 or seq.request_id not in self._last_rows:
+                    raise RuntimeError(f"sequence {seq.request_id}: tokens [{known}, {end}) are not on the host "
+                                       "and not from the last launched step")
+                gather_dst.append(len(input_ids) + end - 1 - start)
+                gather_src.append(self._last_rows[seq.request_id])
+                input_ids.extend(seq.token_ids_slice(start, known))
+                input_ids.append(0)
+            else:
+                input_ids.extend(seq.token_ids_slice(start, end))
             positions.extend(range(start, end))
             blocks = seq.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
@@ -80,12 +121,17 @@ class ModelRunner:
             is_decode=all(n == 1 for n in query_lens),
         )
         ids = to_device(input_ids, torch.long, dev)
+        if gather_dst:
+            assert self._last_ids is not None
+            src = self._last_ids.index_select(0, to_device(gather_src, torch.long, dev))
+            ids.index_copy_(0, to_device(gather_dst, torch.long, dev), src)
         pos = to_device(positions, torch.long, dev)
         return ids, pos, metadata
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> StepResult:
-        """Run the batch, advance each sequence's computed count, sample for those that completed."""
+    def launch(self, batch: list[ScheduledSeq]) -> InFlightStep:
+        """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
+        count its sampled token as pending. Nothing here waits for the GPU."""
         ids, pos, metadata = self.build_metadata(batch)
         hidden = None
         if self.graphs is not None and metadata.is_decode:
@@ -101,15 +147,54 @@ class ModelRunner:
         sample_idx = [i for i, item in enumerate(batch) if item.completes_known_tokens]
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
-        sampled: list[Sequence] = []
-        logprobs: dict[str, TokenLogprob | None] = {}
+        seqs = [batch[i].seq for i in sample_idx]
+        sample = host_ids = done = None
         if sample_idx:
             rows = to_device([last_rows[i] for i in sample_idx], torch.long, hidden.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
-            seqs = [batch[i].seq for i in sample_idx]
-            out = self.sampler.sample(logits, [s.sampling for s in seqs])
-            for seq, token, lp in zip(seqs, out.token_ids, out.logprobs):
+            sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
+            self._last_ids = sample.token_ids
+            if sample.token_ids.device.type == "cuda":
+                host_ids = torch.empty(len(seqs), dtype=torch.long, pin_memory=True)
+                host_ids.copy_(sample.token_ids, non_blocking=True)
+            else:
+                host_ids = sample.token_ids
+        if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free
+            done = torch.cuda.Event()
+            done.record()
+        self._last_rows = {s.request_id: i for i, s in enumerate(seqs)}
+        for seq in seqs:
+            seq.num_pending_tokens += 1
+        needs_history = any(_uses_history(s) for s in seqs)
+        return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
+                            needs_host_history=needs_history)
+
+    def collect(self, step: InFlightStep) -> StepResult:
+        """Wait for a launched step, append each sampled id to its sequence. Sequences already finished
+        or aborted (`finish_reason` set) drop their token; they are left out of `sampled`."""
+        if step.done is not None:
+            step.done.synchronize()
+        sampled: list[Sequence] = []
+        logprobs: dict[str, TokenLogprob | None] = {}
+        if step.sample is not None:
+            assert step.host_ids is not None
+            out = step.sample.to_output(step.host_ids.tolist())
+            for seq, token, lp in zip(step.sampled, out.token_ids, out.logprobs):
+                seq.num_pending_tokens -= 1
+                if seq.finish_reason is not None:
+                    continue
                 seq.sampling.append(token)
                 sampled.append(seq)
                 logprobs[seq.request_id] = lp
-        return StepResult(sampled, logprobs, len(ids), sum(metadata.seq_lens_list))
+        return StepResult(sampled, logprobs, step.num_tokens, step.num_context_tokens)
+
+    def execute(self, batch: list[ScheduledSeq]) -> StepResult:
+        """Run the batch, advance each sequence's computed count, sample for those that completed."""
+        return self.collect(self.launch(batch))
+
+
+def _uses_history(seq: Sequence) -> bool:
+    """Whether sampling this sequence's next token reads its output ids on the host (penalties): then its
+    pending token must be learned before the next step is planned."""
+    p = seq.params
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)

@@ -30,6 +30,7 @@ import torch
 
 from bullet_ray.engine.outputs import FinishReason, TokenLogprob
 from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.engine.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,31 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]
 
 
+@dataclass
+class DeviceSample:
+    """A batch's sampled ids (and logprobs) still on the device; `to_output` reads them (it waits for the
+    GPU unless `token_ids_host` was filled once the step's copy had landed)."""
+
+    token_ids: torch.Tensor  # [N] int64 on the device
+    logprob_rows: list[int]  # rows that asked for logprobs
+    sampled_logprobs: torch.Tensor | None  # [len(logprob_rows)]
+    top_values: torch.Tensor | None  # [len(logprob_rows), max top]
+    top_ids: torch.Tensor | None
+    num_top: list[int]  # top logprobs each of those rows asked for
+
+    def to_output(self, token_ids_host: list[int] | None = None) -> SamplerOutput:
+        token_ids = token_ids_host if token_ids_host is not None else self.token_ids.tolist()
+        out: list[TokenLogprob | None] = [None] * len(token_ids)
+        if self.sampled_logprobs is not None:
+            sampled = self.sampled_logprobs.tolist()
+            vals = self.top_values.tolist() if self.top_values is not None else [[] for _ in sampled]
+            ids = self.top_ids.tolist() if self.top_ids is not None else [[] for _ in sampled]
+            for j, i in enumerate(self.logprob_rows):
+                n = self.num_top[j]
+                out[i] = TokenLogprob(token_ids[i], sampled[j], tuple(zip(ids[j][:n], vals[j][:n])))
+        return SamplerOutput(token_ids, out)
+
+
 class Sampler:
     """Samples one token per row of `logits` ([N, vocab]) for the matching SamplingState.
 
@@ -102,6 +128,11 @@ class Sampler:
     """
 
     def sample(self, logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
+        return self.sample_on_device(logits, states).to_output()
+
+    def sample_on_device(self, logits: torch.Tensor, states: list[SamplingState]) -> DeviceSample:
+        """The sampled ids as a tensor on the logits' device, without waiting for the GPU (greedy rows and
+        logprobs never sync; top-p rows sync once to size their sort)."""
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits must be [num_states={len(states)}, vocab], got {tuple(logits.shape)}")
         logits = logits.float()
@@ -112,10 +143,9 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(states) if s.params.temperature >= MIN_TEMPERATURE]
         if random_rows:
-            drawn = _draw(logits[random_rows], [states[i] for i in random_rows])
-            tokens[random_rows] = drawn
-        token_ids: list[int] = tokens.tolist()
-        return SamplerOutput(token_ids, _logprobs(raw_logprobs, token_ids, states))
+            rows = to_device(random_rows, torch.long, logits.device)
+            tokens.index_copy_(0, rows, _draw(logits.index_select(0, rows), [states[i] for i in random_rows]))
+        return DeviceSample(tokens, *_logprob_tensors(raw_logprobs, tokens, states))
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
@@ -169,19 +199,22 @@ def _draw(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
     device = logits.device
     params = [s.params for s in states]
     vocab = logits.shape[1]
-    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    temperature = to_device([p.temperature for p in params], torch.float32, device).unsqueeze(1)
     logits = logits / temperature
     top_k_rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
     if top_k_rows:
-        ks = torch.tensor([params[i].top_k for i in top_k_rows], device=device).unsqueeze(1)
-        rows = logits[top_k_rows]
-        kth = rows.topk(int(ks.max()), dim=-1).values.gather(1, ks - 1)
-        logits[top_k_rows] = rows.masked_fill(rows < kth, float("-inf"))
+        k_list = [params[i].top_k for i in top_k_rows]
+        ks = to_device(k_list, torch.long, device).unsqueeze(1)
+        index = to_device(top_k_rows, torch.long, device)
+        rows = logits.index_select(0, index)
+        kth = rows.topk(max(k_list), dim=-1).values.gather(1, ks - 1)
+        logits.index_copy_(0, index, rows.masked_fill(rows < kth, float("-inf")))
     probs = torch.softmax(logits, dim=-1)
     top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if top_p_rows:
-        top_p = torch.tensor([params[i].top_p for i in top_p_rows], device=device).unsqueeze(1)
-        rows = probs[top_p_rows]
+        top_p = to_device([params[i].top_p for i in top_p_rows], torch.float32, device).unsqueeze(1)
+        index = to_device(top_p_rows, torch.long, device)
+        rows = probs.index_select(0, index)
         # most likely first; only the nonzero probabilities matter (after top-k often few: no full sort)
         num_nonzero = int((rows > 0).sum(dim=-1).max())
         ordered = rows.topk(num_nonzero, dim=-1).values if num_nonzero < vocab // 2 else \
@@ -189,11 +222,11 @@ def _draw(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
         mass_before = ordered.cumsum(dim=-1) - ordered
         num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
         threshold = ordered.gather(1, num_kept - 1)
-        probs[top_p_rows] = rows.masked_fill((rows < threshold) | (rows <= 0), 0.0)
+        probs.index_copy_(0, index, rows.masked_fill((rows < threshold) | (rows <= 0), 0.0))
     if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        min_p = to_device([p.min_p for p in params], torch.float32, device).unsqueeze(1)
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-    uniforms = torch.tensor([s.next_uniform() for s in states], dtype=torch.float64, device=device)
+    uniforms = to_device([s.next_uniform() for s in states], torch.float64, device)
     cdf = probs.cumsum(dim=-1)  # non-decreasing; a token with probability 0 adds no step
     total = cdf[:, -1:].contiguous()
     picked = torch.searchsorted(cdf, uniforms.unsqueeze(1).to(cdf.dtype) * total, right=True)
@@ -202,23 +235,17 @@ def _draw(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
     return torch.minimum(picked, last).squeeze(1)
 
 
-def _logprobs(raw_logprobs: torch.Tensor | None, token_ids: list[int],
-              states: list[SamplingState]) -> list[TokenLogprob | None]:
-    out: list[TokenLogprob | None] = [None] * len(states)
+def _logprob_tensors(raw_logprobs: torch.Tensor | None, tokens: torch.Tensor, states: list[SamplingState]
+                     ) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, list[int]]:
+    """For the rows that asked for logprobs: the sampled token's logprob and the top ones, on the device."""
     rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     if raw_logprobs is None or not rows:
-        return out
-    selected = raw_logprobs[rows]
-    sampled = selected.gather(1, torch.tensor([token_ids[i] for i in rows], device=selected.device)
-                              .unsqueeze(1)).squeeze(1).tolist()
-    num_top = max(states[i].params.logprobs or 0 for i in rows)
-    top_vals: list[list[float]] = [[] for _ in rows]
-    top_ids: list[list[int]] = [[] for _ in rows]
-    if num_top > 0:
-        vals, ids = selected.topk(min(num_top, selected.shape[1]), dim=-1)
-        top_vals, top_ids = vals.tolist(), ids.tolist()
-    for j, i in enumerate(rows):
-        n = states[i].params.logprobs or 0
-        top = tuple(zip(top_ids[j][:n], top_vals[j][:n]))
-        out[i] = TokenLogprob(token_ids[i], sampled[j], top)
-    return out
+        return [], None, None, None, []
+    index = to_device(rows, torch.long, raw_logprobs.device)
+    selected = raw_logprobs.index_select(0, index)
+    sampled = selected.gather(1, tokens.index_select(0, index).unsqueeze(1)).squeeze(1)
+    num_top = [states[i].params.logprobs or 0 for i in rows]
+    top_vals = top_ids = None
+    if max(num_top) > 0:
+        top_vals, top_ids = selected.topk(min(max(num_top), selected.shape[1]), dim=-1)
+    return rows, sampled, top_vals, top_ids, num_top

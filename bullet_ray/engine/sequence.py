@@ -4,6 +4,10 @@ A sequence's known tokens are prompt + output. `num_computed_tokens` of them hav
 the rest are the next step's input: the whole (remaining) prompt for a prefill, one token for a decode
 step. After preemption the blocks are freed and `num_computed_tokens` drops to 0: the next prefill
 recomputes prompt + output so far (recompute, as in vLLM) and samples the next token.
+
+Asynchronous scheduling: a token sampled on the device is counted at once (`num_pending_tokens`, at most
+one: the last launched step's) but its id reaches the host one step later; until then the next step reads
+it from the device (the runner gathers it into its input ids) and `output_token_ids` lacks it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class Sequence:
     num_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None
+    # tokens sampled on the device whose ids the host has not learned yet (0 or 1)
+    num_pending_tokens: int = 0
 
     @property
     def params(self) -> Any:
@@ -49,8 +55,22 @@ class Sequence:
         return self.sampling.output_token_ids
 
     @property
-    def num_tokens(self) -> int:
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids the host holds: prompt + output."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens plus the sampled ones still on the device."""
+        return self.num_known_tokens + self.num_pending_tokens
+
+    @property
+    def is_length_capped(self) -> bool:
+        """True when the pending token already reaches max_tokens or max_model_len: whatever its id, the
+        sequence ends with it, so it is not scheduled again (no wasted step)."""
+        return self.num_pending_tokens > 0 and (
+            len(self.output_token_ids) + self.num_pending_tokens >= self.params.max_tokens
+            or self.num_tokens >= self.max_model_len)
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -66,6 +86,8 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - num_prompt]
 
     def to_wire(self) -> SequenceWire:
+        if self.num_pending_tokens:
+            raise RuntimeError(f"sequence {self.request_id} cannot travel with a token still on the device")
         return SequenceWire(self.request_id, list(self.prompt_token_ids), list(self.output_token_ids),
                             self.sampling.to_wire(), list(self.block_ids), self.num_computed_tokens,
                             self.arrival_s, self.max_model_len)
@@ -83,6 +105,6 @@ class Sequence:
         params = self.params
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids):
             self.finish_reason, self.stop_reason = "stop", token_id
-        elif len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= self.max_model_len:
+        elif len(self.output_token_ids) >= params.max_tokens or self.num_known_tokens >= self.max_model_len:
             self.finish_reason = "length"
         return self.finish_reason is not None

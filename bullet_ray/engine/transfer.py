@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[Sequence[int]], dtype: torch.dtype,
+def to_device(values: Sequence[float] | Sequence[Sequence[int]], dtype: torch.dtype,
               device: torch.device | str) -> torch.Tensor:
     """`values` as a tensor on `device`; on CUDA an asynchronous copy from pinned memory."""
     device = torch.device(device)

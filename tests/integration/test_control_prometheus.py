@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import sys
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse

@@ -52,7 +52,8 @@ class ChunkedScheduler:
         return decodes + prefills
 
     def after_step(self, sampled: list[Sequence]) -> None:
-        """Move sequences that finished their prefill (they sampled a token) to the running set."""
+        """Move sequences that finished their prefill (they sample a token) to the running set; called
+        right after the step's launch, so the next step decodes them."""
         waiting = set(id(s) for s in self.prefill.waiting)
         promoted = [s for s in sampled if id(s) in waiting]
         self.prefill.remove(promoted)
@@ -60,4 +61,7 @@ class ChunkedScheduler:
             self.decode.add(seq)
 
     def finish(self, seq: Sequence) -> None:
+        """Drop a finished sequence, running or (preempted meanwhile) waiting, and free its blocks."""
+        if seq in self.prefill.waiting:
+            self.prefill.remove([seq])
         self.decode.remove(seq)

@@ -3,6 +3,8 @@
 When a sequence needs a new block and none is free, the youngest running sequence is preempted (its
 blocks freed, returned to the caller for recompute), repeating until the older one fits. A pool that
 holds at least one sequence of max_model_len (checked at admission) therefore always makes progress.
+With asynchronous scheduling a sequence whose pending token reaches its length limit is skipped: the
+worker drops it once the token is known.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class DecodeScheduler:
         return None
 
     def remove(self, seq: Sequence) -> None:
-        """Drop a finished sequence and free its blocks."""
-        self.running.remove(seq)
+        """Drop a finished sequence and free its blocks (one preempted meanwhile is no longer here)."""
+        if seq in self.running:
+            self.running.remove(seq)
         release(seq, self.allocator)
 
     def schedule(self) -> tuple[list[ScheduledSeq], list[Sequence]]:
@@ -45,6 +48,9 @@ class DecodeScheduler:
         i = 0
         while i < len(self.running) and len(batch) < self.max_num_seqs:
             seq = self.running[i]
+            if seq.is_length_capped:  # its pending token ends it: nothing more to compute
+                i += 1
+                continue
             if grow(seq, 1, self.block_size, self.allocator):
                 batch.append(ScheduledSeq(seq, seq.num_uncomputed_tokens))
                 i += 1

@@ -1,4 +1,10 @@
-"""The worker entry point and its message loop; the role classes supply `handle` and `step`."""
+"""The worker entry point and its message loop; the role classes supply `handle`, `plan` and `process`.
+
+Every role steps the same way (`WorkerBase.step`): plan step k+1, launch it on the device, then collect
+step k (the host learns its sampled ids: stop checks, outputs, freed blocks) while k+1 runs. Without
+asynchronous scheduling step k+1 is collected right after its launch. Blocks freed while a step is in
+flight go back to the shared pool only once it has finished (`DeferredFree`).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,9 @@ import torch
 
 from bullet_ray.engine.launcher import WorkerSpec
 from bullet_ray.engine.messages import AbortRequests, Ready, Shutdown, Wake, WorkerFailed
+from bullet_ray.engine.scheduler.base import ScheduledSeq, release
+from bullet_ray.engine.scheduler.deferred_free import DeferredFree
+from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
 
@@ -35,7 +44,15 @@ class WorkerBase:
         self.config = spec.config
         self.conn = conn
         self.res = resources
-        self.allocator = resources.kv_pool.allocator
+        # frees reach the shared pool only after the step that may still write the blocks has finished
+        self.allocator = DeferredFree(resources.kv_pool.allocator)
+        self.is_async = self.config.is_async_scheduling
+        self.inflight: Any = None  # bullet_ray.engine.runner.InFlightStep launched but not collected
+        # sequences that sample in an uncollected step, by request id (an abort must reach them too)
+        self.awaiting: dict[str, Sequence] = {}
+        self._last_stream: Any = None
+        self._last_done_s = 0.0
+        self.graph_capture: dict[str, Any] = {}
         self.eos_token_ids = tuple(resources.handles.eos_token_ids)
         self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
                                   resources.device)
@@ -47,16 +64,28 @@ class WorkerBase:
         self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder)
         if spec.attach is None:
             self.switch.reset(self.partitioner.current_index)
-        if self.role == "decode" and self.config.is_gpu and not self.config.enforce_eager \
+        if self.role in ("decode", "hybrid") and self.config.is_gpu and not self.config.enforce_eager \
                 and self.config.attention_backend_name == "flashinfer":
             self._enable_decode_graphs()
 
     def _enable_decode_graphs(self) -> None:
+        """Decode graphs for every batch bucket on every partition this side may run on, captured now:
+        none is captured while serving (`DecodeGraphs.num_captures_serving` counts any that would be)."""
         from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
         bs = self.config.block_size
-        self.runner.graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
-                                          (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
+        graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
+                              (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
+        self.runner.graphs = graphs
+        side = self.partitioner.side
+        # every ladder entry when the split moves while serving; else the one this side runs on
+        indexes = range(len(self.partitioner.ladder)) if side != "both" and self.config.uses_split_policy \
+            else [self.partitioner.current_index]
+        for index in indexes:
+            graphs.capture_all(index, self.partitioner.stream(index, side) if side != "both" else None)
+        graphs.is_serving = True
+        self.graph_capture = graphs.capture_report()
+        logger.info("%s worker: decode graphs captured at start: %s", self.role, self.graph_capture)
 
     def _make_partitioner(self) -> Any:
         """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""
@@ -78,28 +107,100 @@ class WorkerBase:
         """At a step boundary: move to the requested ladder entry when the protocol lets this side."""
         if self.partitioner.side == "both":
             return
+        if self.inflight is not None and self.switch.requested() != self.switch.current(self.partitioner.side):
+            self._finish_inflight()  # the ack promises this side's SMs are free: no step of ours still runs
         index = self.switch.maybe_switch(self.partitioner.side)
         if index is not None:
             self.partitioner.select(index)
 
-    def execute(self, batch: Any) -> Any:
-        """Run a batch on this side's SMs (its green-context stream on GPU)."""
+    # stepping -------------------------------------------------------------------------------------------
+    def launch(self, batch: list[ScheduledSeq]) -> Any:
+        """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it."""
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
+        if stream is not None and self._last_stream is not None and stream != self._last_stream \
+                and self.inflight is not None and self.inflight.done is not None:
+            stream.wait_event(self.inflight.done)  # a new split: keep stream order with the last step
+        self._last_stream = stream
         self.runner.graph_key = self.partitioner.current_index  # graphs keep the partition they were captured on
         if stream is None:
-            return self.runner.execute(batch)
-        with torch.cuda.stream(stream):
-            return self.runner.execute(batch)
+            step = self.runner.launch(batch)
+        else:
+            with torch.cuda.stream(stream):
+                step = self.runner.launch(batch)
+        step.launched_s = time.perf_counter()
+        self.allocator.on_launch()
+        for seq in step.sampled:
+            self.awaiting[seq.request_id] = seq
+        return step
+
+    def collect(self, step: Any) -> Any:
+        """Wait for a launched step and learn its tokens; returns the runner's StepResult."""
+        result = self.runner.collect(step)
+        self.allocator.on_complete()
+        sampled: list[Sequence] = step.sampled
+        for seq in sampled:
+            if self.awaiting.get(seq.request_id) is seq:
+                del self.awaiting[seq.request_id]
+        return result
+
+    def step(self) -> bool:
+        """Plan and launch the next step, then collect the previous one; False when nothing could run
+        (e.g. waiting for free KV blocks) and nothing was in flight."""
+        if self.inflight is not None and self.inflight.needs_host_history:
+            self._finish_inflight()  # penalties read the output ids on the host
+        batch = self.plan()
+        if not batch:
+            if self.inflight is None:
+                return False
+            self._finish_inflight()
+            return True
+        step = self.launch(batch)
+        self.after_launch(step)
+        previous, self.inflight = self.inflight, step
+        if previous is not None:
+            self._finish(previous)
+        if not self.is_async:
+            self._finish_inflight()
+        return True
+
+    def _finish_inflight(self) -> None:
+        step, self.inflight = self.inflight, None
+        if step is not None:
+            self._finish(step)
+
+    def _finish(self, step: Any) -> None:
+        result = self.collect(step)
+        now = time.perf_counter()
+        started = max(step.launched_s, self._last_done_s)  # the GPU ran this step from here
+        self._last_done_s = now
+        self.process(result, step, started)
+
+    def abort_awaiting(self, request_id: str) -> Sequence | None:
+        """Abort a sequence that only an uncollected step holds: its token is dropped, its blocks freed
+        (held back until the step finishes)."""
+        seq = self.awaiting.pop(request_id, None)
+        if seq is not None:
+            seq.finish_reason = "abort"
+            release(seq, self.allocator)
+        return seq
 
     # role hooks -------------------------------------------------------------------------------------
     def handle(self, msg: Any) -> None:
         raise NotImplementedError
 
     def has_work(self) -> bool:
+        """Whether the role holds sequences to run (in-flight steps aside)."""
         raise NotImplementedError
 
-    def step(self) -> bool:
-        """Run one step; False when nothing could run (e.g. waiting for free KV blocks)."""
+    def plan(self) -> list[ScheduledSeq]:
+        """The next batch (blocks allocated); empty when nothing can run now."""
+        raise NotImplementedError
+
+    def after_launch(self, step: Any) -> None:  # noqa: B027 - optional hook
+        """Bookkeeping right after a launch (before the previous step is collected)."""
+
+    def process(self, result: Any, step: Any, started_s: float) -> None:
+        """Outputs of a collected step: stop checks, messages, freed blocks, the state-block row."""
         raise NotImplementedError
 
     def abort(self, request_ids: list[str]) -> None:
@@ -108,12 +209,12 @@ class WorkerBase:
     # loop -------------------------------------------------------------------------------------------
     def run(self) -> None:
         while not self.is_stopped:
-            timeout = 0.0 if self.has_work() else _IDLE_WAIT_S
+            timeout = 0.0 if self.has_work() or self.inflight is not None else _IDLE_WAIT_S
             while not self.is_stopped and self.conn.poll(timeout):
                 self._dispatch(self.conn.recv())
                 timeout = 0.0
             self.follow_split()
-            if self.is_stopped or not self.has_work():
+            if self.is_stopped or not (self.has_work() or self.inflight is not None):
                 continue
             if not self.step():
                 # blocked on memory: wait for the other side to free blocks or for a message
@@ -169,11 +270,12 @@ def run_worker(spec: WorkerSpec) -> None:
         device = _device(spec)
         if spec.attach is None:
             resources = create_resources(spec.config, os.path.dirname(spec.address), device)
-            conn.send(Ready(spec.role, resources.handles, _device_info(device)))
         else:
             resources = attach_resources(spec.config, spec.attach, device)
-            conn.send(Ready(spec.role, None, _device_info(device)))
-        _worker_class(spec.role)(spec, conn, resources).run()
+        worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
+        info = {**_device_info(device), "graphs": worker.graph_capture or None}
+        conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
+        worker.run()
     except (EOFError, ConnectionError, BrokenPipeError):
         logger.warning("%s worker: engine front went away; exiting", spec.role)
     except BaseException:

@@ -1,13 +1,18 @@
-"""The three worker roles: prefill (bullet), decode (bullet), hybrid (chunked baseline)."""
+"""The three worker roles: prefill (bullet), decode (bullet), hybrid (chunked baseline).
+
+Each role plans its batches and turns collected steps into messages; `WorkerBase.step` launches and
+collects them (asynchronously when the config says so: the host learns a step's tokens one step late).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs, TokenUpdate
+from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
-from bullet_ray.engine.scheduler.base import release
+from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
@@ -44,18 +49,25 @@ def expect_add_request(worker: WorkerBase, msg: Any) -> AddRequest:
     return msg
 
 
-def token_updates(worker: WorkerBase, result: StepResult) -> tuple[list[TokenUpdate], list[Sequence]]:
-    """One update per sampled sequence, and the sequences that finished with it."""
-    updates, finished = [], []
-    for seq in result.sampled:
+def step_outputs(worker: WorkerBase, result: StepResult) -> tuple[StepOutputs, list[Sequence]]:
+    """The step's message (one token per sampled sequence, as arrays) and the sequences it finished."""
+    request_ids, token_ids, finished = [], [], []
+    done: dict[int, tuple[Any, int | None]] = {}
+    logprobs = {}
+    for i, seq in enumerate(result.sampled):
         token = seq.output_token_ids[-1]
-        is_done = seq.check_finished(token, worker.eos_token_ids)
-        lp = result.logprobs.get(seq.request_id)
-        updates.append(TokenUpdate(seq.request_id, [token], [lp] if lp is not None else None,
-                                   seq.finish_reason, seq.stop_reason))
-        if is_done:
+        request_ids.append(seq.request_id)
+        token_ids.append(token)
+        if seq.check_finished(token, worker.eos_token_ids):
+            done[i] = (seq.finish_reason, seq.stop_reason)
             finished.append(seq)
-    return updates, finished
+        lp = result.logprobs.get(seq.request_id)
+        if lp is not None:
+            logprobs[i] = lp
+    graphs = worker.runner.graphs
+    msg = StepOutputs(worker.role, request_ids, token_ids, done, logprobs, sent_s=time.time(),
+                      num_graph_captures_serving=graphs.num_captures_serving if graphs is not None else 0)
+    return msg, finished
 
 
 class SideWorker(WorkerBase):
@@ -66,6 +78,7 @@ class SideWorker(WorkerBase):
         super().__init__(*args)
         model, self.perf_source = make_perf_model(self)
         self.recorder = StepRecorder(self, model)
+        self._next_record: tuple[Any, float, bool] | None = None  # the planned batch's prediction
 
     def follow_split(self) -> None:
         before = self.partitioner.current_index
@@ -77,11 +90,20 @@ class SideWorker(WorkerBase):
         """A requested split this side has not acked yet (it must step through its loop to follow)."""
         return self.partitioner.side != "both" and self.switch.current(self.partitioner.side) != self.switch.requested()
 
-    def publish_step(self, record: tuple[Any, float, bool], started: float, num_seqs: int, result: StepResult,
-                     num_queued: int, queued_tokens: int) -> None:
-        shape, predicted, busy = record
+    def predicted(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """Predict the planned batch's step time with the performance model (kept until it is launched)."""
+        self._next_record = self.recorder.predict(batch) if batch else None
+        return batch
+
+    def after_launch(self, step: Any) -> None:
+        step.perf_record = self._next_record  # (shape, predicted seconds, other side busy)
+
+    def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
+                     queued_tokens: int) -> None:
+        """Record the collected step (measured vs predicted, online correction) and publish its row."""
+        shape, predicted, busy = step.perf_record
         self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work())
-        self.publish(num_seqs, result.num_tokens, result.num_context_tokens, started, num_queued)
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
         self.recorder.after_publish()
 
 
@@ -106,32 +128,37 @@ class PrefillWorker(SideWorker):
         return self.decider is not None and self.decider.is_due()
 
     def abort(self, request_ids: list[str]) -> None:
-        missed = [rid for rid in request_ids if self.scheduler.abort(rid) is None]
+        missed = []
+        for rid in request_ids:
+            seq = self.scheduler.abort(rid)
+            if seq is not None:
+                seq.finish_reason = "abort"
+            elif self.abort_awaiting(rid) is None:
+                missed.append(rid)
         if missed:
             self.conn.send(AbortMissed(missed))
 
-    def step(self) -> bool:
+    def plan(self) -> list[ScheduledSeq]:
         if self.decider is not None:
-            self.decider.decide()
+            self.decider.decide()  # the split and the queue's order, from this step's state
             self.follow_split()  # a shrinking prefill side moves at once
-        started = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
-            return False
-        record = self.recorder.predict(batch)
-        result = self.execute(batch)
-        updates, finished = token_updates(self, result)
-        self.scheduler.remove(result.sampled)
+        return self.predicted(self.scheduler.schedule())
+
+    def after_launch(self, step: Any) -> None:
+        super().after_launch(step)
+        self.scheduler.remove(step.sampled)  # prefill complete: they leave the queue (handed off once collected)
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
+        msg, finished = step_outputs(self, result)
+        handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
         for seq in finished:
             release(seq, self.allocator)
-        handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
         if handoffs and self.decider is not None:
             self.decider.note_handoff()
         queued_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
-        self.publish_step(record, started, len(batch), result, len(self.scheduler), queued_tokens)
-        if updates or handoffs:
-            self.conn.send(StepOutputs(self.role, updates, handoffs))
-        return True
+        self.publish_step(step, started_s, result, len(self.scheduler), queued_tokens)
+        if msg.request_ids or handoffs:
+            self.conn.send(dataclasses.replace(msg, handoffs=handoffs))
 
 
 class DecodeWorker(SideWorker):
@@ -141,6 +168,8 @@ class DecodeWorker(SideWorker):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
+        # preempted sequences (blocks freed) not yet sent back to the front for recompute
+        self.preempted: list[Sequence] = []
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, Handoff):
@@ -153,24 +182,29 @@ class DecodeWorker(SideWorker):
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+            seq = self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+            if seq is not None:
+                seq.finish_reason = "abort"
 
-    def step(self) -> bool:
-        started = time.perf_counter()
+    def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()
-        preempted_wires = [seq.to_wire() for seq in preempted]
-        if not batch:
-            if preempted_wires:
-                self.conn.send(StepOutputs(self.role, preempted=preempted_wires))
-            return bool(preempted_wires)
-        record = self.recorder.predict(batch)
-        result = self.execute(batch)
-        updates, finished = token_updates(self, result)
+        self.preempted.extend(preempted)
+        if not batch and self.inflight is None and self.preempted:
+            self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
+        return self.predicted(batch)
+
+    def _take_preempted(self) -> list[Any]:
+        """Wires of the preempted sequences whose last token the host knows (the rest wait a step)."""
+        ready = [s for s in self.preempted if s.num_pending_tokens == 0]
+        self.preempted = [s for s in self.preempted if s.num_pending_tokens > 0]
+        return [s.to_wire() for s in ready if s.finish_reason is None]
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
+        msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
-        self.publish_step(record, started, len(batch), result, 0, 0)
-        self.conn.send(StepOutputs(self.role, updates, preempted=preempted_wires))
-        return True
+        self.publish_step(step, started_s, result, 0, 0)
+        self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted()))
 
 
 class HybridWorker(WorkerBase):
@@ -191,20 +225,21 @@ class HybridWorker(WorkerBase):
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self.scheduler.abort(rid)
+            seq = self.scheduler.abort(rid)
+            if seq is not None:
+                seq.finish_reason = "abort"
 
-    def step(self) -> bool:
-        started = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
-            return False
-        result = self.execute(batch)
-        self.scheduler.after_step(result.sampled)
-        updates, finished = token_updates(self, result)
+    def plan(self) -> list[ScheduledSeq]:
+        return self.scheduler.schedule()
+
+    def after_launch(self, step: Any) -> None:
+        self.scheduler.after_step(step.sampled)  # prompts done: decode from the next step on
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
+        msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.finish(seq)
-        self.publish(len(batch), result.num_tokens, result.num_context_tokens, started,
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s,
                      self.scheduler.num_waiting)
-        if updates:
-            self.conn.send(StepOutputs(self.role, updates))
-        return True
+        if msg.request_ids:
+            self.conn.send(msg)

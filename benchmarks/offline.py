@@ -1,0 +1,180 @@
+"""Offline throughput: N Azure-conversation requests through `LLMEngine.generate`, and vLLM's `LLM.generate`.
+
+Both systems get the same token-id prompts (lengths from the Azure LLM inference 2023 conversation trace,
+ids drawn with a fixed seed), the same max_tokens per request with ignore_eos, greedy sampling, dummy
+weights, and run one after the other on the same machine (vLLM in a child process, after our engine has
+released the GPU). Reported: requests/s, output tokens/s and total tokens/s over the timed `generate`
+call (a short warm-up call runs before it), as JSON.
+
+    python -m benchmarks.offline --device cpu --model dummy:tiny-llama --num-prompts 32 --max-total-tokens 256
+    python -m benchmarks.offline --device cuda --num-prompts 1000 --vllm --out /tmp/out/offline.json   # GPU
+
+vLLM runs with its defaults except prefix caching off (ours has none), on benchmarks.gpu.vllm_model's folder
+(our preset's config and a word-level tokenizer, so both systems produce text for every token); its packages
+come first on the child's path from $VLLM_SITE (default /tmp/vsite, see benchmarks/gpu/run_serve_h100.sh):
+
+    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.offline --vllm --trace-path /tmp/azure --out $OUT/offline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.traces import RequestSpec, WorkloadConfig, build_workload, default_trace_dir
+
+logger = logging.getLogger("offline")
+
+
+def workload(args: argparse.Namespace, vocab_size: int) -> list[RequestSpec]:
+    cfg = WorkloadConfig(dataset="azure-conv", num_prompts=args.num_prompts, seed=args.seed,
+                         trace_path=args.trace_path, max_total_tokens=args.max_total_tokens,
+                         vocab_low=min(1000, vocab_size // 4), vocab_high=min(30000, vocab_size))
+    return build_workload(cfg)
+
+
+def summary(specs: list[RequestSpec], outputs_tokens: list[int], seconds: float) -> dict[str, Any]:
+    num_prompt = sum(s.prompt_tokens for s in specs)
+    num_out = sum(outputs_tokens)
+    return {"num_requests": len(specs), "seconds": round(seconds, 3),
+            "requests_per_s": round(len(specs) / seconds, 3), "output_tokens_per_s": round(num_out / seconds, 1),
+            "total_tokens_per_s": round((num_prompt + num_out) / seconds, 1), "prompt_tokens": num_prompt,
+            "output_tokens": num_out, "output_tokens_expected": sum(s.output_tokens for s in specs)}
+
+
+def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.engine.llm_engine import LLMEngine
+    from bullet_ray.engine.sampling_params import SamplingParams
+
+    config = EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
+                          async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
+                          enforce_eager=args.enforce_eager)
+    start = time.perf_counter()
+    with LLMEngine(config) as engine:
+        startup_s = time.perf_counter() - start
+        specs = workload(args, engine.vocab_size)
+        params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
+        prompts: list[Any] = [s.prompt for s in specs]
+        engine.generate(prompts[:args.warmup], params[:args.warmup])
+        start = time.perf_counter()
+        outs = engine.generate(prompts, params, use_tqdm=True)
+        seconds = time.perf_counter() - start
+        graphs = engine.worker_info.get("decode" if config.is_disaggregated else "hybrid", {}).get("graphs")
+    result = summary(specs, [len(o.token_ids) for o in outs], seconds)
+    result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
+                  config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
+                                                          "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager")})
+    return result
+
+
+def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's offline LLM.generate on the same prompts (this process must not have touched the GPU)."""
+    from vllm import LLM, SamplingParams, TokensPrompt  # type: ignore[import-not-found]
+
+    from benchmarks.gpu.vllm_model import PRESET, write_model_folder
+
+    if not args.model.startswith("dummy:"):
+        raise SystemExit(f"--vllm compares dummy weights only; got --model {args.model}")
+    preset = PRESET.with_name(args.model.removeprefix("dummy:") + ".json")
+    folder = write_model_folder(tempfile.mkdtemp(prefix="vllm_model_"), preset)
+    specs = workload(args, int(json.loads(preset.read_text())["vocab_size"]))
+    start = time.perf_counter()
+    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
+              max_model_len=args.max_total_tokens, seed=args.seed)
+    startup_s = time.perf_counter() - start
+    prompts = [TokensPrompt(prompt_token_ids=list(s.prompt)) for s in specs]  # type: ignore[arg-type]
+    params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
+    llm.generate(prompts[:args.warmup], params[:args.warmup], use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=True)
+    seconds = time.perf_counter() - start
+    import vllm  # type: ignore[import-not-found]
+
+    result = summary(specs, [len(o.outputs[0].token_ids) for o in outs], seconds)
+    result.update(system=f"vllm {vllm.__version__}", startup_s=round(startup_s, 1),
+                  config={"enable_prefix_caching": False, "max_model_len": args.max_total_tokens, "defaults": "else"})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="dummy:llama-3.1-8b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--schedule", default="chunked", choices=["chunked", "bullet", "static"])
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=8, help="requests of the untimed warm-up call")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-path", default=str(default_trace_dir()))
+    parser.add_argument("--max-total-tokens", type=int, default=16384, help="prompt + output cap (and max_model_len)")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--kv-cache-gb", type=float, default=None, help="default: 40 on GPU, 1 on CPU")
+    parser.add_argument("--async-scheduling", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
+    parser.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
+    args = parser.parse_args(argv)
+    if args.kv_cache_gb is None:
+        args.kv_cache_gb = 40.0 if args.device.startswith("cuda") else 1.0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.vllm_only:
+        print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)
+        return 0
+    results = {"ours": run_ours(args)}
+    print(json.dumps(results["ours"]), flush=True)
+    if args.vllm:
+        results["vllm"] = _vllm_in_child(argv if argv is not None else sys.argv[1:])
+        if "requests_per_s" in results["vllm"]:
+            results["ours_over_vllm"] = {k: round(results["ours"][k] / results["vllm"][k], 3)
+                                         for k in ("requests_per_s", "output_tokens_per_s")}
+    payload = {"benchmark": "offline", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "command": "python -m benchmarks.offline " + " ".join(sys.argv[1:] if argv is None else argv),
+               "workload": {"dataset": "azure-conv", "num_prompts": args.num_prompts, "seed": args.seed,
+                            "max_total_tokens": args.max_total_tokens, "greedy": True, "ignore_eos": True},
+               "device": _device(), **results}
+    print(json.dumps({k: v for k, v in payload.items() if k in ("ours", "vllm", "ours_over_vllm")}, indent=1))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(payload, indent=2))
+        print(f"saved {args.out}")
+    return 0
+
+
+def _vllm_in_child(argv: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.offline", *[a for a in argv if a != "--vllm"], "--vllm-only"]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("VLLM_RESULT "):
+            return json.loads(line.removeprefix("VLLM_RESULT "))
+    sys.stderr.write(proc.stderr[-6000:])
+    return {"error": f"vLLM run failed (rc {proc.returncode})", "stderr_tail": proc.stderr[-2000:]}
+
+
+def _device() -> dict[str, Any]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return {"name": props.name, "sms": props.multi_processor_count, "torch": torch.__version__}
+    except Exception:  # noqa: BLE001 - the device line is informative only
+        pass
+    return {"name": "cpu"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

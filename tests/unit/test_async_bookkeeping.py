@@ -1,0 +1,91 @@
+"""One-step-late bookkeeping without processes: held-back frees, pending tokens, the runner's gather.
+
+`DeferredFree` keeps blocks freed during an in-flight step away from the shared pool (another worker)
+until the host has seen that step finish, while this worker may reuse them at once. The runner feeds a
+token still on the device into the next step by a gather; greedy output equals a synchronous run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.engine.scheduler.base import ScheduledSeq
+from bullet_ray.engine.scheduler.decode import DecodeScheduler
+from bullet_ray.engine.scheduler.deferred_free import DeferredFree
+from tests.unit.test_schedulers import FakeBlocks, make_seq
+
+
+def test_frees_during_a_step_are_held_back_until_it_finishes():
+    shared = FakeBlocks(10)
+    blocks = DeferredFree(shared)
+    ids = blocks.allocate(4)
+    assert ids is not None and shared.num_free == 6
+    blocks.on_launch()  # step 1 in flight
+    blocks.free(ids[:2])
+    assert shared.num_free == 6 and blocks.num_free == 8  # parked: this worker may reuse them
+    again = blocks.allocate(1)
+    assert again == [ids[1]] and shared.num_free == 6  # parked blocks first
+    blocks.on_launch()  # step 2 in flight, step 1 too
+    blocks.free(ids[2:])  # freed while step 2 may still write them: gated by step 2
+    blocks.on_complete()  # step 1 finished
+    assert shared.num_free == 7 and blocks.num_parked == 2
+    blocks.on_complete()  # step 2 finished
+    assert shared.num_free == 9 and blocks.num_parked == 0
+    blocks.free(again)  # nothing in flight: straight back
+    assert shared.num_free == 10
+
+
+def test_allocate_all_or_nothing_across_parked_and_shared():
+    shared = FakeBlocks(4)
+    blocks = DeferredFree(shared)
+    ids = blocks.allocate(3)
+    blocks.on_launch()
+    blocks.free(ids[:1])
+    assert blocks.allocate(3) is None and blocks.num_parked == 1 and shared.num_free == 1
+    got = blocks.allocate(2)
+    assert got is not None and sorted(got) == sorted([ids[0], 3])
+
+
+def test_decode_scheduler_skips_a_sequence_whose_pending_token_ends_it():
+    sched = DecodeScheduler(FakeBlocks(100), block_size=4, max_num_seqs=8)
+    a, b = make_seq("a", 5), make_seq("b", 5)
+    a.sampling.params = SamplingParams(max_tokens=1)
+    for seq in (a, b):
+        seq.num_computed_tokens, seq.num_pending_tokens = 5, 1
+        sched.add(seq)
+    batch, preempted = sched.schedule()
+    assert [item.seq.request_id for item in batch] == ["b"] and not preempted
+    assert a.is_length_capped and not b.is_length_capped
+
+
+def test_runner_gathers_pending_tokens_and_matches_a_synchronous_run():
+    from benchmarks.gpu.engine_common import make_runner
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
+
+    source = resolve_source("dummy:tiny-llama")
+    model = build_model(source.config, dtype=torch.float32, device="cpu")
+    source.fill(model, True, 0)
+    model.eval()
+    prompts = [[5, 17, 99, 3], [300, 2, 71, 8, 9, 10]]
+
+    def run(is_async: bool) -> list[list[int]]:
+        from benchmarks.gpu.engine_common import make_seqs
+
+        runner, _ = make_runner(model, source.config, "torch", 16, 4, "cpu", torch.float32)
+        seqs = make_seqs(prompts, 8, 4, 32)
+        inflight = runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs])
+        for _ in range(7):
+            if not is_async:
+                runner.collect(inflight)
+            assert all(s.num_pending_tokens == (1 if is_async else 0) for s in seqs)
+            nxt = runner.launch([ScheduledSeq(s, 1) for s in seqs])
+            if is_async:
+                runner.collect(inflight)
+            inflight = nxt
+        runner.collect(inflight)
+        return [list(s.output_token_ids) for s in seqs]
+
+    assert run(True) == run(False)
+    assert all(len(ids) == 8 for ids in run(True))

@@ -9,6 +9,8 @@ tests allow it.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -109,6 +111,16 @@ def test_stop_string_abort_and_streaming_async(schedule, hf_folder, expected):
             streamed.append(ids)
         offline = engine.generate(PROMPTS, greedy)
         assert [r.token_ids for r in offline] == streamed == expected
+
+        async def concurrently() -> list[list[int]]:  # asyncio consumers get a step's outputs in one wake-up
+            async def one(prompt: list[int]) -> list[int]:
+                ids: list[int] = []
+                async for out in engine.stream_async(prompt, greedy):
+                    ids += out.token_ids_delta
+                return ids
+            return list(await asyncio.gather(*(one(p) for p in PROMPTS)))
+
+        assert asyncio.run(concurrently()) == expected
 
         text = engine.generate([PROMPTS[0]], greedy)[0].text
         stop = text.split()[5]  # the 6th token's text

@@ -69,7 +69,9 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
     if name == "bullet-slo":
-        engine["split_policy"] = "slo"
+        engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
+        # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
+        engine["step_log_path"] = str((out_dir / "bullet-slo-steps.jsonl").resolve())
     else:
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):

@@ -139,9 +139,24 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from bullet_ray.bench import run_bench
+    import json
 
-    return run_bench(args)
+    from bullet_ray.bench import missing_extras, run_bench
+
+    try:
+        extra_body = json.loads(args.extra_body)
+    except ValueError as e:
+        raise UsageError("--extra-body", f"not JSON: {e}") from e
+    if not isinstance(extra_body, dict):
+        raise UsageError("--extra-body", f"must be a JSON object, got {args.extra_body!r}")
+    if missing_extras(("aiohttp",)):
+        return run_bench(args)  # raises MissingBenchExtra
+    import aiohttp
+
+    try:
+        return run_bench(args)
+    except (aiohttp.ClientConnectionError, OSError) as e:
+        raise UsageError("--base-url", f"cannot reach {args.base_url}: {e}") from e
 
 
 # --------------------------------------------------------------------------------------------- doctor

@@ -60,3 +60,24 @@ def test_help_lists_the_commands():
     proc = _cli("--help", timeout=60)
     assert proc.returncode == 0
     assert "generate" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["--extra-body", "{x"], "bullet-ray bench: error: --extra-body: not JSON"),
+    (["--extra-body", "[1]"], "bullet-ray bench: error: --extra-body: must be a JSON object"),
+    (["--rate", "abc"], "bullet-ray bench: error: --rate: invalid float value: 'abc'"),
+    (["--base-url", "http://127.0.0.1:1"], "bullet-ray bench: error: --base-url: cannot reach http://127.0.0.1:1"),
+])
+def test_bench_bad_argument_is_one_line(args, prefix):
+    proc = _cli("bench", "--num-prompts", "1", "--no-progress", *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(prefix), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_never_saves_the_api_key():
+    from bullet_ray.bench.serve_bench import redact_argv
+
+    assert redact_argv(["x", "--api-key", "sk-1", "--rate", "2", "--api-key=sk-2"]) == [
+        "x", "--api-key", "<redacted>", "--rate", "2", "--api-key=<redacted>"]

@@ -86,3 +86,18 @@ def test_api_key_check():
     for bad in (None, "", "k1", "Bearer ", "Bearer k", "Bearer k1x", "Basic k1", "bearer k1", "Bearer k2"):
         assert not is_authorized(bad, keys), bad
     assert not is_authorized("Bearer \udcff", keys)  # undecodable bytes do not raise
+
+
+def test_api_key_is_compared_in_constant_time_against_every_key(monkeypatch):
+    import hmac
+
+    calls: list[tuple[bytes, bytes]] = []
+    compare = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        calls.append((a, b))
+        return compare(a, b)
+
+    monkeypatch.setattr("bullet_ray.serve.auth.hmac.compare_digest", spy)
+    assert is_authorized("Bearer k1", ["k1", "k2", "k3"])
+    assert [b for _, b in calls] == [b"k1", b"k2", b"k3"]  # no early exit on the first match

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
@@ -68,6 +68,18 @@ async def _validation_error(_: Request, e: RequestValidationError) -> JSONRespon
 async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
     return JSONResponse(error_body(str(e.detail), kind, e.status_code), status_code=e.status_code)
+
+
+async def _require_api_key(request: Request) -> None:
+    """Route dependency: 401 unless the request carries one of the replica's API keys. FastAPI solves it
+    before it validates the body, so a client without a key learns nothing, not even a 422."""
+    ingress: Any = serve.get_replica_context().servable_object
+    if not is_authorized(request.headers.get("authorization"), ingress.cfg.api_keys):
+        raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
+
+
+# every route that reveals or changes anything (all but /health)
+_KEYED = [Depends(_require_api_key)]
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -136,9 +148,7 @@ class Ingress:
 
     # checks -----------------------------------------------------------------------------------------
     def _check(self, request: Request, model: str | None) -> None:
-        """API key, body size and model name; raises ApiError (401, 413, 404)."""
-        if not is_authorized(request.headers.get("authorization"), self.cfg.api_keys):
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
+        """Body size and model name (the key was checked by _require_api_key); raises ApiError (413, 404)."""
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.cfg.max_request_bytes:
             raise ApiError(413, f"request body of {length} bytes exceeds {self.cfg.max_request_bytes}")
@@ -172,24 +182,21 @@ class Ingress:
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @fastapi_app.get("/openapi.json", include_in_schema=False)
+    @fastapi_app.get("/openapi.json", include_in_schema=False, dependencies=_KEYED)
     async def openapi_spec(self, request: Request) -> dict[str, Any]:
-        self._check(request, None)
         return request.app.openapi()
 
-    @fastapi_app.get("/v1/models")
-    async def models(self, request: Request) -> dict[str, Any]:
-        self._check(request, None)
+    @fastapi_app.get("/v1/models", dependencies=_KEYED)
+    async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
                                             "owned_by": "bullet_ray"}]}
 
-    @fastapi_app.get("/v1/internal/stats")
-    async def engine_stats(self, request: Request) -> dict[str, Any]:
+    @fastapi_app.get("/v1/internal/stats", dependencies=_KEYED)
+    async def engine_stats(self) -> dict[str, Any]:
         """One engine replica's load (KV blocks, waiting/running); for tests and operators."""
-        self._check(request, None)
         return await self.engine.stats.remote()
 
-    @fastapi_app.post("/v1/completions")
+    @fastapi_app.post("/v1/completions", dependencies=_KEYED)
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._check_body(request, body)
         prompts = _prompt_list(body.prompt)
@@ -197,7 +204,7 @@ class Ingress:
                 for p in prompts for i in range(body.n)]
         return await self._respond(body, reqs, chat=False)
 
-    @fastapi_app.post("/v1/chat/completions")
+    @fastapi_app.post("/v1/chat/completions", dependencies=_KEYED)
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._check_body(request, body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]

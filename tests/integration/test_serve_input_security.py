@@ -115,6 +115,13 @@ def test_every_route_that_reveals_or_changes_anything_needs_the_key(urls, method
         assert r.status_code == 200, r.text
 
 
+def test_the_key_is_checked_before_the_body(urls):
+    """Without a key even a malformed body gets 401, not a 422 that would describe the schema."""
+    for body in ({"prompt": 5}, {"messages": []}, [1, 2]):
+        r = httpx.post(f"{urls[1]}/v1/completions", json=body, timeout=30)
+        _assert_openai_error(r, 401, None)
+
+
 def test_health_stays_open_and_the_open_app_needs_no_key(urls):
     assert httpx.get(f"{urls[1]}/health", timeout=30).json() == {"status": "ok"}
     assert httpx.get(f"{urls[0]}/v1/models", timeout=30).status_code == 200

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import sys
@@ -124,7 +125,7 @@ def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engine = {k: getattr(args.engine_config, k) for k in ("model", "device", "schedule", "num_kv_blocks",
-                                                              "max_num_seqs", "async_scheduling")}
+                                                              "kv_cache_memory_gb", "max_num_seqs", "async_scheduling")}
         app_args = {"engine": engine, "num_engines": 1, "worker_num_cpus": 0, "engine_num_cpus": 0}
         serve.run(build_app(app_args), name="hops", route_prefix="/")
         handle = serve.get_deployment_handle("BulletEngine", app_name="hops")
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                "command": "python -m benchmarks.hops " + " ".join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "device": args.device, "schedule": args.schedule,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": PROMPT_LEN,
-               **result}
+               # other processes on the host skew every figure: the 1/5/15-minute load averages, and the cores
+               "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result}
     print(json.dumps(payload, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,6 @@ class InFlightStep:
     launched_s: float = 0.0  # perf_counter when launched (the worker's step-time bookkeeping)
     perf_record: Any = None  # the bullet sides' (shape, predicted seconds, other side busy) for this step
 
-    def is_done(self) -> bool:
-        return self.done is None or bool(self.done.query())
-
 
 class ModelRunner:
     def __init__(self, model: Any, backend: AttentionBackend, sampler: Any, block_size: int,
@@ -155,8 +152,10 @@ class ModelRunner:
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids
             if sample.token_ids.device.type == "cuda":
+                # the host reads these after the step's event: a blocking copy would wait for the next step too
                 host_ids = torch.empty(len(seqs), dtype=torch.long, pin_memory=True)
                 host_ids.copy_(sample.token_ids, non_blocking=True)
+                sample = sample.logprobs_to_host()
             else:
                 host_ids = sample.token_ids
         if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free

@@ -107,6 +107,19 @@ class DeviceSample:
     top_ids: torch.Tensor | None
     num_top: list[int]  # top logprobs each of those rows asked for
 
+    def logprobs_to_host(self) -> DeviceSample:
+        """The same sample with its logprob tensors copied to pinned host memory without waiting (they are
+        valid once the stream has passed this point: the caller records an event after it)."""
+        def host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or t.device.type != "cuda":
+                return t
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            return out
+
+        return DeviceSample(self.token_ids, self.logprob_rows, host(self.sampled_logprobs), host(self.top_values),
+                            host(self.top_ids), self.num_top)
+
     def to_output(self, token_ids_host: list[int] | None = None) -> SamplerOutput:
         token_ids = token_ids_host if token_ids_host is not None else self.token_ids.tolist()
         out: list[TokenLogprob | None] = [None] * len(token_ids)

@@ -109,8 +109,9 @@ def test_stop_string_abort_and_streaming_async(schedule, hf_folder, expected):
             for out in engine.stream(prompt, greedy):
                 ids += out.token_ids_delta
             streamed.append(ids)
-        offline = engine.generate(PROMPTS, greedy)
+        offline = engine.generate(PROMPTS, greedy, use_tqdm=True)
         assert [r.token_ids for r in offline] == streamed == expected
+        assert engine.stats().extra["num_graph_captures_serving"] == 0
 
         async def concurrently() -> list[list[int]]:  # asyncio consumers get a step's outputs in one wake-up
             async def one(prompt: list[int]) -> list[int]:

@@ -70,22 +70,26 @@ def test_runner_gathers_pending_tokens_and_matches_a_synchronous_run():
     model.eval()
     prompts = [[5, 17, 99, 3], [300, 2, 71, 8, 9, 10]]
 
-    def run(is_async: bool) -> list[list[int]]:
+    def run(is_async: bool) -> tuple[list[list[int]], list]:
         from benchmarks.gpu.engine_common import make_seqs
 
         runner, _ = make_runner(model, source.config, "torch", 16, 4, "cpu", torch.float32)
         seqs = make_seqs(prompts, 8, 4, 32)
+        seqs[0].sampling.params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+        logprobs = []
         inflight = runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs])
         for _ in range(7):
             if not is_async:
-                runner.collect(inflight)
+                logprobs.append(runner.collect(inflight).logprobs["r0"])
             assert all(s.num_pending_tokens == (1 if is_async else 0) for s in seqs)
             nxt = runner.launch([ScheduledSeq(s, 1) for s in seqs])
             if is_async:
-                runner.collect(inflight)
+                logprobs.append(runner.collect(inflight).logprobs["r0"])
             inflight = nxt
-        runner.collect(inflight)
-        return [list(s.output_token_ids) for s in seqs]
+        logprobs.append(runner.collect(inflight).logprobs["r0"])
+        return [list(s.output_token_ids) for s in seqs], logprobs
 
-    assert run(True) == run(False)
-    assert all(len(ids) == 8 for ids in run(True))
+    tokens, logprobs = run(True)
+    assert (tokens, logprobs) == run(False)
+    assert all(len(ids) == 8 for ids in tokens)
+    assert [lp.token_id for lp in logprobs] == tokens[0] and all(len(lp.top) == 2 for lp in logprobs)

@@ -38,6 +38,14 @@ class DeferredFree:
         return sum(len(ids) for _, ids in self._parked)
 
     @property
+    def usage(self) -> float:
+        """Fraction of blocks in use (parked ones count as free), 0..1."""
+        return 1.0 - self.num_free / self.num_blocks
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free
+
+    @property
     def is_step_in_flight(self) -> bool:
         return self.num_launched > self.num_completed
 

@@ -44,11 +44,11 @@ class ClusterController:
     """Ray actor class (see the module docstring). `model_name` selects the series of this application."""
 
     def __init__(self, config: dict[str, Any], model_name: str, accelerator: str | None, initial_replicas: int,
-                 run_loop: bool = True) -> None:
+                 mps_name: str | None = None, run_loop: bool = True) -> None:
         from bullet_ray.metrics import ControllerMetrics
 
         self.base_config = ControllerConfig(**config)
-        self.model_name, self.accelerator = model_name, accelerator
+        self.model_name, self.accelerator, self.mps_name = model_name, accelerator, mps_name
         self.app = self.base_config.app_name
         self.overrides: dict[str, Any] = {}
         self.state = ControllerState()
@@ -172,6 +172,8 @@ class ClusterController:
         try:
             if not self._agents:
                 self._agents = start_node_agents(self.accelerator)
+                if self.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
+                    ray.get([a.ensure_mps.remote(self.mps_name) for a in self._agents.values()], timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
         except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time
@@ -212,12 +214,12 @@ class ClusterController:
 
 
 def start_controller(config: ControllerConfig, model_name: str, accelerator: str | None,
-                     initial_replicas: int) -> Any:
+                     initial_replicas: int, mps_name: str | None = None) -> Any:
     """Find or start the application's controller (detached, restarted by Ray when it dies)."""
     actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
-    ).remote(config.model_dump(), model_name, accelerator, initial_replicas)
+    ).remote(config.model_dump(), model_name, accelerator, initial_replicas, mps_name)
     return actor
 
 
@@ -243,6 +245,7 @@ def controller_options(app_config: Any) -> dict[str, Any]:
         total = int(ray.cluster_resources().get(accel, 0)) if accel and ray.is_initialized() else 0
         budget = max(app_config.num_engines, total)
     if ray.is_initialized():
-        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines)
+        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines,
+                         app_config.mps_name if app_config.uses_mps else None)
     return {"num_replicas": "auto",
             "autoscaling_config": autoscale.autoscaling_config(cfg.min_engines, budget, app_config.num_engines)}

@@ -121,8 +121,11 @@ class ClusterController:
             try:
                 if not self._app_exists():
                     if time.monotonic() - self._app_seen_s > APP_GONE_S:
-                        logger.info("application %s is gone: controller exits", self.app)
-                        ray.actor.exit_actor()
+                        logger.info("application %s is gone: the controller forgets its state and exits", self.app)
+                        for what in ("state", "num_replicas"):
+                            autoscale.kv_delete(self.app, what)
+                        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                        return
                     continue
                 self.tick()
             except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
@@ -170,10 +173,13 @@ class ClusterController:
 
         d = decision.to_dict()
         try:
-            if not self._agents:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            if alive != set(self._agents):  # first push, or nodes came or went: find or start their agents
+                new = set(alive) - set(self._agents)
                 self._agents = start_node_agents(self.accelerator)
                 if self.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
-                    ray.get([a.ensure_mps.remote(self.mps_name) for a in self._agents.values()], timeout=60)
+                    ray.get([self._agents[n].ensure_mps.remote(self.mps_name) for n in new if n in self._agents],
+                            timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
         except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time

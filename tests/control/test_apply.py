@@ -10,7 +10,6 @@ from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.decide import ControllerInputs, ControllerState, EngineObservation, decide
 from bullet_ray.control.forecast import LoadForecast, LoadSample
 from bullet_ray.metrics import EngineMetrics
-from bullet_ray.policy.split import SmScaling, SplitPolicy, SplitTargets
 from bullet_ray.serve.admission import AdmissionSettings
 
 
@@ -19,7 +18,6 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.ladder_decode_sms = [16, 24, 32, 40, 48]
-        self.split_policy = SplitPolicy(self.ladder_decode_sms, SmScaling(64), SplitTargets())
         self.bounds: tuple[int | None, int | None] | None = None
 
     def set_split_bounds(self, lo: int | None, hi: int | None) -> tuple[int, int]:
@@ -45,7 +43,7 @@ def test_bounds_targets_and_admission_reach_the_engine_and_shedding_is_undone():
     r = replica(FakeEngine())
     out = apply_decision(r, decision(rate=1.0, max_decode_sms=32))
     assert r.engine.bounds == (None, 32) and out["decode_sms_bounds"] == (16, 32)
-    assert r.engine.split_policy.targets.tpot_s == 0.040 and r.metrics.ttft_target_s == 0.8
+    assert r.metrics.tpot_target_s == 0.040 and r.metrics.ttft_target_s == 0.8
     assert r.admission.max_waiting_per_engine == 64
     apply_decision(r, decision(rate=20.0, shed_max_waiting=4))  # 400 tok/s > the budget of 100: shed
     assert r.admission.max_waiting_per_engine == 4 and r.admission.admission_ttft_s == 0.8

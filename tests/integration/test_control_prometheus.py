@@ -91,6 +91,7 @@ class Load:
         self._client = httpx.Client(timeout=60)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.start_s = time.monotonic()
+        self.start_wall_s = time.time()
         self._thread.start()
 
     def _one(self) -> None:
@@ -123,7 +124,7 @@ def test_rising_rate_adds_a_replica_before_attainment_drops(serve_url, prometheu
     # 4 prompt + 8 output tokens a request; one engine serves 40 tok/s, aimed at 80%: 32 tok/s, 2.7 req/s
     args = {"engine": {"model": "mock"}, "engine_num_cpus": 0, "worker_num_cpus": 0, "accelerator_resource": "fake_gpu",
             "num_engines": 1,
-            "controller": {"app_name": "ctl_mock", "interval_s": 2.0, "horizon_s": 10.0, "max_engines": 2,
+            "controller": {"app_name": "ctl_mock", "interval_s": 2.0, "horizon_s": 20.0, "max_engines": 2,
                            "engine_capacity_tokens_s": 40.0, "target_utilization": 0.8, "scale_down_after": 1000,
                            # targets the mock meets on a busy 2-core machine: a drop would be the load's doing
                            "ttft_target_ms": 2000.0, "tpot_target_ms": 200.0}}
@@ -139,10 +140,11 @@ def test_rising_rate_adds_a_replica_before_attainment_drops(serve_url, prometheu
         status = wait_for(scaled_up, 120, "the controller to ask for a second replica", 0.5)
         up = next(r for r in status["log"] if r["decision"]["num_replicas"] == 2)
         inputs = up["inputs"]
-        measured_tok_s = inputs["load"]["rate_rps"] * 12
         forecast_tok_s = inputs["forecast"]["rate_rps"] * (inputs["forecast"]["mean_prompt_tokens"]
                                                            + inputs["forecast"]["mean_output_tokens"])
-        assert measured_tok_s < 32.0 < forecast_tok_s, inputs  # the forecast, not the measured load, scaled it
+        assert forecast_tok_s > 32.0, inputs  # the forecast asked for the second replica
+        # ... before the offered rate (0.3 + 0.1 t req/s) reached one engine's 32 tok/s = 2.67 req/s at t = 23.7 s
+        assert up["decision"]["time_s"] - load.start_wall_s < (32.0 / 12 - 0.3) / 0.1, inputs
         assert inputs["attainment"] is None or inputs["attainment"] >= 0.9
         wait_for(lambda: promql(prometheus, 'max(ray_bullet_controller_num_replicas{app="ctl_mock"}) == 2'), 60,
                  "the replica decision in Prometheus")

@@ -52,12 +52,18 @@ def promql(expr: str) -> list[dict[str, Any]]:
             if s["value"][1] not in ("NaN", "+Inf", "-Inf")]
 
 
-def write_yaml(out_dir: Path, num_engines: int, kv_gb: float) -> Path:
+def write_yaml(out_dir: Path, num_engines: int, kv_gb: float, cpu_smoke: bool = False) -> Path:
     with open(REPO / "deploy" / "node.yaml") as f:
         cfg = yaml.safe_load(f)
     args = cfg["applications"][0]["args"]
     args["num_engines"] = num_engines
     args["engine"]["kv_cache_memory_gb"] = kv_gb
+    if cpu_smoke:  # the same run on a CPU machine, to check the script itself
+        cfg["http_options"]["host"] = "127.0.0.1"
+        cfg["proxy_location"] = "HeadOnly"
+        args.update({"num_ingress_replicas": 1, "engine_num_cpus": 0, "worker_num_cpus": 0})
+        args["engine"] = {"model": "dummy:tiny-llama", "device": "cpu", "num_kv_blocks": 512, "block_size": 4,
+                          "max_model_len": 1024}
     args["controller"] = {"app_name": cfg["applications"][0]["name"], "interval_s": 2.0, "horizon_s": 30.0,
                           "prometheus_url": PROM_URL, "min_engines": num_engines, "max_engines": num_engines}
     path = out_dir / "node_control.yaml"
@@ -100,12 +106,12 @@ def snapshot() -> dict[str, Any]:
     }
 
 
-def run_load(rate: float, duration_s: float, seed: int) -> dict[str, Any]:
+def run_load(rate: float, duration_s: float, seed: int, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     from benchmarks.serve_bench import BenchConfig, run_benchmark
     from benchmarks.traces import WorkloadConfig, build_workload
 
     workload = WorkloadConfig(dataset="random", num_prompts=None, duration_s=duration_s, rate_rps=rate,
-                              random_input_tokens=512, random_output_tokens=128, seed=seed)
+                              random_input_tokens=input_tokens, random_output_tokens=output_tokens, seed=seed)
     config = BenchConfig(base_url=BASE_URL, workload=workload, slos=["relaxed", "strict"], is_progress_shown=False)
     s = asyncio.run(run_benchmark(config, build_workload(workload))).summary
     return {k: s.get(k) for k in ("num_completed", "num_failed", "request_throughput_rps", "ttft_ms", "tpot_ms",
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--lowered-max-sms", type=int, default=48)
     ap.add_argument("--ready-timeout-s", type=float, default=600.0)
+    ap.add_argument("--input-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--cpu-smoke", action="store_true", help="dummy tiny model on CPU (checks this script)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sys.path.insert(0, str(REPO))
@@ -145,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu.serve_h100 import _stop, _wait_generates, gpu_memory_gib
 
     args.out.mkdir(parents=True, exist_ok=True)
-    yaml_path = write_yaml(args.out, args.num_engines, args.kv_cache_memory_gb)
+    lengths = (args.input_tokens, args.output_tokens)
+    yaml_path = write_yaml(args.out, args.num_engines, args.kv_cache_memory_gb, args.cpu_smoke)
     result: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(), "command": " ".join(sys.argv),
                               "device": subprocess.run("nvidia-smi -L", shell=True, capture_output=True,
                                                        text=True).stdout.strip(),
@@ -172,13 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address="auto", log_to_driver=False)
         controller = ray.get_actor(controller_name(result["yaml"]["applications"][0]["name"]), namespace=NAMESPACE)
         for i, rate in enumerate((args.rate / 4, args.rate / 2, args.rate * 3 / 4)):
-            result["phases"][f"rising_{i}"] = {"rate": rate, "client": run_load(rate, args.phase_s / 3, seed=i),
+            result["phases"][f"rising_{i}"] = {"rate": rate, "client": run_load(rate, args.phase_s / 3, i, *lengths),
                                                "metrics": snapshot()}
-        result["phases"]["steady"] = {"rate": args.rate, "client": run_load(args.rate, args.phase_s, seed=10),
+        result["phases"]["steady"] = {"rate": args.rate, "client": run_load(args.rate, args.phase_s, 10, *lengths),
                                       "metrics": snapshot()}
         result["operator_update"] = ray.get(controller.update_config.remote({"max_decode_sms": args.lowered_max_sms}))
         time.sleep(10)
-        result["phases"]["lowered"] = {"rate": args.rate, "client": run_load(args.rate, args.phase_s, seed=11),
+        result["phases"]["lowered"] = {"rate": args.rate, "client": run_load(args.rate, args.phase_s, 11, *lengths),
                                        "metrics": snapshot()}
         status = ray.get(controller.status.remote())
         result["controller"] = {k: status[k] for k in ("seq", "num_replicas", "overrides", "num_restores")}

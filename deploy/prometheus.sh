@@ -9,6 +9,7 @@
 # /tmp/ray/prom_metrics_service_discovery.json), which Prometheus re-reads as nodes come and go (file service
 # discovery, as deploy/prometheus.yml does). Then point the controller at it (`controller: {prometheus_url:
 # http://<head>:9090}`) and a Grafana at it (README "Operate it"; dashboards/provisioning). Ctrl-C stops it.
+# PROMETHEUS_BIN=/path/to/prometheus uses that binary instead of the one on PATH.
 set -euo pipefail
 PORT=9090
 DATA_DIR=/tmp/bullet_ray_prometheus
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) echo "deploy/prometheus.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-BIN=$(command -v prometheus || true)
+BIN=${PROMETHEUS_BIN:-$(command -v prometheus || true)}
 if [ -z "$BIN" ]; then
   echo "deploy/prometheus.sh: prometheus not found; install it: apt-get install -y prometheus" >&2
   exit 1

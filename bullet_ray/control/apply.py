@@ -1,8 +1,10 @@
 """How an engine replica takes a controller decision (`EngineReplica.apply_policy` delegates here).
 
 The replica picks its own entry of the decision (by replica id; the decision's default when it is not
-named), then: split bounds -> `LLMEngine.set_split_bounds` (engines without an SM split, such as the mock
-engine, skip them); SLO targets -> the engine's split policy and the replica's attainment metric;
+named), then: split bounds -> `LLMEngine.set_split_bounds` (the state block's bounds, which the worker that
+decides the split clamps to; engines without an SM split, such as the mock engine, skip them); SLO targets
+-> the replica's attainment metric and target gauges (the split decider in the prefill worker keeps the
+targets it started with: moving them at run time needs two more state-block slots);
 admission -> the replica's AdmissionSettings, starting from the ones it had before the first decision (so
 leaving `shed` mode restores them). What is in force is exported as gauges and returned.
 """
@@ -37,9 +39,6 @@ def apply_decision(replica: Any, decision: dict[str, Any]) -> dict[str, Any]:
     ttft_s = mine.ttft_target_ms / 1e3 if mine.ttft_target_ms is not None else replica.metrics.ttft_target_s
     tpot_s = mine.tpot_target_ms / 1e3 if mine.tpot_target_ms is not None else replica.metrics.tpot_target_s
     replica.metrics.set_targets(ttft_s, tpot_s)
-    policy = getattr(engine, "split_policy", None)
-    if policy is not None:
-        policy.targets = dataclasses.replace(policy.targets, ttft_s=ttft_s, tpot_s=tpot_s)
     bounds: tuple[int, int] | None = None
     if hasattr(engine, "set_split_bounds"):
         lo, hi = engine.set_split_bounds(mine.min_decode_sms, mine.max_decode_sms)

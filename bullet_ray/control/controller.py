@@ -44,11 +44,11 @@ class ClusterController:
     """Ray actor class (see the module docstring). `model_name` selects the series of this application."""
 
     def __init__(self, config: dict[str, Any], model_name: str, accelerator: str | None, initial_replicas: int,
-                 run_loop: bool = True) -> None:
+                 mps_name: str | None = None, run_loop: bool = True) -> None:
         from bullet_ray.metrics import ControllerMetrics
 
         self.base_config = ControllerConfig(**config)
-        self.model_name, self.accelerator = model_name, accelerator
+        self.model_name, self.accelerator, self.mps_name = model_name, accelerator, mps_name
         self.app = self.base_config.app_name
         self.overrides: dict[str, Any] = {}
         self.state = ControllerState()
@@ -121,8 +121,11 @@ class ClusterController:
             try:
                 if not self._app_exists():
                     if time.monotonic() - self._app_seen_s > APP_GONE_S:
-                        logger.info("application %s is gone: controller exits", self.app)
-                        ray.actor.exit_actor()
+                        logger.info("application %s is gone: the controller forgets its state and exits", self.app)
+                        for what in ("state", "num_replicas"):
+                            autoscale.kv_delete(self.app, what)
+                        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                        return
                     continue
                 self.tick()
             except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
@@ -170,8 +173,13 @@ class ClusterController:
 
         d = decision.to_dict()
         try:
-            if not self._agents:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            if alive != set(self._agents):  # first push, or nodes came or went: find or start their agents
+                new = set(alive) - set(self._agents)
                 self._agents = start_node_agents(self.accelerator)
+                if self.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
+                    ray.get([self._agents[n].ensure_mps.remote(self.mps_name) for n in new if n in self._agents],
+                            timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
         except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time
@@ -212,12 +220,12 @@ class ClusterController:
 
 
 def start_controller(config: ControllerConfig, model_name: str, accelerator: str | None,
-                     initial_replicas: int) -> Any:
+                     initial_replicas: int, mps_name: str | None = None) -> Any:
     """Find or start the application's controller (detached, restarted by Ray when it dies)."""
     actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
-    ).remote(config.model_dump(), model_name, accelerator, initial_replicas)
+    ).remote(config.model_dump(), model_name, accelerator, initial_replicas, mps_name)
     return actor
 
 
@@ -243,6 +251,7 @@ def controller_options(app_config: Any) -> dict[str, Any]:
         total = int(ray.cluster_resources().get(accel, 0)) if accel and ray.is_initialized() else 0
         budget = max(app_config.num_engines, total)
     if ray.is_initialized():
-        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines)
+        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines,
+                         app_config.mps_name if app_config.uses_mps else None)
     return {"num_replicas": "auto",
             "autoscaling_config": autoscale.autoscaling_config(cfg.min_engines, budget, app_config.num_engines)}

@@ -111,9 +111,9 @@ class NodeAgent:
         self.num_relays += 1
         out = []
         for a in answers:
-            if isinstance(a, Exception):
-                raise a
-            if not a.get("skipped"):
+            if isinstance(a, Exception):  # one replica starting or dying must not hold back the others
+                logger.warning("a replica of %s did not take decision %s: %s", app_name, decision.get("seq"), a)
+            elif not a.get("skipped"):
                 out.append(a)
         return out
 

@@ -62,8 +62,7 @@ def write_yaml(out_dir: Path, num_engines: int, kv_gb: float, cpu_smoke: bool = 
         cfg["http_options"]["host"] = "127.0.0.1"
         cfg["proxy_location"] = "HeadOnly"
         args.update({"num_ingress_replicas": 1, "engine_num_cpus": 0, "worker_num_cpus": 0})
-        args["engine"] = {"model": "dummy:tiny-llama", "device": "cpu", "num_kv_blocks": 512, "block_size": 4,
-                          "max_model_len": 1024}
+        args["engine"] = {"model": "dummy:smollm2-135m", "device": "cpu", "num_kv_blocks": 256, "max_model_len": 1024}
     args["controller"] = {"app_name": cfg["applications"][0]["name"], "interval_s": 2.0, "horizon_s": 30.0,
                           "prometheus_url": PROM_URL, "min_engines": num_engines, "max_engines": num_engines}
     path = out_dir / "node_control.yaml"

@@ -128,6 +128,8 @@ class ClusterController:
                         return
                     continue
                 self.tick()
+            except OSError as e:  # Prometheus or a node exporter not answering (yet): try again next interval
+                logger.warning("controller %s cannot read metrics: %s", self.app, e)
             except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
                 logger.exception("controller tick failed")
 

@@ -117,6 +117,7 @@ def test_rising_rate_adds_a_replica_before_attainment_drops(serve_url, prometheu
     from ray import serve
 
     from bullet_ray.control.controller import NAMESPACE, controller_name, stop_controller
+    from bullet_ray.control.node_agent import agent_name
     from bullet_ray.serve.app import build_app
     from bullet_ray.serve.mock_engine import mock_engine_factory
 
@@ -152,6 +153,9 @@ def test_rising_rate_adds_a_replica_before_attainment_drops(serve_url, prometheu
             prometheus, 'ray_bullet_num_requests_running{model_name="mock",gpu="cpu"}')}) >= 2
             and _num_running_replicas("ctl_mock") == 2, 90, "two engine replicas running")
         assert load.statuses.count(200) > 0 and all(s in (200, 429) for s in load.statuses)
+        agent = ray.get_actor(agent_name(ray.get_runtime_context().get_node_id()), namespace=NAMESPACE)
+        telemetry = ray.get(agent.telemetry.remote())  # the node agent that relayed the decisions
+        assert telemetry["gpus"] == [] and telemetry["accelerators"] == 2.0 and telemetry["num_relays"] > 0
     finally:
         load.stop()
         serve.delete("ctl_mock")

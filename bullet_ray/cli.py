@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_parser = None  # type: ignore[assignment]
     if add_bench_parser is not None:
         add_bench_parser(sub)
+    from bullet_ray.perf import profile_cli
+
+    profile_cli.add_parser(sub)
     doctor = sub.add_parser("doctor", help="report GPU, driver, SM-partition and MPS capabilities",
                             description="Run the SM-partition self-test (python -m bullet_ray.gpu.selftest).")
     doctor.add_argument("--out", default=None, help="write the report as JSON to this file")
@@ -92,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bullet_ray.bench import run_bench
 
         return int(run_bench(args) or 0)
+    if args.command == "profile":
+        from bullet_ray.perf import profile_cli
+
+        return profile_cli.run(args)
     if args.command == "doctor":
         from bullet_ray.gpu.selftest import main as selftest_main
 

@@ -118,6 +118,8 @@ class PrefillWorker(SideWorker):
         batch = self.scheduler.schedule()
         if not batch:
             return False
+        if self.decider is not None and self.decider.wait_to_grow(batch) > 0:
+            started = time.perf_counter()  # the wait is the switch's, not the step's
         record = self.recorder.predict(batch)
         result = self.execute(batch)
         updates, finished = token_updates(self, result)

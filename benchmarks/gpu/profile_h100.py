@@ -5,8 +5,9 @@ Run on the GPU machine after flashinfer is installed (the engine scripts' stagin
     STEPS=warm_jit bash benchmarks/gpu/run_engine_h100.sh && \\
     PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws python3 -m benchmarks.gpu.profile_h100
 
-It sweeps ladder entries ENTRIES (default 0,3,6,9,12: 16/40/64/88/112 decode SMs; all 13 take ~11 min, over
-one call's limit) and writes $OUT/<gpu>__llama-3-1-8b__bfloat16.json plus a comparison with the shipped
+It sweeps ladder entries ENTRIES in that order (default 6,0,12,3,9: 64/16/112/40/88 decode SMs; the entries
+with few prefill SMs take longest, all 13 would not fit one call) while MAX_SECONDS (default 420) allows, and
+writes $OUT/<gpu>__llama-3-1-8b__bfloat16.json plus a comparison with the shipped
 (derived) profile: each measured step's error under the seed's calibration and under the new fit. Copy the
 new file over bullet_ray/perf/profiles/ to ship it.
 """
@@ -30,7 +31,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command")
     profile_cli.add_parser(sub)
     args = parser.parse_args(["profile", "--model", "dummy:llama-3.1-8b", "--device", "cuda", "--out", str(out),
-                              "--entries", os.environ.get("ENTRIES", "0,3,6,9,12"),
+                              "--entries", os.environ.get("ENTRIES", "6,0,12,3,9"),
+                              "--max-seconds", os.environ.get("MAX_SECONDS", "420"),
                               *(["--quick"] if os.environ.get("QUICK") == "1" else [])])
     rc = profile_cli.run(args)
     if rc:

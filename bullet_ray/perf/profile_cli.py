@@ -16,6 +16,7 @@ import datetime
 import logging
 import math
 import sys
+import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--out", default=".", help="folder (or .json file) to write the profile to")
     p.add_argument("--quick", action="store_true", help="a short sweep (smoke test of the GPU path)")
     p.add_argument("--enforce-eager", action="store_true", help="decode without CUDA graphs")
-    p.add_argument("--entries", default=None, help="ladder indexes to sweep, e.g. 0,3,6,9,12 (default: all)")
+    p.add_argument("--entries", default=None, help="ladder indexes to sweep, in this order, e.g. 6,0,12,3,9 "
+                                                   "(default: all)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop starting new ladder entries when the next one would end past this many seconds "
+                        "from the start (the profile keeps what was measured)")
     return p
 
 
@@ -72,10 +77,19 @@ def _run(args: argparse.Namespace) -> int:
         entries = [int(i) for i in args.entries.split(",")]
     pre, dec = prefill_points(plan, bench.capacity_tokens), decode_points(plan, bench.capacity_tokens)
     total = len(entries) * len(plan.busy) * (len(pre) + len(dec))
-    samples = []
+    samples: list = []
+    started, slowest = time.monotonic(), 0.0
+    done: list[int] = []
     with tqdm(total=total, desc="profile", unit="step") as bar:
         for index in entries:
+            elapsed = time.monotonic() - started
+            if args.max_seconds is not None and done and elapsed + 1.2 * slowest > args.max_seconds:
+                print(f"stopping after entries {done}: the next would end past --max-seconds {args.max_seconds}")
+                break
+            t0 = time.monotonic()
             samples += _sweep_entry(bench, plan, partitioner, index, gpu, pre, dec, bar)
+            slowest = max(slowest, time.monotonic() - t0)
+            done.append(index)
     model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
     model.calibration = model.fit(samples)
     fit: dict[str, Any] = {"num_samples": len(samples)}
@@ -88,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
                       [e for e in ladder] if is_gpu else [1], model.calibration, samples,
                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       "bullet-ray profile " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
-                      "measured", f"{len(entries)} ladder entries; plan {plan}", fit)
+                      "measured", f"ladder entries swept: {done}; plan {plan}", fit)
     path = save_profile(profile, args.out)
     print(f"wrote {path}")
     print(f"calibration {model.calibration.to_dict()}")
@@ -132,7 +146,7 @@ def _gpu_ceilings(bench: Any, args: argparse.Namespace) -> Any:
 def _sweep_entry(bench: Any, plan: Any, partitioner: Any, index: int, gpu: Any, pre: list, dec: list,
                  bar: Any) -> list:
     """Every point on ladder entry `index`: alone first (their times size the busy runs), then busy."""
-    from bullet_ray.perf.sweep import _time_s, sample_of
+    from bullet_ray.perf.sweep import LONG_STEP_S, _time_s, sample_of
 
     torch = bench.torch
     on_gpu = partitioner is not None
@@ -145,9 +159,11 @@ def _sweep_entry(bench: Any, plan: Any, partitioner: Any, index: int, gpu: Any, 
         streams, sms = {"prefill": None, "decode": None}, {"prefill": 1, "decode": 1}
     points = [("prefill", bench.batch(s, n, c)) for s, n, c in pre] + [("decode", bench.batch(b, 1, c - 1))
                                                                        for b, c in dec]
-    # the other side's load while busy: a 2048-token prefill / a decode of 64 x 1024
-    other_batch = {"decode": bench.batch(1, min(2048, bench.capacity_tokens // 4), 0),
-                   "prefill": bench.batch(min(64, max(plan.decode_batches)), 1, 1023)}
+    # the other side's load while busy (on the far half of the pool): a 512-token prefill / a decode of
+    # 64 x 1024 (steps of ~10-60 ms, so a queue of them covers the measured step without minutes of waiting)
+    half = bench.num_blocks // 2
+    other_batch = {"decode": bench.batch(1, min(512, bench.capacity_tokens // 4), 0, half),
+                   "prefill": bench.batch(min(64, max(plan.decode_batches)), 1, 1023, half)}
     out, alone_s = [], {}
 
     def on(side: str, fn: Any) -> Any:
@@ -172,15 +188,17 @@ def _sweep_entry(bench: Any, plan: Any, partitioner: Any, index: int, gpu: Any, 
                 t = _time_s(fn, sync(phase), plan.repeats, plan.warmup, best=not on_gpu)
                 alone_s[i] = t
             else:
+                # queue enough of the other side's steps on its stream to outlast every timed repeat, then
+                # time the step (the first run is a warm-up) while they run
                 other = "decode" if phase == "prefill" else "prefill"
                 other_fn = on(other, bench.step_fn(other_batch[phase], index))
-                reps = min(50, math.ceil(2 * alone_s.get(i, 0.01) / max(other_s[phase], 1e-4)) + 2)
-                times = []
-                for _ in range(plan.repeats):
-                    for _ in range(reps):
-                        other_fn()  # queued on the other side's stream: it runs while the step is timed
-                    times.append(_time_s(fn, sync(phase), 1, 0))
-                    torch.cuda.synchronize()
+                alone = alone_s.get(i, 0.01)
+                repeats = 3 if alone > LONG_STEP_S else plan.repeats
+                needed = (repeats + 1) * alone * 1.5 + 0.01
+                for _ in range(min(2000, math.ceil(needed / max(other_s[phase], 1e-4)) + 1)):
+                    other_fn()
+                times = [_time_s(fn, sync(phase), 1, 0) for _ in range(repeats + 1)][1:]
+                torch.cuda.synchronize()
                 t = sorted(times)[len(times) // 2]
             out.append(sample_of(phase, batch, sms[phase], busy, t))
             bar.update(1)

@@ -28,6 +28,8 @@ from bullet_ray.perf.roofline import GpuSpec
 
 logger = logging.getLogger(__name__)
 
+LONG_STEP_S = 0.2  # steps longer than this are timed 3 times (median), not `repeats`
+
 
 @dataclass(frozen=True)
 class SweepPlan:
@@ -58,9 +60,14 @@ def _time_s(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, warmu
             best: bool = False) -> float:
     """Median wall time of `repeats` runs after `warmup` (`best`: the fastest, for a shared CPU where
     other processes only ever add time)."""
+    slow = False
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
         sync()
+        slow = time.perf_counter() - t0 > LONG_STEP_S
+    if slow:
+        repeats = min(repeats, 3)  # long steps vary little; the sweep's time goes to them
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -115,8 +122,9 @@ class Bench:
         else:
             num_blocks = 4096
         self.num_blocks = num_blocks
-        self.kv = torch.randn(cfg.num_hidden_layers, num_blocks, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
-                              dtype=self.dtype, device=device) * 0.1
+        self.kv = torch.empty(cfg.num_hidden_layers, num_blocks, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
+                              dtype=self.dtype, device=device)
+        self.kv.normal_(0.0, 0.1)  # in place: the pool is most of the free memory; never time on zeros
         backend = "flashinfer" if device.startswith("cuda") else "torch"
         be = get_backend_class(backend)(self.kv, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                         cfg.head_dim ** -0.5)
@@ -131,9 +139,9 @@ class Bench:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def batch(self, num_seqs: int, new_tokens: int, cached: int) -> list[Any]:
+    def batch(self, num_seqs: int, new_tokens: int, cached: int, first_block: int = 0) -> list[Any]:
         """ScheduledSeqs of `num_seqs` sequences, each with `cached` tokens in the pool and `new_tokens` to run
-        (blocks assigned round the pool: contents do not matter, distinct addresses do)."""
+        (blocks assigned round the pool from `first_block`: contents do not matter, distinct addresses do)."""
         from bullet_ray.engine.sampler import SamplingState
         from bullet_ray.engine.sampling_params import SamplingParams
         from bullet_ray.engine.scheduler.base import ScheduledSeq
@@ -141,7 +149,7 @@ class Bench:
 
         bs, total = self.block_size, cached + new_tokens
         per = (total + bs - 1) // bs
-        out, next_block = [], 0
+        out, next_block = [], first_block
         for i in range(num_seqs):
             ids = [(i * 7 + j) % 1000 + 10 for j in range(total)]
             seq = Sequence(f"p{i}", ids, SamplingState(SamplingParams(temperature=0.0, max_tokens=1), ids), 0.0,

@@ -178,7 +178,8 @@ def _sweep_entry(bench: Any, plan: Any, partitioner: Any, index: int, gpu: Any, 
         return (lambda: streams[side].synchronize()) if streams[side] is not None else (lambda: None)
 
     other_s = {}
-    if on_gpu:
+    device_sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    if True in plan.busy:
         for side, other in (("prefill", "decode"), ("decode", "prefill")):
             other_s[side] = _time_s(on(other, bench.step_fn(other_batch[side], index)), sync(other), 3, 1)
     for busy in plan.busy:
@@ -198,7 +199,7 @@ def _sweep_entry(bench: Any, plan: Any, partitioner: Any, index: int, gpu: Any, 
                 for _ in range(min(2000, math.ceil(needed / max(other_s[phase], 1e-4)) + 1)):
                     other_fn()
                 times = [_time_s(fn, sync(phase), 1, 0) for _ in range(repeats + 1)][1:]
-                torch.cuda.synchronize()
+                device_sync()
                 t = sorted(times)[len(times) // 2]
             out.append(sample_of(phase, batch, sms[phase], busy, t))
             bar.update(1)

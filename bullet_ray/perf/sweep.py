@@ -151,7 +151,7 @@ class Bench:
         per = (total + bs - 1) // bs
         out, next_block = [], first_block
         for i in range(num_seqs):
-            ids = [(i * 7 + j) % 1000 + 10 for j in range(total)]
+            ids = [((i * 7 + j) % 1000 + 10) % self.cfg.vocab_size for j in range(total)]
             seq = Sequence(f"p{i}", ids, SamplingState(SamplingParams(temperature=0.0, max_tokens=1), ids), 0.0,
                            1 << 20)
             seq.block_ids = [(next_block + k) % self.num_blocks for k in range(per)]

@@ -59,3 +59,21 @@ def test_no_profile_falls_back_to_the_roofline_with_a_warning(caplog, monkeypatc
     assert "no performance profile" in caplog.text
     model, source = load_perf_model("NVIDIA H100 80GB HBM3", 132, _cfg("llama-3.1-8b"), "bfloat16")
     assert source.startswith("nvidia-h100")
+
+
+def test_sweep_entry_runs_the_busy_path_on_cpu():
+    """The GPU sweep's loop (alone, then with the other side's steps queued first) on the CPU, where
+    'streams' are None and the other side's steps simply run before the timed one: checks the code path."""
+    from types import SimpleNamespace
+
+    from bullet_ray.perf.profile_cli import _sweep_entry
+    from bullet_ray.perf.sweep import Bench, SweepPlan, decode_points, prefill_points
+
+    bench = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False)
+    plan = SweepPlan((8,), (0,), 64, (2,), (16,), (False, True), repeats=1, warmup=0)
+    bar = SimpleNamespace(update=lambda n: None)
+    samples = _sweep_entry(bench, plan, None, 0, None, prefill_points(plan, bench.capacity_tokens),
+                           decode_points(plan, bench.capacity_tokens), bar)
+    assert [(s.phase, s.other_busy) for s in samples] == [("prefill", False), ("decode", False),
+                                                          ("prefill", True), ("decode", True)]
+    assert all(s.measured_s > 0 and s.sms == 1 for s in samples)

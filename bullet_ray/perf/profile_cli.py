@@ -43,7 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _model_name(source: str) -> str:
-    return source.split(":", 1)[1] if source.startswith("dummy:") else source.rstrip("/").split("/")[-1]
+    """"llama-3.1-8b" for dummy:llama-3.1-8b; a folder's or a config file's own name otherwise."""
+    name = source.split(":", 1)[1] if source.startswith("dummy:") else source
+    name = name.rstrip("/").split("/")[-1]
+    return name[:-5] if name.endswith(".json") else name
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,3 +77,22 @@ def test_sweep_entry_runs_the_busy_path_on_cpu():
     assert [(s.phase, s.other_busy) for s in samples] == [("prefill", False), ("decode", False),
                                                           ("prefill", True), ("decode", True)]
     assert all(s.measured_s > 0 and s.sms == 1 for s in samples)
+
+
+@pytest.mark.gpu
+def test_gpu_quick_profile_on_two_entries(tmp_path: Path):
+    """On a GPU: the quick sweep of a tiny model on two ladder entries, alone and busy, writes a profile whose
+    samples cover both sides and SM counts (the H100 run of the full sweep is benchmarks/gpu/profile_h100.py)."""
+    hf = json.loads((PRESETS / "tiny-llama.json").read_text())
+    hf.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,  # flashinfer's sizes
+              max_position_embeddings=8192)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["profile", "--model", f"dummy:{tmp_path / 'config.json'}", "--device", "cuda",
+                                      "--quick", "--entries", "0,6", "--out", str(out)])
+    assert profile_cli.run(args) == 0
+    profile = load_profile(next(out.glob("*.json")))
+    assert profile.gpu.sm_count > 1 and profile.gpu.saturation_sms > 0
+    assert {(s.phase, s.other_busy) for s in profile.samples} == {
+        ("prefill", False), ("prefill", True), ("decode", False), ("decode", True)}
+    assert len({s.sms for s in profile.samples if s.phase == "decode"}) == 2

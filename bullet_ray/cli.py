@@ -179,10 +179,19 @@ def _doctor(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
+# -------------------------------------------------------------------------------------------- profile
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    from bullet_ray.perf import profile_cli  # the sweep itself imports torch only when it runs
+
+    profile_cli.add_parser(sub).set_defaults(run=profile_cli.run)
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 # one entry per subcommand: a function that adds its parser (with `run` as a default)
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_generate, _add_bench, _add_doctor]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_generate, _add_bench, _add_profile,
+                                                                   _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

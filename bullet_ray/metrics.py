@@ -23,6 +23,14 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_slo_ttft_target_seconds / _tpot_target_seconds   (bullet's own: the targets in force)
     ray_bullet_split_min_decode_sms / _max_decode_sms           (bullet's own: the controller's bounds in force)
     ray_bullet_admission_max_waiting                            (bullet's own: the queue limit in force)
+    ray_bullet_step_seconds_{bucket,sum,count}{phase}           (bullet's own: measured step time per side)
+    ray_bullet_step_predicted_seconds_{bucket,sum,count}{phase} (bullet's own: the model's prediction of it)
+    ray_bullet_step_prediction_error_{bucket,sum,count}{phase}  (bullet's own: |predicted - measured| / measured)
+    ray_bullet_split_switch_seconds_{bucket,sum,count}          (bullet's own: split decision -> both sides on it)
+    ray_bullet_split_decision_seconds                           (bullet's own: what the last decision cost)
+
+The step series come from the workers' per-step records in the state block (LLMEngine.drain_step_records:
+at most its ring's last 64 steps per side between two metric updates, so they sample a busy engine).
 
 The cluster controller (tags app) and node agents (tags node, gpu) export:
 
@@ -49,6 +57,10 @@ ITL_BUCKETS_S = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
                  40.0, 80.0]
 E2E_BUCKETS_S = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                  480.0, 960.0, 1920.0, 7680.0]
+STEP_BUCKETS_S = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
+                  1.0, 2.5]
+REL_ERROR_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0]
+SWITCH_BUCKETS_S = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 TAGS = ("model_name", "engine", "gpu")
 
 
@@ -94,14 +106,24 @@ class EngineMetrics:
         self.min_decode_sms = m.Gauge("bullet_split_min_decode_sms", "Fewest decode SMs allowed now.", tag_keys=TAGS)
         self.max_decode_sms = m.Gauge("bullet_split_max_decode_sms", "Most decode SMs allowed now.", tag_keys=TAGS)
         self.max_waiting = m.Gauge("bullet_admission_max_waiting", "Admission queue limit in force.", tag_keys=TAGS)
+        step_tags = (*TAGS, "phase")
+        self.step = m.Histogram("bullet_step_seconds", "Measured step time of a side (s).",
+                                boundaries=STEP_BUCKETS_S, tag_keys=step_tags)
+        self.step_predicted = m.Histogram("bullet_step_predicted_seconds", "Predicted step time of a side (s).",
+                                          boundaries=STEP_BUCKETS_S, tag_keys=step_tags)
+        self.step_error = m.Histogram("bullet_step_prediction_error", "|predicted - measured| / measured step time.",
+                                      boundaries=REL_ERROR_BUCKETS, tag_keys=step_tags)
+        self.switch = m.Histogram("bullet_split_switch_seconds", "Split decision to both sides on the new split (s).",
+                                  boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
+        self.decision_cost = m.Gauge("bullet_split_decision_seconds", "Time the last split decision took (s).",
+                                     tag_keys=TAGS)
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
-                       self.max_decode_sms, self.max_waiting):
+                       self.max_decode_sms, self.max_waiting, self.switch, self.decision_cost, self.success,
+                       self.slo_total, self.step, self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
-        self.success.set_default_tags(tags)
-        self.slo_total.set_default_tags(tags)
         self.set_targets(ttft_target_s, tpot_target_s)
 
     def set_targets(self, ttft_target_s: float, tpot_target_s: float) -> None:
@@ -158,6 +180,23 @@ class EngineMetrics:
                 self.predicted_decode_step.set(decode["predicted_step_us"] / 1e6)
         if stats.predicted_ttft_s is not None:
             self.predicted_ttft.set(stats.predicted_ttft_s)
+        policy = extra.get("policy")
+        if policy and policy.get("num_decisions", 0) > 0:
+            self.decision_cost.set(policy["decision_cost_us"] / 1e6)
+
+    def observe_steps(self, records: dict[str, Any]) -> None:
+        """Per-step records drained from the engine (LLMEngine.drain_step_records)."""
+        for phase in ("prefill", "decode"):
+            tags = {"phase": phase}
+            for measured_s, predicted_s, _ in records.get(phase, []):
+                if measured_s <= 0:
+                    continue
+                self.step.observe(measured_s, tags=tags)
+                if predicted_s > 0:
+                    self.step_predicted.observe(predicted_s, tags=tags)
+                    self.step_error.observe(abs(predicted_s - measured_s) / measured_s, tags=tags)
+        for seconds in records.get("switch_s", []):
+            self.switch.observe(seconds)
 
 
 class ControllerMetrics:

@@ -87,7 +87,7 @@ def run_policy(policy: str, rate: float, seconds: float, seed: int, model: str =
             results = list(pool.map(lambda a: _one(engine, t0, *a[1], seed=a[0]), enumerate(work)))
         stop.set()
         sampler.join()
-        requests_made = engine.num_split_requests
+        requests_made = engine.stats().extra.get("split", {}).get("num_requests", 0)  # switches completed
     ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
     tpots = [r["tpot_s"] for r in results if r["tpot_s"] is not None]
     met = sum(1 for r in results if r["ttft_s"] is not None and r["ttft_s"] <= 0.5

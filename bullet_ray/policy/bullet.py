@@ -4,8 +4,9 @@
     batches = plan_batches(order, buckets, cap, saturation)     (batching.py, buckets.py)
     split   = SplitRule.decide(state, batches)                  (split.py)
 
-and the predicted TTFT of every queued request on the chosen split. Only the first `lookahead_batches`
-batches are planned and judged (a decision must cost well under a millisecond). Pure Python.
+and the predicted TTFT of every queued request on the chosen split. The batches are planned for the
+current split's prefill SMs (not planned again for a new one); only the first `lookahead_batches` are
+planned and judged (a decision must cost about a millisecond at most). Pure Python.
 """
 
 from __future__ import annotations
@@ -70,8 +71,6 @@ class BulletPolicy:
         started = time.perf_counter()
         order, batches = self.plan(state, state.current_index)
         split = self.rule.decide(state, batches)
-        if split.index != state.current_index and batches:
-            order, batches = self.plan(state, split.index)
         predicted = self.predicted_ttft_s(state, batches, split.index)
         return PolicyOutput(tuple(order), tuple(tuple(b) for b in batches), split, predicted,
                             time.perf_counter() - started)

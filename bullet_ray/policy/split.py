@@ -9,7 +9,8 @@ the current entry (their planned batches on its prefill SMs):
 - nothing to prefill                   -> ONLY_DECODE: the fewest decode SMs within `idle_margin` of the
                                           fastest decode step (bandwidth saturates: the last SMs buy ~nothing,
                                           and a prompt that arrives finds prefill with a useful share);
-- TTFT at risk and D_cur > TPOT target -> BALANCE: argmin_i max(D_i / TPOT, max_r TTFT_r,i / target_r);
+- TTFT at risk and D_cur > TPOT target -> BALANCE: argmin_i max(D_i / TPOT, max_r TTFT_r,i / target_r)
+                                          (a binary search: the first term falls with i, the second rises);
 - TTFT at risk                         -> TO_PREFILL: the fewest decode SMs with D_i <= TPOT target;
 - D_cur outside [hold_below, aim] x TPOT -> the fewest decode SMs with D_i <= aim x TPOT (TO_PREFILL when
                                           that is fewer than now, TO_DECODE otherwise; the most if none);
@@ -70,29 +71,36 @@ class SplitRule:
         return self.model.predict_decode_s(d.num_seqs, d.num_context_tokens, self.decode_sms[index], other_busy,
                                            index)
 
+    def feasible(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]], decode_busy: bool) -> set[str]:
+        """Ids of the planned requests that can still meet their TTFT target: prefilled alone, now, on the
+        entry with the most prefill SMs (computed once per decision; it does not depend on the entry)."""
+        sms = self.prefill_sms(0)
+        out = set()
+        for batch in batches:
+            for r in batch:
+                alone = r.waited_s + state.prefill_remaining_s + self.model.predict_prefill_s(
+                    r.num_remaining_tokens, r.num_prompt_tokens, sms, decode_busy)
+                if alone <= self.targets.ttft_target_s(r.num_prompt_tokens):
+                    out.add(r.request_id)
+        return out
+
     def ttft_outlook(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]], index: int,
-                     decode_busy: bool) -> tuple[int, float | None, float]:
-        """(requests at risk that can still make it, worst slack, worst TTFT / target) on entry `index`."""
+                     decode_busy: bool, feasible: set[str]) -> tuple[int, float | None, float]:
+        """(requests at risk that can still make it, worst slack, worst TTFT / target among those that can)
+        on entry `index`."""
         if not batches:
             return 0, None, 0.0
-        sms = self.prefill_sms(index)
-        finish = batches_finish_s(self.model, [[r.num_remaining_tokens for r in b] for b in batches], sms,
-                                  decode_busy, state.prefill_remaining_s, index)
+        finish = batches_finish_s(self.model, [[r.num_remaining_tokens for r in b] for b in batches],
+                                  self.prefill_sms(index), decode_busy, state.prefill_remaining_s, index)
         at_risk, worst_slack, worst_ratio = 0, math.inf, 0.0
-        best_sms = self.prefill_sms(0)
         for batch, done in zip(batches, finish):
             for r in batch:
                 target = self.targets.ttft_target_s(r.num_prompt_tokens)
                 ttft = r.waited_s + done
                 worst_slack = min(worst_slack, target - ttft)
-                if ttft > target:
-                    alone = r.waited_s + self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens,
-                                                                      best_sms, decode_busy)
-                    if alone <= target:
-                        at_risk += 1
-                        worst_ratio = max(worst_ratio, ttft / target)
-                elif ttft / target > worst_ratio:
-                    worst_ratio = ttft / target
+                if r.request_id in feasible:
+                    at_risk += ttft > target
+                    worst_ratio = max(worst_ratio, ttft / target)
         return at_risk, worst_slack, worst_ratio
 
     def _fewest_meeting(self, steps: Sequence[float], limit_s: float) -> int | None:
@@ -107,7 +115,7 @@ class SplitRule:
         if not has_decode and not has_prefill:
             return SplitDecision(cur, SplitReason.IDLE, None, 0, None)
         if not has_decode:
-            risk, slack, _ = self.ttft_outlook(state, batches, 0, False)
+            risk, slack, _ = self.ttft_outlook(state, batches, 0, False, self.feasible(state, batches, False))
             return self._moved(state, SplitDecision(0, SplitReason.ONLY_PREFILL, None, risk, slack))
         steps = [self.decode_step_s(state, i, other_busy=has_prefill) for i in range(top + 1)]
         if not has_prefill:
@@ -115,15 +123,28 @@ class SplitRule:
             want = self._fewest_meeting(steps, fastest * (1 + s.idle_margin))
             assert want is not None
             return self._moved(state, SplitDecision(want, SplitReason.ONLY_DECODE, steps[want], 0, None))
-        risk, slack, _ = self.ttft_outlook(state, batches, cur, True)
+        feasible = self.feasible(state, batches, True)
+        risk, slack, _ = self.ttft_outlook(state, batches, cur, True, feasible)
         measured = state.decode.measured_step_s
         over = steps[cur] > tpot or (measured is not None and measured > tpot and steps[cur] > s.aim * tpot)
         if risk and over:
-            scores = []
-            for i in range(top + 1):
-                _, _, ratio = self.ttft_outlook(state, batches, i, True)
-                scores.append(max(steps[i] / tpot, ratio))
-            want = min(range(top + 1), key=lambda i: (scores[i], -i))
+            # D_i / TPOT falls and TTFT_i / target rises with i: the minimax sits where they cross
+            ratios: dict[int, float] = {}
+
+            def ratio(i: int) -> float:
+                if i not in ratios:
+                    ratios[i] = self.ttft_outlook(state, batches, i, True, feasible)[2]
+                return ratios[i]
+
+            lo, hi = 0, top
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if steps[mid] / tpot > ratio(mid):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            candidates = [i for i in (lo - 1, lo) if 0 <= i <= top]
+            want = min(candidates, key=lambda i: (max(steps[i] / tpot, ratio(i)), -i))
             reason = SplitReason.BALANCE
         elif risk:
             fit = self._fewest_meeting(steps, tpot)
@@ -141,7 +162,7 @@ class SplitRule:
         if want == cur:
             return SplitDecision(cur, SplitReason.HOLD if reason is not SplitReason.BALANCE else reason,
                                  steps[cur], risk, slack)
-        risk, slack, _ = self.ttft_outlook(state, batches, want, True)
+        risk, slack, _ = self.ttft_outlook(state, batches, want, True, feasible)
         return self._moved(state, SplitDecision(want, reason, steps[want], risk, slack))
 
     def _moved(self, state: StepState, decision: SplitDecision) -> SplitDecision:

@@ -123,6 +123,9 @@ class EngineReplica:
                     "is_dead": True}
         stats = self.engine.stats()
         self.metrics.observe_stats(stats)
+        drain = getattr(self.engine, "drain_step_records", None)  # the mock engine has none
+        if drain is not None:
+            self.metrics.observe_steps(drain())
         return {"predicted_ttft_s": stats.predicted_ttft_s, "num_waiting": stats.num_waiting,
                 "num_running": stats.num_running, "kv_usage": stats.kv_usage}
 

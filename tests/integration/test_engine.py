@@ -119,6 +119,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     # the first prompt finds decode idle: all to prefill (index 0), a switch both sides completed
     assert policy["num_decisions"] > 0 and policy["num_switches"] >= 1
     assert 0 < policy["last_switch_us"] < 5_000_000
+    # admission and the router read the model's predicted TTFT, published by the prefill worker
+    assert stats.predicted_ttft_s == pytest.approx(policy["predicted_ttft_us"] / 1e6) and stats.predicted_ttft_s > 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     decisions = [r for r in records if r["kind"] == "decision"]
     assert decisions[0]["reason"] == "only_prefill" and decisions[0]["index"] == 0

@@ -188,3 +188,25 @@ def test_policy_step_orders_batches_and_predicts_ttft():
     assert sum(len(b) for b in out.batches) == 3
     new = policy.predict_new_ttft_s(StepState(6, queue, BUSY, 1.0), 500)
     assert new > policy.predict_new_ttft_s(StepState(6, (), BUSY, 1.0), 500) > 0
+
+
+def test_balance_search_finds_the_brute_force_minimax():
+    import random
+
+    rng = random.Random(3)
+    rule = _rule(tpot_ms=12.0)
+    balanced = 0
+    for trial in range(20):
+        queue = [_req(str(i), rng.randint(200, 3000), rng.uniform(0.3, 0.46)) for i in range(rng.randint(1, 6))]
+        state = _state(rng.randint(0, 3), queue, DecodeLoad(rng.randint(32, 128), rng.randint(32, 128) * 1500))
+        batches = [[r] for r in queue]
+        d = rule.decide(state, batches)
+        if d.reason is not SplitReason.BALANCE:
+            continue
+        feasible = rule.feasible(state, batches, True)
+        steps = [rule.decode_step_s(state, i) for i in range(len(LADDER))]
+        scores = [max(steps[i] / 0.012, rule.ttft_outlook(state, batches, i, True, feasible)[2])
+                  for i in range(len(LADDER))]
+        assert scores[d.index] == pytest.approx(min(scores), rel=1e-9), trial
+        balanced += 1
+    assert balanced >= 5  # the crafted states do reach the branch

@@ -194,6 +194,35 @@ class SplitDecider:
                 "num_queued": len(state.queue), "decode_seqs": state.decode.num_seqs,
                 "ttft_at_risk": out.split.num_ttft_at_risk, "cost_us": round(out.decision_s * 1e6, 1)})
 
+    def wait_to_grow(self, batch: list[Any]) -> float:
+        """Before a prefill step on the old split while decode still has to give up SMs: wait for decode's
+        ack when the step would gain more from the bigger partition than the wait costs (decode acks at its
+        next step boundary, or at once when idle and woken). Returns the seconds waited."""
+        worker, switch = self.worker, self.worker.switch
+        want = switch.requested()
+        if switch.current("prefill") == want or not batch:
+            return 0.0
+        ladder = worker.partitioner.ladder
+        old_sms, new_sms = worker.partitioner.current.prefill_sms, ladder[want].prefill_sms
+        if new_sms <= old_sms:
+            return 0.0
+        shape = shape_of(batch, "prefill")
+        decode_busy = bool(self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE])
+        gain = (self.model.predict(shape, old_sms, decode_busy).seconds
+                - self.model.predict(shape, new_sms, decode_busy).seconds)
+        row = self.state.rows[int(Side.DECODE)]
+        expected = int(row[Field.STEP_TIME_US]) / 1e6 if decode_busy else 0.002
+        if gain <= expected:
+            return 0.0
+        started = time.perf_counter()
+        deadline = started + min(gain, 2 * expected + 0.001)
+        while time.perf_counter() < deadline:
+            worker.follow_split()
+            if worker.partitioner.current_index == want:
+                break
+            time.sleep(0.0002)
+        return time.perf_counter() - started
+
     def _apply_order(self, order: tuple[QueuedRequest, ...], batches: tuple[tuple[QueuedRequest, ...], ...]) -> None:
         """Reorder the prefill queue (first batch first) and cap the next step at the first batch's tokens."""
         sched = self.worker.scheduler

@@ -142,7 +142,10 @@ class PrefillWorker(SideWorker):
         if self.decider is not None:
             self.decider.decide()  # the split and the queue's order, from this step's state
             self.follow_split()  # a shrinking prefill side moves at once
-        return self.predicted(self.scheduler.schedule())
+        batch = self.scheduler.schedule()
+        if self.decider is not None:
+            self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
+        return self.predicted(batch)
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)

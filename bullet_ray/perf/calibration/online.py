@@ -22,7 +22,7 @@ class _Ewma:
 
 
 class OnlineCorrection:
-    def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.5, 2.0), min_samples: int = 3) -> None:
+    def __init__(self, weight: float = 0.2, bounds: tuple[float, float] = (0.4, 2.5), min_samples: int = 3) -> None:
         if not 0 < weight <= 1:
             raise ConfigError("online_weight", f"must be in (0, 1], got {weight}")
         lo, hi = bounds

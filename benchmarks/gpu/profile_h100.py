@@ -1,0 +1,61 @@
+"""`bullet-ray profile` on the H100 in one device call, and how the measured profile compares with the seed.
+
+Run on the GPU machine after flashinfer is installed (the engine scripts' staging), from the repo root:
+
+    STEPS=warm_jit bash benchmarks/gpu/run_engine_h100.sh && \\
+    PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws python3 -m benchmarks.gpu.profile_h100
+
+It sweeps ladder entries ENTRIES in that order (default 6,0,12,3,9: 64/16/112/40/88 decode SMs; the entries
+with few prefill SMs take longest, all 13 would not fit one call) while MAX_SECONDS (default 420) allows, and
+writes $OUT/<gpu>__llama-3-1-8b__bfloat16.json plus a comparison with the shipped
+(derived) profile: each measured step's error under the seed's calibration and under the new fit. Copy the
+new file over bullet_ray/perf/profiles/ to ship it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from bullet_ray.perf import profile_cli
+from bullet_ray.perf.model import PerfModel, quantile, relative_errors
+from bullet_ray.perf.profile import PACKAGE_DIR, load_profile
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    profile_cli.add_parser(sub)
+    args = parser.parse_args(["profile", "--model", "dummy:llama-3.1-8b", "--device", "cuda", "--out", str(out),
+                              "--entries", os.environ.get("ENTRIES", "6,0,12,3,9"),
+                              "--max-seconds", os.environ.get("MAX_SECONDS", "420"),
+                              *(["--quick"] if os.environ.get("QUICK") == "1" else [])])
+    rc = profile_cli.run(args)
+    if rc:
+        return rc
+    new_path = next(out.glob("*__llama-3-1-8b__bfloat16.json"))
+    new = load_profile(new_path)
+    from bullet_ray.models.loader import resolve_source
+
+    cfg = resolve_source("dummy:llama-3.1-8b").config
+    report = {}
+    for label, path in (("seed", PACKAGE_DIR / "nvidia-h100-80gb-hbm3__llama-3-1-8b__bfloat16.json"),
+                        ("measured", new_path)):
+        model = PerfModel.from_profile(load_profile(path), cfg)
+        for phase in ("prefill", "decode"):
+            for busy in (False, True):
+                errs = relative_errors(model, [s for s in new.samples if s.phase == phase and s.other_busy == busy])
+                report[f"{label}.{phase}.{'busy' if busy else 'alone'}"] = {
+                    "median": round(quantile(errs, 0.5), 4), "p90": round(quantile(errs, 0.9), 4), "n": len(errs)}
+    (out / "profile_h100_report.json").write_text(json.dumps(report, indent=1))
+    for k, v in report.items():
+        print(f"{k:32s} median {v['median']:.3f}  p90 {v['p90']:.3f}  (n={v['n']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

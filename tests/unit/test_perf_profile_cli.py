@@ -1,0 +1,98 @@
+"""`bullet-ray profile --device cpu` on a tiny model writes a profile the engine finds; the shipped profiles
+load and match their device and model; a device without one falls back to the roofline with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bullet_ray.cli import build_parser
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.perf import profile_cli
+from bullet_ray.perf.loading import load_perf_model
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.perf.profile import PACKAGE_DIR, find_profile, load_profile
+
+PRESETS = Path(__file__).resolve().parents[2] / "bullet_ray" / "models" / "presets"
+
+
+def _cfg(name: str) -> ModelConfig:
+    return ModelConfig.from_hf_dict(json.loads((PRESETS / f"{name}.json").read_text()))
+
+
+def test_cpu_profile_sweep_writes_a_profile_the_engine_finds(tmp_path: Path):
+    args = build_parser().parse_args(["profile", "--model", "dummy:tiny-llama", "--device", "cpu", "--quick",
+                                      "--out", str(tmp_path)])
+    assert profile_cli.run(args) == 0
+    path = tmp_path / "cpu__tiny-llama__float32.json"
+    profile = load_profile(path)
+    assert profile.source == "measured" and profile.gpu.sm_count == 1 and profile.ladder == [1]
+    assert {s.phase for s in profile.samples} == {"prefill", "decode"}
+    assert all(s.measured_s > 0 and not s.other_busy for s in profile.samples)
+    assert profile.fit["num_samples"] == len(profile.samples) and "profile" in profile.command
+    assert find_profile("cpu", _cfg("tiny-llama"), "float32", [tmp_path]) is not None
+    model = PerfModel.from_profile(profile, _cfg("tiny-llama"))
+    assert model.predict_prefill_s(64, sms=1) > 0
+
+
+def test_shipped_profiles_load_and_match():
+    h100 = find_profile("NVIDIA H100 80GB HBM3", _cfg("llama-3.1-8b"), "bfloat16", [PACKAGE_DIR])
+    assert h100 is not None and h100.gpu.sm_count == 132 and h100.source == "derived"
+    assert 0 < h100.calibration.decode.corun_slowdown < 0.5
+    assert h100.fit["decode"]["median_rel_error"] < 0.1
+    model = PerfModel.from_profile(h100, _cfg("llama-3.1-8b"))
+    # the seed's decode step at batch 64, context 1024 on the whole GPU: 10.9 ms measured (graphs, host plan)
+    assert model.predict_decode_s(64, 64 * 1024, 132) == pytest.approx(0.01094, rel=0.05)
+    assert find_profile("cpu", _cfg("tiny-llama"), "float32", [PACKAGE_DIR]) is not None
+    for path in PACKAGE_DIR.glob("*.json"):
+        assert load_profile(path).samples
+
+
+def test_no_profile_falls_back_to_the_roofline_with_a_warning(caplog, monkeypatch, tmp_path):
+    monkeypatch.setenv("BULLET_RAY_PROFILE_DIR", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="bullet_ray.perf.loading"):
+        model, source = load_perf_model("NVIDIA A100-SXM4-80GB", 108, _cfg("llama-3.1-8b"), "bfloat16")
+    assert source == "roofline defaults" and model.gpu.sm_count == 108
+    assert "no performance profile" in caplog.text
+    model, source = load_perf_model("NVIDIA H100 80GB HBM3", 132, _cfg("llama-3.1-8b"), "bfloat16")
+    assert source.startswith("nvidia-h100")
+
+
+def test_sweep_entry_runs_the_busy_path_on_cpu():
+    """The GPU sweep's loop (alone, then with the other side's steps queued first) on the CPU, where
+    'streams' are None and the other side's steps simply run before the timed one: checks the code path."""
+    from types import SimpleNamespace
+
+    from bullet_ray.perf.profile_cli import _sweep_entry
+    from bullet_ray.perf.sweep import Bench, SweepPlan, decode_points, prefill_points
+
+    bench = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False)
+    plan = SweepPlan((8,), (0,), 64, (2,), (16,), (False, True), repeats=1, warmup=0)
+    bar = SimpleNamespace(update=lambda n: None)
+    samples = _sweep_entry(bench, plan, None, 0, None, prefill_points(plan, bench.capacity_tokens),
+                           decode_points(plan, bench.capacity_tokens), bar)
+    assert [(s.phase, s.other_busy) for s in samples] == [("prefill", False), ("decode", False),
+                                                          ("prefill", True), ("decode", True)]
+    assert all(s.measured_s > 0 and s.sms == 1 for s in samples)
+
+
+@pytest.mark.gpu
+def test_gpu_quick_profile_on_two_entries(tmp_path: Path):
+    """On a GPU: the quick sweep of a tiny model on two ladder entries, alone and busy, writes a profile whose
+    samples cover both sides and SM counts (the H100 run of the full sweep is benchmarks/gpu/profile_h100.py)."""
+    hf = json.loads((PRESETS / "tiny-llama.json").read_text())
+    hf.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,  # flashinfer's sizes
+              max_position_embeddings=8192)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["profile", "--model", f"dummy:{tmp_path / 'config.json'}", "--device", "cuda",
+                                      "--quick", "--entries", "0,6", "--out", str(out)])
+    assert profile_cli.run(args) == 0
+    profile = load_profile(next(out.glob("*.json")))
+    assert profile.gpu.sm_count > 1 and profile.gpu.saturation_sms > 0
+    assert {(s.phase, s.other_busy) for s in profile.samples} == {
+        ("prefill", False), ("prefill", True), ("decode", False), ("decode", True)}
+    assert len({s.sms for s in profile.samples if s.phase == "decode"}) == 2

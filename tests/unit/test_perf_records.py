@@ -1,0 +1,64 @@
+"""Per-step records: the state block's rings and policy slots, the metrics they feed, and the JSONL plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bullet_ray.engine.state_block import RING_SIZE, Side, StateBlock
+from bullet_ray.metrics import EngineMetrics
+
+
+def test_step_ring_keeps_the_last_steps_in_order(tmp_path: Path):
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        for i in range(RING_SIZE + 10):
+            block.annotate(Side.DECODE, predicted_step_us=100 + i, queued_tokens=0, is_active=True)
+            block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=200 + i,
+                          num_queued=0, split_index=3)
+            block.record_ring(Side.DECODE, 200 + i, 100 + i, 3)
+        step, entries = block.recent_steps(Side.DECODE, 0)
+        assert step == RING_SIZE + 10 and len(entries) == RING_SIZE  # the oldest 10 were overwritten
+        assert entries[0] == (210, 110, 3) and entries[-1] == (200 + RING_SIZE + 9, 100 + RING_SIZE + 9, 3)
+        assert block.recent_steps(Side.DECODE, step - 2)[1] == entries[-2:]
+        assert block.read(Side.DECODE)["is_active"] == 1
+        assert block.recent_steps(Side.PREFILL, 0) == (0, [])
+        # a decision that asks for a switch, completed by the side that acks last
+        block.record_decision(5, 2, 80, 250_000, is_switch=True)
+        assert block.read_policy()["pending_switch_us"] > 0
+        latency = block.record_switch_done()
+        assert latency is not None and latency >= 0
+        assert block.record_switch_done() is None  # nothing pending any more
+        n, switches = block.recent_switches(0)
+        assert n == 1 and switches == [latency]
+        policy = block.read_policy()
+        assert policy["decision_index"] == 5 and policy["predicted_ttft_us"] == 250_000
+    finally:
+        block.close()
+
+
+def test_metrics_take_step_records_outside_ray():
+    metrics = EngineMetrics("m", "e")  # Ray's metrics are no-ops outside a Ray worker
+    metrics.observe_steps({"prefill": [(0.05, 0.045, 0)], "decode": [(0.02, 0.021, 6), (0.0, 0.0, 6)],
+                           "switch_s": [0.0004]})
+
+
+def test_plot_steps_reads_a_log(tmp_path: Path):
+    log = tmp_path / "steps.jsonl"
+    lines = [{"kind": "decision", "t": 0.0, "index": 0, "reason": "only_prefill", "switch": True,
+              "decode_step_ms": None, "num_queued": 2, "decode_seqs": 0, "ttft_at_risk": 0, "cost_us": 90}]
+    for i in range(20):
+        side = "prefill" if i % 3 == 0 else "decode"
+        lines.append({"kind": "step", "t": 0.01 * i, "side": side, "phase": side, "num_tokens": 10, "num_seqs": 1,
+                      "num_context_tokens": 10, "split_index": i % 4, "decode_sms": 16 + 8 * (i % 4),
+                      "prefill_sms": 116 - 8 * (i % 4), "other_busy": True, "num_queued": i % 5,
+                      "predicted_ms": 10.0 + i, "measured_ms": 11.0 + i})
+    log.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    out = tmp_path / "steps.png"
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "benchmarks.plot_steps", str(log), "--out", str(out)],
+                            cwd=root, capture_output=True, text=True, check=True)
+    assert out.stat().st_size > 1000
+    assert "decode" in result.stdout and "median" in result.stdout

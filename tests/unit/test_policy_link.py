@@ -1,0 +1,45 @@
+"""The worker-side glue on fakes: step shapes of scheduled batches and the queue the decider leaves."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+from bullet_ray.engine.worker.policy_link import SplitDecider, shape_of
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.perf.kernels import StepShape
+from bullet_ray.policy.state import QueuedRequest
+
+PRESETS = Path(__file__).resolve().parents[2] / "bullet_ray" / "models" / "presets"
+
+
+def _item(num_computed: int, num_new: int, rid: str = "r") -> SimpleNamespace:
+    return SimpleNamespace(seq=SimpleNamespace(num_computed_tokens=num_computed, request_id=rid), num_new_tokens=num_new)
+
+
+def test_shapes_of_scheduled_batches():
+    assert shape_of([_item(0, 4), _item(0, 2)], "prefill") == StepShape.of_prompts([4, 2])
+    assert shape_of([_item(2, 4)], "prefill") == StepShape.of_prompts([6], [2])
+    assert shape_of([_item(99, 1), _item(9, 1)], "decode") == StepShape.decode(2, 110)
+
+
+def test_decider_puts_the_first_batch_first_and_caps_the_step():
+    seqs = [SimpleNamespace(request_id=r) for r in ("a", "b", "c", "d")]
+    worker = SimpleNamespace(scheduler=SimpleNamespace(waiting=deque(seqs), max_num_batched_tokens=2048),
+                             config=SimpleNamespace(max_num_batched_tokens=2048))
+    decider = SplitDecider.__new__(SplitDecider)
+    decider.worker = worker
+    q = {r: QueuedRequest(r, n, 0.0) for r, n in (("a", 900), ("b", 100), ("c", 300), ("d", 50))}
+    order = (q["c"], q["d"], q["b"], q["a"])
+    decider._apply_order(order, ((q["c"], q["b"]), (q["d"],)))
+    assert [s.request_id for s in worker.scheduler.waiting] == ["c", "b", "d", "a"]
+    assert worker.scheduler.max_num_batched_tokens == 400
+
+
+def test_preset_and_hf_folder_share_a_fingerprint():
+    from bullet_ray.perf.profile import model_fingerprint
+
+    cfg = ModelConfig.from_hf_dict(json.loads((PRESETS / "tiny-llama.json").read_text()))
+    assert model_fingerprint(ModelConfig.from_hf_dict(cfg.to_hf_dict())) == model_fingerprint(cfg)

@@ -51,8 +51,9 @@ class EngineConfig:
     # disable CUDA graphs (GPU only)
     enforce_eager: bool = False
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
-    # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
-    # CPU (where torch runs each op to completion, so it only delays every token by a step)
+    # host learns them one step late (stop checks, streaming, freeing blocks). Off by default: on the H100
+    # (benchmarks/results/serve_h100_m2/sync-diagnostic) it lowered relaxed goodput under load (chunked-2048
+    # 11.0 vs 17.4 req/s synchronous, bullet-slo 17.3 vs 20.0); on CPU it only delays every token by a step
     async_scheduling: bool | None = None
     # SM partition backend on GPU: "auto" (green contexts when available), "green", "mps", "none"
     partition: str = "auto"
@@ -128,7 +129,7 @@ class EngineConfig:
 
     @property
     def is_async_scheduling(self) -> bool:
-        return self.async_scheduling if self.async_scheduling is not None else self.is_gpu
+        return bool(self.async_scheduling)
 
     @property
     def is_disaggregated(self) -> bool:

@@ -28,7 +28,9 @@ RECOVERY_TIMEOUT_S = 180.0
 
 
 def _args(runtime_base: str, num_engines: int) -> dict:
-    return {"engine": {"model": MODEL, "num_kv_blocks": 256, "block_size": 16, "runtime_dir": runtime_base},
+    # decode batches of 2: the six streams of a test take several seconds, so they are in flight at the kill
+    return {"engine": {"model": MODEL, "num_kv_blocks": 256, "block_size": 16, "runtime_dir": runtime_base,
+                       "max_num_seqs": 2},
             "num_engines": num_engines, "engine_num_cpus": 0, "worker_num_cpus": 0,
             "health_check_period_s": 1.0, "drain_grace_s": 2.0}
 
@@ -113,8 +115,10 @@ def _steady(url: str, base: str, num: int = 2) -> list[EngineFolder]:
     """Wait until `num` engines run with both workers and a request succeeds."""
     def ready() -> bool:
         engines = [e for e in list_engines(base) if e.front.is_running()]
-        return len(engines) == num and all({"prefill", "decode"} <= set(e.workers) for e in engines) \
-            and _probe(url)[0] == 200
+        if len(engines) != num or not all({"prefill", "decode"} <= set(e.workers) for e in engines):
+            return False
+        probes = [_stream(url, [9, 9, i], max_tokens=4) for i in range(2 * num)]  # warm every replica
+        return all(p.done.wait(60) and p.finish_reason == "length" for p in probes)
     assert _wait_for(ready, RECOVERY_TIMEOUT_S), list_engines(base)
     return [e for e in list_engines(base) if e.front.is_running()]
 

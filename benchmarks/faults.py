@@ -90,11 +90,27 @@ def dir_bytes(path: str) -> int:
     return total
 
 
-def engine_stats(url: str, api_key: str | None = None) -> dict[str, Any]:
+def engine_stats(url: str, api_key: str | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    r = httpx.get(f"{url}/v1/internal/stats", timeout=30, headers=headers)
+    r = httpx.get(f"{url}/v1/internal/stats", timeout=timeout_s, headers=headers)
     r.raise_for_status()
     return r.json()
+
+
+def engine_processes(url: str, num_polls: int = 4) -> tuple[dict[str, int], list[str]]:
+    """name -> pid of every engine process the deployment reports, and their runtime folders. The stats route
+    answers from one replica per call, so it is polled a few times to see every local replica."""
+    pids: dict[str, int] = {}
+    folders: list[str] = []
+    for _ in range(num_polls):
+        stats = engine_stats(url)
+        replica = str(stats.get("replica_id", "replica"))
+        pids[f"{replica}/front"] = int(stats["pid"])
+        for role, pid in (stats.get("worker_pids") or {}).items():
+            pids[f"{replica}/{role}"] = int(pid)
+        if stats.get("runtime_dir") and stats["runtime_dir"] not in folders:
+            folders.append(stats["runtime_dir"])
+    return pids, folders
 
 
 def model_name(url: str) -> str:
@@ -211,11 +227,14 @@ def start_stream(url: str, model: str, prompt: list[int], max_tokens: int, timeo
     return result
 
 
-def probe(url: str, model: str, timeout_s: float = 60.0) -> tuple[int, str | None]:
-    """One short non-streaming completion: (HTTP status or -1, Retry-After header or the exception)."""
+def probe(url: str, model: str, timeout_s: float = 60.0) -> tuple[int | str, str | None]:
+    """One short non-streaming completion: (HTTP status, or -1 without an answer, or '200-error' for a 200
+    whose choice finished with finish_reason 'error'; Retry-After header or the exception)."""
     try:
         r = httpx.post(f"{url}/v1/completions", timeout=timeout_s,
                        json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True})
-        return r.status_code, r.headers.get("retry-after")
     except httpx.HTTPError as e:
         return -1, repr(e)
+    if r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "error":
+        return "200-error", None
+    return r.status_code, r.headers.get("retry-after")

@@ -5,9 +5,10 @@ worker and the engine replica process in turn (SIGKILL), and measure kill -> fir
     python benchmarks/recovery.py deploy/gpu.yaml --out benchmarks/results/recovery_h100.json   # on the GPU
 
 For each fault it records what the in-flight streams got (completed / error event / finish_reason error / cut /
-hung), what probe requests sent every 0.2 s got until the first success (200, 503 + Retry-After, ...), the time
-to the first success, to a new engine front (replica pid), and until the dead engine's runtime folder and
-processes were gone. At the end `serve run` is stopped with Ctrl-C and the runtime folders checked again.
+hung), what probe requests sent one after another (0.2 s apart) got until the first success (200, 503 +
+Retry-After, '200-error': a non-streamed request that was running when the engine died), the time to the
+first success (recovery_s), to a new engine front answering the stats route (replica_replaced_s), and until
+the dead engine's runtime folder and processes were gone (dead_engine_released_s). At the end `serve run` is stopped with Ctrl-C and the runtime folders checked again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -56,24 +58,39 @@ def measure_fault(url: str, model: str, target: str, num_streams: int, max_token
     os.kill(_victim_pid(stats, target), signal.SIGKILL)
 
     timeline: list[dict[str, Any]] = []
-    first_success_s = replaced_s = released_s = None
+    marks: dict[str, float] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # the replacement and the release, polled apart from the (possibly waiting) probes
+        while not done.is_set() and time.monotonic() - killed_at < timeout_s:
+            now = time.monotonic() - killed_at
+            if "released_s" not in marks and not os.path.exists(folder) and not any(p.is_running() for p in processes):
+                marks["released_s"] = now
+            if "replaced_s" not in marks:
+                try:
+                    if int(engine_stats(url, timeout_s=2)["pid"]) != int(stats["pid"]):
+                        marks["replaced_s"] = time.monotonic() - killed_at
+                except Exception:  # noqa: BLE001 - no replica answers right now
+                    pass
+            if len(marks) == 2:
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    first_success_s = None
     while time.monotonic() - killed_at < timeout_s:
+        sent = time.monotonic() - killed_at
         status, retry_after = probe(url, model)
         now = time.monotonic() - killed_at
-        timeline.append({"t_s": round(now, 3), "status": status, "retry_after": retry_after})
-        if status == 200 and first_success_s is None:
+        timeline.append({"sent_s": round(sent, 3), "answered_s": round(now, 3), "status": status,
+                         "retry_after": retry_after})
+        if status == 200:
             first_success_s = now
-        if replaced_s is None:
-            try:
-                if int(engine_stats(url)["pid"]) != int(stats["pid"]):
-                    replaced_s = time.monotonic() - killed_at
-            except Exception:  # noqa: BLE001 - no replica to answer right now
-                pass
-        if released_s is None and not os.path.exists(folder) and not any(p.is_running() for p in processes):
-            released_s = time.monotonic() - killed_at
-        if first_success_s is not None and replaced_s is not None and released_s is not None:
             break
         time.sleep(0.2)
+    watcher.join(timeout_s)
+    done.set()
     for s in streams:
         s.done.wait(120)
     statuses = Counter(str(p["status"]) for p in timeline)
@@ -82,7 +99,8 @@ def measure_fault(url: str, model: str, target: str, num_streams: int, max_token
         "target": target, "killed_pid": _victim_pid(stats, target), "num_streams": num_streams,
         "num_in_flight_at_kill": in_flight_at_kill,
         "in_flight_outcomes": dict(Counter(s.kind() for s in streams)),
-        "recovery_s": first_success_s, "replica_replaced_s": replaced_s, "dead_engine_released_s": released_s,
+        "recovery_s": first_success_s, "replica_replaced_s": marks.get("replaced_s"),
+        "dead_engine_released_s": marks.get("released_s"),
         "probe_statuses": dict(statuses),
         "refusals_with_retry_after": sum(p["retry_after"] is not None for p in refusals),
         "num_refusals": len(refusals), "probe_timeline": timeline,

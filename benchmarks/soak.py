@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks.faults import (
     ServeRun,
     dir_bytes,
+    engine_processes,
     engine_stats,
     memory_bytes,
     open_files,
@@ -32,25 +33,9 @@ from benchmarks.faults import (
 from bullet_ray.engine.runtime_dir import list_engines
 
 
-def _engine_processes(url: str, num_polls: int = 4) -> tuple[dict[str, int], list[str]]:
-    """name -> pid of every engine process the deployment reports, and their runtime folders. The stats route
-    answers from one replica per call, so it is polled a few times to see every local replica."""
-    pids: dict[str, int] = {}
-    folders: list[str] = []
-    for _ in range(num_polls):
-        stats = engine_stats(url)
-        replica = str(stats.get("replica_id", "replica"))
-        pids[f"{replica}/front"] = int(stats["pid"])
-        for role, pid in (stats.get("worker_pids") or {}).items():
-            pids[f"{replica}/{role}"] = int(pid)
-        if stats.get("runtime_dir") and stats["runtime_dir"] not in folders:
-            folders.append(stats["runtime_dir"])
-    return pids, folders
-
-
 def sample(url: str, t_s: float) -> dict[str, Any]:
     stats = engine_stats(url)
-    pids, folders = _engine_processes(url)
+    pids, folders = engine_processes(url)
     processes = {name: {"pid": pid, **memory_bytes(pid), "open_files": open_files(pid)} for name, pid in pids.items()}
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
     kv_total = stats.get("num_kv_blocks") or 0

@@ -26,7 +26,7 @@ from typing import Any
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.block_allocator import BlockAllocator
-from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerSpec
+from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerRole, WorkerSpec
 from bullet_ray.engine.messages import (
     AbortMissed,
     AbortRequests,
@@ -138,7 +138,8 @@ class LLMEngine(EngineClient):
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
         _prepare_model_in_subprocess(self.config.model)
-        first = "prefill" if self.config.is_disaggregated else "hybrid"
+        first: WorkerRole = "prefill" if self.config.is_disaggregated else "hybrid"
+        self.launcher.prepare(["prefill", "decode"] if self.config.is_disaggregated else ["hybrid"])
         ready = self._launch(first, None, timeout_s)
         handles = ready.handles
         self.handles = handles
@@ -561,6 +562,7 @@ class LLMEngine(EngineClient):
             handle.join(10)
             if handle.is_alive():
                 handle.kill()
+        self.launcher.close()
         for conn in self._conns.values():
             conn.close()
         for name in ("allocator", "state"):

@@ -61,11 +61,12 @@ class Stream:
         return self.error_event is not None or self.finish_reason == "error"
 
 
-def _stream(url: str, prompt: list[int], max_tokens: int = 1000) -> Stream:
+def _stream(url: str, prompt: list[int], max_tokens: int = 1000, n: int = 1) -> Stream:
     result = Stream()
 
     def run() -> None:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "n": n}
         try:
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
                 result.status = r.status_code
@@ -180,6 +181,13 @@ def test_scale_down_and_delete_release_every_engine(app):
     (survivor,) = _steady(url, base, num=1)
     old = [e for e in engines if e.path != survivor.path]
     assert _wait_for(lambda: all(e.is_gone() for e in old), 60), old
-    serve.delete(APP)
+    # deleting the app drains: a short request finishes within drain_grace_s (2 s); a long one (8 choices
+    # of 1,000 tokens in decode batches of 2) is cut at the end of the grace with an error event
+    short, long = _stream(url, [5, 6, 7], max_tokens=20), _stream(url, [8, 9], max_tokens=1000, n=8)
+    assert short.first_chunk.wait(60) and long.first_chunk.wait(60)
+    serve.delete(APP, _blocking=False)
+    assert short.done.wait(60) and long.done.wait(60), "a stream hung"
+    assert short.finish_reason == "length" and short.error_event is None, short
+    assert long.ended_with_error, long
     assert _wait_for(survivor.is_gone, 60), survivor
     assert list_engines(base) == []

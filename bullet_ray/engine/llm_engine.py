@@ -16,7 +16,6 @@ import os
 import queue
 import secrets
 import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -48,7 +47,6 @@ from bullet_ray.engine.outputs import (
 from bullet_ray.engine.protocol import EngineClient, Prompt
 from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.runtime_dir import (
-    WATCH_POLL_S,
     WORKER_FILE_PREFIX,
     create_runtime_dir,
     start_watchdog,
@@ -108,7 +106,7 @@ class LLMEngine(EngineClient):
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
         self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
         # removes the folder and stops the workers if this process dies without shutdown()
-        self._watchdog = start_watchdog(self.runtime_dir)
+        self.watchdog_pid = start_watchdog(self.runtime_dir)
         self._authkey = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self.runtime_dir, "engine.sock"), family="AF_UNIX",
                                   authkey=self._authkey)
@@ -571,12 +569,7 @@ class LLMEngine(EngineClient):
                 obj.close()
         self._listener.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        watchdog = getattr(self, "_watchdog", None)
-        if watchdog is not None:
-            try:
-                watchdog.wait(2 * WATCH_POLL_S + 1)  # it sees the folder gone and exits: reap it
-            except subprocess.TimeoutExpired:
-                watchdog.kill()
+        # the watchdog sees the folder gone and exits by itself
 
     def __enter__(self) -> LLMEngine:
         return self

@@ -1,5 +1,5 @@
 """Overload on a real local Ray Serve: one engine replica (tiny dummy model, decode batches of 2, at most 4
-waiting requests) gets about 3x the request rate it sustains. Beyond capacity it answers 429 with
+waiting requests, Serve's cap of 4 ongoing + 4 queued requests) gets about 3x the request rate it sustains. Beyond capacity it answers 429 with
 Retry-After; nothing gets a 5xx, every request gets an answer, and the replica's memory does not grow with
 the refused load."""
 
@@ -27,6 +27,8 @@ def _rss_bytes(pid: int) -> int:
 async def _request(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, str | None]:
     r = await client.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [5 + i % 50, 6, 7, 8] * 4,
                                                           "max_tokens": MAX_TOKENS, "ignore_eos": True})
+    if r.status_code not in (200, 429):
+        return r.status_code, r.text[:300]
     return r.status_code, r.headers.get("retry-after")
 
 
@@ -71,7 +73,7 @@ def app(chaos_serve_url, tmp_path_factory):
     args = {"engine": {"model": MODEL, "num_kv_blocks": 256, "max_num_seqs": 2,
                        "runtime_dir": str(tmp_path_factory.mktemp("overload_runtime"))},
             "num_engines": 1, "engine_num_cpus": 0, "worker_num_cpus": 0, "max_waiting_per_engine": 4,
-            "retry_after_s": 2}
+            "max_ongoing_requests": 4, "retry_after_s": 2}
     serve.run(build_app(args), name=APP, route_prefix=PREFIX)
     yield chaos_serve_url + PREFIX
     serve.delete(APP)
@@ -88,7 +90,7 @@ def test_three_times_the_sustainable_rate_gets_429s_and_nothing_is_lost(app):
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors[:3]  # every request got an answer
     statuses = [r[0] for r in results if not isinstance(r, BaseException)]
-    assert set(statuses) <= {200, 429}, sorted(set(statuses))
+    assert set(statuses) <= {200, 429}, [r for r in results if r[0] not in (200, 429)][:3]
     assert statuses.count(429) > 0 and statuses.count(200) > 0, (capacity, statuses)
     assert all(r[1] == "2" for r in results if not isinstance(r, BaseException) and r[0] == 429)
     stats = httpx.get(f"{url}/v1/internal/stats", timeout=30).json()

@@ -69,15 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--slo", action="append", default=None, help="SLO preset(s) of the bench tool")
     parser.add_argument("--baseline", action="store_true", help="first run the sustainable rate alone")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --config: override an app arg, e.g. --set max_waiting_per_engine=8")
     parser.add_argument("--out", default="benchmarks/results/overload.json")
     args = parser.parse_args(argv)
     slos = args.slo or ["relaxed", "strict"]
-    run = ServeRun(args.config) if args.config else None
+    import yaml
+
+    overrides = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
+    run = ServeRun(args.config, overrides=overrides) if args.config else None
     if run is not None:
         run.start()
     url = run.url if run is not None else args.url.rstrip("/")
     duration_s = args.minutes * 60
-    result: dict[str, Any] = {**provenance(), "url": url, "config": args.config, "factor": args.factor,
+    result: dict[str, Any] = {**provenance(), "url": url, "config": args.config, "overrides": overrides,
+                              "factor": args.factor,
                               "sustainable_rate_rps": args.sustainable_rate, "minutes": args.minutes}
     try:
         model = model_name(url)

@@ -55,6 +55,14 @@ class WorkerLauncher(abc.ABC):
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         """Start a worker that runs `run_worker(spec)`. Must not block on the worker's start-up."""
 
+    def prepare(self, roles: list[WorkerRole]) -> None:  # noqa: B027 - optional
+        """Called once before the first `launch` with every role the engine will launch: a launcher may
+        start their processes now, in parallel (the second worker needs the first one's handles, so its
+        `launch` comes only after the first is ready). Must not block."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Called by the engine's shutdown after its workers stopped: release what `prepare` started."""
+
 
 class _ProcessHandle(WorkerHandle):
     def __init__(self, process: mp.process.BaseProcess) -> None:

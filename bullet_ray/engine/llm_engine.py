@@ -16,7 +16,6 @@ import os
 import queue
 import secrets
 import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ from typing import Any
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.block_allocator import BlockAllocator
-from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerSpec
+from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerRole, WorkerSpec
 from bullet_ray.engine.messages import (
     AbortMissed,
     AbortRequests,
@@ -48,7 +47,6 @@ from bullet_ray.engine.outputs import (
 from bullet_ray.engine.protocol import EngineClient, Prompt
 from bullet_ray.engine.request_table import OutputSink, RequestState
 from bullet_ray.engine.runtime_dir import (
-    WATCH_POLL_S,
     WORKER_FILE_PREFIX,
     create_runtime_dir,
     start_watchdog,
@@ -108,7 +106,7 @@ class LLMEngine(EngineClient):
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
         self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
         # removes the folder and stops the workers if this process dies without shutdown()
-        self._watchdog = start_watchdog(self.runtime_dir)
+        self.watchdog_pid = start_watchdog(self.runtime_dir)
         self._authkey = secrets.token_bytes(16)
         self._listener = Listener(os.path.join(self.runtime_dir, "engine.sock"), family="AF_UNIX",
                                   authkey=self._authkey)
@@ -138,7 +136,8 @@ class LLMEngine(EngineClient):
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
         _prepare_model_in_subprocess(self.config.model)
-        first = "prefill" if self.config.is_disaggregated else "hybrid"
+        first: WorkerRole = "prefill" if self.config.is_disaggregated else "hybrid"
+        self.launcher.prepare(["prefill", "decode"] if self.config.is_disaggregated else ["hybrid"])
         ready = self._launch(first, None, timeout_s)
         handles = ready.handles
         self.handles = handles
@@ -561,6 +560,7 @@ class LLMEngine(EngineClient):
             handle.join(10)
             if handle.is_alive():
                 handle.kill()
+        self.launcher.close()
         for conn in self._conns.values():
             conn.close()
         for name in ("allocator", "state"):
@@ -569,12 +569,7 @@ class LLMEngine(EngineClient):
                 obj.close()
         self._listener.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        watchdog = getattr(self, "_watchdog", None)
-        if watchdog is not None:
-            try:
-                watchdog.wait(2 * WATCH_POLL_S + 1)  # it sees the folder gone and exits: reap it
-            except subprocess.TimeoutExpired:
-                watchdog.kill()
+        # the watchdog sees the folder gone and exits by itself
 
     def __enter__(self) -> LLMEngine:
         return self

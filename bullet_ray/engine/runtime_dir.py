@@ -8,7 +8,8 @@ and `worker-<role>.pid` (each worker, written by the front once the worker is re
 Who removes the folder, on every exit path:
 - the front's `LLMEngine.shutdown()` (normal stop, Serve's replica destructor, an engine that failed);
 - a watchdog process the front starts beside itself (`python -m bullet_ray.engine.runtime_dir <folder>`,
-  in a session of its own so Ctrl-C and process-group kills do not reach it): once the front is gone
+  in a session of its own so Ctrl-C and process-group kills do not reach it, and reparented to init so
+  Ray's clean-up of an exiting worker's children does not either): once the front is gone
   (SIGKILL, a Serve replica killed at the end of its shutdown grace, a Ray cluster torn down), it gives
   the workers a few seconds to notice and exit, kills the ones still running, removes the folder and
   exits. It also exits as soon as the folder is gone (the front cleaned up itself);
@@ -224,20 +225,39 @@ def watch(folder: str, poll_s: float = WATCH_POLL_S, grace_s: float = WORKER_EXI
         time.sleep(poll_s)
 
 
-def start_watchdog(folder: str) -> subprocess.Popen:
-    """Start the watchdog of `folder` as a process of its own session (see the module docstring)."""
+def start_watchdog(folder: str) -> int:
+    """Start the watchdog of `folder` (see the module docstring); returns its pid.
+
+    It is detached twice: a session of its own (Ctrl-C of the terminal does not reach it) and not a child
+    of this process (an intermediate process forks it and exits), because Ray kills the direct children of a
+    worker process that exits, which is how Serve stops a replica whose drain grace ran out."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": package_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen([sys.executable, "-m", "bullet_ray.engine.runtime_dir", folder],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-                            start_new_session=True, close_fds=True, env=env)
+    starter = subprocess.Popen([sys.executable, "-m", "bullet_ray.engine.runtime_dir", "--detach", folder],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+                               start_new_session=True, close_fds=True, env=env, text=True)
+    out, _ = starter.communicate(timeout=60)
+    if starter.returncode != 0 or not out.strip().isdigit():
+        raise RuntimeError(f"the runtime folder's watchdog did not start (exit {starter.returncode}: {out!r})")
+    return int(out.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    detach = bool(args) and args[0] == "--detach"
+    if detach:
+        args = args[1:]
     if len(args) != 1:
-        print("usage: python -m bullet_ray.engine.runtime_dir <runtime folder>", file=sys.stderr)
+        print("usage: python -m bullet_ray.engine.runtime_dir [--detach] <runtime folder>", file=sys.stderr)
         return 2
+    if detach:
+        pid = os.fork()
+        if pid:  # the intermediate: tell the starter who watches, and exit (the watchdog goes to init)
+            print(pid, flush=True)
+            return 0
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the starter reads our stdout to its end: let go of it
+        os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # outlive a Ctrl-C of the terminal that started the engine
     logging.basicConfig(level=logging.WARNING, format="bullet_ray watchdog: %(message)s")
     watch(args[0])

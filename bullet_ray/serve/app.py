@@ -34,6 +34,9 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         # removes its shared memory and workers if the destructor could not run)
         "graceful_shutdown_timeout_s": config.drain_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
+        # Serve's own refusal when its queue for the engines is full: a 429 with Retry-After like ours (the
+        # ingress turns it into an OpenAI body; where it escapes, Serve answers with these)
+        "backpressure_config": {"status_code": 429, "retry_after_s": config.retry_after_s},
     }
     accelerator = config.accelerator
     if accelerator is not None and config.worker_launcher == "ray":

@@ -16,7 +16,7 @@ import ray
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from bullet_ray.engine.launcher import WorkerHandle, WorkerLauncher, WorkerSpec
+from bullet_ray.engine.launcher import WorkerHandle, WorkerLauncher, WorkerRole, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 @ray.remote(max_concurrency=2)  # type: ignore[call-overload]
 class WorkerActor:
     """Hosts one engine worker (prefill, decode or hybrid)."""
+
+    def warm(self) -> None:
+        """Import the worker code (torch) ahead of `run`; the engine starts both actors' imports at once."""
+        import bullet_ray.engine.worker  # noqa: F401
 
     def run(self, spec: WorkerSpec) -> None:
         from bullet_ray.engine.worker import run_worker
@@ -91,10 +95,28 @@ class RayActorLauncher(WorkerLauncher):
                 node_id=ray.get_runtime_context().get_node_id(), soft=False)
         return options
 
+    def prepare(self, roles: list[WorkerRole]) -> None:
+        """Create every worker actor now and let each import torch: the second worker's process is up and
+        warm by the time the first one has loaded the model (shorter start-up and recovery)."""
+        for role in roles:
+            if role not in self.actors:
+                actor = WorkerActor.options(name=None, **self._options()).remote()  # type: ignore[attr-defined]
+                actor.warm.remote()
+                self.actors[role] = actor
+
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
-        actor = WorkerActor.options(name=None, **self._options()).remote()  # type: ignore[attr-defined]
-        self.actors[spec.role] = actor
+        actor = self.actors.get(spec.role)
+        if actor is None:
+            actor = WorkerActor.options(name=None, **self._options()).remote()  # type: ignore[attr-defined]
+            self.actors[spec.role] = actor
         return _ActorHandle(actor, actor.run.remote(spec))
+
+    def close(self) -> None:
+        for actor in self.actors.values():  # prepared but never launched (start-up failed), or still up
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Where each worker runs (node, GPU UUID); used to check the pair shares one GPU."""

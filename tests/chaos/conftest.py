@@ -1,7 +1,7 @@
 """Fixtures of the chaos suite: a local Ray cluster with Serve for this folder.
 
-The cluster is package-scoped and shut down at the end of tests/chaos (these tests kill processes; the
-integration suite's session cluster starts afresh after them). When a Ray session is already running in
+The cluster is package-scoped (tests/chaos is a package for that) and shut down at the end of tests/chaos
+(these tests kill processes; the integration suite's session cluster starts afresh after them). When a Ray session is already running in
 this process (tests/integration ran first in the same pytest run), it and its Serve instance are reused.
 """
 

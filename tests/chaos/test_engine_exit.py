@@ -59,6 +59,17 @@ def test_shutdown_ends_running_requests_with_an_error_and_releases_everything(tm
         engine.check_health()
 
 
+def test_shutdown_lets_requests_finish_within_the_drain_timeout(tmp_path):
+    engine = LLMEngine(_config(tmp_path))
+    folder = engine.runtime_dir
+    stream = engine.stream([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    _first_token(stream)
+    engine.shutdown(drain_timeout_s=60)  # returns as soon as the request finished
+    outs = list(stream)
+    assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 30
+    assert not os.path.exists(folder)
+
+
 def test_a_killed_worker_fails_running_requests_and_shutdown_still_cleans_up(tmp_path):
     engine = LLMEngine(_config(tmp_path))
     folder, workers = engine.runtime_dir, worker_refs(engine.runtime_dir)

@@ -111,8 +111,11 @@ def test_the_watchdog_process_survives_the_front_and_cleans_up(tmp_path):
     assert _wait_for(lambda: not os.path.exists(folder)), os.listdir(folder)
 
 
-def test_start_watchdog_exits_once_the_folder_is_gone(tmp_path):
+def test_start_watchdog_detaches_and_exits_once_the_folder_is_gone(tmp_path):
     folder = create_runtime_dir(str(tmp_path))
-    proc = start_watchdog(folder)
+    watchdog = ProcessRef.of(start_watchdog(folder))
+    assert watchdog.is_running()
+    with open(f"/proc/{watchdog.pid}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not our child: Ray cannot reap it
     __import__("shutil").rmtree(folder)
-    assert proc.wait(10) == 0
+    assert _wait_for(lambda: not watchdog.is_running())

@@ -39,6 +39,8 @@ def apply_decision(replica: Any, decision: dict[str, Any]) -> dict[str, Any]:
     ttft_s = mine.ttft_target_ms / 1e3 if mine.ttft_target_ms is not None else replica.metrics.ttft_target_s
     tpot_s = mine.tpot_target_ms / 1e3 if mine.tpot_target_ms is not None else replica.metrics.tpot_target_s
     replica.metrics.set_targets(ttft_s, tpot_s)
+    if hasattr(engine, "set_slo_targets"):  # the split decision in the workers aims at them too
+        engine.set_slo_targets(ttft_s, tpot_s)
     bounds: tuple[int, int] | None = None
     if hasattr(engine, "set_split_bounds"):
         lo, hi = engine.set_split_bounds(mine.min_decode_sms, mine.max_decode_sms)

@@ -451,6 +451,12 @@ class LLMEngine(EngineClient):
         self.num_split_requests += 1
         self._wake_workers()
 
+    def set_slo_targets(self, ttft_s: float, tpot_s: float) -> None:
+        """The TTFT/TPOT targets the split decision aims at from its next step on (the controller's push)."""
+        if not (ttft_s > 0 and tpot_s > 0):
+            raise InvalidRequest(f"targets must be > 0, got ttft {ttft_s} s, tpot {tpot_s} s", "slo_targets")
+        self.state.set_slo_targets(ttft_s, tpot_s)
+
     def set_split_bounds(self, min_decode_sms: int | None, max_decode_sms: int | None) -> tuple[int, int]:
         """Keep decode's SMs within [min_decode_sms, max_decode_sms] (None: unbounded; the cluster controller's
         bounds): the split policy chooses only ladder entries inside, and a split outside moves now. Bounds

@@ -58,7 +58,9 @@ class Policy(enum.IntEnum):
     LAST_SWITCH_US = 8  # decision-to-new-split time of the last completed switch
     MIN_INDEX = 9  # lowest ladder entry the decider may choose (the cluster controller's bounds)
     MAX_INDEX_PLUS_ONE = 10  # highest allowed entry + 1 (0: no upper bound)
-    NUM_SLOTS = 11
+    TTFT_TARGET_US = 11  # SLO targets pushed at run time (the cluster controller's); 0: the config's
+    TPOT_TARGET_US = 12
+    NUM_SLOTS = 13
 
 
 RING_SIZE = 64
@@ -162,6 +164,16 @@ class StateBlock:
         """The ladder entries the deciding side may choose (inclusive), set by the engine front."""
         self.policy[Policy.MIN_INDEX] = min_index
         self.policy[Policy.MAX_INDEX_PLUS_ONE] = max_index + 1
+
+    def set_slo_targets(self, ttft_s: float, tpot_s: float) -> None:
+        """Targets the deciding side uses from its next decision on (set by the engine front)."""
+        self.policy[Policy.TTFT_TARGET_US] = int(ttft_s * 1e6)
+        self.policy[Policy.TPOT_TARGET_US] = int(tpot_s * 1e6)
+
+    def slo_targets(self) -> tuple[float, float] | None:
+        """(ttft_s, tpot_s) pushed with `set_slo_targets`, or None while none was pushed."""
+        ttft_us, tpot_us = int(self.policy[Policy.TTFT_TARGET_US]), int(self.policy[Policy.TPOT_TARGET_US])
+        return (ttft_us / 1e6, tpot_us / 1e6) if ttft_us > 0 and tpot_us > 0 else None
 
     def clamp_to_bounds(self, index: int) -> int:
         """`index` moved inside the bounds set by `set_split_bounds` (none set: unchanged)."""

@@ -43,3 +43,27 @@ def test_preset_and_hf_folder_share_a_fingerprint():
 
     cfg = ModelConfig.from_hf_dict(json.loads((PRESETS / "tiny-llama.json").read_text()))
     assert model_fingerprint(ModelConfig.from_hf_dict(cfg.to_hf_dict())) == model_fingerprint(cfg)
+
+
+def test_pushed_targets_and_bounds_reach_the_decider(tmp_path: Path):
+    """The controller's push (engine front -> state block) changes what the prefill worker's decision aims at
+    and which ladder entries it may choose."""
+    from bullet_ray.engine.state_block import StateBlock
+    from bullet_ray.policy.slo import SloTargets
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        assert block.slo_targets() is None and block.clamp_to_bounds(7) == 7  # nothing pushed: config's own
+        rule = SimpleNamespace(targets=SloTargets(0.5, 0.025))
+        decider = SplitDecider.__new__(SplitDecider)
+        decider.state, decider.policy = block, SimpleNamespace(targets=rule.targets, rule=rule)
+        decider._follow_pushed_targets()
+        assert decider.policy.targets == SloTargets(0.5, 0.025)
+        block.set_slo_targets(1.0, 0.05)
+        block.set_split_bounds(2, 4)
+        decider._follow_pushed_targets()
+        assert (decider.policy.targets.ttft_s, decider.policy.targets.tpot_s) == (1.0, 0.05)
+        assert decider.policy.rule.targets is decider.policy.targets
+        assert [block.clamp_to_bounds(i) for i in (0, 3, 9)] == [2, 3, 4]
+    finally:
+        block.close()

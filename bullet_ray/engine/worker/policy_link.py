@@ -174,7 +174,18 @@ class SplitDecider:
         return StepState(self.worker.switch.requested(), queue, decode, time.monotonic())
 
     # the decision -----------------------------------------------------------------------------------
+    def _follow_pushed_targets(self) -> None:
+        """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's."""
+        import dataclasses
+
+        pushed = self.state.slo_targets()
+        targets = self.policy.targets
+        if pushed is not None and pushed != (targets.ttft_s, targets.tpot_s):
+            new = dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])
+            self.policy.targets = self.policy.rule.targets = new
+
     def decide(self) -> None:
+        self._follow_pushed_targets()
         self._observe_decode()
         state = self.step_state()
         out = self.policy.step(state)

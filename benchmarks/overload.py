@@ -1,8 +1,8 @@
 """Overload: send `--factor` (3) times a sustainable rate for `--minutes` (1) with the bench tool, and check the
 deployment sheds the excess cleanly.
 
-    python benchmarks/overload.py --url http://127.0.0.1:8000 --sustainable-rate 12 --out benchmarks/results/overload_h100.json
-    python benchmarks/overload.py --config deploy/local.yaml --sustainable-rate 1 --minutes 1 --out benchmarks/results/overload_cpu.json
+    python -m benchmarks.overload --url http://127.0.0.1:8000 --sustainable-rate 12 --out benchmarks/results/overload_h100.json
+    python -m benchmarks.overload --config deploy/local.yaml --sustainable-rate 1 --minutes 1 --out benchmarks/results/overload_cpu.json
 
 Reports: every status the requests got (the goal: 200 and 429 only, no 5xx, no request without an answer), the
 share of 429s, whether 429s carry Retry-After (checked by a probe request every second, since the bench

@@ -1,8 +1,8 @@
 """Recovery time after a fault: `serve run <deploy config>`, then under load kill the decode worker, the prefill
 worker and the engine replica process in turn (SIGKILL), and measure kill -> first successful request.
 
-    python benchmarks/recovery.py deploy/local.yaml --out benchmarks/results/recovery_cpu.json
-    python benchmarks/recovery.py deploy/gpu.yaml --out benchmarks/results/recovery_h100.json   # on the GPU
+    python -m benchmarks.recovery deploy/local.yaml --out benchmarks/results/recovery_cpu.json
+    python -m benchmarks.recovery deploy/gpu.yaml --out benchmarks/results/recovery_h100.json   # on the GPU
 
 For each fault it records what the in-flight streams got (completed / error event / finish_reason error / cut /
 hung), what probe requests sent one after another (0.2 s apart) got until the first success (200, 503 +

@@ -1,7 +1,7 @@
 """Soak: N minutes of steady Poisson load (the bench tool), sampling the engine every 30 s.
 
-    python benchmarks/soak.py --config deploy/local.yaml --minutes 3 --rate 1 --out benchmarks/results/soak_cpu.json
-    python benchmarks/soak.py --url http://127.0.0.1:8000 --minutes 30 --rate 8 --out benchmarks/results/soak_h100.json
+    python -m benchmarks.soak --config deploy/local.yaml --minutes 3 --rate 1 --out benchmarks/results/soak_cpu.json
+    python -m benchmarks.soak --url http://127.0.0.1:8000 --minutes 30 --rate 8 --out benchmarks/results/soak_h100.json
 
 Each sample: RSS and private (anonymous) RSS and open files of every engine process on this machine (the
 replica front and its prefill/decode workers, found from /v1/internal/stats and the engines' pid files), KV

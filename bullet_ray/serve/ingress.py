@@ -253,6 +253,9 @@ class Ingress:
                     finish[i] = out.finish_reason
         except ApiError:
             raise
+        if "error" in finish:  # the engine died under the request: no partial answer as a success
+            raise ApiError(503, "the engine failed while generating this request; retry later", "server_error",
+                           retry_after_s=streams.retry_after_s)
         choices = []
         token_texts = (await self._token_texts(set().union(*(_token_ids(items) for items in logprobs)))
                        if any(logprobs) else {})

@@ -14,6 +14,7 @@ from bullet_ray.errors import ConfigError
 Schedule = Literal["bullet", "chunked", "static"]
 SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class EngineConfig:
     # bullet_ray.policy, docs/policy.md; opt-in until an H100 sweep shows it beats the fixed split),
     # "auto" (fixed, until then)
     split_policy: str = "auto"
+    # layer-wise prefill (bullet schedule): a prefill batch of >= prefill_layer_group_min_tokens new tokens
+    # runs through the model in this many groups of layers (1..num layers; 1: whole forward, the default),
+    # and the SM split may move between groups (bullet_ray.engine.layerwise, docs/policy.md)
+    prefill_layer_groups: int = 1
+    # smallest prefill batch (new tokens, >= 1) that runs layer-wise when prefill_layer_groups > 1
+    prefill_layer_group_min_tokens: int = 2048
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
@@ -99,6 +106,12 @@ class EngineConfig:
             raise ConfigError("kv_watermark", f"must be in [0, 0.5], got {self.kv_watermark}")
         if self.split_policy not in ("auto", "slo", "fixed"):
             raise ConfigError("split_policy", f"unknown split policy {self.split_policy!r}; choose auto, slo or fixed")
+        if not 1 <= self.prefill_layer_groups <= MAX_PREFILL_LAYER_GROUPS:
+            raise ConfigError("prefill_layer_groups", f"must be in [1, {MAX_PREFILL_LAYER_GROUPS}], got "
+                              f"{self.prefill_layer_groups} (1: whole prefill forward)")
+        if self.prefill_layer_group_min_tokens < 1:
+            raise ConfigError("prefill_layer_group_min_tokens",
+                              f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
         for name in ("ttft_target_ms", "tpot_target_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from bullet_ray.engine.attention.base import AttentionBackend, AttentionContext, AttentionMetadata
+from bullet_ray.engine.layerwise import BetweenGroups, forward_in_groups
 from bullet_ray.engine.outputs import TokenLogprob
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
@@ -126,9 +127,12 @@ class ModelRunner:
         return ids, pos, metadata
 
     @torch.inference_mode()
-    def launch(self, batch: list[ScheduledSeq]) -> InFlightStep:
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
+               between_groups: BetweenGroups | None = None) -> InFlightStep:
         """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
-        count its sampled token as pending. Nothing here waits for the GPU."""
+        count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
+        the forward then runs in that many layer groups over one attention metadata, and between groups the
+        host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise)."""
         ids, pos, metadata = self.build_metadata(batch)
         hidden = None
         if self.graphs is not None and metadata.is_decode:
@@ -136,8 +140,12 @@ class ModelRunner:
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables)
         if hidden is None:
-            self.backend.begin_batch(metadata)
-            hidden = self.model.forward(ids, pos, AttentionContext(self.backend, metadata))
+            self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
+            ctx = AttentionContext(self.backend, metadata)
+            if num_layer_groups > 1:
+                hidden = forward_in_groups(self.model, ids, pos, ctx, num_layer_groups, between_groups)
+            else:
+                hidden = self.model.forward(ids, pos, ctx)
         last_rows = [metadata.query_lens_list[0] - 1]
         for n in metadata.query_lens_list[1:]:
             last_rows.append(last_rows[-1] + n)

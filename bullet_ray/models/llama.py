@@ -111,12 +111,33 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(positions, h, residual, self.rotary, ctx)
-        return self.model.norm(h) if residual is None else self.model.norm.add_forward(h, residual)[0]
+        """The whole forward: embed, every layer in one piece, the final norm (hidden states, not logits)."""
+        h, residual = self.forward_layers(self.embed(input_ids), None, positions, ctx, 0, self.num_layers)
+        return self.final_norm(h, residual)
+
+    # piecewise forward (layer-wise prefill: bullet_ray.engine.layerwise) ---------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The hidden states entering layer 0."""
+        return self.model.embed_tokens(input_ids)
+
+    def forward_layers(self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                       ctx: AttentionContext, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layers [start, end): takes and returns (hidden, residual) as carried between pieces; residual is
+        None only before layer 0. The pieces of a forward must cover [0, num_layers) in order."""
+        if not 0 <= start <= end <= self.num_layers:
+            raise ValueError(f"layer range [{start}, {end}) outside [0, {self.num_layers})")
+        for layer in self.model.layers[start:end]:
+            hidden, residual = layer(positions, hidden, residual, self.rotary, ctx)
+        return hidden, residual
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's output and residual summed and normed: the hidden states logits are taken from."""
+        return self.model.norm(hidden) if residual is None else self.model.norm.add_forward(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.output_weight()).float()

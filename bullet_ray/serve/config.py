@@ -41,6 +41,10 @@ class EngineArgs(BaseModel):
         "auto", description="SM split of the bullet schedule: fixed (the middle of the ladder), slo (moved "
                             "step by step to meet the ttft/tpot targets; opt-in, it has not beaten fixed on the "
                             "H100 yet), auto (fixed for now)")
+    prefill_layer_groups: int = Field(1, ge=1, le=256, description="layer-wise prefill: a long prefill batch runs "
+                                      "in this many layer groups and the SM split may move between them (1: off)")
+    prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "
+                                                "that runs layer-wise when prefill_layer_groups > 1")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
     idle_poll_ms: float = Field(2.0, gt=0, description="how often an idle worker polls for work (ms)")

@@ -114,8 +114,9 @@ class WorkerBase:
             self.partitioner.select(index)
 
     # stepping -------------------------------------------------------------------------------------------
-    def launch(self, batch: list[ScheduledSeq]) -> Any:
-        """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it."""
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+        """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it (except
+        between layer groups: ModelRunner.launch)."""
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         if stream is not None and self._last_stream is not None and stream != self._last_stream \
                 and self.inflight is not None and self.inflight.done is not None:
@@ -123,10 +124,10 @@ class WorkerBase:
         self._last_stream = stream
         self.runner.graph_key = self.partitioner.current_index  # graphs keep the partition they were captured on
         if stream is None:
-            step = self.runner.launch(batch)
+            step = self.runner.launch(batch, num_layer_groups, between_groups)
         else:
             with torch.cuda.stream(stream):
-                step = self.runner.launch(batch)
+                step = self.runner.launch(batch, num_layer_groups, between_groups)
         step.launched_s = time.perf_counter()
         self.allocator.on_launch()
         for seq in step.sampled:

@@ -10,6 +10,7 @@ import dataclasses
 import time
 from typing import Any
 
+from bullet_ray.engine.layerwise import LayerGroups
 from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
@@ -115,6 +116,8 @@ class PrefillWorker(SideWorker):
         super().__init__(*args)
         self.scheduler = PrefillScheduler(*admitting_scheduler_args(self))
         self.decider = SplitDecider(self, self.recorder.model, self.recorder) if is_policy_on(self) else None
+        cfg = self.config
+        self.layer_groups = LayerGroups(cfg.prefill_layer_groups, cfg.prefill_layer_group_min_tokens)
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)
@@ -146,6 +149,24 @@ class PrefillWorker(SideWorker):
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
         return self.predicted(batch)
+
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+        """A long batch runs layer-wise: the split may move between its layer groups (collected synchronously
+        before: no earlier step is in flight while the split moves)."""
+        if not self.layer_groups.applies(sum(item.num_new_tokens for item in batch)):
+            return super().launch(batch)
+        self._finish_inflight()
+        return super().launch(batch, self.layer_groups.num_groups, self._between_layer_groups)
+
+    def _between_layer_groups(self) -> Any:
+        """A step boundary inside a layer-wise prefill (its groups so far have finished): decide the split
+        again and follow it; returns the stream the next group launches on."""
+        if self.decider is not None:
+            self.decider.decide()
+        self.follow_split()
+        stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
+        self._last_stream = stream
+        return stream
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)

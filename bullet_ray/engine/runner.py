@@ -54,6 +54,7 @@ class InFlightStep:
     needs_host_history: bool = False
     launched_s: float = 0.0  # perf_counter when launched (the worker's step-time bookkeeping)
     perf_record: Any = None  # the bullet sides' (shape, predicted seconds, other side busy) for this step
+    num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill; 1: whole forward)
 
 
 class ModelRunner:
@@ -135,6 +136,7 @@ class ModelRunner:
         host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise)."""
         ids, pos, metadata = self.build_metadata(batch)
         hidden = None
+        num_groups = 1
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
@@ -143,7 +145,8 @@ class ModelRunner:
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
             ctx = AttentionContext(self.backend, metadata)
             if num_layer_groups > 1:
-                hidden = forward_in_groups(self.model, ids, pos, ctx, num_layer_groups, between_groups)
+                num_groups = min(num_layer_groups, self.model.num_layers)
+                hidden = forward_in_groups(self.model, ids, pos, ctx, num_groups, between_groups)
             else:
                 hidden = self.model.forward(ids, pos, ctx)
         last_rows = [metadata.query_lens_list[0] - 1]
@@ -174,7 +177,7 @@ class ModelRunner:
             seq.num_pending_tokens += 1
         needs_history = any(_uses_history(s) for s in seqs)
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
-                            needs_host_history=needs_history)
+                            needs_host_history=needs_history, num_layer_groups=num_groups)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

@@ -83,7 +83,7 @@ class StepRecorder:
         return shape, self.model.predict(shape, self._sms(), busy, self.worker.partitioner.current_index).seconds, busy
 
     def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
-               queued_tokens: int, is_active: bool) -> None:
+               queued_tokens: int, is_active: bool, num_layer_groups: int = 1) -> None:
         """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log."""
         measured_s = time.perf_counter() - started_s
         index = self.worker.partitioner.current_index
@@ -99,7 +99,7 @@ class StepRecorder:
                 "num_context_tokens": shape.num_context_tokens, "split_index": index,
                 "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
                 "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
-                "measured_ms": round(measured_s * 1e3, 4)}) + "\n")
+                "measured_ms": round(measured_s * 1e3, 4), "layer_groups": num_layer_groups}) + "\n")
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""

@@ -103,7 +103,8 @@ class SideWorker(WorkerBase):
                      queued_tokens: int) -> None:
         """Record the collected step (measured vs predicted, online correction) and publish its row."""
         shape, predicted, busy = step.perf_record
-        self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work())
+        self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work(),
+                             step.num_layer_groups)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
         self.recorder.after_publish()
 

@@ -65,7 +65,7 @@ class EngineConfig:
     # bullet_ray.policy, docs/policy.md; opt-in until an H100 sweep shows it beats the fixed split),
     # "auto" (fixed, until then)
     split_policy: str = "auto"
-    # layer-wise prefill (bullet schedule): a prefill batch of >= prefill_layer_group_min_tokens new tokens
+    # layer-wise prefill (the prefill worker of the bullet and static schedules): a prefill batch of >= prefill_layer_group_min_tokens new tokens
     # runs through the model in this many groups of layers (1..num layers; 1: whole forward, the default),
     # and the SM split may move between groups (bullet_ray.engine.layerwise, docs/policy.md)
     prefill_layer_groups: int = 1

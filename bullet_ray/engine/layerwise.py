@@ -71,5 +71,7 @@ def _switch_point(device: torch.device, between_groups: BetweenGroups | None) ->
         current.synchronize()  # the split may move now: this side's SMs must be free of our work
     stream = between_groups() if between_groups is not None else None
     if stream is not None and current is not None and stream != current:
+        # tensors of the earlier groups (inputs, plan, hidden) live in the old stream's pool: that stream
+        # runs again only after a later switch back, which waits for this step's done event (WorkerBase.launch)
         stream.wait_stream(current)
         torch.cuda.set_stream(stream)  # the rest of the step (groups, sampling, done event) runs there

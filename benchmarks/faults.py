@@ -186,6 +186,10 @@ class StreamOutcome:
     first_chunk: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def ended_with_error(self) -> bool:
+        return self.error_event is not None or self.finish_reason == "error"
+
     def kind(self) -> str:
         """completed | error_event | finish_error | http_<status> | cut | hung (still running)."""
         if not self.done.is_set():
@@ -199,11 +203,14 @@ class StreamOutcome:
         return "finish_error" if self.finish_reason == "error" else "completed"
 
 
-def start_stream(url: str, model: str, prompt: list[int], max_tokens: int, timeout_s: float = 300.0) -> StreamOutcome:
+def start_stream(url: str, model: str, prompt: list[int], max_tokens: int, timeout_s: float = 300.0,
+                 n: int = 1) -> StreamOutcome:
+    """A streaming completion (`n` choices) run in a thread; the outcome fills in as events arrive."""
     result = StreamOutcome()
 
     def run() -> None:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "n": n}
         try:
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as r:
                 result.status = r.status_code

@@ -8,16 +8,14 @@ down and delete the application. Each time:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
+from benchmarks.faults import StreamOutcome, start_stream
 from bullet_ray.engine.runtime_dir import EngineFolder, list_engines
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -44,50 +42,8 @@ def _wait_for(condition, timeout_s: float, interval_s: float = 0.2) -> bool:
     return bool(condition())
 
 
-@dataclass
-class Stream:
-    """One streaming completion run in a thread: what came back."""
-
-    status: int | None = None
-    finish_reason: str | None = None
-    error_event: dict | None = None
-    num_chunks: int = 0
-    first_chunk: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    exception: str | None = None
-
-    @property
-    def ended_with_error(self) -> bool:
-        return self.error_event is not None or self.finish_reason == "error"
-
-
-def _stream(url: str, prompt: list[int], max_tokens: int = 1000, n: int = 1) -> Stream:
-    result = Stream()
-
-    def run() -> None:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                "n": n}
-        try:
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
-                result.status = r.status_code
-                for line in r.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        result.error_event = event["error"]
-                        continue
-                    result.num_chunks += 1
-                    result.first_chunk.set()
-                    result.finish_reason = event["choices"][0]["finish_reason"] or result.finish_reason
-        except Exception as e:  # noqa: BLE001 - recorded and asserted on
-            result.exception = repr(e)
-        finally:
-            result.first_chunk.set()
-            result.done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    return result
+def _stream(url: str, prompt: list[int], max_tokens: int = 1000, n: int = 1) -> StreamOutcome:
+    return start_stream(url, MODEL, prompt, max_tokens, timeout_s=60, n=n)
 
 
 def _probe(url: str) -> tuple[int | str, str | None]:

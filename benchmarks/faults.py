@@ -33,6 +33,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(condition: Any, timeout_s: float, interval_s: float = 0.2) -> bool:
+    """Poll `condition()` until it holds or `timeout_s` passes; its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return bool(condition())
+
+
 def device_name() -> str:
     """The GPU's name when torch sees one, else the CPU model."""
     try:

@@ -7,18 +7,13 @@ this process (tests/integration ran first in the same pytest run), it and its Se
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 
+from benchmarks.faults import free_port
+
 NUM_CPUS = 8  # what Ray schedules with; the actors reserve 0 or fractions, the 2 real cores are shared
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="package")
@@ -32,7 +27,7 @@ def chaos_serve_url() -> Iterator[str]:
 
         yield f"http://127.0.0.1:{_get_global_client().http_config.port}"
         return
-    http_port, metrics_port = _free_port(), _free_port()
+    http_port, metrics_port = free_port(), free_port()
     ray.init(address="local", num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=metrics_port, runtime_env={"env_vars": {"BULLET_RAY_LOG_LEVEL": "WARNING"}})
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})

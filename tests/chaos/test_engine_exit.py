@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from benchmarks.faults import wait_for
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.runtime_dir import ProcessRef, worker_refs
@@ -26,15 +26,6 @@ LONG = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
 
 def _config(tmp_path) -> EngineConfig:
     return EngineConfig(model="dummy:tiny-llama", num_kv_blocks=512, block_size=16, runtime_dir=str(tmp_path))
-
-
-def _wait_for(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def _first_token(stream) -> None:
@@ -99,5 +90,5 @@ def test_a_front_killed_with_sigkill_leaves_no_folder_and_no_worker(tmp_path):
     assert set(workers) == {"prefill", "decode"}
     front.kill()
     front.wait()
-    assert _wait_for(lambda: not os.path.exists(folder)), os.listdir(folder)
-    assert _wait_for(lambda: not any(ref.is_running() for ref in workers.values()))
+    assert wait_for(lambda: not os.path.exists(folder), 30.0, 0.05), os.listdir(folder)
+    assert wait_for(lambda: not any(ref.is_running() for ref in workers.values()), 30.0, 0.05)

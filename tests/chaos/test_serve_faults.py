@@ -12,10 +12,9 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 
-from benchmarks.faults import StreamOutcome, start_stream
+from benchmarks.faults import StreamOutcome, probe, start_stream, wait_for
 from bullet_ray.engine.runtime_dir import EngineFolder, list_engines
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -33,30 +32,8 @@ def _args(runtime_base: str, num_engines: int) -> dict:
             "health_check_period_s": 1.0, "drain_grace_s": 2.0}
 
 
-def _wait_for(condition, timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return bool(condition())
-
-
 def _stream(url: str, prompt: list[int], max_tokens: int = 1000, n: int = 1) -> StreamOutcome:
     return start_stream(url, MODEL, prompt, max_tokens, timeout_s=60, n=n)
-
-
-def _probe(url: str) -> tuple[int | str, str | None]:
-    """(status, Retry-After); '200-error' for a non-streamed answer whose choice ended with finish_reason
-    'error' (a request that was running when the engine died: an error, though the status is 200)."""
-    try:
-        r = httpx.post(f"{url}/v1/completions", timeout=30,
-                       json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True})
-    except httpx.HTTPError as e:
-        return -1, repr(e)
-    if r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "error":
-        return "200-error", None
-    return r.status_code, r.headers.get("retry-after")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +62,7 @@ def _steady(url: str, base: str, num: int = 2) -> list[EngineFolder]:
             return False
         probes = [_stream(url, [9, 9, i], max_tokens=4) for i in range(2 * num)]  # warm every replica
         return all(p.done.wait(60) and p.finish_reason == "length" for p in probes)
-    assert _wait_for(ready, RECOVERY_TIMEOUT_S), list_engines(base)
+    assert wait_for(ready, RECOVERY_TIMEOUT_S), list_engines(base)
     return [e for e in list_engines(base) if e.front.is_running()]
 
 
@@ -100,7 +77,7 @@ def _kill_under_load(url: str, base: str, victim_pid) -> None:
 
     probes: list[tuple[float, int, str | None]] = []
     while time.monotonic() - killed_at < RECOVERY_TIMEOUT_S:
-        status, retry_after = _probe(url)
+        status, retry_after = probe(url, MODEL, timeout_s=30)
         probes.append((time.monotonic() - killed_at, status, retry_after))
         replaced = victim.is_gone() and len([e for e in list_engines(base) if e.front.is_running()]) == 2
         if replaced and status == 200:
@@ -142,7 +119,7 @@ def test_scale_down_and_delete_release_every_engine(app):
     serve.run(build_app(_args(base, 1)), name=APP, route_prefix=PREFIX)
     (survivor,) = _steady(url, base, num=1)
     old = [e for e in engines if e.path != survivor.path]
-    assert _wait_for(lambda: all(e.is_gone() for e in old), 60), old
+    assert wait_for(lambda: all(e.is_gone() for e in old), 60), old
     # deleting the app drains for drain_grace_s (2 s): a stream longer than that (8 choices of 1,000
     # tokens in decode batches of 2) is cut at the end of the grace with an error event, never left hanging
     # (that a request shorter than the grace completes is checked on the engine: test_engine_exit.py)
@@ -151,5 +128,5 @@ def test_scale_down_and_delete_release_every_engine(app):
     serve.delete(APP, _blocking=False)
     assert long.done.wait(60), "a stream hung"
     assert long.ended_with_error and long.status == 200, long
-    assert _wait_for(survivor.is_gone, 60), _describe(survivor)
+    assert wait_for(survivor.is_gone, 60), _describe(survivor)
     assert list_engines(base) == []

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
 import yaml
 
+from benchmarks.faults import free_port, wait_for
 from bullet_ray.engine.runtime_dir import EngineFolder, ProcessRef, read_pid_file
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -27,26 +26,11 @@ STARTUP_TIMEOUT_S = 300
 EXIT_TIMEOUT_S = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(condition, timeout_s: float, interval_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return bool(condition())
-
-
 def _config(path, http_port: int) -> None:
     with open(os.path.join(ROOT, "deploy", "local.yaml")) as f:
         config = yaml.safe_load(f)
     config["http_options"]["port"] = http_port
-    config["grpc_options"]["port"] = _free_port()
+    config["grpc_options"]["port"] = free_port()
     args = config["applications"][0]["args"]
     args["engine"] = {"model": "dummy:tiny-llama", "num_kv_blocks": 256}
     args["drain_grace_s"] = 2.0
@@ -86,7 +70,7 @@ def _long_stream(url: str, outcome: list[str]) -> threading.Thread:
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_stopping_serve_run_releases_the_engine(tmp_path, how):
-    http_port = _free_port()
+    http_port = free_port()
     _config(tmp_path / "local.yaml", http_port)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "RAY_USAGE_STATS_ENABLED": "0"}
@@ -103,11 +87,11 @@ def test_stopping_serve_run_releases_the_engine(tmp_path, how):
                 return httpx.get(f"{url}/v1/internal/stats", timeout=5).status_code == 200
             except httpx.HTTPError:
                 return proc.poll() is not None
-        assert _wait_for(ready, STARTUP_TIMEOUT_S, 2.0) and proc.poll() is None, log_path.read_text()[-3000:]
+        assert wait_for(ready, STARTUP_TIMEOUT_S, 2.0) and proc.poll() is None, log_path.read_text()[-3000:]
         engine = _engine(url)
         outcome: list[str] = []
         stream = _long_stream(url, outcome)
-        assert _wait_for(lambda: "chunk" in outcome, 60, 0.05), outcome
+        assert wait_for(lambda: "chunk" in outcome, 60, 0.05), outcome
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -115,7 +99,7 @@ def test_stopping_serve_run_releases_the_engine(tmp_path, how):
         proc.wait(EXIT_TIMEOUT_S)
         stream.join(EXIT_TIMEOUT_S)
         assert outcome and outcome[-1] in ("closed", "cut"), outcome
-        assert _wait_for(engine.is_gone, EXIT_TIMEOUT_S), (engine, os.listdir(engine.path)
+        assert wait_for(engine.is_gone, EXIT_TIMEOUT_S, 0.5), (engine, os.listdir(engine.path)
                                                              if os.path.exists(engine.path) else None)
     finally:
         if proc.poll() is None:

@@ -5,7 +5,8 @@ The same requests (one at a time, streamed, greedy, ignore_eos) are timed at fou
   in-process engine    `LLMEngine.stream` consumed in this process (worker -> front -> consumer)
   Serve handle         `BulletEngine.generate` through a DeploymentHandle (adds the replica hop: front ->
                        Serve replica -> Ray object transfer -> caller)
-  HTTP                 POST /v1/completions with stream=true (adds ingress, proxy and SSE framing)
+  HTTP                 POST /v1/completions with stream=true (adds the ingress routes, proxy and SSE framing;
+                       with --layout separate also the Ray hop from the engine replica to the ingress)
 Each level reports TTFT and inter-token latency (p50, p90); the differences between levels are the hops'
 costs: `serve_overhead_ttft_ms` (HTTP - in-process) is what the issue's target (< 5 ms) and
 `per_token_overhead_ms` (HTTP ITL - in-process ITL, < 0.3 ms) are about.
@@ -126,7 +127,8 @@ def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engine = {k: getattr(args.engine_config, k) for k in ("model", "device", "schedule", "num_kv_blocks",
                                                               "kv_cache_memory_gb", "max_num_seqs", "async_scheduling")}
-        app_args = {"engine": engine, "num_engines": 1, "worker_num_cpus": 0, "engine_num_cpus": 0}
+        app_args = {"engine": engine, "num_engines": 1, "worker_num_cpus": 0, "engine_num_cpus": 0,
+                    "colocate_ingress": args.layout == "colocated"}
         serve.run(build_app(app_args), name="hops", route_prefix="/")
         handle = serve.get_deployment_handle("BulletEngine", app_name="hops")
         params = SamplingParams(temperature=0.0, max_tokens=args.num_tokens, ignore_eos=True)
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=10)
     parser.add_argument("--num-tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument("--no-serve", action="store_true", help="in-process levels only (no Ray)")
+    parser.add_argument("--layout", default="colocated", choices=["colocated", "separate"],
+                        help="colocated: the routes in the engine replica (deploy/*.yaml); separate: an ingress "
+                             "deployment calling the engine deployment per streamed token")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.engine_config = EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     payload = {"benchmark": "hops", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python -m benchmarks.hops " + " ".join(sys.argv[1:] if argv is None else argv),
-               "model": args.model, "device": args.device, "schedule": args.schedule,
+               "model": args.model, "device": args.device, "schedule": args.schedule, "layout": args.layout,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": PROMPT_LEN,
                # other processes on the host skew every figure: the 1/5/15-minute load averages, and the cores
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result}

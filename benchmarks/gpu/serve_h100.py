@@ -79,6 +79,8 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["schedule"] = schedule
         if budget:
             engine["max_num_batched_tokens"] = int(budget)
+        if schedule == "chunked":  # the hybrid worker's steps (phase, tokens, device and host time)
+            engine["step_log_path"] = str((out_dir / f"{name}-steps.jsonl").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-prompt-tokens", type=int, default=1024)
     parser.add_argument("--trace-path", default=str(REPO.parent / "shared" / "data" / "azure-llm-inference-2023"),
                         help="the Azure trace folder (or conv.csv)")
+    parser.add_argument("--dataset", default="azure-conv", choices=("azure-conv", "azure-code"),
+                        help="which Azure 2023 trace's prompt/output lengths")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files into --out")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/serve_h100")))
     args = parser.parse_args(argv)
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     systems = [make_system(n, args) for n in args.systems.split(",") if n]
-    workload = WorkloadConfig(dataset="azure-conv", num_prompts=args.num_prompts, seed=0,
+    workload = WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, seed=0,
                               trace_path=args.trace_path)
     base = BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)
     doc = run_comparison(systems, base, args.out, rates=[float(r) for r in args.rates.split(",")], plot=True)

@@ -55,6 +55,8 @@ class InFlightStep:
     launched_s: float = 0.0  # perf_counter when launched (the worker's step-time bookkeeping)
     perf_record: Any = None  # the bullet sides' (shape, predicted seconds, other side busy) for this step
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill; 1: whole forward)
+    start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
+    gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
 
 
 class ModelRunner:
@@ -134,6 +136,10 @@ class ModelRunner:
         count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
         the forward then runs in that many layer groups over one attention metadata, and between groups the
         host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise)."""
+        start_event = None
+        if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
+            start_event = torch.cuda.Event(enable_timing=True)
+            start_event.record()
         ids, pos, metadata = self.build_metadata(batch)
         hidden = None
         num_groups = 1
@@ -170,20 +176,23 @@ class ModelRunner:
             else:
                 host_ids = sample.token_ids
         if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record()
         self._last_rows = {s.request_id: i for i, s in enumerate(seqs)}
         for seq in seqs:
             seq.num_pending_tokens += 1
         needs_history = any(_uses_history(s) for s in seqs)
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
-                            needs_host_history=needs_history, num_layer_groups=num_groups)
+                            needs_host_history=needs_history, num_layer_groups=num_groups,
+                            start_event=start_event)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished
         or aborted (`finish_reason` set) drop their token; they are left out of `sampled`."""
         if step.done is not None:
             step.done.synchronize()
+            if step.start_event is not None:
+                step.gpu_time_s = step.start_event.elapsed_time(step.done) / 1e3
         sampled: list[Sequence] = []
         logprobs: dict[str, TokenLogprob | None] = {}
         if step.sample is not None:

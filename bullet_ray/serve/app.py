@@ -15,7 +15,8 @@ INGRESS_EXTRA_GRACE_S = 5.0
 
 
 def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) -> Application:
-    """Ingress + one engine replica per GPU (num_engines). Deploys nothing; with a `controller:` section it
+    """Ingress + one engine replica per GPU (num_engines), or with `colocate_ingress` one deployment whose
+    replicas are both (BulletEngine: the ingress routes over an engine in the same process). Deploys nothing; with a `controller:` section it
     starts (or finds) the application's cluster controller, whose replica count Serve's autoscaler follows.
 
     `engine_factory(app_config) -> EngineClient` replaces the real engine (tests use a mock engine).
@@ -48,8 +49,11 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
         from bullet_ray.control.controller import controller_options
 
         options.update(controller_options(config))
-    engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     dumped = config.model_dump()
+    if config.colocate_ingress:  # one deployment: the ingress routes over an engine in the same process
+        colocated = Ingress.options(name="BulletEngine", **options)  # type: ignore[attr-defined]
+        return colocated.bind(None, dumped, engine_factory)
+    engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     # the ingress outlives the engines' drain by a little, so it can stream their last (error) events
     ingress = Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas,  # type: ignore[attr-defined]
                               graceful_shutdown_timeout_s=config.drain_grace_s + INGRESS_EXTRA_GRACE_S,

@@ -69,6 +69,10 @@ class BulletAppConfig(BaseModel):
     num_ingress_replicas: int = Field(
         1, ge=1, description="replicas of the HTTP/gRPC ingress (CPU only); raise it with the number of nodes "
                              "serving traffic so the ingress is not the bottleneck")
+    colocate_ingress: bool = Field(
+        False, description="run the HTTP/gRPC ingress inside each engine replica (one deployment, BulletEngine): "
+                           "tokens reach the HTTP response without a Ray hop per token; requests are spread over "
+                           "the replicas by Serve's proxy with the engine's router. num_ingress_replicas is unused")
     worker_launcher: Literal["ray", "process"] = Field(
         "ray", description="ray: prefill/decode workers are Ray actors in the replica's placement group; "
                            "process: child processes of the replica")

@@ -130,12 +130,58 @@ def _chat_logprobs(items: list[Any], texts: dict[int, str]) -> dict[str, Any]:
 @serve.deployment(max_ongoing_requests=1000)
 @serve.ingress(fastapi_app)
 class Ingress:
-    def __init__(self, engine: Any, app_config: dict[str, Any]) -> None:
-        self.engine = engine
+    """The OpenAI API and gRPC front. `engine` is the engine deployment's handle, or None with
+    `colocate_ingress`: then this replica also runs the engine (an EngineReplica in this process, one
+    replica per GPU) and answers Serve's engine hooks (health, routing stats, user_config, the
+    controller's `apply_policy`) on its behalf."""
+
+    def __init__(self, engine: Any, app_config: dict[str, Any], engine_factory: Any = None) -> None:
         self.cfg = BulletAppConfig(**app_config)
+        self.local: Any = None
+        if engine is None:
+            from bullet_ray.serve.engine_deployment import EngineReplica
+            from bullet_ray.serve.local_handle import LocalHandle
+
+            self.local = EngineReplica(app_config, engine_factory)
+            engine = LocalHandle(self.local)
+        self.engine = engine
         self._tokenizer: Any = None
         self._has_tokenizer = False
         self._logged_ignored: set[str] = set()
+
+    # the engine's Serve hooks, answered here when the engine runs in this replica ----------------------
+    def __del__(self) -> None:
+        local = getattr(self, "local", None)  # None also when __init__ failed early
+        if local is not None:
+            local.__del__()
+
+    def check_health(self) -> None:
+        if self.local is not None:
+            self.local.check_health()
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        if self.local is not None:
+            self.local.reconfigure(user_config)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self.local.record_routing_stats() if self.local is not None else {}
+
+    def apply_policy(self, decision: dict[str, Any]) -> dict[str, Any]:
+        if self.local is None:
+            raise RuntimeError("apply_policy goes to the engine deployment (BulletEngine)")
+        return self.local.apply_policy(decision)
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+        """The engine's stream (for handles to a colocated deployment: hops, tests)."""
+        if self.local is None:
+            raise RuntimeError("generate goes to the engine deployment (BulletEngine)")
+        async for out in self.local.generate(request):
+            yield out
+
+    def stats(self) -> dict[str, Any]:
+        if self.local is None:
+            raise RuntimeError("stats goes to the engine deployment (BulletEngine)")
+        return self.local.stats()
 
     async def _token_texts(self, token_ids: set[int]) -> dict[int, str]:
         """Text of each token id, for logprobs; the tokenizer is fetched once from an engine replica."""

@@ -133,3 +133,23 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert sum(r["num_tokens"] for r in steps if r["side"] == "prefill") == sum(len(p) for p in PROMPTS)
     assert drained["decode"] and all(m > 0 and p > 0 for m, p, _ in drained["decode"])
     assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])
+
+
+def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
+    """The hybrid worker's step log: every prompt token and every decode token appears in exactly one
+    step row, and a row's phase says what it held."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    log = tmp_path / "steps.jsonl"
+    config = EngineConfig(model=folder, schedule="chunked", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                          step_log_path=str(log))
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    with LLMEngine(config) as engine:
+        engine.generate(PROMPTS, params)
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["side"] for r in steps} == {"hybrid"}
+    # each request's first token comes from its last prompt chunk; the other NUM_NEW - 1 from decode rows
+    assert sum(r["num_tokens"] for r in steps) == sum(len(p) for p in PROMPTS) + len(PROMPTS) * (NUM_NEW - 1)
+    assert {r["phase"] for r in steps} >= {"decode", "mixed"} and all(r["num_tokens"] <= 16 for r in steps)
+    for r in steps:
+        assert r["measured_ms"] > 0 and r["host_ms"] > 0
+        assert (r["phase"] == "decode") == (r["num_prefill_seqs"] == 0)

@@ -23,9 +23,10 @@ def _load(name: str) -> dict:
 
 
 def _engine_options(app) -> dict:
-    # the ingress is bound to the engine deployment: the engine is its first init argument
-    return app._bound_deployment.init_args[0]._bound_deployment._deployment_config, \
-        app._bound_deployment.init_args[0]._bound_deployment._replica_config
+    # colocated: the app's one deployment is the engine; else the ingress is bound to the engine deployment
+    # (the engine is its first init argument)
+    engine = app if app._bound_deployment.init_args[0] is None else app._bound_deployment.init_args[0]
+    return engine._bound_deployment._deployment_config, engine._bound_deployment._replica_config
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -39,7 +40,10 @@ def test_yaml_is_a_serve_config_that_builds(name):
     deployment_config, replica_config = _engine_options(app)
     cfg = BulletAppConfig(**app_schema.args)
     assert deployment_config.num_replicas == cfg.num_engines
-    assert app._bound_deployment._deployment_config.num_replicas == cfg.num_ingress_replicas
+    if cfg.colocate_ingress:
+        assert app._bound_deployment.name == "BulletEngine"
+    else:
+        assert app._bound_deployment._deployment_config.num_replicas == cfg.num_ingress_replicas
     if cfg.engine.device == "cuda":  # bundle 0: the CPU-only replica; bundle 1: the GPU of its two workers
         assert replica_config.placement_group_bundles == [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]
         assert replica_config.placement_group_strategy == "STRICT_PACK"

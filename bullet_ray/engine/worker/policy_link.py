@@ -83,9 +83,15 @@ class StepRecorder:
         return shape, self.model.predict(shape, self._sms(), busy, self.worker.partitioner.current_index).seconds, busy
 
     def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
-               queued_tokens: int, is_active: bool, num_layer_groups: int = 1) -> None:
-        """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log."""
-        measured_s = time.perf_counter() - started_s
+               queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
+               gpu_time_s: float | None = None) -> None:
+        """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log.
+
+        The measured time is the step's device time where there is one (CUDA events around the step):
+        the host's clock from launch to collect also counts host gaps, and with asynchronous scheduling
+        it can miss most of a step the device finished while the host was busy elsewhere."""
+        host_s = time.perf_counter() - started_s
+        measured_s = gpu_time_s if gpu_time_s is not None else host_s
         index = self.worker.partitioner.current_index
         self.state.annotate(self.side, predicted_step_us=int(predicted_s * 1e6), queued_tokens=queued_tokens,
                             is_active=is_active)
@@ -99,7 +105,8 @@ class StepRecorder:
                 "num_context_tokens": shape.num_context_tokens, "split_index": index,
                 "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
                 "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
-                "measured_ms": round(measured_s * 1e3, 4), "layer_groups": num_layer_groups}) + "\n")
+                "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4),
+                "layer_groups": num_layer_groups}) + "\n")
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""

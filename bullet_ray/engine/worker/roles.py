@@ -7,6 +7,7 @@ collects them (asynchronously when the config says so: the host learns a step's 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -104,7 +105,7 @@ class SideWorker(WorkerBase):
         """Record the collected step (measured vs predicted, online correction) and publish its row."""
         shape, predicted, busy = step.perf_record
         self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups)
+                             step.num_layer_groups, getattr(step, "gpu_time_s", None))
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
         self.recorder.after_publish()
 
@@ -241,6 +242,8 @@ class HybridWorker(WorkerBase):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
+        path = self.config.step_log_path  # the same JSONL rows as the bullet sides, without a prediction
+        self._log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - the process's lifetime
 
     def handle(self, msg: Any) -> None:
         self.scheduler.add(sequence_from_request(expect_add_request(self, msg)))
@@ -266,5 +269,18 @@ class HybridWorker(WorkerBase):
             self.scheduler.finish(seq)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s,
                      self.scheduler.num_waiting)
+        if self._log is not None:
+            self._log_step(step, started_s)
         if msg.request_ids:
             self.conn.send(msg)
+
+    def _log_step(self, step: Any, started_s: float) -> None:
+        num_prefill = sum(1 for item in step.batch if item.num_new_tokens > 1)  # prompt chunks (a decode: 1)
+        phase = "decode" if num_prefill == 0 else ("prefill" if num_prefill == len(step.batch) else "mixed")
+        host_s = time.perf_counter() - started_s
+        measured_s = step.gpu_time_s if step.gpu_time_s is not None else host_s
+        self._log.write(json.dumps({  # type: ignore[union-attr]
+            "kind": "step", "t": round(time.time(), 6), "side": "hybrid", "phase": phase,
+            "num_tokens": step.num_tokens, "num_seqs": len(step.batch), "num_prefill_seqs": num_prefill,
+            "num_context_tokens": step.num_context_tokens, "num_queued": self.scheduler.num_waiting,
+            "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4)}) + "\n")

@@ -102,7 +102,8 @@ class StepRecorder:
             self._log.write(json.dumps({
                 "kind": "step", "t": round(time.time(), 6), "side": self.side.name.lower(), "phase": shape.phase,
                 "num_tokens": shape.num_tokens, "num_seqs": shape.num_seqs,
-                "num_context_tokens": shape.num_context_tokens, "split_index": index,
+                "num_context_tokens": shape.num_context_tokens, "num_attention_pairs": shape.num_attention_pairs,
+                "split_index": index,
                 "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
                 "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
                 "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4),

@@ -10,19 +10,31 @@ reason. Prints the median and p90 of |predicted - measured| / measured per side 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
-from pathlib import Path
 
 
 def load(path: str) -> tuple[list[dict], list[dict]]:
+    """(step records, decision records); switch records are read by `switches`."""
     steps, decisions = [], []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        (steps if record.get("kind") == "step" else decisions).append(record)
+    for record in _records(path):
+        if record.get("kind") == "step":
+            steps.append(record)
+        elif record.get("kind", "decision") == "decision":
+            decisions.append(record)
     return steps, decisions
+
+
+def _records(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def switches(path: str) -> list[float]:
+    """Decision-to-new-split times (ms) of the switches both sides completed, sorted."""
+    return sorted(r["decision_to_split_us"] / 1e3 for r in _records(path) if r.get("kind") == "switch")
 
 
 def errors(steps: list[dict], side: str) -> list[float]:
@@ -83,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     queue.set_ylabel("requests")
     handles = ax2.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
     ax2.legend(handles, [h.get_label() for h in handles], loc="upper right")
+    done = switches(args.log)
+    if done:
+        print(f"switches: {len(done)}, decision to both sides on the new split p50 {_q(done, 0.5):.3f} ms, "
+              f"p99 {_q(done, 0.99):.3f} ms")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

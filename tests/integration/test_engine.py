@@ -127,6 +127,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     for d in decisions:
         if d["decode_seqs"] > 0 and d["num_queued"] > 0:
             assert d["index"] == top and d["reason"] == "to_decode"
+    switched = [r for r in records if r["kind"] == "switch"]  # one per switch both sides completed
+    assert switched and all(0 < r["decision_to_split_us"] < 5_000_000 for r in switched)
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"prefill", "decode"}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)

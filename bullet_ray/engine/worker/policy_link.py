@@ -114,6 +114,13 @@ class StepRecorder:
         measured_s, predicted_s, index = self._pending
         self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
 
+    def log_switch(self, latency_us: int, index: int) -> None:
+        """A switch both sides completed: the time from the decision to both running on `index`."""
+        if self._log is not None:
+            self._log.write(json.dumps({"kind": "switch", "t": round(time.time(), 6), "index": index,
+                                        "decision_to_split_us": latency_us, "acked_last": self.side.name.lower()})
+                            + "\n")
+
     def log_decision(self, record: dict[str, Any]) -> None:
         if self._log is not None:
             self._log.write(json.dumps({"kind": "decision", "t": round(time.time(), 6), **record}) + "\n")

@@ -86,7 +86,9 @@ class SideWorker(WorkerBase):
         before = self.partitioner.current_index
         super().follow_split()
         if self.partitioner.current_index != before and self.switch.is_settled():
-            self.res.state.record_switch_done()  # this side acked last: both run on the new split
+            latency_us = self.res.state.record_switch_done()  # this side acked last: both run on the new split
+            if latency_us is not None:
+                self.recorder.log_switch(latency_us, self.partitioner.current_index)
 
     def switch_pending(self) -> bool:
         """A requested split this side has not acked yet (it must step through its loop to follow)."""

@@ -1,0 +1,100 @@
+"""Score a saved rate sweep against other SLOs: attainment per (system, rate) and goodput per system,
+from the per-request results a comparison saved (`runs/<system>-rate<r>.json[.gz]`). Nothing is re-run:
+the same requests, judged by other targets (e.g. Bullet's per-prompt-token presets).
+
+    python -m benchmarks.rescore benchmarks/results/serve_h100_code/runs --slo bullet-azure-code,strict \
+        --out benchmarks/results/serve_h100_code/rescore.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bullet_ray.bench.slo import attainment, goodput, parse_slo
+
+_NAME = re.compile(r"^(?P<system>.+)-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
+
+
+def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
+    """{system: {rate: [request records]}} from a runs folder."""
+    out: dict[str, dict[float, list[Any]]] = defaultdict(dict)
+    for path in sorted(folder.iterdir()):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            doc = json.load(f)
+        rate = float(doc["config"]["workload"].get("rate_rps") or m["rate"])
+        out[m["system"]][rate] = [SimpleNamespace(success=r["success"], ttft_s=r["ttft_s"], tpot_s=r["tpot_s"],
+                                                  prompt_tokens=r["prompt_tokens"]) for r in doc["requests"]]
+    return out
+
+
+def rescore(runs: dict[str, dict[float, list[Any]]], slo_names: list[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for system, by_rate in runs.items():
+        entry: dict[str, Any] = {"attainment": {}, "goodput": {}}
+        for name in slo_names:
+            slo = parse_slo(name)
+            points = [(rate, attainment(records, slo)) for rate, records in sorted(by_rate.items())]
+            entry["attainment"][name] = {str(rate): round(a, 4) for rate, a in points}
+            entry["goodput"][name] = goodput(points, name).to_dict()
+        result[system] = entry
+    return result
+
+
+def markdown(result: dict[str, Any], slo_names: list[str]) -> str:
+    lines = ["| system | " + " | ".join(f"goodput {n} (req/s)" for n in slo_names) + " |",
+             "|---|" + "---|" * len(slo_names)]
+    for system, entry in result.items():
+        cells = []
+        for n in slo_names:
+            g = entry["goodput"][n]
+            value = g["interpolated_rps"] if g["interpolated_rps"] is not None else g["measured_rps"]
+            cells.append(("" if g["is_bracketed"] or not g["measured_rps"] else ">= ") + f"{value:.2f}")
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    lines += ["", "| system | SLO | attainment by rate |", "|---|---|---|"]
+    for system, entry in result.items():
+        for n in slo_names:
+            lines.append(f"| {system} | {n} | " + ", ".join(f"{r}: {a:.1%}" for r, a in entry["attainment"][n].items())
+                         + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, help="a comparison's runs/ folder")
+    parser.add_argument("--slo", default="strict,relaxed", help="SLO presets or custom targets, comma-separated")
+    parser.add_argument("--out", type=Path, default=None, help="markdown file (a .json beside it)")
+    args = parser.parse_args(argv)
+    if not args.runs.is_dir():
+        print(f"error: runs: {args.runs} is not a folder", file=sys.stderr)
+        return 2
+    names = args.slo.split(",")
+    try:
+        for n in names:
+            parse_slo(n)
+    except ValueError as e:
+        print(f"error: --slo: {e}", file=sys.stderr)
+        return 2
+    result = rescore(load_runs(args.runs), names)
+    text = markdown(result, names)
+    print(text)
+    if args.out:
+        command = "python -m benchmarks.rescore " + " ".join(sys.argv[1:] if argv is None else argv)
+        args.out.write_text(f"`{command}`\n\n{text}\n")
+        args.out.with_suffix(".json").write_text(json.dumps({"command": command, "systems": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""benchmarks.rescore: a saved sweep judged by other SLOs (attainment per rate, goodput per system)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from benchmarks.rescore import load_runs, markdown, rescore
+
+
+def _write(folder, system, rate, requests, gz=False):
+    doc = {"config": {"workload": {"rate_rps": rate}}, "requests": requests}
+    path = folder / f"{system}-rate{rate:g}.json{'.gz' if gz else ''}"
+    if gz:
+        with gzip.open(path, "wt") as f:
+            json.dump(doc, f)
+    else:
+        path.write_text(json.dumps(doc))
+
+
+def _req(ttft_s, tpot_s, prompt_tokens=1000, success=True):
+    return {"success": success, "ttft_s": ttft_s, "tpot_s": tpot_s, "prompt_tokens": prompt_tokens}
+
+
+def test_attainment_and_goodput_under_absolute_and_per_token_targets(tmp_path):
+    # rate 4: every request fast; rate 8: half miss strict's TTFT (0.5 s) but meet 1.5 ms/token x 1000 = 1.5 s
+    _write(tmp_path, "a", 4, [_req(0.1, 0.01)] * 4, gz=True)
+    _write(tmp_path, "a", 8, [_req(0.1, 0.01)] * 2 + [_req(1.2, 0.01)] * 2)
+    _write(tmp_path, "b", 4, [_req(0.1, 0.01)] * 3 + [_req(0.1, 0.01, success=False)])
+    (tmp_path / "notes.txt").write_text("ignored")
+    runs = load_runs(tmp_path)
+    assert set(runs) == {"a", "b"} and set(runs["a"]) == {4.0, 8.0}
+    result = rescore(runs, ["strict", "bullet-azure-code"])
+    assert result["a"]["attainment"]["strict"] == {"4.0": 1.0, "8.0": 0.5}
+    assert result["a"]["attainment"]["bullet-azure-code"] == {"4.0": 1.0, "8.0": 1.0}
+    g = result["a"]["goodput"]["strict"]
+    assert g["measured_rps"] == 4.0 and g["is_bracketed"]
+    assert abs(g["interpolated_rps"] - (4 + (1.0 - 0.9) / (1.0 - 0.5) * 4)) < 1e-9
+    assert result["b"]["attainment"]["strict"] == {"4.0": 0.75}  # a failed request is a miss
+    text = markdown(result, ["strict", "bullet-azure-code"])
+    assert "| a | 4.80 | >= 8.00 |" in text and "| b | 0.00 |" in text

@@ -97,8 +97,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
     idle_gib = gpu_memory_gib()
     started = time.monotonic()
     with open(out_dir / f"{system.name}-serve.log", "ab") as log:
+        env = {**os.environ, **system.extra.get("serve_env", {})}
         proc = subprocess.Popen(["serve", "run", str(path)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         try:
             wait_ready(system.base_url, system.ready_timeout_s, proc)
             _wait_generates(system.base_url, system.ready_timeout_s)
@@ -172,7 +173,7 @@ def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
                           extra={"command": vllm_command(), "version": vllm_version(), "prefix_caching": False})
     return SystemSpec(name, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
                       extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
-                             "check_prompt_tokens": args.check_prompt_tokens})
+                             "check_prompt_tokens": args.check_prompt_tokens, "serve_env": args.serve_env})
 
 
 def serve_check(base_url: str, num_requests: int = 64, prompt_tokens: int = 1024) -> dict[str, Any]:
@@ -258,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Azure trace folder (or conv.csv)")
     parser.add_argument("--dataset", default="azure-conv", choices=("azure-conv", "azure-code"),
                         help="which Azure 2023 trace's prompt/output lengths")
+    parser.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment of our systems' `serve run` (repeatable), e.g. "
+                             "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for Serve's direct ingress")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files into --out")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/serve_h100")))
     args = parser.parse_args(argv)
@@ -267,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         print((args.out / "compare.md").read_text())
         return 0
 
+    pairs = [item.partition("=") for item in args.serve_env]
+    if any(not key or not sep for key, sep, _ in pairs):
+        parser.error("--serve-env: give KEY=VALUE")
+    args.serve_env = {key: value for key, _, value in pairs}
     systems = [make_system(n, args) for n in args.systems.split(",") if n]
     workload = WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, seed=0,
                               trace_path=args.trace_path)

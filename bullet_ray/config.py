@@ -74,8 +74,9 @@ class EngineConfig:
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
-    # append one JSON line per step (phase, tokens, batch, context, split, predicted and measured time) and
-    # per split decision to this file (both workers; None: no log); benchmarks/plot_steps.py plots it
+    # append one JSON line per step (phase, tokens, batch, context, split, predicted and measured device time,
+    # the host's plan / metadata / launch / gap times), per split decision and per completed switch to this
+    # file (every worker; None: no log); benchmarks/plot_steps.py plots it
     step_log_path: str | None = None
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0

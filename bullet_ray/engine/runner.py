@@ -13,7 +13,8 @@ gather, so the GPU never waits for the host. `execute` is launch + collect at on
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +58,14 @@ class InFlightStep:
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
+    # host time (s) on the way to the device, for the step log: planning the batch (the worker's plan), the
+    # inputs and attention metadata (build_metadata), the whole launch (metadata, plan, forward and
+    # sampling enqueued), and the host's gap since it finished collecting the step before
+    host_s: dict[str, float] = field(default_factory=dict)
+
+    def host_ms(self) -> dict[str, float]:
+        """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `launch_ms`, `gap_ms`)."""
+        return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
 
 
 class ModelRunner:
@@ -140,7 +149,9 @@ class ModelRunner:
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
+        prep_started = time.perf_counter()
         ids, pos, metadata = self.build_metadata(batch)
+        prep_s = time.perf_counter() - prep_started
         hidden = None
         num_groups = 1
         if self.graphs is not None and metadata.is_decode:
@@ -184,7 +195,7 @@ class ModelRunner:
         needs_history = any(_uses_history(s) for s in seqs)
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event)
+                            start_event=start_event, host_s={"prep": prep_s})
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

@@ -149,13 +149,18 @@ class WorkerBase:
         (e.g. waiting for free KV blocks) and nothing was in flight."""
         if self.inflight is not None and self.inflight.needs_host_history:
             self._finish_inflight()  # penalties read the output ids on the host
+        plan_started = time.perf_counter()
         batch = self.plan()
         if not batch:
             if self.inflight is None:
                 return False
             self._finish_inflight()
             return True
+        launch_started, last_done_s = time.perf_counter(), self._last_done_s
         step = self.launch(batch)
+        step.host_s.update(plan=launch_started - plan_started, launch=step.launched_s - launch_started)
+        if last_done_s:  # since the last collect: its outputs, messages, the split, this plan
+            step.host_s["gap"] = launch_started - last_done_s
         self.after_launch(step)
         previous, self.inflight = self.inflight, step
         if previous is not None:
@@ -211,6 +216,8 @@ class WorkerBase:
     def run(self) -> None:
         while not self.is_stopped:
             timeout = 0.0 if self.has_work() or self.inflight is not None else _IDLE_WAIT_S
+            if timeout:
+                self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
             while not self.is_stopped and self.conn.poll(timeout):
                 self._dispatch(self.conn.recv())
                 timeout = 0.0

@@ -84,7 +84,7 @@ class StepRecorder:
 
     def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
                queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
-               gpu_time_s: float | None = None) -> None:
+               gpu_time_s: float | None = None, host_timings_ms: dict[str, float] | None = None) -> None:
         """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log.
 
         The measured time is the step's device time where there is one (CUDA events around the step):
@@ -107,7 +107,7 @@ class StepRecorder:
                 "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
                 "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
                 "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4),
-                "layer_groups": num_layer_groups}) + "\n")
+                "layer_groups": num_layer_groups, **(host_timings_ms or {})}) + "\n")
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""

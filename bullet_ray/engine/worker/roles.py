@@ -107,7 +107,7 @@ class SideWorker(WorkerBase):
         """Record the collected step (measured vs predicted, online correction) and publish its row."""
         shape, predicted, busy = step.perf_record
         self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups, getattr(step, "gpu_time_s", None))
+                             step.num_layer_groups, step.gpu_time_s, step.host_ms())
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
         self.recorder.after_publish()
 
@@ -285,4 +285,4 @@ class HybridWorker(WorkerBase):
             "kind": "step", "t": round(time.time(), 6), "side": "hybrid", "phase": phase,
             "num_tokens": step.num_tokens, "num_seqs": len(step.batch), "num_prefill_seqs": num_prefill,
             "num_context_tokens": step.num_context_tokens, "num_queued": self.scheduler.num_waiting,
-            "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4)}) + "\n")
+            "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4), **step.host_ms()}) + "\n")

@@ -115,7 +115,10 @@ class ModelRunner:
             query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
         max_blocks = max(len(item.seq.block_ids) for item in batch)
-        table = [item.seq.block_ids + [0] * (max_blocks - len(item.seq.block_ids)) for item in batch]
+        table: list[int] = []  # [batch, max_blocks] row-major, padded with block 0
+        for item in batch:
+            table.extend(item.seq.block_ids)
+            table.extend([0] * (max_blocks - len(item.seq.block_ids)))
         qsl = [0]
         for n in query_lens:
             qsl.append(qsl[-1] + n)
@@ -123,7 +126,7 @@ class ModelRunner:
         metadata = AttentionMetadata(
             query_start_loc=to_device(qsl, torch.int32, dev),
             seq_lens=to_device(seq_lens, torch.int32, dev),
-            block_tables=to_device(table, torch.int32, dev),
+            block_tables=to_device(table, torch.int32, dev).view(len(batch), max_blocks),
             slot_mapping=to_device(slots, torch.int64, dev),
             query_lens_list=query_lens,
             seq_lens_list=seq_lens,

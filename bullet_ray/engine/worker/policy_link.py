@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -59,6 +60,22 @@ def shape_of(batch: list[Any], phase: str) -> StepShape:
     return StepShape(phase, max(1, tokens), max(1, len(batch)), max(ctx, tokens, 1), max(pairs, 1))  # type: ignore[arg-type]
 
 
+class StepLog:
+    """The JSONL file of `step_log_path`, open (line-buffered) for the worker's lifetime; without a path
+    nothing is written. Every record starts with its kind and wall-clock time."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - the process's lifetime
+
+    @property
+    def enabled(self) -> bool:
+        return self._file is not None
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"kind": kind, "t": round(time.time(), 6), **fields}) + "\n")
+
+
 class StepRecorder:
     def __init__(self, worker: Any, model: PerfModel) -> None:
         self.worker = worker
@@ -66,8 +83,7 @@ class StepRecorder:
         self.state: StateBlock = worker.res.state
         self.side: Side = worker.side
         self.phase = "prefill" if self.side is Side.PREFILL else "decode"
-        path = worker.config.step_log_path
-        self._log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - closed in close()
+        self._log = StepLog(worker.config.step_log_path)
 
     def _sms(self) -> int:
         entry = self.worker.partitioner.current
@@ -97,17 +113,15 @@ class StepRecorder:
                             is_active=is_active)
         self.model.observe(shape, self._sms(), other_busy, index, measured_s)
         self._pending = (measured_s, predicted_s, index)
-        if self._log is not None:
+        if self._log.enabled:
             entry = self.worker.partitioner.current
-            self._log.write(json.dumps({
-                "kind": "step", "t": round(time.time(), 6), "side": self.side.name.lower(), "phase": shape.phase,
-                "num_tokens": shape.num_tokens, "num_seqs": shape.num_seqs,
-                "num_context_tokens": shape.num_context_tokens, "num_attention_pairs": shape.num_attention_pairs,
-                "split_index": index,
-                "decode_sms": entry.decode_sms, "prefill_sms": entry.prefill_sms, "other_busy": other_busy,
-                "num_queued": num_queued, "predicted_ms": round(predicted_s * 1e3, 4),
-                "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4),
-                "layer_groups": num_layer_groups, **(host_timings_ms or {})}) + "\n")
+            self._log.write(
+                "step", side=self.side.name.lower(), phase=shape.phase, num_tokens=shape.num_tokens,
+                num_seqs=shape.num_seqs, num_context_tokens=shape.num_context_tokens,
+                num_attention_pairs=shape.num_attention_pairs, split_index=index, decode_sms=entry.decode_sms,
+                prefill_sms=entry.prefill_sms, other_busy=other_busy, num_queued=num_queued,
+                predicted_ms=round(predicted_s * 1e3, 4), measured_ms=round(measured_s * 1e3, 4),
+                host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, **(host_timings_ms or {}))
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""
@@ -116,18 +130,10 @@ class StepRecorder:
 
     def log_switch(self, latency_us: int, index: int) -> None:
         """A switch both sides completed: the time from the decision to both running on `index`."""
-        if self._log is not None:
-            self._log.write(json.dumps({"kind": "switch", "t": round(time.time(), 6), "index": index,
-                                        "decision_to_split_us": latency_us, "acked_last": self.side.name.lower()})
-                            + "\n")
+        self._log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower())
 
     def log_decision(self, record: dict[str, Any]) -> None:
-        if self._log is not None:
-            self._log.write(json.dumps({"kind": "decision", "t": round(time.time(), 6), **record}) + "\n")
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
+        self._log.write("decision", **record)
 
 
 class SplitDecider:
@@ -191,8 +197,6 @@ class SplitDecider:
     # the decision -----------------------------------------------------------------------------------
     def _follow_pushed_targets(self) -> None:
         """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's."""
-        import dataclasses
-
         pushed = self.state.slo_targets()
         targets = self.policy.targets
         if pushed is not None and pushed != (targets.ttft_s, targets.tpot_s):

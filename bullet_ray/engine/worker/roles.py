@@ -7,7 +7,6 @@ collects them (asynchronously when the config says so: the host learns a step's 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
@@ -21,7 +20,13 @@ from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.main import WorkerBase
-from bullet_ray.engine.worker.policy_link import SplitDecider, StepRecorder, is_policy_on, make_perf_model
+from bullet_ray.engine.worker.policy_link import (
+    SplitDecider,
+    StepLog,
+    StepRecorder,
+    is_policy_on,
+    make_perf_model,
+)
 
 
 def sequence_from_request(msg: AddRequest) -> Sequence:
@@ -244,8 +249,7 @@ class HybridWorker(WorkerBase):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
-        path = self.config.step_log_path  # the same JSONL rows as the bullet sides, without a prediction
-        self._log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - the process's lifetime
+        self._log = StepLog(self.config.step_log_path)  # the bullet sides' rows, without a prediction
 
     def handle(self, msg: Any) -> None:
         self.scheduler.add(sequence_from_request(expect_add_request(self, msg)))
@@ -271,7 +275,7 @@ class HybridWorker(WorkerBase):
             self.scheduler.finish(seq)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started_s,
                      self.scheduler.num_waiting)
-        if self._log is not None:
+        if self._log.enabled:
             self._log_step(step, started_s)
         if msg.request_ids:
             self.conn.send(msg)
@@ -281,8 +285,8 @@ class HybridWorker(WorkerBase):
         phase = "decode" if num_prefill == 0 else ("prefill" if num_prefill == len(step.batch) else "mixed")
         host_s = time.perf_counter() - started_s
         measured_s = step.gpu_time_s if step.gpu_time_s is not None else host_s
-        self._log.write(json.dumps({  # type: ignore[union-attr]
-            "kind": "step", "t": round(time.time(), 6), "side": "hybrid", "phase": phase,
-            "num_tokens": step.num_tokens, "num_seqs": len(step.batch), "num_prefill_seqs": num_prefill,
-            "num_context_tokens": step.num_context_tokens, "num_queued": self.scheduler.num_waiting,
-            "measured_ms": round(measured_s * 1e3, 4), "host_ms": round(host_s * 1e3, 4), **step.host_ms()}) + "\n")
+        self._log.write(
+            "step", side="hybrid", phase=phase, num_tokens=step.num_tokens, num_seqs=len(step.batch),
+            num_prefill_seqs=num_prefill, num_context_tokens=step.num_context_tokens,
+            num_queued=self.scheduler.num_waiting, measured_ms=round(measured_s * 1e3, 4),
+            host_ms=round(host_s * 1e3, 4), **step.host_ms())

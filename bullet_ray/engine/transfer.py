@@ -22,15 +22,16 @@ def to_device(values: Sequence[float] | Sequence[Sequence[int]], dtype: torch.dt
               device: torch.device | str) -> torch.Tensor:
     """`values` as a tensor on `device`; on CUDA an asynchronous copy from pinned memory."""
     device = torch.device(device)
-    host = _host_tensor(values, dtype)
+    host, is_view = _host_tensor(values, dtype)
     if device.type != "cuda":
-        return host.to(device)
+        # a tensor over the array's memory becomes one that owns its own (the pinned copy below is one)
+        return (host.clone() if is_view else host).to(device)
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def _host_tensor(values: Sequence[float] | Sequence[Sequence[int]], dtype: torch.dtype) -> torch.Tensor:
+def _host_tensor(values: Sequence[float] | Sequence[Sequence[int]], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """(a CPU tensor of `values`, whether it is a view of a temporary array's memory)."""
     code = _ARRAY_CODES.get(dtype)
     if code is None or not values or not isinstance(values, list) or isinstance(values[0], list):
-        return torch.tensor(values, dtype=dtype)
-    # a copy the tensor owns (frombuffer shares the array's memory)
-    return torch.frombuffer(array.array(code, values), dtype=dtype).clone()
+        return torch.tensor(values, dtype=dtype), False
+    return torch.frombuffer(array.array(code, values), dtype=dtype), True

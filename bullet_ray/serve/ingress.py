@@ -167,21 +167,20 @@ class Ingress:
         return self.local.record_routing_stats() if self.local is not None else {}
 
     def apply_policy(self, decision: dict[str, Any]) -> dict[str, Any]:
-        if self.local is None:
-            raise RuntimeError("apply_policy goes to the engine deployment (BulletEngine)")
-        return self.local.apply_policy(decision)
+        return self._local_engine("apply_policy").apply_policy(decision)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
         """The engine's stream (for handles to a colocated deployment: hops, tests)."""
-        if self.local is None:
-            raise RuntimeError("generate goes to the engine deployment (BulletEngine)")
-        async for out in self.local.generate(request):
+        async for out in self._local_engine("generate").generate(request):
             yield out
 
     def stats(self) -> dict[str, Any]:
+        return self._local_engine("stats").stats()
+
+    def _local_engine(self, method: str) -> Any:
         if self.local is None:
-            raise RuntimeError("stats goes to the engine deployment (BulletEngine)")
-        return self.local.stats()
+            raise RuntimeError(f"{method} goes to the engine deployment (BulletEngine)")
+        return self.local
 
     async def _token_texts(self, token_ids: set[int]) -> dict[int, str]:
         """Text of each token id, for logprobs; the tokenizer is fetched once from an engine replica."""

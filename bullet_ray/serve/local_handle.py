@@ -38,15 +38,12 @@ class _LocalMethod:
             return LocalStream(result)
         if inspect.isawaitable(result):
             return result
-        return _ready(result)
+        return _value(result)
 
 
 async def _value(value: Any) -> Any:
+    """A plain return value as an awaitable, as a handle's response is."""
     return value
-
-
-def _ready(value: Any) -> Awaitable[Any]:
-    return _value(value)
 
 
 class LocalStream:

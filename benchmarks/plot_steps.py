@@ -18,7 +18,7 @@ import math
 def load(path: str) -> tuple[list[dict], list[dict]]:
     """(step records, decision records); switch records are read by `switches`."""
     steps, decisions = [], []
-    for record in _records(path):
+    for record in records(path):
         if record.get("kind") == "step":
             steps.append(record)
         elif record.get("kind", "decision") == "decision":
@@ -26,7 +26,8 @@ def load(path: str) -> tuple[list[dict], list[dict]]:
     return steps, decisions
 
 
-def _records(path: str) -> list[dict]:
+def records(path: str) -> list[dict]:
+    """Every record of a step log (plain or gzipped JSONL)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -34,7 +35,7 @@ def _records(path: str) -> list[dict]:
 
 def switches(path: str) -> list[float]:
     """Decision-to-new-split times (ms) of the switches both sides completed, sorted."""
-    return sorted(r["decision_to_split_us"] / 1e3 for r in _records(path) if r.get("kind") == "switch")
+    return sorted(r["decision_to_split_us"] / 1e3 for r in records(path) if r.get("kind") == "switch")
 
 
 def errors(steps: list[dict], side: str) -> list[float]:

@@ -13,13 +13,13 @@ The base model is judged without the engine's online correction.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.plot_steps import records
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.loader import preset_hf_config
 from bullet_ray.perf.model import PerfModel, quantile, relative_errors
@@ -38,16 +38,13 @@ def _pairs(row: dict[str, Any]) -> int:
 
 
 def samples_of(path: Path) -> list[Sample]:
-    opener = gzip.open if path.suffix == ".gz" else open
     out = []
-    with opener(path, "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            if row.get("kind") != "step" or row.get("side") not in ("prefill", "decode") or row["measured_ms"] <= 0:
-                continue
-            sms = row["prefill_sms"] if row["side"] == "prefill" else row["decode_sms"]
-            out.append(Sample(row["phase"], row["num_tokens"], row["num_seqs"], row["num_context_tokens"],
-                              _pairs(row), int(sms), bool(row["other_busy"]), row["measured_ms"] / 1e3))
+    for row in records(str(path)):
+        if row.get("kind") != "step" or row.get("side") not in ("prefill", "decode") or row["measured_ms"] <= 0:
+            continue
+        sms = row["prefill_sms"] if row["side"] == "prefill" else row["decode_sms"]
+        out.append(Sample(row["phase"], row["num_tokens"], row["num_seqs"], row["num_context_tokens"],
+                          _pairs(row), int(sms), bool(row["other_busy"]), row["measured_ms"] / 1e3))
     return out
 
 

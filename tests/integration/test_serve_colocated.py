@@ -4,6 +4,7 @@ session's Ray cluster with a mock engine. Same answers, errors, refusals and cle
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -47,8 +48,6 @@ def test_streamed_and_whole_completions_carry_the_engine_tokens(colo):
                       timeout=30) as s:
         for line in s.iter_lines():
             if line.startswith("data: {"):
-                import json
-
                 for choice in json.loads(line[6:])["choices"]:
                     pieces.append((choice["index"], choice["text"]))
             elif line == "data: [DONE]":

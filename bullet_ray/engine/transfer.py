@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-# a flat list of Python numbers becomes a C array in one pass (array.array), about 3x faster than
-# torch.tensor's per-element conversion (benchmarks: 3,840 ints in 75 us instead of 210 us)
+# a flat list of Python numbers becomes a C array in one pass (array.array), faster than torch.tensor's
+# per-element conversion
 _ARRAY_CODES = {torch.int32: "i", torch.int64: "q", torch.float32: "f", torch.float64: "d"}
 
 

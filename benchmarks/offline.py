@@ -59,7 +59,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
                           async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
-                          enforce_eager=args.enforce_eager)
+                          enforce_eager=args.enforce_eager, step_log_path=args.step_log,
+                          profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
+                          profile_num_steps=args.profile_num_steps)
     start = time.perf_counter()
     with LLMEngine(config) as engine:
         startup_s = time.perf_counter() - start
@@ -124,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                              "an 80 GB H100), 1 on CPU")
     parser.add_argument("--async-scheduling", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--step-log", default=None, help="JSONL step log of our workers (benchmarks/plot_steps.py)")
+    parser.add_argument("--profile-dir", default=None,
+                        help="profile a window of our workers' steps into this folder (host cProfile, torch.profiler)")
+    parser.add_argument("--profile-start-step", type=int, default=200, help="first profiled step")
+    parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")

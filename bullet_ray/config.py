@@ -78,6 +78,12 @@ class EngineConfig:
     # the host's plan / metadata / launch / gap times), per split decision and per completed switch to this
     # file (every worker; None: no log); benchmarks/plot_steps.py plots it
     step_log_path: str | None = None
+    # profile a window of every worker's steps (cProfile of the host loop, torch.profiler of the ops and
+    # kernels) into this folder (bullet_ray.engine.worker.step_profile; None: no profiling): the steps
+    # profile_start_step (>= 0, counted from each worker's first step) to + profile_num_steps (>= 1) - 1
+    profile_dir: str | None = None
+    profile_start_step: int = 200
+    profile_num_steps: int = 50
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0
     # folder for this engine's sockets and shared-memory files; None: a fresh one under /dev/shm or /tmp
@@ -116,6 +122,10 @@ class EngineConfig:
         for name in ("ttft_target_ms", "tpot_target_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.profile_start_step < 0:
+            raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")
+        if self.profile_num_steps < 1:
+            raise ConfigError("profile_num_steps", f"must be >= 1, got {self.profile_num_steps}")
         if self.partition not in ("auto", "green", "mps", "none"):
             raise ConfigError("partition", f"unknown partition backend {self.partition!r}; "
                               "choose auto, green, mps or none")

@@ -51,6 +51,10 @@ class EngineArgs(BaseModel):
     step_log_path: str | None = Field(None, description="append one JSON line per worker step and split "
                                                         "decision to this file (benchmarks/plot_steps.py); "
                                                         "null: no log")
+    profile_dir: str | None = Field(None, description="profile a window of every worker's steps (host cProfile, "
+                                                      "torch.profiler) into this folder; null: off")
+    profile_start_step: int = Field(200, ge=0, description="first profiled step of each worker")
+    profile_num_steps: int = Field(50, ge=1, description="steps in the profiled window")
     runtime_dir: str | None = Field(None, description="folder for the engine's socket and shared-memory files; "
                                                       "null: a fresh one under /dev/shm")
 

@@ -44,7 +44,8 @@ def _metadata(query_lens, seq_lens, block_size=16):
     ([37, 5, 100], [37, 5, 100]),  # prefill
     ([16, 3], [50, 70]),  # chunked prefill over cached prefixes
     ([1, 1, 1, 1], [1, 17, 64, 200]),  # decode
-    ([1, 20, 1, 7], [33, 20, 70, 90]),  # mixed: decode tokens beside prefill chunks (the chunked schedule)
+    ([1, 20, 1, 7], [33, 20, 70, 90]),  # mixed, decode rows not first: all through the prefill kernel
+    ([1, 1, 1, 20, 7], [33, 1, 70, 20, 90]),  # mixed, decodes first (the chunked schedule): decode + prefill kernels
 ])
 def test_flashinfer_matches_the_torch_reference(query_lens, seq_lens):
     fi, ref = _setup()

@@ -54,6 +54,7 @@ class FlashInferBackend(AttentionBackend):
                                                                     use_tensor_cores=False)
         self.fence = PlanFence()
         self._is_decode = False
+        self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None
@@ -71,19 +72,33 @@ class FlashInferBackend(AttentionBackend):
             width = tables.shape[1]
             flat = [i * width + j for i, n in enumerate(num_blocks) for j in range(n)]
             kv_indices = tables.reshape(-1).index_select(0, to_device(flat, torch.int64, dev)).to(torch.int32)
-        indptr = torch.tensor([0, *_cumsum(num_blocks)], dtype=torch.int32).pin_memory()
-        last_page_len = torch.tensor([(n - 1) % bs + 1 for n in seq_lens], dtype=torch.int32).pin_memory()
-        dtype = self.kv_cache.dtype
+        last_page_len = [(n - 1) % bs + 1 for n in seq_lens]
         self._is_decode = metadata.is_decode
         self._rows_md = None
-        if metadata.is_decode:
-            self.fence.plan(self.decode, indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads,
-                             self.head_dim, bs, q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
-        else:
-            qo_indptr = torch.tensor([0, *_cumsum(metadata.query_lens_list)], dtype=torch.int32).pin_memory()
-            self.fence.plan(self.prefill, qo_indptr, indptr, kv_indices, last_page_len, self.num_heads, self.num_kv_heads,
-                              self.head_dim, bs, causal=True, q_data_type=dtype, kv_data_type=dtype,
-                              sm_scale=self.scale)
+        # a mixed batch's leading one-token rows (the chunked schedule puts its decodes first) go to the
+        # decode kernel: in the prefill kernel each would fill a whole query tile of its own
+        nd = 0 if metadata.is_decode else _num_leading_ones(metadata.query_lens_list)
+        self._num_decode_rows = nd if nd < len(seq_lens) else 0
+        if metadata.is_decode or self._num_decode_rows:
+            n = len(seq_lens) if metadata.is_decode else nd
+            self._plan_decode(num_blocks[:n], kv_indices[:sum(num_blocks[:n])], last_page_len[:n], bs)
+        if not metadata.is_decode:
+            nd = self._num_decode_rows
+            self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:],
+                               kv_indices[sum(num_blocks[:nd]):], last_page_len[nd:], bs)
+
+    def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
+        dtype = self.kv_cache.dtype
+        self.fence.plan(self.decode, _pinned([0, *_cumsum(num_blocks)]), kv_indices, _pinned(last_page_len),
+                        self.num_heads, self.num_kv_heads, self.head_dim, bs, q_data_type=dtype,
+                        kv_data_type=dtype, sm_scale=self.scale)
+
+    def _plan_prefill(self, query_lens: list[int], num_blocks: list[int], kv_indices: torch.Tensor,
+                      last_page_len: list[int], bs: int) -> None:
+        dtype = self.kv_cache.dtype
+        self.fence.plan(self.prefill, _pinned([0, *_cumsum(query_lens)]), _pinned([0, *_cumsum(num_blocks)]),
+                        kv_indices, _pinned(last_page_len), self.num_heads, self.num_kv_heads, self.head_dim, bs,
+                        causal=True, q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
         """Store the batch's new K/V of one layer at their slots."""
@@ -109,9 +124,17 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         self.write_kv(layer, k, v, metadata)
+        cache = self.kv_cache[layer]
         if self._is_decode:  # the decode kernel takes q's token and head strides
-            return self.decode.run(q if q.stride(-1) == 1 else q.contiguous(), self.kv_cache[layer], enable_pdl=PDL)
-        return self.prefill.run(q.contiguous(), self.kv_cache[layer], enable_pdl=PDL)
+            return self.decode.run(q if q.stride(-1) == 1 else q.contiguous(), cache, enable_pdl=PDL)
+        q = q.contiguous()
+        nd = self._num_decode_rows
+        if not nd:
+            return self.prefill.run(q, cache, enable_pdl=PDL)
+        out = torch.empty_like(q)
+        self.decode.run(q[:nd], cache, out=out[:nd], enable_pdl=PDL)
+        self.prefill.run(q[nd:], cache, out=out[nd:], enable_pdl=PDL)
+        return out
 
 
 class PlanFence:
@@ -146,6 +169,19 @@ def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     if k.stride(1) != dim or v.data_ptr() != k.data_ptr() + heads * dim * k.element_size():
         return None
     return k.as_strided((tokens, 2, heads, dim), (k.stride(0), heads * dim, dim, 1))
+
+
+def _num_leading_ones(values: list[int]) -> int:
+    """How many values at the front are 1 (rows of a single query token)."""
+    n = 0
+    while n < len(values) and values[n] == 1:
+        n += 1
+    return n
+
+
+def _pinned(values: list[int]) -> torch.Tensor:
+    """An int32 CPU tensor in page-locked memory (flashinfer copies it to the device without a sync)."""
+    return torch.tensor(values, dtype=torch.int32).pin_memory()
 
 
 def _cumsum(values: list[int]) -> list[int]:

@@ -57,6 +57,11 @@ class WorkerBase:
         self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
                                   resources.device)
         self.is_stopped = False
+        from bullet_ray.engine.worker.step_profile import StepProfiler
+
+        cfg = self.config
+        self.profiler = StepProfiler(cfg.profile_dir, cfg.profile_start_step, cfg.profile_num_steps, self.role,
+                                     cfg.is_gpu)
         self.partitioner = self._make_partitioner()
         from bullet_ray.gpu.partition import SplitSwitch
 
@@ -149,6 +154,7 @@ class WorkerBase:
         (e.g. waiting for free KV blocks) and nothing was in flight."""
         if self.inflight is not None and self.inflight.needs_host_history:
             self._finish_inflight()  # penalties read the output ids on the host
+        self.profiler.tick()
         plan_started = time.perf_counter()
         batch = self.plan()
         if not batch:
@@ -283,7 +289,10 @@ def run_worker(spec: WorkerSpec) -> None:
         worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
         info = {**_device_info(device), "graphs": worker.graph_capture or None}
         conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
-        worker.run()
+        try:
+            worker.run()
+        finally:
+            worker.profiler.close()
     except (EOFError, ConnectionError, BrokenPipeError):
         logger.warning("%s worker: engine front went away; exiting", spec.role)
     except BaseException:

@@ -1,0 +1,107 @@
+"""A mixed step's attention on the GPU: decode rows through the decode kernel (the backend's split) against
+every row through the prefill kernel, for the chunked schedule's batch shapes (decodes first, then prompt
+chunks), Llama-3.1-8B heads (32 query, 8 KV, dim 128), bf16. Times are the 32 layers' attention of one
+step (CUDA events, median of repeats, plan included); `rel_diff` is the split's output against the
+unsplit one's.
+
+    python -m benchmarks.gpu.mixed_attention --out /tmp/out/mixed_attention_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bullet_ray.engine.attention.base import AttentionMetadata
+from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
+
+HEADS, KV_HEADS, DIM, LAYERS, BS = 32, 8, 128, 32, 16
+# (decode rows, their context, prompt chunk lengths, each chunk's cached prefix)
+SHAPES = [(32, 1024, [2016], 0), (128, 1300, [1920], 0), (256, 1300, [4096], 0), (256, 1300, [1024, 1024], 512)]
+
+
+def metadata(num_decode: int, ctx: int, chunks: list[int], prefix: int, dev: str) -> AttentionMetadata:
+    query_lens = [1] * num_decode + chunks
+    seq_lens = [ctx] * num_decode + [prefix + c for c in chunks]
+    tables, slots, next_block = [], [], 0
+    for q, n in zip(query_lens, seq_lens):
+        blocks = list(range(next_block, next_block + (n + BS - 1) // BS))
+        next_block += len(blocks)
+        tables.append(blocks)
+        slots += [blocks[p // BS] * BS + p % BS for p in range(n - q, n)]
+    width = max(len(t) for t in tables)
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    return AttentionMetadata(torch.tensor(qsl, dtype=torch.int32, device=dev),
+                             torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+                             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+                             torch.tensor(slots, dtype=torch.int64, device=dev), query_lens, seq_lens, BS, False)
+
+
+def step_ms(backend: FlashInferBackend, md: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            split: bool, repeats: int) -> tuple[float, torch.Tensor]:
+    times, out = [], q
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        backend.begin_batch(md)
+        if not split:
+            backend._num_decode_rows = 0
+            backend._plan_prefill(md.query_lens_list, [(n + BS - 1) // BS for n in md.seq_lens_list],
+                                  _indices(md), [(n - 1) % BS + 1 for n in md.seq_lens_list], BS)
+        for layer in range(LAYERS):
+            out = backend.forward(layer % backend.kv_cache.shape[0], q, k, v, md)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[1:]), out
+
+
+def _indices(md: AttentionMetadata) -> torch.Tensor:
+    rows = [md.block_tables[i, :(n + BS - 1) // BS] for i, n in enumerate(md.seq_lens_list)]
+    return torch.cat(rows).to(torch.int32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    dev = "cuda"
+    rows = []
+    for num_decode, ctx, chunks, prefix in SHAPES:
+        md = metadata(num_decode, ctx, chunks, prefix, dev)
+        num_blocks = sum((n + BS - 1) // BS for n in md.seq_lens_list)
+        kv = torch.randn(2, num_blocks, 2, BS, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
+        backend = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5)
+        t = md.num_tokens
+        q = torch.randn(t, HEADS, DIM, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
+        unsplit_ms, ref = step_ms(backend, md, q, k, v, False, args.repeats)
+        ref = ref.float().clone()
+        split_ms, out = step_ms(backend, md, q, k, v, True, args.repeats)
+        rel = float((out.float() - ref).norm() / ref.norm())
+        row = {"decode_rows": num_decode, "decode_context": ctx, "chunks": chunks, "chunk_prefix": prefix,
+               "unsplit_ms": round(unsplit_ms, 3), "split_ms": round(split_ms, 3),
+               "speedup": round(unsplit_ms / split_ms, 2), "rel_diff": round(rel, 5)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    result = {"benchmark": "mixed_attention", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name(), "command": "python -m benchmarks.gpu.mixed_attention",
+              "note": "32 layers' attention of one mixed step, plan included; decodes first, then prompt chunks",
+              "rows": rows}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

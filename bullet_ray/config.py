@@ -52,9 +52,10 @@ class EngineConfig:
     # disable CUDA graphs (GPU only)
     enforce_eager: bool = False
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
-    # host learns them one step late (stop checks, streaming, freeing blocks). Off by default: on the H100
-    # (benchmarks/results/serve_h100_m2/sync-diagnostic) it lowered relaxed goodput under load (chunked-2048
-    # 11.0 vs 17.4 req/s synchronous, bullet-slo 17.3 vs 20.0); on CPU it only delays every token by a step
+    # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
+    # CPU. Only decode-graph steps launch ahead of the collect: an eager step's launch blocks once the
+    # device's queue is full, which is why launching every step ahead cost goodput on the H100
+    # (benchmarks/results/serve_h100_m2/sync-diagnostic); on CPU it only delays every token by a step
     async_scheduling: bool | None = None
     # SM partition backend on GPU: "auto" (green contexts when available), "green", "mps", "none"
     partition: str = "auto"
@@ -153,7 +154,7 @@ class EngineConfig:
 
     @property
     def is_async_scheduling(self) -> bool:
-        return bool(self.async_scheduling)
+        return self.is_gpu if self.async_scheduling is None else self.async_scheduling
 
     @property
     def is_disaggregated(self) -> bool:

@@ -63,16 +63,23 @@ def gpu_memory_gib() -> float:
 
 def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo", and
-    with schedule chunked and the token budget for chunked-<n>."""
-    if name == "bullet":
+    with schedule chunked and the token budget for chunked-<n>; a "+sync" / "+async" suffix sets
+    async_scheduling off / on (else the engine's default)."""
+    name, _, scheduling = name.partition("+")  # "+sync" / "+async": async_scheduling off / on
+    if scheduling not in ("", "sync", "async"):
+        raise SystemExit(f"unknown scheduling suffix +{scheduling}: +sync or +async")
+    if name == "bullet" and not scheduling:
         return base_yaml
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
+    suffix = f"+{scheduling}" if scheduling else ""
+    if scheduling:
+        engine["async_scheduling"] = scheduling == "async"
     if name == "bullet-slo":
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
-        engine["step_log_path"] = str((out_dir / "bullet-slo-steps.jsonl").resolve())
-    else:
+        engine["step_log_path"] = str((out_dir / f"bullet-slo{suffix}-steps.jsonl").resolve())
+    elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo, chunked-<tokens> or static[-<tokens>]")
@@ -80,9 +87,9 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if budget:
             engine["max_num_batched_tokens"] = int(budget)
         if schedule == "chunked":  # the hybrid worker's steps (phase, tokens, device and host time)
-            engine["step_log_path"] = str((out_dir / f"{name}-steps.jsonl").resolve())
+            engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.yaml"
+    path = out_dir / f"{name}{suffix}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -244,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE)")
+                             "chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
+                             "system + '+sync' / '+async' sets async_scheduling off / on")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")

@@ -30,8 +30,8 @@ class EngineArgs(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of a prefill / hybrid batch")
     seed: int = Field(0, description="seed of dummy weights")
     enforce_eager: bool = Field(False, description="no CUDA graphs")
-    async_scheduling: bool | None = Field(None, description="plan step k+1 while step k runs (null: off; on the "
-                                          "H100 it cost goodput under load, see docs/gpu.md)")
+    async_scheduling: bool | None = Field(None, description="plan and launch a decode-graph step while the last "
+                                          "step runs (null: on for GPU, off for CPU; docs/gpu.md)")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")
     kv_watermark: float = Field(0.01, ge=0, le=0.5, description="fraction of KV blocks prefill leaves free for "
                                                                 "running sequences to grow into")

@@ -5,9 +5,12 @@ The pool layout is flashinfer's paged NHD layout ([num_blocks, 2, block_size, kv
 layer), so the kernels read the shared pool in place. New K/V are written into the layer viewed as rows of
 [kv_heads, head_dim]; the row indices are computed once per batch. When K and V are adjacent columns of
 one fused qkv row (the model's layout), one scatter writes both straight from the projection's output;
-otherwise one `index_copy_` each. `begin_batch` plans the kernels once per step (prefill/mixed batches:
-BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache), `forward` runs
-them per layer; decode reads q in place (the kernel takes q's strides). One workspace buffer serves every
+otherwise one `index_copy_` each. `begin_batch` plans the kernels once per step (prefill batches:
+BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache; a mixed batch of the
+chunked schedule, decodes first: its decode rows through the decode kernel and its prompt chunks through
+the prefill kernel, since in the prefill kernel every one-token row fills a query tile of its own: 2.5-3x
+the attention time of a 256-decode mixed step on the H100, benchmarks/gpu/mixed_attention.py), `forward`
+runs them per layer; decode reads q in place (the kernel takes q's strides). One workspace buffer serves every
 wrapper and is allocated once.
 
 Planning waits for the GPU only as far as it must: the page-table arrays flashinfer reads on the host go

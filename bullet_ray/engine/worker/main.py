@@ -2,7 +2,9 @@
 
 Every role steps the same way (`WorkerBase.step`): plan step k+1, launch it on the device, then collect
 step k (the host learns its sampled ids: stop checks, outputs, freed blocks) while k+1 runs. Without
-asynchronous scheduling step k+1 is collected right after its launch. Blocks freed while a step is in
+asynchronous scheduling step k+1 is collected right after its launch. Only a step that replays a decode
+graph is launched ahead of the collect: an eager step's launch blocks once the device's launch queue is
+full (hundreds of kernels), which on the H100 held the step before's tokens back by most of a step. Blocks freed while a step is in
 flight go back to the shared pool only once it has finished (`DeferredFree`).
 """
 
@@ -152,8 +154,11 @@ class WorkerBase:
     def step(self) -> bool:
         """Plan and launch the next step, then collect the previous one; False when nothing could run
         (e.g. waiting for free KV blocks) and nothing was in flight."""
-        if self.inflight is not None and self.inflight.needs_host_history:
-            self._finish_inflight()  # penalties read the output ids on the host
+        if self.inflight is not None and (self.inflight.needs_host_history or self._next_launch_may_block()):
+            # penalties read the output ids on the host; an eager step enqueues hundreds of kernels, and
+            # its launch blocks once the device's queue is full: the step in flight is learned first, so
+            # its tokens do not wait for most of the next step (a graph replay never blocks)
+            self._finish_inflight()
         self.profiler.tick()
         plan_started = time.perf_counter()
         batch = self.plan()
@@ -196,7 +201,21 @@ class WorkerBase:
             release(seq, self.allocator)
         return seq
 
+    def _next_launch_may_block(self) -> bool:
+        """On GPU, an eager next step (on CPU a launch computes the whole step anyway; launching ahead there
+        keeps the asynchronous path exercised)."""
+        return self.config.is_gpu and self.next_step_is_eager()
+
+    def runs_eagerly(self, num_decode_seqs: int, has_prompt_tokens: bool) -> bool:
+        """Whether a step of this shape runs eagerly (not one decode graph replay)."""
+        graphs = self.runner.graphs
+        return has_prompt_tokens or graphs is None or graphs.bucket(num_decode_seqs) is None
+
     # role hooks -------------------------------------------------------------------------------------
+    def next_step_is_eager(self) -> bool:
+        """Whether the next step will likely run eagerly (asked before it is planned); default: always."""
+        return True
+
     def handle(self, msg: Any) -> None:
         raise NotImplementedError
 

@@ -213,6 +213,9 @@ class DecodeWorker(SideWorker):
     def has_work(self) -> bool:
         return len(self.scheduler) > 0 or self.switch_pending()
 
+    def next_step_is_eager(self) -> bool:
+        return self.runs_eagerly(len(self.scheduler), False)
+
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             seq = self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
@@ -256,6 +259,9 @@ class HybridWorker(WorkerBase):
 
     def has_work(self) -> bool:
         return self.scheduler.num_waiting + self.scheduler.num_running > 0
+
+    def next_step_is_eager(self) -> bool:
+        return self.runs_eagerly(self.scheduler.num_running, self.scheduler.num_waiting > 0)
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -5,7 +5,7 @@ With `profile_dir` set, a worker profiles its steps number `profile_start_step` 
 
 - `<role>-host.txt`: cProfile of the worker's loop over the window, by cumulative and by own time (the
   host's share of a step, Python function by function);
-- `<role>-ops.txt`: torch.profiler's operator table (CPU time and, on GPU, device time per op and kernel);
+- `<role>-ops.txt`: torch.profiler's operator tables, by device time (GPU) and by host time (blocking calls);
 - `<role>-trace.json.gz`: the torch.profiler timeline (chrome://tracing, Perfetto);
 - `<role>-summary.json`: wall time of the window, device-busy time (the union of kernel intervals), kernels
   and host launches per step.
@@ -90,9 +90,10 @@ class StepProfiler:
                 text = io.StringIO()
                 pstats.Stats(self._host_prof, stream=text).sort_stats(order).print_stats(45)
                 f.write(f"# sorted by {order}\n{text.getvalue()}\n")
-        sort_by = "self_cuda_time_total" if self.is_gpu else "self_cpu_time_total"
-        with open(f"{base}-ops.txt", "w") as f:
-            f.write(prof.key_averages().table(sort_by=sort_by, row_limit=60))
+        table = prof.key_averages()
+        with open(f"{base}-ops.txt", "w") as f:  # by device time (kernels), then by host time (blocking calls)
+            for sort_by in (["self_cuda_time_total"] if self.is_gpu else []) + ["self_cpu_time_total"]:
+                f.write(f"# sorted by {sort_by}\n{table.table(sort_by=sort_by, row_limit=45)}\n\n")
         trace = f"{base}-trace.json"
         prof.export_chrome_trace(trace)
         with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:

@@ -93,3 +93,47 @@ def test_runner_gathers_pending_tokens_and_matches_a_synchronous_run():
     assert (tokens, logprobs) == run(False)
     assert all(len(ids) == 8 for ids in tokens)
     assert [lp.token_id for lp in logprobs] == tokens[0] and all(len(lp.top) == 2 for lp in logprobs)
+
+
+def _worker_stub(role: str, is_gpu: bool, graphs: object, num_running: int, num_waiting: int = 0) -> object:
+    """A worker with only the attributes the launch-ahead rule reads (no process, no model)."""
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
+
+    cls = {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
+    stub = cls.__new__(cls)
+    stub.config = SimpleNamespace(is_gpu=is_gpu)
+    stub.runner = SimpleNamespace(graphs=graphs)
+    stub.scheduler = _FakeQueue(num_running, num_waiting)
+    return stub
+
+
+class _FakeQueue:
+    """len() and the counts of the decode and chunked schedulers."""
+
+    def __init__(self, num_running: int, num_waiting: int) -> None:
+        self.num_running, self.num_waiting = num_running, num_waiting
+
+    def __len__(self) -> int:
+        return self.num_running
+
+
+def test_only_decode_graph_steps_launch_ahead_of_the_collect_on_gpu():
+    """An eager step's launch can block on the device's queue, so the step in flight is collected first;
+    a decode graph replay launches ahead. On CPU every step launches ahead (the async path stays tested)."""
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.cuda_graphs import graph_buckets
+
+    buckets = graph_buckets(64)
+    graphs = SimpleNamespace(bucket=lambda n: next((b for b in buckets if b >= n), None))
+    may_block = lambda w: w._next_launch_may_block()  # noqa: E731
+    assert not may_block(_worker_stub("decode", True, graphs, 40))
+    assert may_block(_worker_stub("decode", True, graphs, 65))  # past the largest graph: eager
+    assert may_block(_worker_stub("decode", True, None, 4))  # enforce_eager: no graphs
+    assert may_block(_worker_stub("prefill", True, graphs, 0))  # prefill steps are always eager
+    assert not may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=0))  # decode-only step
+    assert may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3))  # prompt chunks: mixed, eager
+    assert not may_block(_worker_stub("hybrid", False, None, 8, num_waiting=3))  # CPU
+    assert not may_block(_worker_stub("prefill", False, None, 0))

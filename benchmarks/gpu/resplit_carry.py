@@ -42,7 +42,7 @@ def resplit(carry: Path, max_bytes: int) -> dict[str, int]:
         for folder in folders:
             for f in folder.iterdir():
                 name, sep, _ = f.name.partition(".part.")
-                if sep:
+                if sep or f.stat().st_size > max_bytes:  # a whole file past the limit is cut as well
                     pieces[name].append(f)
                 else:
                     shutil.move(str(f), staging / f.name)

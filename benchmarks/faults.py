@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,7 +157,10 @@ class ServeRun:
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
+        # beside this interpreter (a venv), else on PATH (a --target install, as on the GPU machine)
         serve_cli = os.path.join(os.path.dirname(sys.executable), "serve")
+        if not os.path.exists(serve_cli):
+            serve_cli = shutil.which("serve") or serve_cli
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen([serve_cli, "run", "--address", "local", self.config_path], cwd=ROOT,
                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,10 +1,14 @@
 """Plot a step log (EngineConfig.step_log_path): predicted vs measured step time, and the split over time.
 
     python -m benchmarks.plot_steps steps.jsonl --out steps.png
+    python -m benchmarks.plot_steps steps.jsonl.gz --requests runs/bullet-slo-rate24.json.gz --out rate24.png
 
 Left: each step's predicted against its measured time (log-log, per side; the diagonal is a perfect model,
 the band +-25%). Right: decode SMs over time, with the prefill queue length, and split decisions marked by
 reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure).
+With `--requests` (one rate's run of the bench tool, served while the log was written) a second row zooms
+into that run: the split with the queue and decode batch, and each request's TTFT and TPOT at its arrival
+against the run's first SLO.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import gzip
 import json
 import math
+from typing import Any
 
 
 def load(path: str) -> tuple[list[dict], list[dict]]:
@@ -38,6 +43,34 @@ def switches(path: str) -> list[float]:
     return sorted(r["decision_to_split_us"] / 1e3 for r in records(path) if r.get("kind") == "switch")
 
 
+def load_run(path: str) -> dict:
+    """A bench tool result (`runs/<system>-rate<r>.json[.gz]`)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def run_start_unix_s(run: dict) -> float:
+    """Wall-clock time of the run's first scheduled request. Runs saved before `started_unix_s` existed
+    carry only the end time to the second (`date_utc`), so their start is that minus the run's duration."""
+    env = run.get("environment", {})
+    if env.get("started_unix_s") is not None:
+        return float(env["started_unix_s"])
+    from datetime import datetime
+
+    end = datetime.fromisoformat(env["date_utc"]).timestamp()
+    return end - float(run["summary"]["duration_s"])
+
+
+def request_points(run: dict) -> tuple[list[tuple[float, float, float | None]], dict]:
+    """(arrival s since the run's start, TTFT s, TPOT s or None) per successful request, and the first SLO."""
+    points = [(r["scheduled_s"], r["ttft_s"], r.get("tpot_s")) for r in run["requests"]
+              if r.get("success") and r.get("ttft_s") is not None]
+    slos = run["summary"].get("slo", {})
+    first = run["config"]["slos"][0] if run["config"].get("slos") else next(iter(slos), None)
+    return points, slos.get(first, {})
+
+
 def errors(steps: list[dict], side: str) -> list[float]:
     return sorted(abs(s["predicted_ms"] - s["measured_ms"]) / s["measured_ms"] for s in steps
                   if s["side"] == side and s["measured_ms"] > 0 and s["predicted_ms"] > 0)
@@ -51,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", help="JSONL written by the engine (step_log_path)")
     parser.add_argument("--out", default="steps.png", help="PNG to write")
+    parser.add_argument("--requests", default=None,
+                        help="one rate's bench result served while the log was written: adds a row zoomed into it")
     args = parser.parse_args(argv)
     steps, decisions = load(args.log)
     if not steps:
@@ -61,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     t0 = min(s["t"] for s in steps + decisions)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    run = load_run(args.requests) if args.requests else None
+    if run is None:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    else:
+        fig, ((ax1, ax2), (ax3, ax4)) = plt.subplots(2, 2, figsize=(13, 10))
     for side, color in (("prefill", "tab:orange"), ("decode", "tab:blue")):
         mine = [s for s in steps if s["side"] == side]
         if not mine:
@@ -100,10 +139,47 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         print(f"switches: {len(done)}, decision to both sides on the new split p50 {_q(done, 0.5):.3f} ms, "
               f"p99 {_q(done, 0.99):.3f} ms")
+    if run is not None:
+        plot_run(ax3, ax4, steps, run)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
     return 0
+
+
+def plot_run(ax_split: Any, ax_req: Any, steps: list[dict], run: dict) -> None:
+    """The row zoomed into one run: the split, queue and decode batch; each request's TTFT and TPOT."""
+    start = run_start_unix_s(run)
+    end = start + float(run["summary"]["duration_s"])
+    window = sorted((s for s in steps if start <= s["t"] <= end), key=lambda s: s["t"])
+    rate = run["config"]["workload"].get("rate_rps")
+    label = run["config"].get("label") or "run"
+    ax_split.step([s["t"] - start for s in window], [s["decode_sms"] for s in window], where="post",
+                  color="tab:blue", label="decode SMs")
+    ax_split.set(xlabel="time since the run's first request (s)", ylabel="decode SMs",
+                 title=f"{label} at {rate} req/s: the split")
+    counts = ax_split.twinx()
+    for side, key, color, name in (("prefill", "num_queued", "tab:orange", "prefill queue"),
+                                   ("decode", "num_seqs", "tab:green", "decode batch")):
+        mine = [s for s in window if s["side"] == side]
+        counts.plot([s["t"] - start for s in mine], [s[key] for s in mine], color=color, lw=0.8, label=name)
+    counts.set_ylabel("requests")
+    handles = ax_split.get_legend_handles_labels()[0] + counts.get_legend_handles_labels()[0]
+    ax_split.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    points, slo = request_points(run)
+    ax_req.scatter([p[0] for p in points], [p[1] for p in points], s=8, color="tab:orange", label="TTFT")
+    if slo.get("ttft_s"):
+        ax_req.axhline(slo["ttft_s"], color="tab:orange", ls="--", lw=1, label=f"TTFT target ({slo.get('name')})")
+    ax_req.set(xlabel="arrival since the run's first request (s)", ylabel="TTFT (s)", yscale="log",
+               title=f"each request (attainment {slo.get('attainment', math.nan):.0%} under {slo.get('name')})")
+    tpot = ax_req.twinx()
+    tpot.scatter([p[0] for p in points if p[2]], [p[2] * 1e3 for p in points if p[2]], s=8, marker="x",
+                 color="tab:green", label="TPOT")
+    if slo.get("tpot_s"):
+        tpot.axhline(slo["tpot_s"] * 1e3, color="tab:green", ls="--", lw=1, label="TPOT target")
+    tpot.set_ylabel("TPOT (ms)")
+    handles = ax_req.get_legend_handles_labels()[0] + tpot.get_legend_handles_labels()[0]
+    ax_req.legend(handles, [h.get_label() for h in handles], loc="upper left")
 
 
 if __name__ == "__main__":

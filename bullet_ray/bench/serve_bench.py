@@ -307,7 +307,7 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def environment(config: BenchConfig, model: str) -> dict[str, Any]:
+def environment(config: BenchConfig, model: str, started_unix_s: float | None = None) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
@@ -315,7 +315,9 @@ def environment(config: BenchConfig, model: str) -> dict[str, Any]:
         commit = None
     return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "aiohttp": require_extra("aiohttp").__version__, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command_line": redact_argv(sys.argv), "bench_git_commit": commit, "server_url": config.base_url, "model": model}
+            "command_line": redact_argv(sys.argv), "bench_git_commit": commit, "server_url": config.base_url, "model": model,
+            # wall-clock time of the first request's schedule (scheduled_s = 0): lines runs up with step logs
+            "started_unix_s": round(started_unix_s, 6) if started_unix_s is not None else None}
 
 
 async def run_benchmark(config: BenchConfig, requests: list[RequestSpec] | None = None) -> BenchResult:
@@ -350,7 +352,7 @@ async def run_benchmark(config: BenchConfig, requests: list[RequestSpec] | None 
             bar.update(1)
             return record
 
-        t0 = time.perf_counter()
+        t0, started_unix_s = time.perf_counter(), time.time()
         tasks = []
         for spec, body in zip(requests, bodies):
             delay = t0 + spec.arrival_s - time.perf_counter()
@@ -361,7 +363,7 @@ async def run_benchmark(config: BenchConfig, requests: list[RequestSpec] | None 
         bar.close()
     ends = [r.send_s + r.e2e_s for r in records if r.send_s is not None and r.e2e_s is not None]
     duration_s = max(ends) if ends else 0.0
-    env = environment(config, model)
+    env = environment(config, model, started_unix_s)
     cfg = {**config.to_dict(), "model": model, "url": url}
     return BenchResult(cfg, env, summarize(records, duration_s, slos), records)
 

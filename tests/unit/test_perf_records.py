@@ -62,3 +62,43 @@ def test_plot_steps_reads_a_log(tmp_path: Path):
                             cwd=root, capture_output=True, text=True, check=True)
     assert out.stat().st_size > 1000
     assert "decode" in result.stdout and "median" in result.stdout
+
+
+def _run(started: float | None) -> dict:
+    requests = [{"scheduled_s": 0.1 * i, "ttft_s": 0.2 + 0.1 * i, "tpot_s": 0.02, "success": True} for i in range(8)]
+    requests.append({"scheduled_s": 0.9, "ttft_s": None, "tpot_s": None, "success": False})
+    return {"config": {"slos": ["strict"], "label": "bullet-slo", "workload": {"rate_rps": 10.0}},
+            "environment": {"date_utc": "2026-11-23T19:43:16+00:00", "started_unix_s": started},
+            "summary": {"duration_s": 2.0, "slo": {"strict": {"name": "strict", "ttft_s": 0.5, "tpot_s": 0.025,
+                                                              "attainment": 0.375}}},
+            "requests": requests}
+
+
+def test_a_run_lines_up_with_a_step_log_by_its_start_time():
+    from datetime import datetime
+
+    from benchmarks.plot_steps import request_points, run_start_unix_s
+
+    assert run_start_unix_s(_run(1795462938.25)) == 1795462938.25
+    end = datetime.fromisoformat("2026-11-23T19:43:16+00:00").timestamp()
+    assert run_start_unix_s(_run(None)) == end - 2.0  # older runs: their end (to the second) minus the duration
+    points, slo = request_points(_run(None))
+    assert len(points) == 8 and points[3] == (0.30000000000000004, 0.5, 0.02)  # failed requests left out
+    assert slo["ttft_s"] == 0.5 and slo["name"] == "strict"
+
+
+def test_plot_steps_zooms_into_a_run(tmp_path: Path):
+    log = tmp_path / "steps.jsonl"
+    t0 = 1795462938.0
+    lines = [{"kind": "step", "t": t0 + 0.05 * i, "side": "prefill" if i % 3 == 0 else "decode", "phase": "x",
+              "num_tokens": 10, "num_seqs": 1 + i % 7, "num_context_tokens": 10, "split_index": i % 4,
+              "decode_sms": 16 + 8 * (i % 4), "num_queued": i % 5, "predicted_ms": 10.0 + i,
+              "measured_ms": 11.0 + i} for i in range(60)]
+    log.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(_run(t0 + 0.5)))
+    out = tmp_path / "zoom.png"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "benchmarks.plot_steps", str(log), "--requests", str(run), "--out", str(out)],
+                   cwd=root, capture_output=True, text=True, check=True)
+    assert out.stat().st_size > 1000

@@ -26,22 +26,8 @@ SHAPES = [(32, 1024, [2016], 0), (128, 1300, [1920], 0), (256, 1300, [4096], 0),
 
 
 def metadata(num_decode: int, ctx: int, chunks: list[int], prefix: int, dev: str) -> AttentionMetadata:
-    query_lens = [1] * num_decode + chunks
-    seq_lens = [ctx] * num_decode + [prefix + c for c in chunks]
-    tables, slots, next_block = [], [], 0
-    for q, n in zip(query_lens, seq_lens):
-        blocks = list(range(next_block, next_block + (n + BS - 1) // BS))
-        next_block += len(blocks)
-        tables.append(blocks)
-        slots += [blocks[p // BS] * BS + p % BS for p in range(n - q, n)]
-    width = max(len(t) for t in tables)
-    qsl = [0]
-    for q in query_lens:
-        qsl.append(qsl[-1] + q)
-    return AttentionMetadata(torch.tensor(qsl, dtype=torch.int32, device=dev),
-                             torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-                             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-                             torch.tensor(slots, dtype=torch.int64, device=dev), query_lens, seq_lens, BS, False)
+    return AttentionMetadata.contiguous([1] * num_decode + chunks, [ctx] * num_decode + [prefix + c for c in chunks],
+                                        BS, dev)
 
 
 def step_ms(backend: FlashInferBackend, md: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -22,22 +22,7 @@ def _setup(num_heads=8, num_kv_heads=2, head_dim=128, num_blocks=64, block_size=
 def _metadata(query_lens, seq_lens, block_size=16):
     from bullet_ray.engine.attention.base import AttentionMetadata
 
-    tables, slots, next_block = [], [], 0
-    for q, n in zip(query_lens, seq_lens):
-        blocks = list(range(next_block, next_block + (n + block_size - 1) // block_size))
-        next_block += len(blocks)
-        tables.append(blocks)
-        slots += [blocks[p // block_size] * block_size + p % block_size for p in range(n - q, n)]
-    width = max(len(t) for t in tables)
-    qsl = [0]
-    for q in query_lens:
-        qsl.append(qsl[-1] + q)
-    dev = "cuda"
-    return AttentionMetadata(torch.tensor(qsl, dtype=torch.int32, device=dev),
-                             torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-                             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-                             torch.tensor(slots, dtype=torch.int64, device=dev), list(query_lens), list(seq_lens),
-                             block_size, all(q == 1 for q in query_lens))
+    return AttentionMetadata.contiguous(query_lens, seq_lens, block_size, "cuda")
 
 
 @pytest.mark.parametrize("query_lens,seq_lens", [

@@ -51,6 +51,31 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return sum(self.query_lens_list)
 
+    @classmethod
+    def contiguous(cls, query_lens: list[int], seq_lens: list[int], block_size: int,
+                   device: torch.device | str) -> AttentionMetadata:
+        """A batch whose sequences own consecutive blocks from block 0 on, in batch order (kernel tests and
+        benchmarks: the pool is filled by hand, no allocator)."""
+        import torch
+
+        tables: list[list[int]] = []
+        slots: list[int] = []
+        next_block = 0
+        for q, n in zip(query_lens, seq_lens):
+            blocks = list(range(next_block, next_block + (n + block_size - 1) // block_size))
+            next_block += len(blocks)
+            tables.append(blocks)
+            slots += [blocks[p // block_size] * block_size + p % block_size for p in range(n - q, n)]
+        width = max(len(t) for t in tables)
+        qsl = [0]
+        for q in query_lens:
+            qsl.append(qsl[-1] + q)
+        return cls(torch.tensor(qsl, dtype=torch.int32, device=device),
+                   torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                   torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
+                   torch.tensor(slots, dtype=torch.int64, device=device), list(query_lens), list(seq_lens),
+                   block_size, all(q == 1 for q in query_lens))
+
 
 class AttentionBackend(abc.ABC):
     """Computes paged attention for every layer of one model over one KV pool.

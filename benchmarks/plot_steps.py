@@ -19,6 +19,8 @@ import json
 import math
 from typing import Any
 
+from benchmarks.rescore import load_run
+
 
 def load(path: str) -> tuple[list[dict], list[dict]]:
     """(step records, decision records); switch records are read by `switches`."""
@@ -41,13 +43,6 @@ def records(path: str) -> list[dict]:
 def switches(path: str) -> list[float]:
     """Decision-to-new-split times (ms) of the switches both sides completed, sorted."""
     return sorted(r["decision_to_split_us"] / 1e3 for r in records(path) if r.get("kind") == "switch")
-
-
-def load_run(path: str) -> dict:
-    """A bench tool result (`runs/<system>-rate<r>.json[.gz]`)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def run_start_unix_s(run: dict) -> float:

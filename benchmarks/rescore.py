@@ -23,6 +23,13 @@ from bullet_ray.bench.slo import attainment, goodput, parse_slo
 _NAME = re.compile(r"^(?P<system>.+)-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
 
 
+def load_run(path: str | Path) -> dict[str, Any]:
+    """One bench tool result (`runs/<system>-rate<r>.json[.gz]`)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
     """{system: {rate: [request records]}} from a runs folder."""
     out: dict[str, dict[float, list[Any]]] = defaultdict(dict)
@@ -30,9 +37,7 @@ def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
         m = _NAME.match(path.name)
         if not m:
             continue
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            doc = json.load(f)
+        doc = load_run(path)
         rate = float(doc["config"]["workload"].get("rate_rps") or m["rate"])
         out[m["system"]][rate] = [SimpleNamespace(success=r["success"], ttft_s=r["ttft_s"], tpot_s=r["tpot_s"],
                                                   prompt_tokens=r["prompt_tokens"]) for r in doc["requests"]]

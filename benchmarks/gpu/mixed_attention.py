@@ -36,22 +36,14 @@ def step_ms(backend: FlashInferBackend, md: AttentionMetadata, q: torch.Tensor, 
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        backend.split_mixed_batches = split
         backend.begin_batch(md)
-        if not split:
-            backend._num_decode_rows = 0
-            backend._plan_prefill(md.query_lens_list, [(n + BS - 1) // BS for n in md.seq_lens_list],
-                                  _indices(md), [(n - 1) % BS + 1 for n in md.seq_lens_list], BS)
         for layer in range(LAYERS):
             out = backend.forward(layer % backend.kv_cache.shape[0], q, k, v, md)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times[1:]), out
-
-
-def _indices(md: AttentionMetadata) -> torch.Tensor:
-    rows = [md.block_tables[i, :(n + BS - 1) // BS] for i, n in enumerate(md.seq_lens_list)]
-    return torch.cat(rows).to(torch.int32)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,9 @@ WORKSPACE_BYTES = 256 << 20
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    # a mixed batch's leading decode rows through the decode kernel (False: every row through the prefill
+    # kernel, as before; benchmarks/gpu/mixed_attention.py compares the two)
+    split_mixed_batches = True
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float) -> None:
@@ -80,15 +83,17 @@ class FlashInferBackend(AttentionBackend):
         self._rows_md = None
         # a mixed batch's leading one-token rows (the chunked schedule puts its decodes first) go to the
         # decode kernel: in the prefill kernel each would fill a whole query tile of its own
-        nd = 0 if metadata.is_decode else _num_leading_ones(metadata.query_lens_list)
-        self._num_decode_rows = nd if nd < len(seq_lens) else 0
-        if metadata.is_decode or self._num_decode_rows:
-            n = len(seq_lens) if metadata.is_decode else nd
-            self._plan_decode(num_blocks[:n], kv_indices[:sum(num_blocks[:n])], last_page_len[:n], bs)
+        if metadata.is_decode:
+            nd = len(seq_lens)
+        else:
+            nd = _num_leading_ones(metadata.query_lens_list) if self.split_mixed_batches else 0
+        self._num_decode_rows = 0 if metadata.is_decode else nd
+        first_prefill_block = sum(num_blocks[:nd])
+        if nd:
+            self._plan_decode(num_blocks[:nd], kv_indices[:first_prefill_block], last_page_len[:nd], bs)
         if not metadata.is_decode:
-            nd = self._num_decode_rows
-            self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:],
-                               kv_indices[sum(num_blocks[:nd]):], last_page_len[nd:], bs)
+            self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:], kv_indices[first_prefill_block:],
+                               last_page_len[nd:], bs)
 
     def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
         dtype = self.kv_cache.dtype

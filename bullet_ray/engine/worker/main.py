@@ -26,6 +26,7 @@ from bullet_ray.engine.scheduler.deferred_free import DeferredFree
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
+from bullet_ray.engine.worker.step_profile import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +60,6 @@ class WorkerBase:
         self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
                                   resources.device)
         self.is_stopped = False
-        from bullet_ray.engine.worker.step_profile import StepProfiler
-
         cfg = self.config
         self.profiler = StepProfiler(cfg.profile_dir, cfg.profile_start_step, cfg.profile_num_steps, self.role,
                                      cfg.is_gpu)

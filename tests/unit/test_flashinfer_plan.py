@@ -1,0 +1,62 @@
+"""The flashinfer backend's plans without a GPU: which wrapper gets which rows, blocks and indices.
+
+A mixed batch of the chunked schedule (decodes first) is planned in two parts: the leading one-token rows
+on the decode wrapper, the prompt chunks on the prefill wrapper; the kernels themselves are compared with the
+torch reference in tests/gpu/test_engine_gpu.py.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from bullet_ray.engine.attention.base import AttentionMetadata
+from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
+
+
+class _RecordingFence:
+    def __init__(self) -> None:
+        self.plans: list[tuple[str, list]] = []
+
+    def plan(self, wrapper: str, *args: object, **kwargs: object) -> None:
+        self.plans.append((wrapper, [a.tolist() if isinstance(a, torch.Tensor) else a for a in args[:5]]))
+
+
+def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True) -> tuple[list, int]:
+    backend = object.__new__(FlashInferBackend)  # no flashinfer: only the planning code runs
+    backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
+    backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
+    backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
+    backend.split_mixed_batches = split
+    with mock.patch("torch.Tensor.pin_memory", lambda t: t):  # no CUDA to page-lock with
+        backend.begin_batch(AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cpu"))
+    return backend.fence.plans, backend._num_decode_rows
+
+
+def test_leading_decodes_of_a_mixed_batch_go_to_the_decode_kernel():
+    plans, num_decode = _plans([1, 1, 1, 20, 7], [33, 1, 70, 20, 90])
+    assert num_decode == 3
+    # decode: indptr over the three rows' blocks (3, 1, 5), their block ids, last-page lengths
+    assert plans[0] == ("decode", [[0, 3, 4, 9], list(range(9)), [1, 1, 6], 4, 2])
+    # prefill: query offsets of the two chunks, their blocks (2, 6) and ids from block 9 on
+    assert plans[1] == ("prefill", [[0, 20, 27], [0, 2, 8], list(range(9, 17)), [4, 10], 4])
+
+
+def test_without_the_split_every_row_goes_to_the_prefill_kernel():
+    plans, num_decode = _plans([1, 1, 1, 20, 7], [33, 1, 70, 20, 90], split=False)
+    assert num_decode == 0
+    assert plans == [("prefill", [[0, 1, 2, 3, 23, 30], [0, 3, 4, 9, 11, 17], list(range(17)), [1, 1, 6, 4, 10], 4])]
+
+
+@pytest.mark.parametrize("query_lens,seq_lens,wrappers", [
+    ([1, 20, 1], [33, 20, 70], ["decode", "prefill"]),  # only the leading decode is split off
+    ([5, 3], [5, 40], ["prefill"]),  # no decode rows
+    ([1, 1], [17, 40], ["decode"]),  # a pure decode batch: one plan, as before
+])
+def test_plans_per_batch_shape(query_lens, seq_lens, wrappers):
+    plans, _ = _plans(query_lens, seq_lens)
+    assert [w for w, _ in plans] == wrappers
+    planned_rows = sum(len(args[0]) - 1 for _, args in plans)
+    assert planned_rows == len(query_lens)

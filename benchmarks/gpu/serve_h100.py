@@ -12,7 +12,8 @@ call, compared with HTTP (the Serve application issue's GPU check).
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
 
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
-deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step),
+deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
+(bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve`
 (0.24.0 on the GPU machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B
 weights, its defaults but prefix caching off (this project has no prefix cache yet), driven by the same client
@@ -75,14 +76,21 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     suffix = f"+{scheduling}" if scheduling else ""
     if scheduling:
         engine["async_scheduling"] = scheduling == "async"
-    if name == "bullet-slo":
+    if name == "bullet-slo" or name.startswith("bullet-slo-lw"):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
+        groups = name.removeprefix("bullet-slo-lw") if name != "bullet-slo" else ""
+        if groups:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
+            if not groups.isdigit() or int(groups) < 2:
+                raise SystemExit(f"unknown system {name!r}: bullet-slo-lw<groups>, groups >= 2")
+            engine["prefill_layer_groups"] = int(groups)
+            engine["prefill_layer_group_min_tokens"] = 256
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
-        engine["step_log_path"] = str((out_dir / f"bullet-slo{suffix}-steps.jsonl").resolve())
+        engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo, chunked-<tokens> or static[-<tokens>]")
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>], chunked-<tokens> or "
+                             f"static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
             engine["max_num_batched_tokens"] = int(budget)
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
+                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -12,13 +12,20 @@ the current entry (their planned batches on its prefill SMs):
 - TTFT at risk and D_cur > TPOT target -> BALANCE: argmin_i max(D_i / TPOT, max_r TTFT_r,i / target_r)
                                           (a binary search: the first term falls with i, the second rises);
 - TTFT at risk                         -> TO_PREFILL: the fewest decode SMs with D_i <= TPOT target;
+- a backlog (a queued request misses   -> BACKLOG: the fewest decode SMs with D_i <= `backlog_aim` x TPOT
+  its target even alone on the most       (the most if none; decode gives up at most `max_shrink` entries):
+  prefill SMs)                            late requests still need prefill capacity, and requests behind
+                                          them wait for it;
 - D_cur outside [hold_below, aim] x TPOT -> the fewest decode SMs with D_i <= aim x TPOT (TO_PREFILL when
                                           that is fewer than now, TO_DECODE otherwise; the most if none);
 - else                                 -> HOLD.
 
 Hysteresis: inside the band the split holds; decode gives up at most `max_shrink` entries per decision
 (it takes what it needs at once); an ordinary move (TO_PREFILL / TO_DECODE without TTFT at risk) waits
-`min_dwell_s` after the previous move. "At risk" counts only requests that can still meet their target.
+`min_dwell_s` after the previous move. "At risk" counts only requests that can still meet their target;
+the others are the backlog. Without the BACKLOG rule a queue of late requests left decode at its
+comfortable `aim` (H100 conversation run, docs/policy.md section 6): prefill stayed short of SMs while the
+backlog grew, and the late requests waited seconds.
 """
 
 from __future__ import annotations
@@ -41,10 +48,13 @@ class SplitSettings:
     max_shrink: int = 2  # ladder entries decode gives up per decision at most
     min_dwell_s: float = 0.02  # an ordinary move waits this long after the previous one
     idle_margin: float = 0.05  # ONLY_DECODE: the fewest SMs within this share of the fastest decode step
+    backlog_aim: float = 0.95  # BACKLOG: decode keeps its predicted step under this x the TPOT target
 
     def __post_init__(self) -> None:
         if not 0 < self.hold_below < self.aim <= 1:
             raise ConfigError("split.aim", f"need 0 < hold_below < aim <= 1, got {self.hold_below}, {self.aim}")
+        if not self.aim <= self.backlog_aim <= 1:
+            raise ConfigError("split.backlog_aim", f"need aim <= backlog_aim <= 1, got {self.aim}, {self.backlog_aim}")
         if self.max_shrink < 1 or self.min_dwell_s < 0 or self.idle_margin < 0:
             raise ConfigError("split", f"max_shrink >= 1, min_dwell_s >= 0, idle_margin >= 0; got "
                               f"{self.max_shrink}, {self.min_dwell_s}, {self.idle_margin}")
@@ -71,18 +81,21 @@ class SplitRule:
         return self.model.predict_decode_s(d.num_seqs, d.num_context_tokens, self.decode_sms[index], other_busy,
                                            index)
 
+    def _makes_it_alone(self, state: StepState, r: QueuedRequest, decode_busy: bool) -> bool:
+        """Whether `r` meets its TTFT target prefilled alone, now, on the entry with the most prefill SMs."""
+        alone = r.waited_s + state.prefill_remaining_s + self.model.predict_prefill_s(
+            r.num_remaining_tokens, r.num_prompt_tokens, self.prefill_sms(0), decode_busy)
+        return alone <= self.targets.ttft_target_s(r.num_prompt_tokens)
+
     def feasible(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]], decode_busy: bool) -> set[str]:
-        """Ids of the planned requests that can still meet their TTFT target: prefilled alone, now, on the
-        entry with the most prefill SMs (computed once per decision; it does not depend on the entry)."""
-        sms = self.prefill_sms(0)
-        out = set()
-        for batch in batches:
-            for r in batch:
-                alone = r.waited_s + state.prefill_remaining_s + self.model.predict_prefill_s(
-                    r.num_remaining_tokens, r.num_prompt_tokens, sms, decode_busy)
-                if alone <= self.targets.ttft_target_s(r.num_prompt_tokens):
-                    out.add(r.request_id)
-        return out
+        """Ids of the planned requests that can still meet their TTFT target (computed once per decision;
+        it does not depend on the entry)."""
+        return {r.request_id for batch in batches for r in batch if self._makes_it_alone(state, r, decode_busy)}
+
+    def num_late(self, state: StepState, decode_busy: bool) -> int:
+        """Queued requests (the whole queue, not only the planned batches) that miss their TTFT target
+        whatever the split: the backlog."""
+        return sum(not self._makes_it_alone(state, r, decode_busy) for r in state.queue)
 
     def ttft_outlook(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]], index: int,
                      decode_busy: bool, feasible: set[str]) -> tuple[int, float | None, float]:
@@ -149,6 +162,11 @@ class SplitRule:
         elif risk:
             fit = self._fewest_meeting(steps, tpot)
             want, reason = (cur if fit is None else min(fit, cur)), SplitReason.TO_PREFILL
+        elif self.num_late(state, True):
+            fit = self._fewest_meeting(steps, s.backlog_aim * tpot)
+            want, reason = (top if fit is None else fit), SplitReason.BACKLOG
+            if want < cur:
+                want = max(want, cur - s.max_shrink)
         elif s.hold_below * tpot <= steps[cur] <= s.aim * tpot:
             return SplitDecision(cur, SplitReason.HOLD, steps[cur], risk, slack)
         else:
@@ -160,7 +178,7 @@ class SplitRule:
             if want != cur and state.now_s - self.last_move_s < s.min_dwell_s:
                 return SplitDecision(cur, SplitReason.HOLD, steps[cur], risk, slack)
         if want == cur:
-            return SplitDecision(cur, SplitReason.HOLD if reason is not SplitReason.BALANCE else reason,
+            return SplitDecision(cur, reason if reason in (SplitReason.BALANCE, SplitReason.BACKLOG) else SplitReason.HOLD,
                                  steps[cur], risk, slack)
         risk, slack, _ = self.ttft_outlook(state, batches, want, True, feasible)
         return self._moved(state, SplitDecision(want, reason, steps[want], risk, slack))

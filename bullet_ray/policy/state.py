@@ -46,6 +46,7 @@ class SplitReason(str, enum.Enum):
     ONLY_DECODE = "only_decode"  # nothing to prefill: decode takes what speeds it up
     IDLE = "idle"  # neither side has work: keep the split
     HOLD = "hold"  # inside the hysteresis band, or too soon after the last move
+    BACKLOG = "backlog"  # queued requests already miss their TTFT: decode keeps only what holds its TPOT
 
 
 @dataclass(frozen=True)

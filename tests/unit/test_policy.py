@@ -100,10 +100,32 @@ def test_ttft_at_risk_and_tpot_over_balances():
     assert d.index == LADDER.index(32)  # max(12.15 / 12, 0.5054 / 0.5) = 1.0125 is the lowest
 
 
-def test_a_request_that_cannot_make_it_is_not_at_risk():
+def test_a_request_that_cannot_make_it_is_backlog_not_at_risk():
     d = _decide(_rule(), _state(6, [_req("a", 2048, 0.499)]))
-    assert d.reason is SplitReason.TO_PREFILL and d.num_ttft_at_risk == 0  # the gradual rule, not the risk one
+    # not "at risk" (nothing can save it), but backlog: decode keeps only what holds 0.95 x TPOT, two entries a time
+    assert d.reason is SplitReason.BACKLOG and d.num_ttft_at_risk == 0
     assert d.index == 4
+
+
+def test_backlog_spends_decode_slack_down_to_the_backlog_aim():
+    # TPOT 20 ms: 24 SMs (14.1 ms) is inside the ordinary band [12, 17] and would hold; with a late request
+    # decode goes to the fewest SMs under 0.95 x 20 = 19 ms: 16 SMs (18.5 ms), at once (no dwell)
+    rule = _rule(tpot_ms=20.0, min_dwell_s=10.0)
+    assert _decide(rule, _state(1, [_req("a", 512)])).reason is SplitReason.HOLD
+    d = _decide(rule, _state(1, [_req("a", 512), _req("late", 512, 3.0)]))
+    assert (d.index, d.reason) == (0, SplitReason.BACKLOG)
+    # decode over the backlog aim takes SMs back: TPOT 16 ms -> the fewest under 15.2 ms is 24 SMs (14.1)
+    d = _decide(_rule(tpot_ms=16.0), _state(0, [_req("late", 512, 3.0)]))
+    assert (d.index, d.reason) == (1, SplitReason.BACKLOG)
+
+
+def test_backlog_counts_requests_past_the_planned_batches():
+    # the late request is ordered last, past the policy's lookahead; the rule still sees it
+    rule = _rule(tpot_ms=20.0)
+    queue = [_req(f"r{i}", 256) for i in range(3)] + [_req("late", 256, 3.0)]
+    state = _state(1, queue)
+    assert rule.num_late(state, True) == 1
+    assert rule.decide(state, [[queue[0]]]).reason is SplitReason.BACKLOG
 
 
 def test_ordinary_moves_wait_for_the_dwell_time():
@@ -122,6 +144,8 @@ def test_bad_ladders_and_settings_name_the_field():
         SplitRule(PerfModel(LLAMA8B, H100_SXM), [64, 16], 132, SloTargets())
     with pytest.raises(ConfigError, match="split.aim"):
         SplitSettings(aim=0.5, hold_below=0.6)
+    with pytest.raises(ConfigError, match="split.backlog_aim"):
+        SplitSettings(backlog_aim=0.8)
     with pytest.raises(ConfigError, match="split_index"):
         _rule().decide(_state(40), [])
 

@@ -1,0 +1,33 @@
+"""The GPU comparison runner's systems are YAML copies of deploy/gpu.yaml with the right engine settings."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from benchmarks.gpu.serve_h100 import GPU_YAML, system_yaml
+
+
+def _engine(path):
+    return yaml.safe_load(path.read_text())["applications"][0]["args"]["engine"]
+
+
+def test_bullet_is_the_deploy_yaml_itself(tmp_path):
+    assert system_yaml("bullet", tmp_path) == GPU_YAML
+
+
+def test_slo_layerwise_and_chunked_systems(tmp_path):
+    slo = _engine(system_yaml("bullet-slo", tmp_path))
+    assert slo["split_policy"] == "slo" and "prefill_layer_groups" not in slo
+    assert slo["step_log_path"].endswith("bullet-slo-steps.jsonl")
+    lw = _engine(system_yaml("bullet-slo-lw4+sync", tmp_path))
+    assert (lw["split_policy"], lw["prefill_layer_groups"], lw["prefill_layer_group_min_tokens"]) == ("slo", 4, 256)
+    assert lw["async_scheduling"] is False and lw["step_log_path"].endswith("bullet-slo-lw4+sync-steps.jsonl")
+    chunked = _engine(system_yaml("chunked-2048", tmp_path))
+    assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
+
+
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "fancy", "bullet+fast"])
+def test_unknown_systems_exit_with_a_message(tmp_path, name):
+    with pytest.raises(SystemExit, match="unknown"):
+        system_yaml(name, tmp_path)

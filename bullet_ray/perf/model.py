@@ -1,7 +1,9 @@
 """PerfModel: predicted prefill and decode step times on any SM count, calibrated and corrected online.
 
     predicted(shape, n, other_busy, entry) = calibration(phase).time_s(T_linear(n), T_attention(n), other_busy)
-                                             x online.factor(phase, entry)
+                                             x online.factor(phase, entry, size)
+
+(size: the step's new tokens for prefill, its batch for decode; calibration/online.py)
 
 T_* are sums of per-kernel-class roofline times (bullet_ray.perf.kernels, bullet_ray.perf.roofline).
 `from_profile` builds one from a `bullet-ray profile` file; `default` from the roofline alone (factors 1,
@@ -83,7 +85,8 @@ class PerfModel:
     def predict(self, shape: StepShape, sms: int, other_busy: bool = False, index: int | None = None) -> StepPrediction:
         lin, att = self.group_times_s(shape, sms)
         calibrated = self.calibration.of(shape.phase).time_s(lin, att, other_busy)
-        return StepPrediction(shape.phase, calibrated * self.online.factor(shape.phase, index), calibrated, sms)
+        size = shape.num_tokens if shape.phase == "prefill" else shape.num_seqs
+        return StepPrediction(shape.phase, calibrated * self.online.factor(shape.phase, index, size), calibrated, sms)
 
     def predict_prefill_s(self, tokens: int, context: int | None = None, sms: int | None = None,
                           other_busy: bool = False, num_seqs: int = 1, index: int | None = None,
@@ -102,7 +105,7 @@ class PerfModel:
         pairs = num_attention_pairs if num_attention_pairs is not None else \
             max(t, round(s * (per_new * per_ctx - per_new * (per_new - 1) / 2)))
         lin, att = self._groups(t, s, ctx, pairs, ceilings)
-        return self.calibration.prefill.time_s(lin, att, other_busy) * self.online.factor("prefill", index)
+        return self.calibration.prefill.time_s(lin, att, other_busy) * self.online.factor("prefill", index, t)
 
     def predict_decode_s(self, batch: int, total_context: int, sms: int | None = None, other_busy: bool = False,
                          index: int | None = None) -> float:
@@ -115,7 +118,7 @@ class PerfModel:
         b = max(1, batch)
         ctx = max(total_context, b)
         lin, att = self._groups(b, b, ctx, ctx, ceilings)
-        return self.calibration.decode.time_s(lin, att, other_busy) * self.online.factor("decode", index)
+        return self.calibration.decode.time_s(lin, att, other_busy) * self.online.factor("decode", index, b)
 
     def saturation_tokens(self, sms: int, share: float = 0.9, max_tokens: int = 16384, seq_len: int = 1024) -> int:
         """Fewest tokens per prefill step whose throughput (tokens / s) reaches `share` of the throughput
@@ -151,7 +154,8 @@ class PerfModel:
         """A measured step while serving: feeds the online correction; returns the relative error of the
         prediction made before this step ((predicted - measured) / measured)."""
         pred = self.predict(shape, sms, other_busy, index)
-        self.online.observe(shape.phase, index, pred.calibrated_s, measured_s)
+        size = shape.num_tokens if shape.phase == "prefill" else shape.num_seqs
+        self.online.observe(shape.phase, index, pred.calibrated_s, measured_s, size)
         return (pred.seconds - measured_s) / measured_s
 
     def describe(self) -> dict[str, object]:

@@ -242,3 +242,18 @@ def test_fast_predictions_equal_the_step_shape_path():
             model.predict(StepShape.prefill(3000, 5000, 3), 68, busy).seconds, rel=1e-9)
         assert model.predict_decode_s(48, 48 * 700, 40, busy) == pytest.approx(
             model.predict(StepShape.decode(48, 48 * 700), 40, busy).seconds, rel=1e-9)
+
+
+def test_online_correction_keys_by_step_size_then_falls_back():
+    online = OnlineCorrection(weight=1.0, min_samples=2)
+    for _ in range(2):
+        online.observe("prefill", 3, predicted_s=0.010, measured_s=0.020, size=300)  # bucket 8 (256..511)
+        online.observe("prefill", 3, predicted_s=0.100, measured_s=0.110, size=4000)  # bucket 11
+    assert online.factor("prefill", 3, 400) == pytest.approx(2.0)  # same entry, same bucket
+    assert online.factor("prefill", 3, 4096) == pytest.approx(1.1)  # bucket 12 unseen: the phase's last
+    assert online.factor("prefill", 3, 2500) == pytest.approx(1.1)  # bucket 11
+    assert online.factor("prefill", 9, 260) == pytest.approx(2.0)  # another entry: the size bucket's
+    assert online.factor("prefill", None, 260) == pytest.approx(2.0)
+    online.observe("prefill", 9, predicted_s=0.010, measured_s=0.015, size=260)  # one sample: not yet its own
+    assert online.factor("prefill", 9, 260) == pytest.approx(1.5)  # ... but the bucket (weight 1) moved
+    assert online.factor("decode", 3, 300) == 1.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from bullet_ray.errors import ConfigError
 
@@ -75,6 +75,9 @@ class EngineConfig:
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
+    # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
+    # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
+    split_rule: dict | None = None
     # append one JSON line per step (phase, tokens, batch, context, split, predicted and measured device time,
     # the host's plan / metadata / launch / gap times), per split decision and per completed switch to this
     # file (every worker; None: no log); benchmarks/plot_steps.py plots it
@@ -120,6 +123,8 @@ class EngineConfig:
         if self.prefill_layer_group_min_tokens < 1:
             raise ConfigError("prefill_layer_group_min_tokens",
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
+        if self.split_rule is not None:
+            self.split_settings()  # unknown or out-of-range settings fail here, naming the field
         for name in ("ttft_target_ms", "tpot_target_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
@@ -146,6 +151,19 @@ class EngineConfig:
         if self.attention_backend != "auto":
             return self.attention_backend
         return "flashinfer" if self.is_gpu else "torch"
+
+    def split_settings(self) -> Any:
+        """The split rule's SplitSettings from `split_rule`."""
+        from bullet_ray.policy.split import SplitSettings
+
+        rule = dict(self.split_rule or {})
+        unknown = sorted(set(rule) - {f.name for f in dataclasses.fields(SplitSettings)})
+        if unknown:
+            raise ConfigError("split_rule", f"unknown setting(s) {unknown}; see bullet_ray.policy.split.SplitSettings")
+        try:
+            return SplitSettings(**rule)
+        except TypeError as e:
+            raise ConfigError("split_rule", str(e)) from None
 
     @property
     def uses_split_policy(self) -> bool:

@@ -6,9 +6,11 @@ the current entry (their planned batches on its prefill SMs):
 
 - neither side has work                -> IDLE: keep the split;
 - nothing decodes                      -> ONLY_PREFILL: the entry with the most prefill SMs;
-- nothing to prefill                   -> ONLY_DECODE: the fewest decode SMs within `idle_margin` of the
-                                          fastest decode step (bandwidth saturates: the last SMs buy ~nothing,
-                                          and a prompt that arrives finds prefill with a useful share);
+- nothing to prefill                   -> ONLY_DECODE: the fewest decode SMs with D_i <= aim x TPOT, D_i
+                                          predicted with prefill busy (`idle_decode` "aim"; the most if none):
+                                          a TPOT under its target earns no goodput, and the next prompt finds
+                                          prefill with its share; or ("fastest") the fewest within
+                                          `idle_margin` of the fastest decode step;
 - TTFT at risk and D_cur > TPOT target -> BALANCE: argmin_i max(D_i / TPOT, max_r TTFT_r,i / target_r)
                                           (a binary search: the first term falls with i, the second rises);
 - TTFT at risk                         -> TO_PREFILL: the fewest decode SMs with D_i <= TPOT target;
@@ -48,13 +50,16 @@ class SplitSettings:
     max_shrink: int = 2  # ladder entries decode gives up per decision at most
     min_dwell_s: float = 0.02  # an ordinary move waits this long after the previous one
     idle_margin: float = 0.05  # ONLY_DECODE: the fewest SMs within this share of the fastest decode step
-    backlog_aim: float = 0.95  # BACKLOG: decode keeps its predicted step under this x the TPOT target
+    backlog_aim: float | None = 0.95  # BACKLOG: decode keeps its step under this x TPOT (None: no BACKLOG rule)
+    idle_decode: str = "aim"  # ONLY_DECODE: "aim" (the SMs that meet aim x TPOT) or "fastest" (idle_margin)
 
     def __post_init__(self) -> None:
         if not 0 < self.hold_below < self.aim <= 1:
             raise ConfigError("split.aim", f"need 0 < hold_below < aim <= 1, got {self.hold_below}, {self.aim}")
-        if not self.aim <= self.backlog_aim <= 1:
+        if self.backlog_aim is not None and not self.aim <= self.backlog_aim <= 1:
             raise ConfigError("split.backlog_aim", f"need aim <= backlog_aim <= 1, got {self.aim}, {self.backlog_aim}")
+        if self.idle_decode not in ("aim", "fastest"):
+            raise ConfigError("split.idle_decode", f"choose aim or fastest, got {self.idle_decode!r}")
         if self.max_shrink < 1 or self.min_dwell_s < 0 or self.idle_margin < 0:
             raise ConfigError("split", f"max_shrink >= 1, min_dwell_s >= 0, idle_margin >= 0; got "
                               f"{self.max_shrink}, {self.min_dwell_s}, {self.idle_margin}")
@@ -132,9 +137,14 @@ class SplitRule:
             return self._moved(state, SplitDecision(0, SplitReason.ONLY_PREFILL, None, risk, slack))
         steps = [self.decode_step_s(state, i, other_busy=has_prefill) for i in range(top + 1)]
         if not has_prefill:
-            fastest = min(steps)
-            want = self._fewest_meeting(steps, fastest * (1 + s.idle_margin))
-            assert want is not None
+            if s.idle_decode == "aim":
+                busy = [self.decode_step_s(state, i, other_busy=True) for i in range(top + 1)]
+                fit = self._fewest_meeting(busy, s.aim * tpot)
+                want = top if fit is None else fit
+            else:
+                fastest = min(steps)
+                want = self._fewest_meeting(steps, fastest * (1 + s.idle_margin))  # type: ignore[assignment]
+                assert want is not None
             return self._moved(state, SplitDecision(want, SplitReason.ONLY_DECODE, steps[want], 0, None))
         feasible = self.feasible(state, batches, True)
         risk, slack, _ = self.ttft_outlook(state, batches, cur, True, feasible)
@@ -162,7 +172,7 @@ class SplitRule:
         elif risk:
             fit = self._fewest_meeting(steps, tpot)
             want, reason = (cur if fit is None else min(fit, cur)), SplitReason.TO_PREFILL
-        elif self.num_late(state, True):
+        elif s.backlog_aim is not None and self.num_late(state, True):
             fit = self._fewest_meeting(steps, s.backlog_aim * tpot)
             want, reason = (top if fit is None else fit), SplitReason.BACKLOG
             if want < cur:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,9 @@ class EngineArgs(BaseModel):
                                                 "that runs layer-wise when prefill_layer_groups > 1")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
+    split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
+                                              "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
+                                              "docs/policy.md); null: its defaults")
     idle_poll_ms: float = Field(2.0, gt=0, description="how often an idle worker polls for work (ms)")
     step_log_path: str | None = Field(None, description="append one JSON line per worker step and split "
                                                         "decision to this file (benchmarks/plot_steps.py); "

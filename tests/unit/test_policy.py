@@ -61,10 +61,27 @@ def test_only_prefill_takes_the_most_prefill_sms():
     assert (d.index, d.reason) == (0, SplitReason.ONLY_PREFILL)
 
 
-def test_only_decode_takes_the_sms_that_still_speed_it_up():
-    d = _decide(_rule(), _state(0))
+def test_only_decode_takes_the_sms_that_meet_its_aim():
+    # 18.5 ms on 16 SMs (prefill busy) <= 0.85 x 25: a faster TPOT earns nothing, prefill keeps its share
+    d = _decide(_rule(), _state(7))
+    assert (d.index, d.reason) == (0, SplitReason.ONLY_DECODE)
+    # TPOT 14 ms: the fewest SMs under 11.9 ms are 40 (11.1 ms; 32 SMs give 12.15)
+    d = _decide(_rule(tpot_ms=14.0), _state(0))
+    assert (d.index, d.reason) == (LADDER.index(40), SplitReason.ONLY_DECODE)
+    # nothing meets the aim: the most
+    d = _decide(_rule(tpot_ms=8.0), _state(0))
+    assert (d.index, d.reason) == (len(LADDER) - 1, SplitReason.ONLY_DECODE)
+
+
+def test_only_decode_fastest_takes_the_sms_that_still_speed_it_up():
+    d = _decide(_rule(idle_decode="fastest"), _state(0))
     # fastest 9.25 ms on 112 SMs; 72 SMs (9.68 ms) is the first within 5%
     assert (d.index, d.reason) == (LADDER.index(72), SplitReason.ONLY_DECODE)
+
+
+def test_without_the_backlog_rule_late_requests_leave_decode_at_its_aim():
+    d = _decide(_rule(tpot_ms=20.0, backlog_aim=None), _state(1, [_req("a", 512), _req("late", 512, 3.0)]))
+    assert (d.index, d.reason) == (1, SplitReason.HOLD)
 
 
 def test_tpot_slack_gives_sms_to_prefill_gradually():
@@ -146,6 +163,8 @@ def test_bad_ladders_and_settings_name_the_field():
         SplitSettings(aim=0.5, hold_below=0.6)
     with pytest.raises(ConfigError, match="split.backlog_aim"):
         SplitSettings(backlog_aim=0.8)
+    with pytest.raises(ConfigError, match="split.idle_decode"):
+        SplitSettings(idle_decode="slowest")
     with pytest.raises(ConfigError, match="split_index"):
         _rule().decide(_state(40), [])
 

@@ -65,6 +65,19 @@ def test_bad_args_name_the_field():
         build_app({"engine": {"schedule": "fifo"}})
 
 
+def test_split_rule_settings_reach_the_policy_or_name_the_field():
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+
+    cfg = EngineConfig(model="dummy:tiny-llama", split_rule={"backlog_aim": None, "idle_decode": "fastest"})
+    settings = cfg.split_settings()
+    assert (settings.backlog_aim, settings.idle_decode, settings.aim) == (None, "fastest", 0.85)
+    with pytest.raises(ConfigError, match="split_rule: unknown setting"):
+        EngineConfig(model="dummy:tiny-llama", split_rule={"aimm": 0.9})
+    with pytest.raises(ConfigError, match="split.aim"):
+        EngineConfig(model="dummy:tiny-llama", split_rule={"aim": 1.5})
+
+
 def test_kuberay_service_embeds_a_valid_serve_config():
     with open(os.path.join(DEPLOY, "kuberay", "rayservice.yaml")) as f:
         service = yaml.safe_load(f)

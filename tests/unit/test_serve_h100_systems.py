@@ -23,6 +23,8 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     lw = _engine(system_yaml("bullet-slo-lw4+sync", tmp_path))
     assert (lw["split_policy"], lw["prefill_layer_groups"], lw["prefill_layer_group_min_tokens"]) == ("slo", 4, 256)
     assert lw["async_scheduling"] is False and lw["step_log_path"].endswith("bullet-slo-lw4+sync-steps.jsonl")
+    m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
+    assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
     chunked = _engine(system_yaml("chunked-2048", tmp_path))
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
 

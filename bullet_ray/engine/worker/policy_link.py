@@ -149,7 +149,7 @@ class SplitDecider:
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
                                    SloTargets(cfg.ttft_target_ms / 1e3, cfg.tpot_target_ms / 1e3),
-                                   token_cap=cfg.max_num_batched_tokens)
+                                   token_cap=cfg.max_num_batched_tokens, settings=cfg.split_settings())
         self.model = model
         self._seen_decode_step = -1
         self._observed_decode_step = 0

@@ -104,6 +104,8 @@ class LLMEngine(EngineClient):
         self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
+        self._decode_step_seen = -1  # the decoding side's last step folded into _decode_step_avg_s
+        self._decode_step_avg_s: float | None = None
         self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
         # removes the folder and stops the workers if this process dies without shutdown()
         self.watchdog_pid = start_watchdog(self.runtime_dir)
@@ -524,7 +526,9 @@ class LLMEngine(EngineClient):
         if self.config.uses_split_policy and policy["predicted_ttft_us"] > 0:
             predicted_ttft = policy["predicted_ttft_us"] / 1e6  # the performance model's, from the prefill worker
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
-        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": self.state.read(Side.DECODE),
+        decode_row = self.state.read(Side.DECODE)
+        recent_decode_step = self._observe_decode_step(decode_row, waiting < len(located))
+        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": decode_row,
                                  "num_graph_captures_serving": self.num_graph_captures_serving}
         if self.config.is_disaggregated:
             indexes = self.split_indexes()
@@ -536,7 +540,21 @@ class LLMEngine(EngineClient):
             extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
-                           num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft, extra=extra)
+                           num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft,
+                           recent_decode_step_s=recent_decode_step, extra=extra)
+
+    def _observe_decode_step(self, row: dict[str, Any], is_decoding: bool) -> float | None:
+        """Fold the decoding side's (or hybrid worker's) newest published step into an average over its last
+        ~10 steps (what admission compares with the TPOT target); None while nothing decodes."""
+        with self._lock:
+            if row["step"] != self._decode_step_seen and row["step_time_us"] > 0:
+                self._decode_step_seen = row["step"]
+                t = row["step_time_us"] / 1e6
+                avg = self._decode_step_avg_s
+                self._decode_step_avg_s = t if avg is None else avg + 0.2 * (t - avg)
+            if not is_decoding:
+                self._decode_step_avg_s = None  # an idle engine's last steps say nothing about the next ones
+            return self._decode_step_avg_s
 
     @property
     def num_running_requests(self) -> int:

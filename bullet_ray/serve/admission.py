@@ -1,7 +1,11 @@
 """Admission control of one engine replica: when to answer 429 instead of queueing a new request.
 
-An engine refuses a request when its queue (requests without a first token) is full, or when the
-engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin.
+An engine refuses a request when its queue (requests without a first token) is full, when the
+engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin, or when
+its decoding side's recent step time (the TPOT its running requests get now) exceeds the TPOT target by
+more than the margin. Without the TPOT bound, a TTFT bound alone admitted 1.6x the sustainable rate on the
+H100 (benchmarks/results/overload_h100.json: prompts were prefilled in time, then every admitted request
+decoded at ~50 ms per token in an ever larger batch).
 The router sends each request to the replica with the best predicted TTFT / load, so a refusal means
 the best engine was saturated. Pure Python, unit-tested without Ray.
 """
@@ -24,12 +28,15 @@ class AdmissionSettings:
     admission_ttft_s: float | None = None
     admission_margin: float = 0.0
     retry_after_s: int = 1
+    admission_tpot_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_waiting_per_engine < 1:
             raise ConfigError("max_waiting_per_engine", f"must be >= 1, got {self.max_waiting_per_engine}")
         if self.admission_ttft_s is not None and self.admission_ttft_s <= 0:
             raise ConfigError("admission_ttft_s", f"must be > 0 or null, got {self.admission_ttft_s}")
+        if self.admission_tpot_s is not None and self.admission_tpot_s <= 0:
+            raise ConfigError("admission_tpot_s", f"must be > 0 or null, got {self.admission_tpot_s}")
         if self.admission_margin < 0:
             raise ConfigError("admission_margin", f"must be >= 0, got {self.admission_margin}")
         if self.retry_after_s < 1:
@@ -51,4 +58,9 @@ class AdmissionSettings:
             bound_s = self.admission_ttft_s * (1.0 + self.admission_margin)
             if stats.predicted_ttft_s > bound_s:
                 return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
+        if self.admission_tpot_s is not None and stats.recent_decode_step_s is not None:
+            bound_s = self.admission_tpot_s * (1.0 + self.admission_margin)
+            if stats.recent_decode_step_s > bound_s:
+                return f"decode steps take {stats.recent_decode_step_s * 1e3:.1f} ms, over the TPOT bound " \
+                       f"{bound_s * 1e3:.1f} ms"
         return None

@@ -100,8 +100,13 @@ class BulletAppConfig(BaseModel):
     admission_ttft_s: float | None = Field(
         None, gt=0, description="admission: answer 429 when the engine's predicted TTFT of a new request exceeds "
                                 "this target x (1 + admission_margin); null: queue length only. Runtime-tunable")
+    admission_tpot_s: float | None = Field(
+        None, gt=0, description="admission: answer 429 while the engine's recent decode step time (the TPOT its "
+                                "running requests get) exceeds this target x (1 + admission_margin); null: off. "
+                                "Runtime-tunable")
     admission_margin: float = Field(
-        0.0, ge=0, description="admission: slack over admission_ttft_s before refusing, as a fraction")
+        0.0, ge=0, description="admission: slack over admission_ttft_s / admission_tpot_s before refusing, as a "
+                               "fraction")
     max_ongoing_requests: int = Field(256, ge=1, description="Serve's cap of concurrent requests per engine replica")
     retry_after_s: int = Field(1, ge=1, description="Retry-After (s) sent with 429")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")

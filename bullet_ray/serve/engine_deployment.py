@@ -66,7 +66,8 @@ class EngineReplica:
         self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id, gpu_id, self.cfg.engine.ttft_target_ms / 1e3,
                                      self.cfg.engine.tpot_target_ms / 1e3)
         self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,
-                                           self.cfg.admission_margin, self.cfg.retry_after_s)
+                                           self.cfg.admission_margin, self.cfg.retry_after_s,
+                                           self.cfg.admission_tpot_s)
         self.num_requests_total = 0
         self.num_rejected_total = 0
 
@@ -105,7 +106,7 @@ class EngineReplica:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs (the deployment's user_config): max_waiting_per_engine, admission_ttft_s,
-        admission_margin, retry_after_s. Unknown keys are an error naming them."""
+        admission_tpot_s, admission_margin, retry_after_s. Unknown keys are an error naming them."""
         self.admission = self.admission.updated(user_config)
         logger.info("admission settings now %s", self.admission)
 

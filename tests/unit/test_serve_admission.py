@@ -28,6 +28,31 @@ def test_refuses_on_a_full_queue_or_a_predicted_ttft_over_the_bound():
     assert AdmissionSettings(4).refusal(_stats(0, 100.0)) is None  # no TTFT target
 
 
+def test_refuses_while_decode_steps_run_over_the_tpot_bound():
+    settings = AdmissionSettings(max_waiting_per_engine=4, admission_tpot_s=0.025, admission_margin=0.2)
+    slow = EngineStats(0, 40, 10, 10, recent_decode_step_s=0.031)
+    assert "decode steps take 31.0 ms, over the TPOT bound 30.0 ms" in settings.refusal(slow)
+    assert settings.refusal(EngineStats(0, 40, 10, 10, recent_decode_step_s=0.029)) is None
+    assert settings.refusal(EngineStats(0, 0, 10, 10)) is None  # nothing decodes: no step time
+    with pytest.raises(ConfigError, match="admission_tpot_s"):
+        AdmissionSettings(4, admission_tpot_s=0)
+
+
+def test_engine_averages_the_decoding_sides_newest_steps():
+    import threading
+    import types
+
+    from bullet_ray.engine.llm_engine import LLMEngine
+
+    engine = types.SimpleNamespace(_lock=threading.Lock(), _decode_step_seen=-1, _decode_step_avg_s=None)
+    observe = LLMEngine._observe_decode_step
+    assert observe(engine, {"step": 0, "step_time_us": 0}, True) is None  # no step yet
+    assert observe(engine, {"step": 1, "step_time_us": 20_000}, True) == pytest.approx(0.020)
+    assert observe(engine, {"step": 1, "step_time_us": 20_000}, True) == pytest.approx(0.020)  # same step: once
+    assert observe(engine, {"step": 2, "step_time_us": 30_000}, True) == pytest.approx(0.022)
+    assert observe(engine, {"step": 3, "step_time_us": 30_000}, False) is None  # idle: forgotten
+
+
 def test_runtime_update_names_unknown_and_bad_fields():
     settings = AdmissionSettings(4)
     assert settings.updated({"admission_ttft_s": 0.5}).admission_ttft_s == 0.5

@@ -104,7 +104,7 @@ class LLMEngine(EngineClient):
         self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
-        self._decode_step_seen = -1  # the decoding side's last step folded into _decode_step_avg_s
+        self._decode_step_mark: tuple[int, float] | None = None  # (step, monotonic time) of the last stats()
         self._decode_step_avg_s: float | None = None
         self.runtime_dir = create_runtime_dir(self.config.runtime_dir)
         # removes the folder and stops the workers if this process dies without shutdown()
@@ -544,16 +544,21 @@ class LLMEngine(EngineClient):
                            recent_decode_step_s=recent_decode_step, extra=extra)
 
     def _observe_decode_step(self, row: dict[str, Any], is_decoding: bool) -> float | None:
-        """Fold the decoding side's (or hybrid worker's) newest published step into an average over its last
-        ~10 steps (what admission compares with the TPOT target); None while nothing decodes."""
+        """Wall time per step of the decoding side (or hybrid worker) since the last call, averaged with the
+        earlier windows: what a running request's TPOT is now (admission compares it with the TPOT target).
+        None while nothing decodes (an idle engine's last steps say nothing about the next ones)."""
+        now = time.monotonic()
         with self._lock:
-            if row["step"] != self._decode_step_seen and row["step_time_us"] > 0:
-                self._decode_step_seen = row["step"]
-                t = row["step_time_us"] / 1e6
-                avg = self._decode_step_avg_s
-                self._decode_step_avg_s = t if avg is None else avg + 0.2 * (t - avg)
             if not is_decoding:
-                self._decode_step_avg_s = None  # an idle engine's last steps say nothing about the next ones
+                self._decode_step_mark, self._decode_step_avg_s = None, None
+                return None
+            mark = self._decode_step_mark
+            if mark is not None and row["step"] > mark[0]:
+                per_step = (now - mark[1]) / (row["step"] - mark[0])
+                avg = self._decode_step_avg_s
+                self._decode_step_avg_s = per_step if avg is None else avg + 0.5 * (per_step - avg)
+            if mark is None or row["step"] > mark[0]:
+                self._decode_step_mark = (row["step"], now)
             return self._decode_step_avg_s
 
     @property

@@ -85,8 +85,8 @@ class EngineStats:
     num_preemptions: int = 0
     # predicted TTFT (s) of a request arriving now; None until the policy has a model
     predicted_ttft_s: float | None = None
-    # the decoding side's recent step time (s; an average over its last steps, what a running request's
-    # TPOT is now); None before its first step
+    # the decoding side's recent wall time per step (s; averaged over the windows between stats() calls:
+    # what a running request's TPOT is now); None while nothing decodes
     recent_decode_step_s: float | None = None
     # per-side figures of the last step (see the shared state block)
     extra: dict = field(default_factory=dict)

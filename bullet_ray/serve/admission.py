@@ -2,7 +2,7 @@
 
 An engine refuses a request when its queue (requests without a first token) is full, when the
 engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin, or when
-its decoding side's recent step time (the TPOT its running requests get now) exceeds the TPOT target by
+its decoding side's recent wall time per step (the TPOT its running requests get now) exceeds the TPOT target by
 more than the margin. Without the TPOT bound, a TTFT bound alone admitted 1.6x the sustainable rate on the
 H100 (benchmarks/results/overload_h100.json: prompts were prefilled in time, then every admitted request
 decoded at ~50 ms per token in an ever larger batch).

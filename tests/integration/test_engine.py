@@ -79,6 +79,19 @@ def test_greedy_matches_transformers(preset, schedule, hf_root, hf_greedy):
     assert [r.token_ids for r in results] == expected
 
 
+def test_stats_report_the_decoding_sides_recent_step_time(hf_root):
+    folder = _hf_folder("tiny-llama", hf_root)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    with LLMEngine(EngineConfig(model=folder, num_kv_blocks=64, block_size=4)) as engine:
+        assert engine.stats().recent_decode_step_s is None  # nothing decodes yet
+        seen = []
+        for i, _ in enumerate(engine.stream(list(range(3, 20)), params)):
+            if i >= 5:  # decoding: what admission_tpot_s compares with the TPOT target
+                seen.append(engine.stats().recent_decode_step_s)
+        assert len(seen) > 20 and all(s is not None and 1e-4 < s < 5 for s in seen[5:15]), seen
+        assert engine.stats().recent_decode_step_s is None  # idle again
+
+
 def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = [list(range(10 + i, 30 + i)) for i in range(6)]

@@ -38,19 +38,26 @@ def test_refuses_while_decode_steps_run_over_the_tpot_bound():
         AdmissionSettings(4, admission_tpot_s=0)
 
 
-def test_engine_averages_the_decoding_sides_newest_steps():
+def test_engine_measures_wall_time_per_decode_step(monkeypatch):
     import threading
     import types
 
+    from bullet_ray.engine import llm_engine
     from bullet_ray.engine.llm_engine import LLMEngine
 
-    engine = types.SimpleNamespace(_lock=threading.Lock(), _decode_step_seen=-1, _decode_step_avg_s=None)
+    clock = [100.0]
+    monkeypatch.setattr(llm_engine.time, "monotonic", lambda: clock[0])
+    engine = types.SimpleNamespace(_lock=threading.Lock(), _decode_step_mark=None, _decode_step_avg_s=None)
     observe = LLMEngine._observe_decode_step
-    assert observe(engine, {"step": 0, "step_time_us": 0}, True) is None  # no step yet
-    assert observe(engine, {"step": 1, "step_time_us": 20_000}, True) == pytest.approx(0.020)
-    assert observe(engine, {"step": 1, "step_time_us": 20_000}, True) == pytest.approx(0.020)  # same step: once
-    assert observe(engine, {"step": 2, "step_time_us": 30_000}, True) == pytest.approx(0.022)
-    assert observe(engine, {"step": 3, "step_time_us": 30_000}, False) is None  # idle: forgotten
+    assert observe(engine, {"step": 10}, True) is None  # the first call marks where the window starts
+    clock[0] += 0.2
+    assert observe(engine, {"step": 20}, True) == pytest.approx(0.020)  # 10 steps in 0.2 s
+    clock[0] += 0.1
+    assert observe(engine, {"step": 20}, True) == pytest.approx(0.020)  # no new step: the window grows
+    clock[0] += 0.2
+    assert observe(engine, {"step": 30}, True) == pytest.approx(0.025)  # 10 steps in 0.3 s, averaged with 0.020
+    assert observe(engine, {"step": 31}, False) is None  # idle: forgotten
+    assert engine._decode_step_mark is None
 
 
 def test_runtime_update_names_unknown_and_bad_fields():

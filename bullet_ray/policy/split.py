@@ -142,9 +142,9 @@ class SplitRule:
                 fit = self._fewest_meeting(busy, s.aim * tpot)
                 want = top if fit is None else fit
             else:
-                fastest = min(steps)
-                want = self._fewest_meeting(steps, fastest * (1 + s.idle_margin))  # type: ignore[assignment]
-                assert want is not None
+                near_fastest = self._fewest_meeting(steps, min(steps) * (1 + s.idle_margin))
+                assert near_fastest is not None  # the fastest entry itself qualifies
+                want = near_fastest
             return self._moved(state, SplitDecision(want, SplitReason.ONLY_DECODE, steps[want], 0, None))
         feasible = self.feasible(state, batches, True)
         risk, slack, _ = self.ttft_outlook(state, batches, cur, True, feasible)

@@ -37,15 +37,20 @@ def _pairs(row: dict[str, Any]) -> int:
     return max(1, int(s * (q * (c - q) + q * (q + 1) / 2)))
 
 
+def step_rows(path: Path) -> list[dict[str, Any]]:
+    """The log's measured steps of the bullet sides (prefill, decode)."""
+    return [row for row in records(str(path)) if row.get("kind") == "step"
+            and row.get("side") in ("prefill", "decode") and row["measured_ms"] > 0]
+
+
+def sample_of(row: dict[str, Any]) -> Sample:
+    sms = row["prefill_sms"] if row["side"] == "prefill" else row["decode_sms"]
+    return Sample(row["phase"], row["num_tokens"], row["num_seqs"], row["num_context_tokens"],
+                  _pairs(row), int(sms), bool(row["other_busy"]), row["measured_ms"] / 1e3)
+
+
 def samples_of(path: Path) -> list[Sample]:
-    out = []
-    for row in records(str(path)):
-        if row.get("kind") != "step" or row.get("side") not in ("prefill", "decode") or row["measured_ms"] <= 0:
-            continue
-        sms = row["prefill_sms"] if row["side"] == "prefill" else row["decode_sms"]
-        out.append(Sample(row["phase"], row["num_tokens"], row["num_seqs"], row["num_context_tokens"],
-                          _pairs(row), int(sms), bool(row["other_busy"]), row["measured_ms"] / 1e3))
-    return out
+    return [sample_of(row) for row in step_rows(path)]
 
 
 def report(model: PerfModel, samples: list[Sample]) -> dict[str, Any]:

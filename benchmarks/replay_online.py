@@ -19,8 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.plot_steps import records
-from benchmarks.refit_from_steps import PROFILE, samples_of
+from benchmarks.refit_from_steps import PROFILE, sample_of, step_rows
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.loader import preset_hf_config
 from bullet_ray.perf.calibration import OnlineCorrection
@@ -32,15 +31,13 @@ WARMUP_STEPS = 5  # the first steps of a log include CUDA/JIT warm-up
 
 def replay(model: PerfModel, path: Path, by_size: bool, weight: float) -> dict[str, Any]:
     """Relative errors |predicted - measured| / measured per phase, each step predicted before it is observed."""
-    rows = [r for r in records(str(path)) if r.get("kind") == "step" and r.get("side") in ("prefill", "decode")
-            and r["measured_ms"] > 0]
-    samples = samples_of(path)  # the same rows, as model samples
     online = OnlineCorrection(weight=weight)
     errors: dict[str, list[float]] = {"prefill": [], "decode": []}
-    for i, (row, sample) in enumerate(zip(rows, samples)):
+    for i, row in enumerate(step_rows(path)):  # one read of the log
+        sample = sample_of(row)
         shape = sample.shape
         base = model.predict(shape, sample.sms, sample.other_busy).calibrated_s
-        size = (shape.num_tokens if shape.phase == "prefill" else shape.num_seqs) if by_size else 1
+        size = shape.size if by_size else 1
         predicted = base * online.factor(shape.phase, row["split_index"], size)
         if i >= WARMUP_STEPS:
             errors[shape.phase].append(abs(predicted - sample.measured_s) / sample.measured_s)

@@ -64,6 +64,11 @@ class StepShape:
     num_context_tokens: int  # KV tokens after the step, summed over sequences (C)
     num_attention_pairs: int  # (query, key) pairs attended, causal, summed over sequences (A)
 
+    @property
+    def size(self) -> int:
+        """What the online correction keys a step by: its new tokens (prefill) or its batch (decode)."""
+        return self.num_tokens if self.phase == "prefill" else self.num_seqs
+
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ConfigError("phase", f"unknown phase {self.phase!r}; choose one of {PHASES}")

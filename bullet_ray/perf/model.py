@@ -85,8 +85,8 @@ class PerfModel:
     def predict(self, shape: StepShape, sms: int, other_busy: bool = False, index: int | None = None) -> StepPrediction:
         lin, att = self.group_times_s(shape, sms)
         calibrated = self.calibration.of(shape.phase).time_s(lin, att, other_busy)
-        size = shape.num_tokens if shape.phase == "prefill" else shape.num_seqs
-        return StepPrediction(shape.phase, calibrated * self.online.factor(shape.phase, index, size), calibrated, sms)
+        return StepPrediction(shape.phase, calibrated * self.online.factor(shape.phase, index, shape.size),
+                              calibrated, sms)
 
     def predict_prefill_s(self, tokens: int, context: int | None = None, sms: int | None = None,
                           other_busy: bool = False, num_seqs: int = 1, index: int | None = None,
@@ -154,8 +154,7 @@ class PerfModel:
         """A measured step while serving: feeds the online correction; returns the relative error of the
         prediction made before this step ((predicted - measured) / measured)."""
         pred = self.predict(shape, sms, other_busy, index)
-        size = shape.num_tokens if shape.phase == "prefill" else shape.num_seqs
-        self.online.observe(shape.phase, index, pred.calibrated_s, measured_s, size)
+        self.online.observe(shape.phase, index, pred.calibrated_s, measured_s, shape.size)
         return (pred.seconds - measured_s) / measured_s
 
     def describe(self) -> dict[str, object]:

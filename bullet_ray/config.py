@@ -51,6 +51,11 @@ class EngineConfig:
     seed: int = 0
     # disable CUDA graphs (GPU only)
     enforce_eager: bool = False
+    # largest step (tokens, >= 0; 0: off) that runs through piecewise CUDA graphs (every piece of the forward
+    # between two attentions is one graph per token bucket, captured at start; attention runs eagerly
+    # between them: bullet_ray.engine.piecewise_graphs). Steps with prompt tokens of the chunked schedule
+    # and of the bullet prefill side; larger steps run eagerly (GPU only, off with enforce_eager)
+    piecewise_graph_tokens: int = 2048
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
     # CPU. Only decode-graph steps launch ahead of the collect: an eager step's launch blocks once the
@@ -113,6 +118,8 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.block_size:
             raise ConfigError("max_num_batched_tokens",
                               f"must be >= block_size ({self.block_size}), got {self.max_num_batched_tokens}")
+        if self.piecewise_graph_tokens < 0:
+            raise ConfigError("piecewise_graph_tokens", f"must be >= 0 (0: off), got {self.piecewise_graph_tokens}")
         if not 0.0 <= self.kv_watermark <= 0.5:
             raise ConfigError("kv_watermark", f"must be in [0, 0.5], got {self.kv_watermark}")
         if self.split_policy not in ("auto", "slo", "fixed"):

@@ -66,16 +66,19 @@ def gpu_memory_gib() -> float:
 def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo", and
     with schedule chunked and the token budget for chunked-<n>; a "+sync" / "+async" suffix sets
-    async_scheduling off / on (else the engine's default)."""
+    async_scheduling off / on (else the engine's default), "+nopw" turns piecewise graphs off (steps with
+    prompt tokens run eagerly, as before the fifth session)."""
     name, _, scheduling = name.partition("+")  # "+sync" / "+async": async_scheduling off / on
-    if scheduling not in ("", "sync", "async"):
-        raise SystemExit(f"unknown scheduling suffix +{scheduling}: +sync or +async")
+    if scheduling not in ("", "sync", "async", "nopw"):
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async or +nopw")
     if name == "bullet" and not scheduling:
         return base_yaml
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
     suffix = f"+{scheduling}" if scheduling else ""
-    if scheduling:
+    if scheduling == "nopw":
+        engine["piecewise_graph_tokens"] = 0
+    elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     if name in ("bullet-slo", "bullet-slo-m2") or name.startswith("bullet-slo-lw"):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split rule), chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
-                             "system + '+sync' / '+async' sets async_scheduling off / on")
+                             "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")

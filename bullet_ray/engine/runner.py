@@ -62,6 +62,7 @@ class InFlightStep:
     # inputs and attention metadata (build_metadata), the whole launch (metadata, plan, forward and
     # sampling enqueued), and the host's gap since it finished collecting the step before
     host_s: dict[str, float] = field(default_factory=dict)
+    graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `launch_ms`, `gap_ms`)."""
@@ -79,6 +80,9 @@ class ModelRunner:
         # CUDA graphs for pure-decode batches (bullet_ray.engine.cuda_graphs.DecodeGraphs), keyed by the
         # SM partition the worker runs on; None = always eager
         self.graphs: Any = None
+        # CUDA graphs around attention for steps with prompt tokens
+        # (bullet_ray.engine.piecewise_graphs.PiecewiseGraphs), same keys; None = eager
+        self.piecewise: Any = None
         self.graph_key: Any = 0
         # the last launched step's sampled ids on the device, and each sampling sequence's row in them
         self._last_ids: torch.Tensor | None = None
@@ -157,18 +161,25 @@ class ModelRunner:
         prep_s = time.perf_counter() - prep_started
         hidden = None
         num_groups = 1
+        ran = "eager"
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables)
+            ran = "decode"
         if hidden is None:
+            ran = "eager"
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
             ctx = AttentionContext(self.backend, metadata)
             if num_layer_groups > 1:
                 num_groups = min(num_layer_groups, self.model.num_layers)
                 hidden = forward_in_groups(self.model, ids, pos, ctx, num_groups, between_groups)
             else:
-                hidden = self.model.forward(ids, pos, ctx)
+                if self.piecewise is not None:
+                    hidden = self.piecewise.run(self.graph_key, ids, pos, ctx)
+                    ran = "eager" if hidden is None else "piecewise"
+                if hidden is None:
+                    hidden = self.model.forward(ids, pos, ctx)
         last_rows = [metadata.query_lens_list[0] - 1]
         for n in metadata.query_lens_list[1:]:
             last_rows.append(last_rows[-1] + n)
@@ -198,7 +209,7 @@ class ModelRunner:
         needs_history = any(_uses_history(s) for s in seqs)
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event, host_s={"prep": prep_s})
+                            start_event=start_event, host_s={"prep": prep_s}, graphs=ran)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

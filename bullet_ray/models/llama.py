@@ -39,18 +39,39 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
         self.qk_norm = c.qk_norm
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
-                ctx: AttentionContext) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim], rotated: views of one fused qkv row.
+        With `out` ([T, q_size + 2 kv_size], a CUDA graph's static buffer) the results are views of it."""
         qkv = self.qkv_proj(x)
+        if out is not None:
+            out.copy_(qkv)
+            qkv = out
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        out = ctx.backend.forward(self.layer_idx, q, k, v, ctx.metadata)  # views of qkv: backends take strides
-        return self.o_proj(out.reshape(-1, self.q_size))
+        rq, rk = (self.q_norm(q), self.k_norm(k)) if self.qk_norm else (q, k)
+        rq, rk = rotary(positions, rq, rk)  # in place on CUDA (fused kernel)
+        if out is None:
+            return rq, rk, v
+        _store(q, rq)
+        _store(k, rk)
+        return q, k, v
+
+    def output(self, attn_out: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attn_out.reshape(-1, self.q_size))
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
+                ctx: AttentionContext) -> torch.Tensor:
+        q, k, v = self.project(positions, x, rotary)
+        return self.output(ctx.backend.forward(self.layer_idx, q, k, v, ctx.metadata))  # backends take strides
+
+
+def _store(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Make dst hold src (nothing to do when an in-place kernel already wrote dst)."""
+    if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+        dst.copy_(src)
 
 
 class MLP(nn.Module):
@@ -75,12 +96,24 @@ class DecoderLayer(nn.Module):
                 rotary: RotaryEmbedding, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it); the caller adds the two (the next
         layer's input norm does, fused). residual None: h is the embedding, the stream's start."""
+        q, k, v, residual = self.attention_inputs(positions, h, residual, rotary)
+        return self.attention_outputs(ctx.backend.forward(self.self_attn.layer_idx, q, k, v, ctx.metadata), residual)
+
+    # the layer around its attention (bullet_ray.engine.piecewise_graphs captures these parts) -----------
+    def attention_inputs(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+                         rotary: RotaryEmbedding, out: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input norm (with the residual add) and the rotated q, k, v; also the residual stream."""
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(positions, h, rotary, ctx)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        q, k, v = self.self_attn.project(positions, h, rotary, out)
+        return q, k, v, residual
+
+    def attention_outputs(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """o_proj, the post-attention norm (with the residual add) and the MLP."""
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn.output(attn_out), residual)
         return self.mlp(h), residual
 
 

@@ -27,6 +27,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
     chunked = _engine(system_yaml("chunked-2048", tmp_path))
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
+    assert "piecewise_graph_tokens" not in chunked
+    eager = _engine(system_yaml("chunked-2048+nopw", tmp_path))
+    assert eager["piecewise_graph_tokens"] == 0 and "async_scheduling" not in eager
 
 
 @pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "fancy", "bullet+fast"])

@@ -70,9 +70,12 @@ class WorkerBase:
         self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder)
         if spec.attach is None:
             self.switch.reset(self.partitioner.current_index)
-        if self.role in ("decode", "hybrid") and self.config.is_gpu and not self.config.enforce_eager \
-                and self.config.attention_backend_name == "flashinfer":
+        uses_graphs = self.config.is_gpu and not self.config.enforce_eager \
+            and self.config.attention_backend_name == "flashinfer"
+        if uses_graphs and self.role in ("decode", "hybrid"):
             self._enable_decode_graphs()
+        if uses_graphs and self.role in ("prefill", "hybrid") and self.config.piecewise_graph_tokens > 0:
+            self._enable_piecewise_graphs()
 
     def _enable_decode_graphs(self) -> None:
         """Decode graphs for every batch bucket on every partition this side may run on, captured now:
@@ -83,15 +86,33 @@ class WorkerBase:
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
                               (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
         self.runner.graphs = graphs
-        side = self.partitioner.side
-        # every ladder entry when the split moves while serving; else the one this side runs on
-        indexes = range(len(self.partitioner.ladder)) if side != "both" and self.config.uses_split_policy \
-            else [self.partitioner.current_index]
-        for index in indexes:
-            graphs.capture_all(index, self.partitioner.stream(index, side) if side != "both" else None)
+        for index, stream in self._graph_partitions():
+            graphs.capture_all(index, stream)
         graphs.is_serving = True
         self.graph_capture = graphs.capture_report()
         logger.info("%s worker: decode graphs captured at start: %s", self.role, self.graph_capture)
+
+    def _graph_partitions(self) -> list[tuple[int, Any]]:
+        """(ladder index, stream) of every partition this side may run on: every ladder entry when the split
+        moves while serving, else the one it runs on (stream None: the whole GPU)."""
+        side = self.partitioner.side
+        indexes = range(len(self.partitioner.ladder)) if side != "both" and self.config.uses_split_policy \
+            else [self.partitioner.current_index]
+        return [(i, self.partitioner.stream(i, side) if side != "both" else None) for i in indexes]
+
+    def _enable_piecewise_graphs(self) -> None:
+        """Piecewise graphs (everything but attention) for steps with prompt tokens, every token bucket on
+        every partition this side may run on, captured now."""
+        from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
+
+        limit = min(self.config.piecewise_graph_tokens, self.config.max_num_batched_tokens)
+        graphs = PiecewiseGraphs(self.res.model, limit, self.res.device)
+        self.runner.piecewise = graphs
+        for index, stream in self._graph_partitions():
+            graphs.capture_all(index, stream)
+        graphs.is_serving = True
+        self.graph_capture = {**self.graph_capture, "piecewise": graphs.capture_report()}
+        logger.info("%s worker: piecewise graphs captured at start: %s", self.role, self.graph_capture["piecewise"])
 
     def _make_partitioner(self) -> Any:
         """This side's SM partitions: green contexts on GPU (bullet, static), bookkeeping only otherwise."""

@@ -71,9 +71,9 @@ def step_outputs(worker: WorkerBase, result: StepResult) -> tuple[StepOutputs, l
         lp = result.logprobs.get(seq.request_id)
         if lp is not None:
             logprobs[i] = lp
-    graphs = worker.runner.graphs
+    captures = sum(g.num_captures_serving for g in (worker.runner.graphs, worker.runner.piecewise) if g is not None)
     msg = StepOutputs(worker.role, request_ids, token_ids, done, logprobs, sent_s=time.time(),
-                      num_graph_captures_serving=graphs.num_captures_serving if graphs is not None else 0)
+                      num_graph_captures_serving=captures)
     return msg, finished
 
 
@@ -295,4 +295,4 @@ class HybridWorker(WorkerBase):
             "step", side="hybrid", phase=phase, num_tokens=step.num_tokens, num_seqs=len(step.batch),
             num_prefill_seqs=num_prefill, num_context_tokens=step.num_context_tokens,
             num_queued=self.scheduler.num_waiting, measured_ms=round(measured_s * 1e3, 4),
-            host_ms=round(host_s * 1e3, 4), **step.host_ms())
+            host_ms=round(host_s * 1e3, 4), graphs=step.graphs, **step.host_ms())

@@ -1,0 +1,90 @@
+"""Piecewise graphs' cut of the forward (pieces between attentions over static buffers) equals the whole
+forward on CPU, where the pieces run eagerly: prefill, chunked prefill over cached KV, mixed and decode
+steps, padded rows holding a bigger step's values, for Llama, Qwen2 (qkv bias) and Qwen3 (q/k norm).
+The CUDA capture of the same pieces is checked on the GPU (tests/gpu/test_piecewise_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+import pytest
+import torch
+
+from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
+from bullet_ray.models.config import ModelConfig
+from bullet_ray.models.llama import LlamaForCausalLM
+from bullet_ray.models.testing import PagedRunner
+
+PROMPTS = [[1, 17, 300, 42, 9, 255, 77, 5, 88, 130, 64], [1, 400, 23], list(range(40, 60))]
+
+
+def _model(preset: str, num_layers: int = 3) -> LlamaForCausalLM:
+    d = json.loads((files("bullet_ray.models") / "presets" / f"{preset}.json").read_text())
+    d["num_hidden_layers"] = num_layers
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(ModelConfig.from_hf_dict(d))
+    with torch.no_grad():  # non-trivial norms and biases, so a missed residual, norm or bias shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+class _Piecewise(torch.nn.Module):
+    """Calls like the model, but runs the forward through PiecewiseGraphs' pieces (eagerly, on CPU)."""
+
+    def __init__(self, model: LlamaForCausalLM, max_tokens: int) -> None:
+        super().__init__()
+        self.inner, self.config = model, model.config
+        self.graphs = PiecewiseGraphs(model, max_tokens, "cpu", capture=False)
+        self.ran: list[bool] = []
+
+    def forward(self, ids, positions, ctx):
+        hidden = self.graphs.run(0, ids, positions, ctx)
+        self.ran.append(hidden is not None)
+        return hidden if hidden is not None else self.inner.forward(ids, positions, ctx)
+
+    def compute_logits(self, hidden):
+        return self.inner.compute_logits(hidden)
+
+
+def test_token_buckets():
+    assert token_buckets(2048) == [8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
+    assert token_buckets(100) == [8, 16, 32, 64, 100]
+    assert token_buckets(300) == [8, 16, 32, 64, 128, 256, 300]
+    assert token_buckets(8) == [8]
+    assert token_buckets(0) == []
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_pieces_equal_the_whole_forward(preset):
+    model = _model(preset)
+    whole = PagedRunner(model, len(PROMPTS), 64, seed=1)
+    pieces = _Piecewise(model, 40)
+    cut = PagedRunner(pieces, len(PROMPTS), 64, seed=1)
+    steps = (
+        PROMPTS,  # a prefill of 34 tokens (bucket 40)
+        [[7], [8], []],  # a decode step of 2 rows: rows 2..7 of bucket 8 hold the last step's values
+        [p[:5] for p in PROMPTS],  # chunked prefill over the cached KV
+        [[3], [4], list(range(100, 120))],  # mixed: decodes first, then a prompt chunk
+        [list(range(200, 241)), [], []],  # 41 tokens: past the largest bucket, eager
+    )
+    for step in steps:
+        torch.testing.assert_close(cut.step(step), whole.step(step), rtol=1e-5, atol=1e-5)
+    assert pieces.ran == [True, True, True, True, False]
+
+
+def test_padding_rows_never_reach_the_kv_pool():
+    """A small step after a large one in the same bucket writes K/V for its own tokens only."""
+    model = _model("tiny-llama")
+    pieces = _Piecewise(model, 64)
+    runner = PagedRunner(pieces, 2, 64, seed=1)
+    runner.step([list(range(1, 30)), []])  # fills rows 0..28 of bucket 32
+    before = runner.kv_cache.clone()
+    runner.step([[], [5, 6]])  # 2 tokens: bucket 8, rows 2..7 stale
+    changed = (runner.kv_cache != before).flatten(2).any(-1)  # [layer, block]
+    blocks = runner.block_tables[1]
+    assert changed[:, blocks[0]].all() and int(changed.sum()) == model.num_layers  # one block per layer

@@ -54,8 +54,10 @@ class EngineConfig:
     # largest step (tokens, >= 0; 0: off) that runs through piecewise CUDA graphs (every piece of the forward
     # between two attentions is one graph per token bucket, captured at start; attention runs eagerly
     # between them: bullet_ray.engine.piecewise_graphs). Steps with prompt tokens of the chunked schedule
-    # and of the bullet prefill side; larger steps run eagerly (GPU only, off with enforce_eager)
-    piecewise_graph_tokens: int = 2048
+    # and of the bullet prefill side; larger steps run eagerly (GPU only, off with enforce_eager). On the
+    # H100 an eager step of Llama-3.1-8B was launch-bound below ~1,000 tokens and GPU-bound above
+    # (benchmarks/results/serve_h100_m2e), where padding to a bucket only costs
+    piecewise_graph_tokens: int = 1024
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
     # CPU. Only decode-graph steps launch ahead of the collect: an eager step's launch blocks once the

@@ -69,6 +69,7 @@ class DecodeGraphs:
         self.capture_s = 0.0  # time spent capturing at start
         self.capture_bytes = 0  # device memory the start-up captures took (allocated by torch)
         self.pool = torch.cuda.graph_pool_handle()
+        self._side_stream: Any = None
 
     def bucket(self, num_seqs: int) -> int | None:
         """The smallest bucket that holds `num_seqs` sequences; None when the batch is too large for graphs."""
@@ -117,7 +118,9 @@ class DecodeGraphs:
         try:
             stream = torch.cuda.current_stream()
             if stream == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
-                stream = torch.cuda.Stream()
+                if self._side_stream is None:  # one for every capture: cuBLAS keeps a workspace per stream
+                    self._side_stream = torch.cuda.Stream()
+                stream = self._side_stream
             stream.wait_stream(torch.cuda.current_stream())
             ctx = AttentionContext(be, md)
             with torch.cuda.stream(stream):  # warm-ups rewrite the same K/V into the same slots: harmless

@@ -78,6 +78,7 @@ class PiecewiseGraphs:
         # (partition key, bucket) -> one graph per piece
         self.graphs: dict[tuple[Any, int], list[Any]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self._side_stream: Any = None
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
         self.is_serving = False
@@ -143,7 +144,9 @@ class PiecewiseGraphs:
             return graphs
         side = torch.cuda.current_stream()
         if side == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
-            side = torch.cuda.Stream()
+            if self._side_stream is None:  # one for every capture: cuBLAS keeps a workspace per stream
+                self._side_stream = torch.cuda.Stream()
+            side = self._side_stream
         side.wait_stream(torch.cuda.current_stream())
         graphs = self.graphs[(partition_key, t)] = self._capture_bucket(t, side)
         torch.cuda.current_stream().wait_stream(side)

@@ -30,7 +30,7 @@ class EngineArgs(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of a prefill / hybrid batch")
     seed: int = Field(0, description="seed of dummy weights")
     enforce_eager: bool = Field(False, description="no CUDA graphs")
-    piecewise_graph_tokens: int = Field(2048, ge=0, description="largest step (tokens) with prompt tokens that "
+    piecewise_graph_tokens: int = Field(1024, ge=0, description="largest step (tokens) with prompt tokens that "
                                         "runs through piecewise CUDA graphs (attention eager between them); 0: off")
     async_scheduling: bool | None = Field(None, description="plan and launch a decode-graph step while the last "
                                           "step runs (null: on for GPU, off for CPU; docs/gpu.md)")

@@ -1,0 +1,77 @@
+"""Host launch time against device time of the steps with prompt tokens, for chunked step logs side by side
+(e.g. piecewise CUDA graphs on and off in one serving run).
+
+    python -m benchmarks.plot_launch eager=chunked-2048-nopw-steps.jsonl.gz piecewise=chunked-2048-steps.jsonl.gz \
+        --out launch.png
+
+One panel per log: each prefill or mixed step's `launch_ms` (the host enqueueing the step) and `measured_ms`
+(its device time, CUDA events) against its tokens. Where the two lie together the step is launch-bound: the
+GPU waits for the host. Prints the medians per token range (the table of the results README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from benchmarks.plot_steps import records
+
+RANGES = ((1, 64), (64, 512), (512, 1024), (1024, 1600), (1600, 2049))
+
+
+def prompt_steps(path: str) -> list[dict]:
+    """The log's prefill and mixed steps (decode-only steps replay one graph either way)."""
+    return [r for r in records(path) if r.get("kind") == "step" and r.get("phase") in ("prefill", "mixed")]
+
+
+def medians(steps: list[dict]) -> list[dict]:
+    """Per token range: steps, median tokens, launch_ms and measured_ms."""
+    rows = []
+    for lo, hi in RANGES:
+        part = [s for s in steps if lo <= s["num_tokens"] < hi and "launch_ms" in s]
+        if part:
+            rows.append({"tokens": f"{lo}-{hi - 1}", "steps": len(part),
+                         "launch_ms": round(statistics.median(s["launch_ms"] for s in part), 1),
+                         "measured_ms": round(statistics.median(s["measured_ms"] for s in part), 1)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logs", nargs="+", help="NAME=step-log.jsonl[.gz], one panel each")
+    parser.add_argument("--out", default="launch.png")
+    args = parser.parse_args(argv)
+    named = []
+    for item in args.logs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            parser.error(f"logs: {item!r} is not NAME=PATH")
+        named.append((name, prompt_steps(path)))
+    for name, steps in named:
+        print(name)
+        for row in medians(steps):
+            print(f"  {row['tokens']:>9} tokens  {row['steps']:4d} steps  launch {row['launch_ms']:5.1f} ms  "
+                  f"device {row['measured_ms']:5.1f} ms")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(named), figsize=(5.5 * len(named), 4.2), sharey=True, squeeze=False)
+    for ax, (name, steps) in zip(axes[0], named):
+        tokens = [s["num_tokens"] for s in steps]
+        ax.scatter(tokens, [s["measured_ms"] for s in steps], s=6, alpha=0.5, label="device time (CUDA events)")
+        ax.scatter(tokens, [s.get("launch_ms", 0.0) for s in steps], s=6, alpha=0.5, label="host launch")
+        ax.set_title(f"{name}: {len(steps)} prefill / mixed steps")
+        ax.set_xlabel("tokens in the step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("ms")
+    axes[0][0].legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
 """Piecewise CUDA graphs for steps with prompt tokens: everything but attention, by token-count bucket.
 
-A prefill or mixed step of a few hundred tokens is hundreds of small launches (norms, projections, rotary,
-MLP); in serving on the H100 the host took 20-33 ms to launch such a step eagerly while the GPU needed
-about 10 (`launch_ms` ~= `measured_ms` in `serve_h100_m2d/chunked-2048-steps.jsonl.gz`). Attention cannot
-be captured once for all steps (its plan depends on every request's lengths), the rest can: the forward is
+A prefill or mixed step of a few hundred tokens is hundreds of small launches (norms, projections,
+rotary, MLP); in serving on the H100 the host took ~21 ms (34 below 64 tokens) to launch such a step
+eagerly while the GPU needed about 10 (`benchmarks/results/serve_h100_m2e/launch.png`; 9-12 ms through
+these graphs). Attention cannot be captured once for all steps (its plan depends on every request's lengths), the rest can: the forward is
 cut at each layer's attention into num_layers + 1 pieces,
 
     piece 0:         embed, layer 0's input norm, q/k/v projection and rotary
@@ -51,8 +51,7 @@ def token_buckets(max_tokens: int) -> list[int]:
         b *= 2
     b = _SMALL_TOP
     while b < max_tokens:
-        if not buckets or b > buckets[-1]:
-            buckets.append(b)
+        buckets.append(b)
         b += _SMALL_TOP
     buckets.append(max_tokens)
     return buckets

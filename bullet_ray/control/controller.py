@@ -107,10 +107,13 @@ class ClusterController:
             return dict(self.overrides)
 
     def status(self) -> dict[str, Any]:
-        return {"app": self.app, "seq": self.state.seq, "num_replicas": self.num_replicas,
-                "num_restores": self.num_restores, "overrides": dict(self.overrides),
-                "forecaster": self.forecaster.to_dict(), "last": self.last.to_dict() if self.last else None,
-                "log": list(self.log)[-10:]}
+        """A consistent view: under the decision lock (a tick sets num_replicas, pushes, then logs; read in
+        between, the replica count was ahead of the log)."""
+        with self._lock:
+            return {"app": self.app, "seq": self.state.seq, "num_replicas": self.num_replicas,
+                    "num_restores": self.num_restores, "overrides": dict(self.overrides),
+                    "forecaster": self.forecaster.to_dict(), "last": self.last.to_dict() if self.last else None,
+                    "log": list(self.log)[-10:]}
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,26 +11,10 @@ from __future__ import annotations
 
 import abc
 import multiprocessing as mp
-from dataclasses import dataclass
-from typing import Any, Literal
 
-from bullet_ray.config import EngineConfig
+from bullet_ray.engine.messages import WorkerRole, WorkerSpec
 
-WorkerRole = Literal["prefill", "decode", "hybrid"]
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs to start; picklable, sent once."""
-
-    role: WorkerRole
-    config: EngineConfig
-    # the engine front's Unix socket path and the key that authenticates this engine's workers
-    address: str
-    authkey: bytes
-    # for the second worker of a pair: handles of the first worker's weights, KV pool, allocator and
-    # state block (a `SharedHandles`); None for the worker that loads the model
-    attach: Any = None
+__all__ = ["ProcessLauncher", "WorkerHandle", "WorkerLauncher", "WorkerRole", "WorkerSpec"]
 
 
 class WorkerHandle(abc.ABC):

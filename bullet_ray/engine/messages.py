@@ -11,11 +11,31 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.engine.outputs import FinishReason, TokenLogprob
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.sequence import SequenceWire
+
+if TYPE_CHECKING:
+    from bullet_ray.config import EngineConfig
+
+WorkerRole = Literal["prefill", "decode", "hybrid"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to start; picklable, sent once (by `bullet_ray.engine.launcher`'s
+    launchers; here so that the worker, which reads it, does not import the launcher that starts it)."""
+
+    role: WorkerRole
+    config: EngineConfig
+    # the engine front's Unix socket path and the key that authenticates this engine's workers
+    address: str
+    authkey: bytes
+    # for the second worker of a pair: handles of the first worker's weights, KV pool, allocator and
+    # state block (a `SharedHandles`); None for the worker that loads the model
+    attach: Any = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from bullet_ray.engine.worker.main import run_worker
+from bullet_ray.engine.worker.entry import run_worker
 
 __all__ = ["run_worker"]

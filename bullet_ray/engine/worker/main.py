@@ -1,4 +1,5 @@
-"""The worker entry point and its message loop; the role classes supply `handle`, `plan` and `process`.
+"""The worker's message loop (`WorkerBase`); the role classes supply `handle`, `plan` and `process` (the
+process's entry point, `run_worker`, is in `entry.py`).
 
 Every role steps the same way (`WorkerBase.step`): plan step k+1, launch it on the device, then collect
 step k (the host learns its sampled ids: stop checks, outputs, freed blocks) while k+1 runs. Without
@@ -11,21 +12,18 @@ flight go back to the shared pool only once it has finished (`DeferredFree`).
 from __future__ import annotations
 
 import logging
-import os
 import time
-import traceback
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-from bullet_ray.engine.launcher import WorkerSpec
-from bullet_ray.engine.messages import AbortRequests, Ready, Shutdown, Wake, WorkerFailed
+from bullet_ray.engine.messages import AbortRequests, Shutdown, Wake, WorkerSpec
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.deferred_free import DeferredFree
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
-from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
+from bullet_ray.engine.worker.setup import WorkerResources
 from bullet_ray.engine.worker.step_profile import StepProfiler
 
 logger = logging.getLogger(__name__)
@@ -289,59 +287,3 @@ class WorkerBase:
                                num_context_tokens=num_context_tokens,
                                step_time_us=int((time.perf_counter() - started_s) * 1e6),
                                num_queued=num_queued, split_index=self.partitioner.current_index)
-
-
-def _device(spec: WorkerSpec) -> torch.device:
-    if not spec.config.is_gpu:
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-        return torch.device("cpu")
-    device = torch.device(spec.config.device if ":" in spec.config.device else "cuda:0")
-    torch.cuda.set_device(device)
-    return device
-
-
-def _worker_class(role: str) -> type[WorkerBase]:
-    from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
-
-    return {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
-
-
-def _device_info(device: torch.device) -> dict:
-    info: dict = {"pid": os.getpid(), "device": str(device)}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(gpu_uuid=str(props.uuid), gpu_name=props.name, num_sms=props.multi_processor_count)
-    return info
-
-
-def run_worker(spec: WorkerSpec) -> None:
-    """Connect to the engine front, set up (create or attach), serve until Shutdown or the front goes away."""
-    logging.basicConfig(level=os.environ.get("BULLET_RAY_LOG_LEVEL", "WARNING"))
-    conn = Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
-    resources: WorkerResources | None = None
-    try:
-        device = _device(spec)
-        if spec.attach is None:
-            resources = create_resources(spec.config, os.path.dirname(spec.address), device)
-        else:
-            resources = attach_resources(spec.config, spec.attach, device)
-        worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
-        info = {**_device_info(device), "graphs": worker.graph_capture or None}
-        conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
-        try:
-            worker.run()
-        finally:
-            worker.profiler.close()
-    except (EOFError, ConnectionError, BrokenPipeError):
-        logger.warning("%s worker: engine front went away; exiting", spec.role)
-    except BaseException:
-        error = traceback.format_exc()
-        logger.error("%s worker failed:\n%s", spec.role, error)
-        try:
-            conn.send(WorkerFailed(spec.role, error))
-        except (OSError, EOFError):
-            pass
-    finally:
-        if resources is not None:
-            resources.close()
-        conn.close()

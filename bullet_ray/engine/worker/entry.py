@@ -1,0 +1,74 @@
+"""The worker process's entry point: `run_worker(spec)`, which every launcher calls (a plain process or a Ray
+actor): connect to the engine front, set up (create or attach the shared weights, KV pool and state
+block), build the role's worker (which captures its CUDA graphs) and serve until Shutdown or the front goes
+away."""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from multiprocessing.connection import Client
+
+import torch
+
+from bullet_ray.engine.messages import Ready, WorkerFailed, WorkerSpec
+from bullet_ray.engine.worker.main import WorkerBase
+from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
+from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
+
+logger = logging.getLogger(__name__)
+
+
+def _device(spec: WorkerSpec) -> torch.device:
+    if not spec.config.is_gpu:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        return torch.device("cpu")
+    device = torch.device(spec.config.device if ":" in spec.config.device else "cuda:0")
+    torch.cuda.set_device(device)
+    return device
+
+
+def _worker_class(role: str) -> type[WorkerBase]:
+    return {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
+
+
+def _device_info(device: torch.device) -> dict:
+    info: dict = {"pid": os.getpid(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu_uuid=str(props.uuid), gpu_name=props.name, num_sms=props.multi_processor_count)
+    return info
+
+
+def run_worker(spec: WorkerSpec) -> None:
+    """Connect to the engine front, set up (create or attach), serve until Shutdown or the front goes away."""
+    logging.basicConfig(level=os.environ.get("BULLET_RAY_LOG_LEVEL", "WARNING"))
+    conn = Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
+    resources: WorkerResources | None = None
+    try:
+        device = _device(spec)
+        if spec.attach is None:
+            resources = create_resources(spec.config, os.path.dirname(spec.address), device)
+        else:
+            resources = attach_resources(spec.config, spec.attach, device)
+        worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
+        info = {**_device_info(device), "graphs": worker.graph_capture or None}
+        conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
+        try:
+            worker.run()
+        finally:
+            worker.profiler.close()
+    except (EOFError, ConnectionError, BrokenPipeError):
+        logger.warning("%s worker: engine front went away; exiting", spec.role)
+    except BaseException:
+        error = traceback.format_exc()
+        logger.error("%s worker failed:\n%s", spec.role, error)
+        try:
+            conn.send(WorkerFailed(spec.role, error))
+        except (OSError, EOFError):
+            pass
+    finally:
+        if resources is not None:
+            resources.close()
+        conn.close()

@@ -41,6 +41,24 @@ logger = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+class CaptureStream:
+    """Where to capture: the current stream when it is a partition's, else one side stream (capture needs a
+    non-default stream; one for every capture, since cuBLAS keeps a workspace per stream). `get` also
+    makes it wait for the current stream's work."""
+
+    def __init__(self) -> None:
+        self._side: Any = None
+
+    def get(self) -> Any:
+        stream = torch.cuda.current_stream()
+        if stream == torch.cuda.default_stream():
+            if self._side is None:
+                self._side = torch.cuda.Stream()
+            stream = self._side
+        stream.wait_stream(torch.cuda.current_stream())
+        return stream
+
+
 def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[list[list[int]], list[int]]:
     """The page lists and lengths of a bucket-b batch: the real rows, then padding rows that each see one
     token (the first slot of the first row's last page: written, since that page holds the row's tokens
@@ -80,7 +98,7 @@ class DecodeGraphs:
         self.capture_s = 0.0  # time spent capturing at start
         self.capture_bytes = 0  # device memory the start-up captures took (allocated by torch)
         self.pool = torch.cuda.graph_pool_handle()
-        self._side_stream: Any = None
+        self._capture_stream = CaptureStream()
 
     def bucket(self, num_seqs: int) -> int | None:
         """The smallest bucket that holds `num_seqs` sequences; None when the batch is too large for graphs."""
@@ -126,12 +144,7 @@ class DecodeGraphs:
         be.decode = self._wrapper(b)
         be._is_decode = True
         try:
-            stream = torch.cuda.current_stream()
-            if stream == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
-                if self._side_stream is None:  # one for every capture: cuBLAS keeps a workspace per stream
-                    self._side_stream = torch.cuda.Stream()
-                stream = self._side_stream
-            stream.wait_stream(torch.cuda.current_stream())
+            stream = self._capture_stream.get()
             ctx = AttentionContext(be, md)
             with torch.cuda.stream(stream):  # warm-ups rewrite the same K/V into the same slots: harmless
                 for _ in range(2):

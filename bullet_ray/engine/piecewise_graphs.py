@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from bullet_ray.engine.attention.base import AttentionContext
+from bullet_ray.engine.cuda_graphs import CaptureStream
+from bullet_ray.models.llama import store_into
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class PiecewiseGraphs:
         # (partition key, bucket) -> one graph per piece
         self.graphs: dict[tuple[Any, int], list[Any]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self._side_stream: Any = None
+        self._capture_stream = CaptureStream()
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
         self.is_serving = False
@@ -98,10 +100,10 @@ class PiecewiseGraphs:
         else:
             h, res = layers[i - 1].attention_outputs(self.attn[:t], residual)
             if i == self.num_layers:
-                _store(self.hidden[:t], m.final_norm(h, res))
+                store_into(self.hidden[:t], m.final_norm(h, res))
                 return
         _, _, _, res = layers[i].attention_inputs(pos, h, res, m.rotary, out=self.qkv[:t])
-        _store(residual, res)
+        store_into(residual, res)
 
     def _qkv(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.qkv[:n].split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -141,12 +143,7 @@ class PiecewiseGraphs:
         graphs = self.graphs.get((partition_key, t))
         if graphs is not None:
             return graphs
-        side = torch.cuda.current_stream()
-        if side == torch.cuda.default_stream():  # capture needs a side stream (no partition: whole GPU)
-            if self._side_stream is None:  # one for every capture: cuBLAS keeps a workspace per stream
-                self._side_stream = torch.cuda.Stream()
-            side = self._side_stream
-        side.wait_stream(torch.cuda.current_stream())
+        side = self._capture_stream.get()
         graphs = self.graphs[(partition_key, t)] = self._capture_bucket(t, side)
         torch.cuda.current_stream().wait_stream(side)
         self.num_captures += 1
@@ -183,8 +180,3 @@ class PiecewiseGraphs:
                 out = backend.forward(i, q, k, v, md)
                 self.attn[:n].copy_(out.reshape(n, self.q_size))
         return self.hidden[:n]
-
-
-def _store(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
-        dst.copy_(src)

@@ -166,9 +166,9 @@ class ModelRunner:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables)
-            ran = "decode"
+            if hidden is not None:
+                ran = "decode"
         if hidden is None:
-            ran = "eager"
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
             ctx = AttentionContext(self.backend, metadata)
             if num_layer_groups > 1:
@@ -177,7 +177,8 @@ class ModelRunner:
             else:
                 if self.piecewise is not None:
                     hidden = self.piecewise.run(self.graph_key, ids, pos, ctx)
-                    ran = "eager" if hidden is None else "piecewise"
+                    if hidden is not None:
+                        ran = "piecewise"
                 if hidden is None:
                     hidden = self.model.forward(ids, pos, ctx)
         last_rows = [metadata.query_lens_list[0] - 1]

@@ -55,8 +55,8 @@ class Attention(nn.Module):
         rq, rk = rotary(positions, rq, rk)  # in place on CUDA (fused kernel)
         if out is None:
             return rq, rk, v
-        _store(q, rq)
-        _store(k, rk)
+        store_into(q, rq)
+        store_into(k, rk)
         return q, k, v
 
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
@@ -68,7 +68,7 @@ class Attention(nn.Module):
         return self.output(ctx.backend.forward(self.layer_idx, q, k, v, ctx.metadata))  # backends take strides
 
 
-def _store(dst: torch.Tensor, src: torch.Tensor) -> None:
+def store_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Make dst hold src (nothing to do when an in-place kernel already wrote dst)."""
     if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
         dst.copy_(src)

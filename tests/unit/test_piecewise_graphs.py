@@ -15,6 +15,7 @@ from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.llama import LlamaForCausalLM
 from bullet_ray.models.testing import PagedRunner
+from tests.hf_random import perturb_norms_and_biases
 
 PROMPTS = [[1, 17, 300, 42, 9, 255, 77, 5, 88, 130, 64], [1, 400, 23], list(range(40, 60))]
 
@@ -24,12 +25,7 @@ def _model(preset: str, num_layers: int = 3) -> LlamaForCausalLM:
     d["num_hidden_layers"] = num_layers
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelConfig.from_hf_dict(d))
-    with torch.no_grad():  # non-trivial norms and biases, so a missed residual, norm or bias shows
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
+    perturb_norms_and_biases(model)
     return model
 
 

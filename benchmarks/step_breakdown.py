@@ -1,0 +1,70 @@
+"""Where a chunked engine's serving time goes, from its step log and the bench runs served while it was
+written: per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the
+client's TPOT, and decode step times by batch size around the decode-graph buckets.
+
+    python -m benchmarks.step_breakdown benchmarks/results/serve_h100_m2e/chunked-2048-steps.jsonl.gz \
+        --runs benchmarks/results/serve_h100_m2e/runs --system chunked-2048 --rates 8,16,24,32 \
+        --out benchmarks/results/serve_h100_m2e/step_breakdown.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.plot_steps import records
+from benchmarks.rescore import load_run
+
+# decode batch ranges on both sides of each graph bucket boundary (16 | 32 | 64 | 128 | 256)
+BATCH_RANGES = ((13, 16), (17, 20), (29, 32), (33, 36), (57, 64), (65, 72), (120, 128), (129, 140))
+
+
+def per_rate(steps: list[dict], run: dict) -> dict:
+    t0 = run["environment"]["started_unix_s"]
+    window = [s for s in steps if t0 <= s["t"] <= t0 + run["summary"]["duration_s"]]
+    decode = [s for s in window if s["phase"] == "decode"]
+    prompt = [s for s in window if s["phase"] != "decode"]
+    rows = [s["num_seqs"] - s["num_prefill_seqs"] for s in window]
+    weighted = sum(r * s["measured_ms"] for r, s in zip(rows, window)) / max(1, sum(rows))
+    return {"steps": len(window), "decode_steps": len(decode), "decode_s": round(sum(s["measured_ms"] for s in decode) / 1e3, 2),
+            "decode_batch_mean": round(statistics.mean(s["num_seqs"] for s in decode), 1) if decode else None,
+            "prompt_steps": len(prompt), "prompt_s": round(sum(s["measured_ms"] for s in prompt) / 1e3, 2),
+            "prompt_step_ms_mean": round(statistics.mean(s["measured_ms"] for s in prompt), 1) if prompt else None,
+            "batch_weighted_step_ms": round(weighted, 1), "client_tpot_p50_ms": round(run["summary"]["tpot_ms"]["p50"], 1)}
+
+
+def by_batch(steps: list[dict]) -> list[dict]:
+    decode = [s for s in steps if s["phase"] == "decode"]
+    out = []
+    for lo, hi in BATCH_RANGES:
+        part = [s for s in decode if lo <= s["num_seqs"] <= hi]
+        if part:
+            out.append({"seqs": f"{lo}-{hi}", "steps": len(part),
+                        "step_ms_p50": round(statistics.median(s["measured_ms"] for s in part), 2)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="the chunked engine's step log (jsonl[.gz])")
+    parser.add_argument("--runs", required=True, help="folder of the bench runs (<system>-rate<R>.json[.gz])")
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--rates", default="8,16,24,32")
+    parser.add_argument("--out", help="JSON to write")
+    args = parser.parse_args(argv)
+    steps = [r for r in records(args.log) if r.get("kind") == "step"]
+    result: dict = {"log": args.log, "system": args.system, "rates": {}, "decode_by_batch": by_batch(steps)}
+    for rate in args.rates.split(","):
+        path = next(Path(args.runs).glob(f"{args.system}-rate{rate}.json*"))
+        result["rates"][rate] = per_rate(steps, load_run(str(path)))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,10 +15,12 @@ Systems: bullet (prefill and decode workers side by side under MPS on a fixed co
 deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-m2 (bullet-slo with the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
-chunked-<budget> (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve`
-(0.24.0 on the GPU machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B
-weights, its defaults but prefix caching off (this project has no prefix cache yet), driven by the same client
-with the same requests. Each rate of the sweep sends its own prompts (same lengths and arrivals).
+bullet-slo-relaxed (bullet-slo whose split policy aims at the relaxed preset, 1,000 ms / 50 ms, instead of the
+strict one: an SLO-aware schedule is told the SLO it serves; score it under relaxed only), chunked-<budget>
+(one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve` (0.24.0 on the GPU
+machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B weights, its defaults
+but prefix caching off (this project has no prefix cache yet), driven by the same client with the same
+requests. Each rate of the sweep sends its own prompts (same lengths and arrivals).
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = 0
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
-    if name in ("bullet-slo", "bullet-slo-m2") or name.startswith("bullet-slo-lw"):
+    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith("bullet-slo-lw"):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
+        if name == "bullet-slo-relaxed":  # the relaxed preset (benchmarks/slo.py)
+            engine["ttft_target_ms"], engine["tpot_target_ms"] = 1000.0, 50.0
         if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
         groups = name.removeprefix("bullet-slo-lw") if name.startswith("bullet-slo-lw") else ""
@@ -95,7 +99,7 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-m2], chunked-<tokens> or "
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-m2|-relaxed], chunked-<tokens> or "
                              f"static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -265,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split rule), chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
+                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -6,12 +6,16 @@ The workers capture every bucket of every partition they may run on at start (`c
 decode-only steps use the same graphs.
 
 A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
-is padded up to its bucket (1, 2, 4, ..., 256, capped at max_num_seqs). Padding rows repeat the batch's
+is padded up to its bucket (`BUCKETS`, capped at max_num_seqs). Padding rows repeat the batch's
 first sequence's token, position and slot: they write the same K/V into the same slot and touch no other
 sequence's blocks, and their outputs are dropped. Each attends over ONE token of that sequence (the first
 slot of its last page, `padded_rows`), not its whole context: until the fifth session they read all of it,
 so a batch of 35 in the 64 bucket read 29 extra copies of the first sequence's KV every step (5 GB at
-1.3k tokens of Llama-3.1-8B, ~1.7 ms on the H100).
+1.3k tokens of Llama-3.1-8B, ~1.7 ms on the H100). Padding rows still cost their share of the GEMMs,
+norms and sampling, and the bigger bucket's kernels: on the H100 a step of 65-72 sequences took 12.9 ms in
+the 128 bucket against 10.9 ms for 57-64 in the 64 bucket, 129-140 took 24.0 against 17.0 ms
+(benchmarks/results/serve_h100_m2f). So the buckets double up to 16, then step by 8 up to 64, by 16 up to 128
+and by 32 up to 256 (past 32 at most 25% padding rows): a step of 65 sequences pads to 80, not 128.
 
 flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
 each replay. For the CUDA-core decode kernel in that mode the launch shape (split-KV or not, padded grid,
@@ -38,7 +42,7 @@ from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 class CaptureStream:

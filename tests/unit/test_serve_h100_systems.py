@@ -25,6 +25,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert lw["async_scheduling"] is False and lw["step_log_path"].endswith("bullet-slo-lw4+sync-steps.jsonl")
     m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
     assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
+    relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
+    assert (relaxed["split_policy"], relaxed["ttft_target_ms"], relaxed["tpot_target_ms"]) == ("slo", 1000.0, 50.0)
+    assert "ttft_target_ms" not in slo and relaxed["step_log_path"].endswith("bullet-slo-relaxed-steps.jsonl")
     chunked = _engine(system_yaml("chunked-2048", tmp_path))
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
     assert "piecewise_graph_tokens" not in chunked

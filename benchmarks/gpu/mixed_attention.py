@@ -1,8 +1,11 @@
 """A mixed step's attention on the GPU: decode rows through the decode kernel (the backend's split) against
 every row through the prefill kernel, for the chunked schedule's batch shapes (decodes first, then prompt
-chunks), Llama-3.1-8B heads (32 query, 8 KV, dim 128), bf16. Times are the 32 layers' attention of one
-step (CUDA events, median of repeats, plan included); `rel_diff` is the split's output against the
-unsplit one's.
+chunks), Llama-3.1-8B heads (32 query, 8 KV, dim 128), bf16; and the decode rows through flashinfer's
+CUDA-core decode kernel against its tensor-core one (`decode_tensor_cores`), in mixed steps and in pure
+decode steps. Times are the 32 layers' attention of one step (CUDA events, median of repeats, plan
+included); `rel_diff` is the split's output against the unsplit one's, `tc_rel_diff` the tensor-core
+decode's against the CUDA-core one's; `tc_kv_gbs` is the KV bytes the decode rows read over the
+tensor-core time.
 
     python -m benchmarks.gpu.mixed_attention --out /tmp/out/mixed_attention_h100.json
 """
@@ -22,7 +25,8 @@ from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
 
 HEADS, KV_HEADS, DIM, LAYERS, BS = 32, 8, 128, 32, 16
 # (decode rows, their context, prompt chunk lengths, each chunk's cached prefix)
-SHAPES = [(32, 1024, [2016], 0), (128, 1300, [1920], 0), (256, 1300, [4096], 0), (256, 1300, [1024, 1024], 512)]
+SHAPES = [(32, 1024, [2016], 0), (128, 1300, [1920], 0), (256, 1300, [4096], 0), (256, 1300, [1024, 1024], 512),
+          (64, 1300, [], 0), (128, 1300, [], 0), (256, 1300, [], 0)]
 
 
 def metadata(num_decode: int, ctx: int, chunks: list[int], prefix: int, dev: str) -> AttentionMetadata:
@@ -57,23 +61,35 @@ def main(argv: list[str] | None = None) -> int:
         md = metadata(num_decode, ctx, chunks, prefix, dev)
         num_blocks = sum((n + BS - 1) // BS for n in md.seq_lens_list)
         kv = torch.randn(2, num_blocks, 2, BS, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
-        backend = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5)
+        cuda_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=False)
+        tensor_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True)
         t = md.num_tokens
         q = torch.randn(t, HEADS, DIM, device=dev, dtype=torch.bfloat16)
         k = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
         v = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
-        unsplit_ms, ref = step_ms(backend, md, q, k, v, False, args.repeats)
-        ref = ref.float().clone()
-        split_ms, out = step_ms(backend, md, q, k, v, True, args.repeats)
-        rel = float((out.float() - ref).norm() / ref.norm())
-        row = {"decode_rows": num_decode, "decode_context": ctx, "chunks": chunks, "chunk_prefix": prefix,
-               "unsplit_ms": round(unsplit_ms, 3), "split_ms": round(split_ms, 3),
-               "speedup": round(unsplit_ms / split_ms, 2), "rel_diff": round(rel, 5)}
+        row: dict = {"decode_rows": num_decode, "decode_context": ctx, "chunks": chunks, "chunk_prefix": prefix}
+        if chunks:
+            unsplit_ms, ref = step_ms(cuda_cores, md, q, k, v, False, args.repeats)
+            ref = ref.float().clone()
+        split_ms, out = step_ms(cuda_cores, md, q, k, v, True, args.repeats)
+        out = out.float().clone()
+        tc_ms, tc_out = step_ms(tensor_cores, md, q, k, v, True, args.repeats)
+        if chunks:
+            row.update(unsplit_ms=round(unsplit_ms, 3), split_ms=round(split_ms, 3),
+                       speedup=round(unsplit_ms / split_ms, 2), rel_diff=round(float((out - ref).norm() / ref.norm()), 5))
+        else:
+            row.update(split_ms=round(split_ms, 3))
+        kv_bytes = num_decode * ctx * 2 * KV_HEADS * DIM * 2 * LAYERS
+        row.update(tc_ms=round(tc_ms, 3), tc_speedup=round(split_ms / tc_ms, 2),
+                   tc_rel_diff=round(float((tc_out.float() - out).norm() / out.norm()), 5),
+                   tc_kv_gbs=round(kv_bytes / tc_ms / 1e6, 1), cc_kv_gbs=round(kv_bytes / split_ms / 1e6, 1))
         print(json.dumps(row), flush=True)
         rows.append(row)
     result = {"benchmark": "mixed_attention", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(), "command": "python -m benchmarks.gpu.mixed_attention",
-              "note": "32 layers' attention of one mixed step, plan included; decodes first, then prompt chunks",
+              "note": "32 layers' attention of one step, plan included; decodes first, then prompt chunks; "
+                      "tc_*: decode rows through the tensor-core decode kernel; *_kv_gbs: the decode rows' KV "
+                      "bytes over the step's attention time (prompt chunks included where there are any)",
               "rows": rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

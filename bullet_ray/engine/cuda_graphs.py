@@ -18,7 +18,8 @@ the 128 bucket against 10.9 ms for 57-64 in the 64 bucket, 129-140 took 24.0 aga
 and by 32 up to 256 (past 32 at most 25% padding rows): a step of 65 sequences pads to 80, not 128.
 
 flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
-each replay. For the CUDA-core decode kernel in that mode the launch shape (split-KV or not, padded grid,
+each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). For the
+CUDA-core decode kernel in that mode the launch shape (split-KV or not, padded grid,
 workspace offsets) depends on the batch size alone, not on the context lengths, so one graph per bucket
 serves every step. The plan's own description is still part of the key: should a plan ever come out
 different, a new graph is captured rather than a stale one replayed (`num_captures` counts them).
@@ -111,7 +112,8 @@ class DecodeGraphs:
     def _wrapper(self, b: int) -> Any:
         if b not in self.wrappers:
             self.wrappers[b] = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.backend.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=False,
+                self.backend.workspace, kv_layout="NHD", use_cuda_graph=True,
+                use_tensor_cores=getattr(self.backend, "decode_tensor_cores", False),
                 paged_kv_indptr_buffer=self.indptr[:b + 1], paged_kv_indices_buffer=self.indices,
                 paged_kv_last_page_len_buffer=self.last_len[:b])
         return self.wrappers[b]

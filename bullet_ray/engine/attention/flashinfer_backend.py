@@ -18,8 +18,13 @@ in as CPU tensors, and what the kernels read goes to the device with asynchronou
 memory, so the host plans the next step while the GPU still runs the last one. A wrapper's plan fills a
 page-locked host buffer and queues its copy; `PlanFence` replans a wrapper only once that copy has run.
 
-Decode uses flashinfer's CUDA-core kernel eagerly as well as inside CUDA graphs (bullet_ray.engine.
-cuda_graphs), so a sequence gets the same tokens whichever way its batch ran.
+Decode rows run one kernel, eagerly as well as inside CUDA graphs (bullet_ray.engine.cuda_graphs), so a
+sequence gets the same tokens whichever way its batch ran: flashinfer's CUDA-core decode kernel, or with
+`decode_tensor_cores` its tensor-core one (the prefill kernel's code planned for one-token queries; SGLang
+picks it when a KV head serves >= 4 query heads). In the H100 profile of the chunked schedule's mixed steps
+(~120 decode rows at ~1.1k context beside ~1.9k prompt tokens; benchmarks/results/mixed_step_profile_h100)
+the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the KV at ~1.7 TB/s.
+`BULLET_RAY_DECODE_TENSOR_CORES=1` / `0` sets it for every backend the process builds (default: off).
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
 WORKSPACE_BYTES = 256 << 20
 
 
+def default_decode_tensor_cores() -> bool:
+    """Whether decode rows run flashinfer's tensor-core kernel unless a backend is told otherwise."""
+    value = os.environ.get("BULLET_RAY_DECODE_TENSOR_CORES", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"BULLET_RAY_DECODE_TENSOR_CORES must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     # a mixed batch's leading decode rows through the decode kernel (False: every row through the prefill
@@ -49,15 +62,17 @@ class FlashInferBackend(AttentionBackend):
     split_mixed_batches = True
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float) -> None:
+                 scale: float, decode_tensor_cores: bool | None = None) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         import flashinfer
 
         device = kv_cache.device
+        self.decode_tensor_cores = default_decode_tensor_cores() if decode_tensor_cores is None \
+            else decode_tensor_cores
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
-                                                                    use_tensor_cores=False)
+                                                                    use_tensor_cores=self.decode_tensor_cores)
         self.fence = PlanFence()
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)

@@ -23,8 +23,10 @@ sequence gets the same tokens whichever way its batch ran: flashinfer's CUDA-cor
 `decode_tensor_cores` its tensor-core one (the prefill kernel's code planned for one-token queries; SGLang
 picks it when a KV head serves >= 4 query heads). In the H100 profile of the chunked schedule's mixed steps
 (~120 decode rows at ~1.1k context beside ~1.9k prompt tokens; benchmarks/results/mixed_step_profile_h100)
-the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the KV at ~1.7 TB/s.
-`BULLET_RAY_DECODE_TENSOR_CORES=1` / `0` sets it for every backend the process builds (default: off).
+the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the KV at ~1.7 TB/s; the
+tensor-core kernel is 2-11% faster there and the offline benchmark 6.7% (benchmarks/results/decode_tc_h100),
+but decode-graph replays with padding rows did not match eager under it on the GPU, so it is off by
+default. `BULLET_RAY_DECODE_TENSOR_CORES=1` / `0` sets it for every backend the process builds.
 """
 
 from __future__ import annotations

@@ -60,3 +60,17 @@ def test_plans_per_batch_shape(query_lens, seq_lens, wrappers):
     assert [w for w, _ in plans] == wrappers
     planned_rows = sum(len(args[0]) - 1 for _, args in plans)
     assert planned_rows == len(query_lens)
+
+
+def test_decode_tensor_cores_default_comes_from_the_environment(monkeypatch):
+    """Off unless BULLET_RAY_DECODE_TENSOR_CORES=1 (graph replays with padding rows failed the GPU tests
+    under the tensor-core kernel); any other value than 0 / 1 is an error naming the variable."""
+    from bullet_ray.engine.attention.flashinfer_backend import default_decode_tensor_cores
+
+    monkeypatch.delenv("BULLET_RAY_DECODE_TENSOR_CORES", raising=False)
+    assert default_decode_tensor_cores() is False
+    monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "1")
+    assert default_decode_tensor_cores() is True
+    monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "yes")
+    with pytest.raises(ValueError, match="BULLET_RAY_DECODE_TENSOR_CORES"):
+        default_decode_tensor_cores()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import platform
@@ -307,15 +308,36 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def environment(config: BenchConfig, model: str, started_unix_s: float | None = None) -> dict[str, Any]:
+def source_digest(root: Path | None = None) -> str:
+    """sha256 (first 16 hex digits) over the package's Python sources, path and content, in path order.
+
+    Names the code a run used where git cannot: a copied working tree (the GPU machine gets one) keeps
+    the .git of an older commit, so `git rev-parse HEAD` there answers that commit. Compare with
+    `python -c "from bullet_ray.bench.serve_bench import source_digest; print(source_digest())"` here."""
+    root = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                              timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        return None
+
+
+def environment(config: BenchConfig, model: str, started_unix_s: float | None = None) -> dict[str, Any]:
+    commit = _git("rev-parse", "HEAD") or None
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", str(Path(__file__).resolve().parents[1]))
     return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "aiohttp": require_extra("aiohttp").__version__, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command_line": redact_argv(sys.argv), "bench_git_commit": commit, "server_url": config.base_url, "model": model,
+            "command_line": redact_argv(sys.argv), "bench_git_commit": commit,
+            # the package differs from that commit (None: no git); the digest names the code either way
+            "bench_git_dirty": bool(status) if status is not None and commit else None,
+            "bench_source_digest": source_digest(), "server_url": config.base_url, "model": model,
             # wall-clock time of the first request's schedule (scheduled_s = 0): lines runs up with step logs
             "started_unix_s": round(started_unix_s, 6) if started_unix_s is not None else None}
 

@@ -17,7 +17,7 @@ for tc in 0 1; do
   BULLET_RAY_DECODE_TENSOR_CORES=$tc LIMIT=150 bash benchmarks/gpu/run_serve_h100.sh py benchmarks.offline \
     --num-prompts 300 --max-num-batched-tokens 2048 --trace-path /tmp/azure \
     --step-log "$OUT/offline-tc$tc-steps.jsonl" --out "$OUT/offline_tc${tc}_h100.json" > /dev/null 2>&1
-  gzip -f "$OUT/offline-tc$tc-steps.jsonl"
+  gzip -f "$OUT/offline-tc$tc-steps.jsonl"; mv "$OUT/log_offline.txt" "$OUT/log_offline_tc$tc.txt"
   python3 -c "import json; d = json.load(open('$OUT/offline_tc${tc}_h100.json'))['ours']; \
 print('tensor cores $tc:', d['requests_per_s'], 'req/s', d['output_tokens_per_s'], 'out tok/s')"
 done

@@ -66,10 +66,11 @@ def gpu_memory_gib() -> float:
 
 
 def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
-    """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo", and
-    with schedule chunked and the token budget for chunked-<n>; a "+sync" / "+async" suffix sets
-    async_scheduling off / on (else the engine's default), "+nopw" turns piecewise graphs off (steps with
-    prompt tokens run eagerly, as before the fifth session)."""
+    """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
+    (aimed at the relaxed preset for "bullet-slo-relaxed"), and with schedule chunked and the token budget
+    for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
+    default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
+    session)."""
     name, _, scheduling = name.partition("+")  # "+sync" / "+async": async_scheduling off / on
     if scheduling not in ("", "sync", "async", "nopw"):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async or +nopw")
@@ -83,8 +84,8 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith("bullet-slo-lw"):
-        engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms)
-        if name == "bullet-slo-relaxed":  # the relaxed preset (benchmarks/slo.py)
+        engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
+        if name == "bullet-slo-relaxed":  # ... but the relaxed one here (benchmarks/slo.py)
             engine["ttft_target_ms"], engine["tpot_target_ms"] = 1000.0, 50.0
         if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
@@ -99,8 +100,8 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-m2|-relaxed], chunked-<tokens> or "
-                             f"static[-<tokens>]")
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-m2|-relaxed], "
+                             f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
             engine["max_num_batched_tokens"] = int(budget)
@@ -269,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], vllm (`vllm serve` from $VLLM_SITE); an engine "
+                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split "
+                             "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
+                             "vllm (`vllm serve` from $VLLM_SITE); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

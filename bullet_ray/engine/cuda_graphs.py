@@ -6,7 +6,7 @@ The workers capture every bucket of every partition they may run on at start (`c
 decode-only steps use the same graphs.
 
 A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
-is padded up to its bucket (`BUCKETS`, capped at max_num_seqs). Padding rows repeat the batch's
+is padded up to its bucket (`BUCKETS`, up to the first one >= max_num_seqs). Padding rows repeat the batch's
 first sequence's token, position and slot: they write the same K/V into the same slot and touch no other
 sequence's blocks, and their outputs are dropped. Each attends over ONE token of that sequence (the first
 slot of its last page, `padded_rows`), not its whole context: until the fifth session they read all of it,

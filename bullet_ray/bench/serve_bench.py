@@ -308,13 +308,16 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # bullet_ray/
+
+
 def source_digest(root: Path | None = None) -> str:
     """sha256 (first 16 hex digits) over the package's Python sources, path and content, in path order.
 
     Names the code a run used where git cannot: a copied working tree (the GPU machine gets one) keeps
     the .git of an older commit, so `git rev-parse HEAD` there answers that commit. Compare with
     `python -c "from bullet_ray.bench.serve_bench import source_digest; print(source_digest())"` here."""
-    root = root or Path(__file__).resolve().parents[1]
+    root = root or PACKAGE_DIR
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -331,7 +334,7 @@ def _git(*args: str) -> str | None:
 
 def environment(config: BenchConfig, model: str, started_unix_s: float | None = None) -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD") or None
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", str(Path(__file__).resolve().parents[1]))
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", str(PACKAGE_DIR))
     return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "aiohttp": require_extra("aiohttp").__version__, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command_line": redact_argv(sys.argv), "bench_git_commit": commit,

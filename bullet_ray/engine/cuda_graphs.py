@@ -113,7 +113,7 @@ class DecodeGraphs:
         if b not in self.wrappers:
             self.wrappers[b] = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.backend.workspace, kv_layout="NHD", use_cuda_graph=True,
-                use_tensor_cores=getattr(self.backend, "decode_tensor_cores", False),
+                use_tensor_cores=self.backend.decode_tensor_cores,
                 paged_kv_indptr_buffer=self.indptr[:b + 1], paged_kv_indices_buffer=self.indices,
                 paged_kv_last_page_len_buffer=self.last_len[:b])
         return self.wrappers[b]

@@ -56,13 +56,15 @@ class EngineConfig:
     # between them: bullet_ray.engine.piecewise_graphs). Steps with prompt tokens of the chunked schedule
     # and of the bullet prefill side; larger steps run eagerly (GPU only, off with enforce_eager). On the
     # H100 an eager step of Llama-3.1-8B was launch-bound below ~1,000 tokens and GPU-bound above
-    # (benchmarks/results/serve_h100_m2e), where padding to a bucket only costs
-    piecewise_graph_tokens: int = 1024
+    # (benchmarks/results/serve_h100_m2e); a step through these graphs also launches ahead of the collect
+    # of the step before (async_scheduling), so the default holds the chunked schedule's 2,048-token budget
+    piecewise_graph_tokens: int = 2048
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
-    # CPU. Only decode-graph steps launch ahead of the collect: an eager step's launch blocks once the
-    # device's queue is full, which is why launching every step ahead cost goodput on the H100
-    # (benchmarks/results/serve_h100_m2/sync-diagnostic); on CPU it only delays every token by a step
+    # CPU. Only steps through CUDA graphs (decode graphs, piecewise graphs) launch ahead of the collect: an
+    # eager step's launch blocks once the device's queue is full, which is why launching every step ahead
+    # cost goodput on the H100 (benchmarks/results/serve_h100_m2/sync-diagnostic); on CPU it only delays
+    # every token by a step
     async_scheduling: bool | None = None
     # SM partition backend on GPU: "auto" (green contexts when available), "green", "mps", "none"
     partition: str = "auto"

@@ -70,10 +70,12 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     (aimed at the relaxed preset for "bullet-slo-relaxed"), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
-    session)."""
+    session), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
+    schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch)."""
     name, _, scheduling = name.partition("+")  # "+sync" / "+async": async_scheduling off / on
-    if scheduling not in ("", "sync", "async", "nopw"):
-        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async or +nopw")
+    pw_tokens = scheduling.removeprefix("pw")
+    if scheduling not in ("", "sync", "async", "nopw") and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw or +pw<tokens>")
     if name == "bullet" and not scheduling:
         return base_yaml
     doc = yaml.safe_load(base_yaml.read_text())
@@ -81,6 +83,8 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     suffix = f"+{scheduling}" if scheduling else ""
     if scheduling == "nopw":
         engine["piecewise_graph_tokens"] = 0
+    elif scheduling.startswith("pw"):
+        engine["piecewise_graph_tokens"] = int(pw_tokens)
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith("bullet-slo-lw"):

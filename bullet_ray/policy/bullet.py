@@ -23,6 +23,9 @@ from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule, SplitSettings
 from bullet_ray.policy.state import PolicyOutput, QueuedRequest, StepState
 
+# seconds a prefill batch's saturation size is kept before it is computed again from the corrected model
+SATURATION_REFRESH_S = 2.0
+
 
 class BulletPolicy:
     def __init__(self, model: PerfModel, decode_sms: Sequence[int], sm_count: int, targets: SloTargets,
@@ -34,16 +37,24 @@ class BulletPolicy:
         self.token_cap = token_cap
         self.buckets = buckets or LengthBuckets()
         self.lookahead_batches = lookahead_batches
-        self._saturation: dict[int, int] = {}
+        # (prefill SMs, decode busy) -> (saturation tokens, monotonic time computed): computed again after
+        # SATURATION_REFRESH_S, since the online correction learns how fast each step size really runs
+        self._saturation: dict[tuple[int, bool], tuple[int, float]] = {}
 
     @property
     def decode_sms(self) -> list[int]:
         return self.rule.decode_sms
 
-    def saturation_tokens(self, sms: int) -> int:
-        if sms not in self._saturation:
-            self._saturation[sms] = self.model.saturation_tokens(sms, share=0.95, max_tokens=max(self.token_cap, 64))
-        return self._saturation[sms]
+    def saturation_tokens(self, sms: int, other_busy: bool = False, now_s: float | None = None) -> int:
+        """Where a prefill batch on `sms` SMs stops growing (PerfModel.saturation_tokens at 95%, with the
+        online correction as it stands, at most SATURATION_REFRESH_S old)."""
+        now = time.monotonic() if now_s is None else now_s
+        cached = self._saturation.get((sms, other_busy))
+        if cached is None or now - cached[1] >= SATURATION_REFRESH_S:
+            tokens = self.model.saturation_tokens(sms, share=0.95, max_tokens=max(self.token_cap, 64),
+                                                  other_busy=other_busy)
+            cached = self._saturation[(sms, other_busy)] = (tokens, now)
+        return cached[0]
 
     def plan(self, state: StepState, index: int) -> tuple[list[QueuedRequest], list[list[QueuedRequest]]]:
         """The queue's order and its first batches for the prefill side of ladder entry `index`."""
@@ -63,8 +74,8 @@ class BulletPolicy:
             head = batch[0]
             return head.waited_s + state.prefill_remaining_s + t <= head_target or \
                 head.waited_s + state.prefill_remaining_s + own(head) > head_target
-        batches = plan_batches(order, self.buckets, self.token_cap, self.saturation_tokens(sms), fits,
-                               self.lookahead_batches)
+        batches = plan_batches(order, self.buckets, self.token_cap, self.saturation_tokens(sms, busy, state.now_s),
+                               fits, self.lookahead_batches)
         return order, batches
 
     def step(self, state: StepState) -> PolicyOutput:

@@ -30,10 +30,10 @@ class EngineArgs(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of a prefill / hybrid batch")
     seed: int = Field(0, description="seed of dummy weights")
     enforce_eager: bool = Field(False, description="no CUDA graphs")
-    piecewise_graph_tokens: int = Field(1024, ge=0, description="largest step (tokens) with prompt tokens that "
+    piecewise_graph_tokens: int = Field(2048, ge=0, description="largest step (tokens) with prompt tokens that "
                                         "runs through piecewise CUDA graphs (attention eager between them); 0: off")
-    async_scheduling: bool | None = Field(None, description="plan and launch a decode-graph step while the last "
-                                          "step runs (null: on for GPU, off for CPU; docs/gpu.md)")
+    async_scheduling: bool | None = Field(None, description="plan and launch a step that runs through CUDA graphs "
+                                          "while the last step runs (null: on for GPU, off for CPU; docs/gpu.md)")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")
     kv_watermark: float = Field(0.01, ge=0, le=0.5, description="fraction of KV blocks prefill leaves free for "
                                                                 "running sequences to grow into")

@@ -95,17 +95,23 @@ def test_runner_gathers_pending_tokens_and_matches_a_synchronous_run():
     assert [lp.token_id for lp in logprobs] == tokens[0] and all(len(lp.top) == 2 for lp in logprobs)
 
 
-def _worker_stub(role: str, is_gpu: bool, graphs: object, num_running: int, num_waiting: int = 0) -> object:
+def _worker_stub(role: str, is_gpu: bool, graphs: object, num_running: int, num_waiting: int = 0,
+                 piecewise_tokens: int = 0, budget: int = 2048) -> object:
     """A worker with only the attributes the launch-ahead rule reads (no process, no model)."""
     from types import SimpleNamespace
 
+    from bullet_ray.engine.layerwise import LayerGroups
+    from bullet_ray.engine.piecewise_graphs import token_buckets
     from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
 
     cls = {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
     stub = cls.__new__(cls)
-    stub.config = SimpleNamespace(is_gpu=is_gpu)
-    stub.runner = SimpleNamespace(graphs=graphs)
+    stub.config = SimpleNamespace(is_gpu=is_gpu, max_num_batched_tokens=budget)
+    buckets = token_buckets(piecewise_tokens)
+    piecewise = SimpleNamespace(bucket=lambda n: next((b for b in buckets if b >= n), None)) if buckets else None
+    stub.runner = SimpleNamespace(graphs=graphs, piecewise=piecewise)
     stub.scheduler = _FakeQueue(num_running, num_waiting)
+    stub.layer_groups = LayerGroups(4, 4096)
     return stub
 
 
@@ -119,12 +125,14 @@ class _FakeQueue:
         return self.num_running
 
 
-def test_only_decode_graph_steps_launch_ahead_of_the_collect_on_gpu():
+def test_only_graph_steps_launch_ahead_of_the_collect_on_gpu():
     """An eager step's launch can block on the device's queue, so the step in flight is collected first;
-    a decode graph replay launches ahead. On CPU every step launches ahead (the async path stays tested)."""
+    a decode graph replay or a step through piecewise graphs launches ahead. On CPU every step launches
+    ahead (the async path stays tested)."""
     from types import SimpleNamespace
 
     from bullet_ray.engine.cuda_graphs import graph_buckets
+    from bullet_ray.engine.scheduler.base import ScheduledSeq
 
     buckets = graph_buckets(64)
     graphs = SimpleNamespace(bucket=lambda n: next((b for b in buckets if b >= n), None))
@@ -132,8 +140,22 @@ def test_only_decode_graph_steps_launch_ahead_of_the_collect_on_gpu():
     assert not may_block(_worker_stub("decode", True, graphs, 40))
     assert may_block(_worker_stub("decode", True, graphs, 65))  # past the largest graph: eager
     assert may_block(_worker_stub("decode", True, None, 4))  # enforce_eager: no graphs
-    assert may_block(_worker_stub("prefill", True, graphs, 0))  # prefill steps are always eager
     assert not may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=0))  # decode-only step
-    assert may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3))  # prompt chunks: mixed, eager
+    assert may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3))  # prompt chunks, no piecewise
+    # piecewise graphs up to the budget hold every mixed step; below it a full step could be eager
+    assert not may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3, piecewise_tokens=2048))
+    assert may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3, piecewise_tokens=1024))
+    assert may_block(_worker_stub("hybrid", True, graphs, 3000, num_waiting=3, piecewise_tokens=2048))
     assert not may_block(_worker_stub("hybrid", False, None, 8, num_waiting=3))  # CPU
-    assert not may_block(_worker_stub("prefill", False, None, 0))
+    # the prefill side plans first, then asks of the planned batch
+    prefill = _worker_stub("prefill", True, None, 0, piecewise_tokens=2048)
+    assert not may_block(prefill) and not may_block(_worker_stub("prefill", False, None, 0))
+
+    def batch(num_tokens):
+        return [ScheduledSeq(SimpleNamespace(), num_tokens)]
+
+    assert not prefill.batch_runs_eagerly(batch(1500))
+    assert prefill.batch_runs_eagerly(batch(2049))  # past the largest piecewise bucket
+    assert prefill.batch_runs_eagerly(batch(5000))  # layer-wise: collected first, waits between groups
+    assert _worker_stub("prefill", True, None, 0).batch_runs_eagerly(batch(16))  # no piecewise graphs
+    assert not _worker_stub("hybrid", True, graphs, 8, piecewise_tokens=16).batch_runs_eagerly(batch(5000))

@@ -257,3 +257,19 @@ def test_online_correction_keys_by_step_size_then_falls_back():
     online.observe("prefill", 9, predicted_s=0.010, measured_s=0.015, size=260)  # one sample: not yet its own
     assert online.factor("prefill", 9, 260) == pytest.approx(1.5)  # ... but the bucket (weight 1) moved
     assert online.factor("decode", 3, 300) == 1.0
+
+
+def test_saturation_follows_the_online_correction_by_step_size():
+    """Measured small steps far slower than calibrated (corun on the H100: a ~400-token step 1.6x, a ~3k one
+    0.93x) move the saturation size up; a size never measured does not drag the best rate down."""
+    model = PerfModel(LLAMA8B, H100_SXM)
+    before = model.saturation_tokens(100, share=0.95, max_tokens=8192)
+    for tokens, ratio in ((200, 1.7), (400, 1.6), (800, 1.3), (1600, 1.05), (3000, 0.93)):
+        for _ in range(4):
+            shape = StepShape.prefill(tokens)
+            model.observe(shape, 100, False, 0, ratio * model.predict(shape, 100, False, None).calibrated_s)
+    after = model.saturation_tokens(100, share=0.95, max_tokens=8192)
+    assert after >= 1500 > before
+    # 8,192 tokens were never measured (its factor falls back to the phase's); the best is over every size
+    rate = {t: t / model.predict_prefill_s(t, t, 100, num_seqs=max(1, -(-t // 1024))) for t in (after, 8192)}
+    assert rate[after] >= 0.95 * rate[8192]

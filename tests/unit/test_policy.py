@@ -253,3 +253,18 @@ def test_balance_search_finds_the_brute_force_minimax():
         assert scores[d.index] == pytest.approx(min(scores), rel=1e-9), trial
         balanced += 1
     assert balanced >= 5  # the crafted states do reach the branch
+
+
+def test_saturation_is_computed_again_after_the_refresh_interval():
+    from bullet_ray.perf.kernels import StepShape
+    from bullet_ray.policy.bullet import SATURATION_REFRESH_S
+
+    model = PerfModel(LLAMA8B, H100_SXM)
+    policy = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192)
+    first = policy.saturation_tokens(100, True, now_s=10.0)
+    for tokens, ratio in ((300, 1.8), (600, 1.5), (1200, 1.2), (2400, 1.0), (4000, 0.9)):
+        for _ in range(4):
+            shape = StepShape.prefill(tokens)
+            model.observe(shape, 100, True, 0, ratio * model.predict(shape, 100, True, None).calibrated_s)
+    assert policy.saturation_tokens(100, True, now_s=10.0 + SATURATION_REFRESH_S / 2) == first  # cached
+    assert policy.saturation_tokens(100, True, now_s=10.0 + SATURATION_REFRESH_S) > first

@@ -33,9 +33,11 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert "piecewise_graph_tokens" not in chunked
     eager = _engine(system_yaml("chunked-2048+nopw", tmp_path))
     assert eager["piecewise_graph_tokens"] == 0 and "async_scheduling" not in eager
+    old = _engine(system_yaml("chunked-2048+pw1024", tmp_path))
+    assert old["piecewise_graph_tokens"] == 1024 and old["step_log_path"].endswith("chunked-2048+pw1024-steps.jsonl")
 
 
-@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "fancy", "bullet+fast"])
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "fancy", "bullet+fast", "chunked-2048+pwx"])
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):
         system_yaml(name, tmp_path)

@@ -3,10 +3,14 @@ process's entry point, `run_worker`, is in `entry.py`).
 
 Every role steps the same way (`WorkerBase.step`): plan step k+1, launch it on the device, then collect
 step k (the host learns its sampled ids: stop checks, outputs, freed blocks) while k+1 runs. Without
-asynchronous scheduling step k+1 is collected right after its launch. Only a step that replays a decode
-graph is launched ahead of the collect: an eager step's launch blocks once the device's launch queue is
-full (hundreds of kernels), which on the H100 held the step before's tokens back by most of a step. Blocks freed while a step is in
-flight go back to the shared pool only once it has finished (`DeferredFree`).
+asynchronous scheduling step k+1 is collected right after its launch. A step launches ahead of the collect
+when it runs through CUDA graphs: a decode graph replay, or a step with prompt tokens that piecewise graphs
+hold (a few launches per layer). An eager step's launch blocks once the device's launch queue is full
+(hundreds of kernels), which on the H100 held the step before's tokens back by most of a step, so the step
+in flight is collected first. A role decides that before planning (`next_step_is_eager`: the hybrid
+worker, whose plan holds running sequences the collect may finish) or, where collecting cannot change the
+planned batch, after (`batch_runs_eagerly`: the prefill worker). Blocks freed while a step is in flight go
+back to the shared pool only once it has finished (`DeferredFree`).
 """
 
 from __future__ import annotations
@@ -186,6 +190,9 @@ class WorkerBase:
             self._finish_inflight()
             return True
         launch_started, last_done_s = time.perf_counter(), self._last_done_s
+        if self.inflight is not None and self.config.is_gpu and self.batch_runs_eagerly(batch):
+            self._finish_inflight()
+            launch_started = time.perf_counter()
         step = self.launch(batch)
         step.host_s.update(plan=launch_started - plan_started, launch=step.launched_s - launch_started)
         if last_done_s:  # since the last collect: its outputs, messages, the split, this plan
@@ -224,15 +231,27 @@ class WorkerBase:
         keeps the asynchronous path exercised)."""
         return self.config.is_gpu and self.next_step_is_eager()
 
-    def runs_eagerly(self, num_decode_seqs: int, has_prompt_tokens: bool) -> bool:
-        """Whether a step of this shape runs eagerly (not one decode graph replay)."""
+    def runs_eagerly(self, num_decode_seqs: int, max_num_tokens: int = 0) -> bool:
+        """Whether a step runs eagerly: a decode-only step of `num_decode_seqs` (max_num_tokens 0) unless a
+        decode graph holds it; a step that may carry prompt tokens, up to `max_num_tokens` in all, unless
+        piecewise graphs hold that many (one replay per piece, attention launched between them)."""
+        if max_num_tokens > 0:
+            piecewise = self.runner.piecewise
+            return piecewise is None or piecewise.bucket(max_num_tokens) is None
         graphs = self.runner.graphs
-        return has_prompt_tokens or graphs is None or graphs.bucket(num_decode_seqs) is None
+        return graphs is None or graphs.bucket(num_decode_seqs) is None
 
     # role hooks -------------------------------------------------------------------------------------
     def next_step_is_eager(self) -> bool:
-        """Whether the next step will likely run eagerly (asked before it is planned); default: always."""
+        """Whether the next step may run eagerly, asked before it is planned (the step in flight is then
+        collected first); default: always."""
         return True
+
+    def batch_runs_eagerly(self, batch: list[ScheduledSeq]) -> bool:
+        """Whether a planned batch runs eagerly, asked after planning while a step is in flight (on GPU): the
+        step in flight is then collected before the batch launches. Only for roles that plan ahead
+        (`next_step_is_eager` False) and whose planned batch the collect cannot change; default: never."""
+        return False
 
     def handle(self, msg: Any) -> None:
         raise NotImplementedError

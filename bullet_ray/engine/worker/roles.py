@@ -150,6 +150,13 @@ class PrefillWorker(SideWorker):
         if missed:
             self.conn.send(AbortMissed(missed))
 
+    def next_step_is_eager(self) -> bool:
+        return False  # planned first (a collect cannot change a prefill batch), then `batch_runs_eagerly`
+
+    def batch_runs_eagerly(self, batch: list[ScheduledSeq]) -> bool:
+        num_tokens = sum(item.num_new_tokens for item in batch)
+        return self.layer_groups.applies(num_tokens) or self.runs_eagerly(0, num_tokens)
+
     def plan(self) -> list[ScheduledSeq]:
         if self.decider is not None:
             self.decider.decide()  # the split and the queue's order, from this step's state
@@ -214,7 +221,7 @@ class DecodeWorker(SideWorker):
         return len(self.scheduler) > 0 or self.switch_pending()
 
     def next_step_is_eager(self) -> bool:
-        return self.runs_eagerly(len(self.scheduler), False)
+        return self.runs_eagerly(len(self.scheduler))
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -261,7 +268,12 @@ class HybridWorker(WorkerBase):
         return self.scheduler.num_waiting + self.scheduler.num_running > 0
 
     def next_step_is_eager(self) -> bool:
-        return self.runs_eagerly(self.scheduler.num_running, self.scheduler.num_waiting > 0)
+        """Decided before planning: the plan holds running sequences that the collect may finish. A step
+        with prompt chunks has at most the token budget (one token per running sequence, if more)."""
+        running = self.scheduler.num_running
+        if self.scheduler.num_waiting == 0:
+            return self.runs_eagerly(running)
+        return self.runs_eagerly(running, max(self.config.max_num_batched_tokens, running))
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:

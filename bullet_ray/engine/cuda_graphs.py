@@ -7,9 +7,14 @@ decode-only steps use the same graphs.
 
 A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
 is padded up to its bucket (`BUCKETS`, up to the first one >= max_num_seqs). Padding rows repeat the batch's
-first sequence's token, position and slot: they write the same K/V into the same slot and touch no other
-sequence's blocks, and their outputs are dropped. Each attends over ONE token of that sequence (the first
-slot of its last page, `padded_rows`), not its whole context: until the fifth session they read all of it,
+first sequence's token, position and slot: they touch no other sequence's blocks, and their outputs are
+dropped. Each attends over ONE token of that sequence (the first slot of its last page, `padded_rows`), so
+from the second layer on its K/V differ from row 0's while going to row 0's slot: inside a graph of more
+than one row row 0's K/V are written after the other rows' (one more small kernel per layer,
+`flashinfer_backend.store_first_row_last`), since in one scatter it is undefined which of the duplicate
+writes stays, and row 0 could read, and keep in the cache, a padding row's K/V for its own token (the
+likely cause of the graph-vs-eager failures with tensor-core decode in the sixth session,
+benchmarks/results/decode_tc_h100). Until the fifth session padding rows read row 0's whole context,
 so a batch of 35 in the 64 bucket read 29 extra copies of the first sequence's KV every step (5 GB at
 1.3k tokens of Llama-3.1-8B, ~1.7 ms on the H100). Padding rows still cost their share of the GEMMs,
 norms and sampling, and the bigger bucket's kernels: on the H100 a step of 65-72 sequences took 12.9 ms in
@@ -18,11 +23,15 @@ the 128 bucket against 10.9 ms for 57-64 in the 64 bucket, 129-140 took 24.0 aga
 and by 32 up to 256 (past 32 at most 25% padding rows): a step of 65 sequences pads to 80, not 128.
 
 flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
-each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). For the
-CUDA-core decode kernel in that mode the launch shape (split-KV or not, padded grid,
-workspace offsets) depends on the batch size alone, not on the context lengths, so one graph per bucket
-serves every step. The plan's own description is still part of the key: should a plan ever come out
-different, a new graph is captured rather than a stale one replayed (`num_captures` counts them).
+each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
+the launch shape depends on the batch size alone, not on the context lengths, for either kernel, so one
+graph per bucket serves every step: the CUDA-core kernel's plan pads its grid to a fixed size; the
+tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) always splits the KV, sizes
+its query tiles from the row count, pads its grid to max(2 * SMs / KV heads, tiles) CTAs with a valid-block
+mask, and keeps the KV chunk size, the work lists and the row count in its workspace (copied by each plan),
+reading qo_indptr from a buffer the wrapper allocates once. The plan's own description is still part of the
+key: should a plan ever come out different, a new graph is captured rather than a stale one replayed
+(`num_captures` counts them).
 
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
 the ladder index of the worker's side) gets its own set.
@@ -67,7 +76,8 @@ class CaptureStream:
 def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[list[list[int]], list[int]]:
     """The page lists and lengths of a bucket-b batch: the real rows, then padding rows that each see one
     token (the first slot of the first row's last page: written, since that page holds the row's tokens
-    from its first slot on)."""
+    from its first slot on). Padding rows write row 0's slot; row 0's own write is issued last (module
+    docstring)."""
     pad = b - len(tables)
     return list(tables) + [tables[0][-1:]] * pad, list(seq_lens) + [1] * pad
 
@@ -149,6 +159,7 @@ class DecodeGraphs:
         saved = be.decode
         be.decode = self._wrapper(b)
         be._is_decode = True
+        be.first_row_writes_last = b > 1  # padding rows write row 0's slot: row 0's K/V must win
         try:
             stream = self._capture_stream.get()
             ctx = AttentionContext(be, md)
@@ -163,6 +174,7 @@ class DecodeGraphs:
             torch.cuda.current_stream().wait_stream(stream)
         finally:
             be.decode = saved
+            be.first_row_writes_last = False
             be.forget_batch()
         return graph, out
 

@@ -78,16 +78,18 @@ def _tiny_model(num_layers=2):
     return model, cfg
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("seq_lens", [[5, 20, 33], [17], [40, 1, 300, 64, 9]])
-def test_graph_decode_equals_eager(seq_lens):
-    """Graph replay (batch padded to its bucket) gives the eager hidden states and writes the same KV;
-    padding rows touch no block outside the batch."""
+def test_graph_decode_equals_eager(seq_lens, tensor_cores):
+    """Graph replay (batch padded to its bucket) gives the eager hidden states and writes the same KV (each
+    row's new token in every layer too: the padding rows share row 0's slot); padding rows touch no block
+    outside the batch. With either decode kernel (CUDA-core, tensor-core)."""
     from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model()
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
     graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"))
     n = len(seq_lens)
     md = _metadata([1] * n, seq_lens)
@@ -110,18 +112,23 @@ def test_graph_decode_equals_eager(seq_lens):
             assert rel < 1e-2, f"relative difference {rel:.4f}"
     assert torch.equal(kv[:, nxt:], saved[:, nxt:])  # blocks outside the batch untouched
     assert float((kv.float() - eager_kv.float()).norm() / eager_kv.float().norm()) < 1e-2
+    for i, s in enumerate(seq_lens):  # every row's new K/V in every layer, row 0's against the padding rows'
+        block, off = tables[i][(s - 1) // 16], (s - 1) % 16
+        new, ref = kv[:, block, :, off].float(), eager_kv[:, block, :, off].float()
+        assert float((new - ref).norm() / ref.norm()) < 1e-2, f"row {i}'s K/V"
     assert graphs.num_captures == 1
 
 
-def test_graph_is_reused_across_context_lengths():
-    """One graph per bucket serves growing contexts (the plan of the CUDA-core kernel depends on the
-    batch size alone); every replay equals eager."""
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_graph_is_reused_across_context_lengths(tensor_cores):
+    """One graph per bucket serves growing contexts (in graph mode either decode kernel's plan depends on
+    the batch size alone); every replay equals eager."""
     from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model()
     kv = torch.randn(cfg.num_hidden_layers, 128, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
     graphs = DecodeGraphs(model, backend, 16, 4, 64, torch.device("cuda"))
     with torch.inference_mode():
         for lens in ([10, 30, 3], [90, 200, 17], [400, 31, 900]):

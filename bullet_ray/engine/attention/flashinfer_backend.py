@@ -25,8 +25,12 @@ picks it when a KV head serves >= 4 query heads). In the H100 profile of the chu
 (~120 decode rows at ~1.1k context beside ~1.9k prompt tokens; benchmarks/results/mixed_step_profile_h100)
 the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the KV at ~1.7 TB/s; the
 tensor-core kernel is 2-11% faster there and the offline benchmark 6.7% (benchmarks/results/decode_tc_h100),
-but decode-graph replays with padding rows did not match eager under it on the GPU, so it is off by
-default. `BULLET_RAY_DECODE_TENSOR_CORES=1` / `0` sets it for every backend the process builds.
+but decode-graph replays with padding rows did not match eager under it on the GPU (sixth session). The
+likely cause is not the kernel's plan (in CUDA-graph mode it depends on the batch size alone) but the
+padding rows' K/V writes into row 0's slot, which from the second layer on differ from row 0's (one
+scatter leaves either: `store_first_row_last` now writes row 0 last inside decode graphs). It stays off by
+default until the GPU tests pass with it and a measurement says so. `BULLET_RAY_DECODE_TENSOR_CORES=1` /
+`0` sets it for every backend the process builds.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ class FlashInferBackend(AttentionBackend):
     # a mixed batch's leading decode rows through the decode kernel (False: every row through the prefill
     # kernel, as before; benchmarks/gpu/mixed_attention.py compares the two)
     split_mixed_batches = True
+    # on while cuda_graphs.DecodeGraphs captures a bucket of more than one row: its padding rows share row
+    # 0's slot, and row 0's K/V are written after the others' (`store_first_row_last`)
+    first_row_writes_last = False
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float, decode_tensor_cores: bool | None = None) -> None:
@@ -136,7 +143,11 @@ class FlashInferBackend(AttentionBackend):
             self._rows_md = metadata
         rows = cache.view(num_blocks * 2 * bs, kv_heads, head_dim)
         kv = _adjacent_kv(k, v)
-        if kv is not None and kv.dtype == cache.dtype:
+        if self.first_row_writes_last and len(self._kv_rows) > 1:  # a decode graph's padded batch
+            if kv is None or kv.dtype != cache.dtype:
+                kv = torch.stack((k, v), dim=1).to(cache.dtype)
+            store_first_row_last(rows, self._kv_rows, kv)
+        elif kv is not None and kv.dtype == cache.dtype:
             rows.index_put_((self._kv_rows,), kv)
         else:
             rows.index_copy_(0, self._kv_rows[:, 0], k.to(cache.dtype))
@@ -181,6 +192,18 @@ class PlanFence:
         event = torch.cuda.Event()
         event.record()
         self._copied[id(wrapper)] = event
+
+
+def store_first_row_last(rows: torch.Tensor, kv_rows: torch.Tensor, kv: torch.Tensor) -> None:
+    """Write K/V rows `kv` [tokens, 2, kv_heads, head_dim] at `kv_rows` [tokens, 2], the first token's last.
+
+    A decode graph's padding rows (cuda_graphs.padded_rows) repeat row 0's slot, but from the second layer on
+    their K/V differ from row 0's (they attend over one token, row 0 over its context). In one `index_put_`
+    duplicate indices leave either value (undefined which): row 0 could read, and keep in the cache, a
+    padding row's K/V for its own token. Rows 1.. first, then row 0 alone: row 0's K/V stay. Rows 1.. hold
+    no other duplicates (real rows have slots of their own, padding rows only row 0's)."""
+    rows.index_put_((kv_rows[1:],), kv[1:])
+    rows.index_put_((kv_rows[:1],), kv[:1])
 
 
 def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:

@@ -62,15 +62,18 @@ def test_plans_per_batch_shape(query_lens, seq_lens, wrappers):
     assert planned_rows == len(query_lens)
 
 
-def test_decode_tensor_cores_default_comes_from_the_environment(monkeypatch):
-    """Off unless BULLET_RAY_DECODE_TENSOR_CORES=1 (graph replays with padding rows failed the GPU tests
-    under the tensor-core kernel); any other value than 0 / 1 is an error naming the variable."""
+def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(monkeypatch):
+    """On where a KV head serves >= 4 query heads (SGLang's rule; Llama-3.1-8B 32 / 8), off below (SmolLM2
+    9 / 3) unless BULLET_RAY_DECODE_TENSOR_CORES says otherwise."""
     from bullet_ray.engine.attention.flashinfer_backend import default_decode_tensor_cores
 
     monkeypatch.delenv("BULLET_RAY_DECODE_TENSOR_CORES", raising=False)
-    assert default_decode_tensor_cores() is False
+    assert default_decode_tensor_cores(32, 8) is True
+    assert default_decode_tensor_cores(9, 3) is False
     monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "1")
-    assert default_decode_tensor_cores() is True
+    assert default_decode_tensor_cores(9, 3) is True
+    monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "0")
+    assert default_decode_tensor_cores(32, 8) is False
     monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "yes")
     with pytest.raises(ValueError, match="BULLET_RAY_DECODE_TENSOR_CORES"):
         default_decode_tensor_cores()

@@ -24,12 +24,14 @@ sequence gets the same tokens whichever way its batch ran: flashinfer's CUDA-cor
 picks it when a KV head serves >= 4 query heads). In the H100 profile of the chunked schedule's mixed steps
 (~120 decode rows at ~1.1k context beside ~1.9k prompt tokens; benchmarks/results/mixed_step_profile_h100)
 the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the KV at ~1.7 TB/s; the
-tensor-core kernel is 2-11% faster there and the offline benchmark 6.7% (benchmarks/results/decode_tc_h100),
-but decode-graph replays with padding rows did not match eager under it on the GPU (sixth session). The
-likely cause is not the kernel's plan (in CUDA-graph mode it depends on the batch size alone) but the
-padding rows' K/V writes into row 0's slot, which from the second layer on differ from row 0's (one
-scatter leaves either: `store_first_row_last` now writes row 0 last inside decode graphs). It stays off by
-default until the GPU tests pass with it and a measurement says so. `BULLET_RAY_DECODE_TENSOR_CORES=1` /
+tensor-core kernel is 2-11% faster there. Decode-graph replays with padding rows did not match eager under
+it on the GPU (sixth session); the cause was not the kernel's plan (in CUDA-graph mode it depends on the
+batch size alone) but the padding rows' K/V writes into row 0's slot, which from the second layer on differ
+from row 0's (one scatter leaves either, under either kernel: `store_first_row_last` now writes row 0
+last inside decode graphs). Since that fix the GPU graph tests pass with both kernels, and offline (300
+Azure-conversation requests, chunked-2048, alternating runs on one H100) the tensor-core kernel serves
+15.36 / 15.32 req/s against 14.14 / 14.15 (benchmarks/results/decode_tc_on_h100). So it is the default
+where a KV head serves >= 4 query heads (Llama-3.1-8B: 32 / 8), as in SGLang; `BULLET_RAY_DECODE_TENSOR_CORES=1` /
 `0` sets it for every backend the process builds.
 """
 
@@ -53,9 +55,16 @@ os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
 WORKSPACE_BYTES = 256 << 20
 
 
-def default_decode_tensor_cores() -> bool:
-    """Whether decode rows run flashinfer's tensor-core kernel unless a backend is told otherwise."""
-    value = os.environ.get("BULLET_RAY_DECODE_TENSOR_CORES", "0")
+# query heads per KV head from which decode rows run the tensor-core kernel by default (SGLang's rule)
+TENSOR_CORE_MIN_GROUP = 4
+
+
+def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bool:
+    """Whether decode rows run flashinfer's tensor-core kernel unless a backend is told otherwise:
+    BULLET_RAY_DECODE_TENSOR_CORES (0 / 1) when set, else when a KV head serves >= 4 query heads."""
+    value = os.environ.get("BULLET_RAY_DECODE_TENSOR_CORES")
+    if value is None:
+        return num_heads >= TENSOR_CORE_MIN_GROUP * max(1, num_kv_heads)
     if value not in ("0", "1"):
         raise ValueError(f"BULLET_RAY_DECODE_TENSOR_CORES must be 0 or 1, got {value!r}")
     return value == "1"
@@ -76,7 +85,7 @@ class FlashInferBackend(AttentionBackend):
         import flashinfer
 
         device = kv_cache.device
-        self.decode_tensor_cores = default_decode_tensor_cores() if decode_tensor_cores is None \
+        self.decode_tensor_cores = default_decode_tensor_cores(num_heads, num_kv_heads) if decode_tensor_cores is None \
             else decode_tensor_cores
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")

@@ -68,7 +68,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         specs = workload(args, engine.vocab_size)
         params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
         prompts: list[Any] = [s.prompt for s in specs]
-        engine.generate(prompts[:args.warmup], params[:args.warmup])
+        if args.warmup > 0:
+            engine.generate(prompts[:args.warmup], params[:args.warmup])
         start = time.perf_counter()
         outs = engine.generate(prompts, params, use_tqdm=True)
         seconds = time.perf_counter() - start
@@ -109,7 +110,8 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (benchmarks.gpu.kernel_compare reuses its defaults for our engine's set-up)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="dummy:llama-3.1-8b")
     parser.add_argument("--device", default="cuda")
@@ -134,9 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     if args.kv_cache_gb is None:
         args.kv_cache_gb = 46.0 if args.device.startswith("cuda") else 1.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.vllm_only:
         print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)

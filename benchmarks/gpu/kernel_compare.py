@@ -404,7 +404,15 @@ def run_vllm(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     log_path = args.out / "vllm_child.log"
     started = time.perf_counter()
     with open(log_path, "w") as log:
+        # its own process group, so that whatever it starts (compile workers) is killed with it; a signal that
+        # stops this process (`timeout` around the device call) would not reach that group: pass it on
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            _kill_group(proc)
+            raise SystemExit(128 + signum)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         try:
             stdout, _ = proc.communicate(timeout=args.vllm_timeout_s)
         except subprocess.TimeoutExpired:
@@ -412,7 +420,9 @@ def run_vllm(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             stdout = ""
             logger.error("vLLM child timed out after %d s", args.vllm_timeout_s)
         finally:
-            _kill_group(proc)  # whatever it started (compile workers) goes with it
+            _kill_group(proc)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     for line in (stdout or "").splitlines():
         if line.startswith(RESULT_PREFIX):
             result = json.loads(line.removeprefix(RESULT_PREFIX))

@@ -50,18 +50,24 @@ def summary(specs: list[RequestSpec], outputs_tokens: list[int], seconds: float)
             "output_tokens": num_out, "output_tokens_expected": sum(s.output_tokens for s in specs)}
 
 
-def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+def engine_config(args: argparse.Namespace) -> Any:
+    """Our engine's EngineConfig from this command line (benchmarks.gpu.kernel_compare reuses it)."""
     from bullet_ray.config import EngineConfig
+
+    return EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
+                        async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
+                        enforce_eager=args.enforce_eager, step_log_path=args.step_log,
+                        profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
+                        profile_num_steps=args.profile_num_steps)
+
+
+def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from bullet_ray.engine.llm_engine import LLMEngine
     from bullet_ray.engine.sampling_params import SamplingParams
 
-    config = EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
-                          async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
-                          enforce_eager=args.enforce_eager, step_log_path=args.step_log,
-                          profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
-                          profile_num_steps=args.profile_num_steps)
+    config = engine_config(args)
     start = time.perf_counter()
     with LLMEngine(config) as engine:
         startup_s = time.perf_counter() - start

@@ -55,6 +55,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -260,7 +261,11 @@ def read_step_log(path: str | Path, first: int, num: int) -> list[dict[str, int]
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+    """Our engine (benchmarks.offline's set-up, chunked schedule) on every prompt at once; the hybrid worker
+    profiles the window; the engine stops once the window is written (the rest of the run is not needed)."""
     from benchmarks import offline
+    from bullet_ray.engine.llm_engine import LLMEngine
+    from bullet_ray.engine.sampling_params import SamplingParams
 
     prof = args.out / "ours_prof"
     step_log = args.out / "ours_steps.jsonl"
@@ -270,25 +275,51 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         old.unlink()
     ns = _offline_args(args, profile_dir=str(prof), profile_start_step=args.warmup_steps,
                        profile_num_steps=args.profile_steps, step_log=str(step_log))
+    config = offline.engine_config(ns)
+    summary_path, trace = prof / "hybrid-summary.json", prof / "hybrid-trace.json.gz"
+    result: dict[str, Any] = {"system": "bullet_ray chunked",
+                              "config": {k: getattr(config, k) for k in (
+                                  "schedule", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_gb",
+                                  "is_async_scheduling", "enforce_eager")}}
     started = time.perf_counter()
-    run = offline.run_ours(ns)
-    result: dict[str, Any] = {"system": run.get("system"), "run_s": round(time.perf_counter() - started, 1),
-                              "offline": {k: run.get(k) for k in ("requests_per_s", "output_tokens_per_s",
-                                                                  "startup_s", "config", "decode_graphs")}}
-    trace = prof / "hybrid-trace.json.gz"
+    with LLMEngine(config) as engine:
+        result["startup_s"] = round(time.perf_counter() - started, 1)
+        specs = offline.workload(ns, engine.vocab_size)
+        params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
+        failure: list[BaseException] = []
+
+        def generate() -> None:
+            try:
+                engine.generate([s.prompt for s in specs], params)
+            except BaseException as exc:  # noqa: BLE001 - the shutdown below ends it with an error on purpose
+                failure.append(exc)
+
+        thread = threading.Thread(target=generate, name="kernel-compare-generate", daemon=True)
+        started = time.perf_counter()
+        thread.start()
+        deadline = started + args.ours_timeout_s
+        while not summary_path.is_file() and thread.is_alive() and time.perf_counter() < deadline:
+            time.sleep(0.2)
+        result["run_s"] = round(time.perf_counter() - started, 1)
+        if not summary_path.is_file() and time.perf_counter() >= deadline:
+            result["error"] = f"no profile window after {args.ours_timeout_s} s"
+        # leaving the block shuts the engine down: requests still running end with an error output
+    thread.join(30)
     if not trace.is_file():
-        result["error"] = (f"no profile trace {trace}: the run had fewer than {args.warmup_steps + args.profile_steps} "
-                           f"steps; lower --warmup-steps or raise --num-prompts")
+        result.setdefault("error", f"no profile trace {trace}: the run had fewer than "
+                                   f"{args.warmup_steps + args.profile_steps} steps; lower --warmup-steps or raise "
+                                   f"--num-prompts" + (f" ({failure[0]!r})" if failure else ""))
         return result
     steps = read_step_log(step_log, args.warmup_steps, args.profile_steps) if step_log.is_file() else []
     tokens = step_token_summary(steps)
-    if steps and len(steps) < args.profile_steps:
-        result["warning"] = f"step log has only {len(steps)} rows in the window"
+    if len(steps) < args.profile_steps:
+        result["warning"] = f"step log has {len(steps)} rows in the window of {args.profile_steps} steps"
     result["steps"] = tokens
     result["trace"] = str(trace)
-    result["profile_summary"] = json.loads((prof / "hybrid-summary.json").read_text()) \
-        if (prof / "hybrid-summary.json").is_file() else None
-    result.update(summarize_trace(trace, args.profile_steps, tokens.get("tokens"), top=args.top))
+    result["profile_summary"] = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    # a run that ended inside the window wrote it as far as it got: the step log says how far
+    num_steps = len(steps) if 0 < len(steps) < args.profile_steps else args.profile_steps
+    result.update(summarize_trace(trace, num_steps, tokens.get("tokens"), top=args.top))
     return result
 
 
@@ -526,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-steps", type=int, default=400, help="steps before the profiled window")
     parser.add_argument("--profile-steps", type=int, default=30, help="profiled steps")
     parser.add_argument("--top", type=int, default=15, help="top kernels kept per system")
+    parser.add_argument("--ours-timeout-s", type=int, default=240, help="our run's wait for its profile window")
     parser.add_argument("--vllm-timeout-s", type=int, default=420, help="the vLLM child is killed after this")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")), help="output folder")
     parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)

@@ -260,6 +260,14 @@ def read_step_log(path: str | Path, first: int, num: int) -> list[dict[str, int]
     return out
 
 
+def _num_step_rows(path: Path) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.startswith('{"kind": "step"'))
+    except OSError:
+        return 0
+
+
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     """Our engine (benchmarks.offline's set-up, chunked schedule) on every prompt at once; the hybrid worker
     profiles the window; the engine stops once the window is written (the rest of the run is not needed)."""
@@ -303,6 +311,10 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         result["run_s"] = round(time.perf_counter() - started, 1)
         if not summary_path.is_file() and time.perf_counter() >= deadline:
             result["error"] = f"no profile window after {args.ours_timeout_s} s"
+        # a step's row is logged once it is collected: the window's last one may still be on its way
+        wanted, until = args.warmup_steps + args.profile_steps, time.perf_counter() + 10
+        while thread.is_alive() and _num_step_rows(step_log) < wanted and time.perf_counter() < until:
+            time.sleep(0.1)
         # leaving the block shuts the engine down: requests still running end with an error output
     thread.join(30)
     if not trace.is_file():

@@ -15,7 +15,10 @@ Both systems get benchmarks/offline.py's workload (Azure-conversation lengths, t
 fixed seed, greedy, ignore_eos, max_tokens from the trace), dummy weights, prefix caching off and the same
 `--max-num-seqs` / `--max-num-batched-tokens` (vLLM's own offline defaults on an H100 are 1024 / 16384, not
 ours, so they are passed explicitly). All requests are queued at once; steps `--warmup-steps` to
-`--warmup-steps + --profile-steps - 1` (counted from each system's first step) run under torch.profiler:
+`--warmup-steps + --profile-steps - 1` (counted from each system's first step) run under torch.profiler.
+The defaults (1,000 prompts, steps 400-429) sit in the run's steady state: ~255 sequences running with
+prompt chunks joining from step ~100 to ~650; with 300 prompts the batch drains after step ~100 (at step 400
+about 90 decode rows and no prompt tokens), so a 300-prompt run wants `--warmup-steps 50`.
 
 - ours: benchmarks.offline's engine set-up with `profile_dir` (bullet_ray/engine/worker/step_profile.py
   writes `hybrid-trace.json.gz`); the step log gives each profiled step's tokens (rows in step order);

@@ -50,25 +50,32 @@ def summary(specs: list[RequestSpec], outputs_tokens: list[int], seconds: float)
             "output_tokens": num_out, "output_tokens_expected": sum(s.output_tokens for s in specs)}
 
 
-def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+def engine_config(args: argparse.Namespace) -> Any:
+    """Our engine's EngineConfig from this command line (benchmarks.gpu.kernel_compare reuses it)."""
     from bullet_ray.config import EngineConfig
+
+    return EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
+                        async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
+                        enforce_eager=args.enforce_eager, step_log_path=args.step_log,
+                        profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
+                        profile_num_steps=args.profile_num_steps)
+
+
+def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from bullet_ray.engine.llm_engine import LLMEngine
     from bullet_ray.engine.sampling_params import SamplingParams
 
-    config = EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          kv_cache_memory_gb=args.kv_cache_gb, max_model_len=args.max_total_tokens,
-                          async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
-                          enforce_eager=args.enforce_eager, step_log_path=args.step_log,
-                          profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
-                          profile_num_steps=args.profile_num_steps)
+    config = engine_config(args)
     start = time.perf_counter()
     with LLMEngine(config) as engine:
         startup_s = time.perf_counter() - start
         specs = workload(args, engine.vocab_size)
         params = [SamplingParams(temperature=0.0, max_tokens=s.output_tokens, ignore_eos=True) for s in specs]
         prompts: list[Any] = [s.prompt for s in specs]
-        engine.generate(prompts[:args.warmup], params[:args.warmup])
+        if args.warmup > 0:
+            engine.generate(prompts[:args.warmup], params[:args.warmup])
         start = time.perf_counter()
         outs = engine.generate(prompts, params, use_tqdm=True)
         seconds = time.perf_counter() - start
@@ -109,7 +116,8 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (benchmarks.gpu.kernel_compare reuses its defaults for our engine's set-up)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="dummy:llama-3.1-8b")
     parser.add_argument("--device", default="cuda")
@@ -134,9 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     if args.kv_cache_gb is None:
         args.kv_cache_gb = 46.0 if args.device.startswith("cuda") else 1.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.vllm_only:
         print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)

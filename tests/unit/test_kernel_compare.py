@@ -1,0 +1,270 @@
+"""benchmarks.gpu.kernel_compare: kernel-name categories, trace summaries, the table, a CPU smoke run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu.kernel_compare import (
+    CATEGORIES,
+    categorize,
+    main,
+    markdown_table,
+    read_step_log,
+    step_annotations,
+    step_token_summary,
+    summarize_trace,
+)
+
+# Real kernel names: ours from benchmarks/results/mixed_step_profile_h100/hybrid-trace.json.gz (H100, torch
+# 2.11, flashinfer 0.7.2); vLLM's from the symbols of the vLLM 0.24.0 wheel (_vllm_fa3_C, _C_stable_libtorch);
+# cuBLAS / Triton / torch from their usual spellings (inductor names its kernels after the fused ops).
+NAMES = {
+    # gemm
+    "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT": "gemm",
+    "nvjet_tst_192x192_64x4_2x1_v_bz_coopA_NNT": "gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_"
+    "kernel__5x_cublas": "gemm",
+    "cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x128x64_1x1x1_0_tnn_align8_warpspecialized_"
+    "cooperative_epi_tma": "gemm",
+    "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, "
+    "false>(cublasLt::cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*)": "gemm",
+    "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 2, 2, false, false, "
+    "cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>>, float>(float, float)": "gemm",
+    "triton_tem_fused_mm_3": "gemm",
+    # attention: flashinfer (ours)
+    "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 1u, 8u, 16u, 4u, 2u, "
+    "flashinfer::DefaultAttention<false, false, false, false>, Params>(Params)": "attention_decode",
+    "void flashinfer::PersistentVariableLengthMergeStatesKernel<8u, 16u, 8u, 4u, __nv_bfloat16, __nv_bfloat16, "
+    "int>(__nv_bfloat16*, float*, int*, __nv_bfloat16*, float*, unsigned int, unsigned int*, unsigned int)":
+        "attention_decode",
+    "void flashinfer::PrefillWithKVCacheKernel<flashinfer::SparseCollectiveMainloop<PagedParams::AdditionalParams, "
+    "flashinfer::AttentionKernelTraits<false, 128, 128, 128, 96, 2, cutlass::bfloat16_t, cutlass::bfloat16_t, "
+    "cutlass::bfloat16_t, int>>>": "attention_prefill",
+    "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<(flashinfer::MaskMode)1, 128u, "
+    "1u, 4u, 8u, 8u, 1u, 4u, (flashinfer::PosEncodingMode)0, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, float, "
+    "int, flashinfer::DefaultAttention<false, false, false, false>>, Params>(Params)": "attention_prefill",
+    "void flashinfer::BatchPrefillWithRaggedKVCacheKernel<flashinfer::KernelTraits<(flashinfer::MaskMode)1, 128u, "
+    "4u, 1u, 8u, 8u, 1u, 4u>, Params>(Params)": "attention_prefill",
+    "void flashinfer::PersistentKernel<flashinfer::BlockBatchPagedAttentionPersistent<128, 128>>(Params)":
+        "attention_prefill",
+    "void flashinfer::MergeStatesKernel<8u, 16u, 8u, 4u, __nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, float*, "
+    "__nv_bfloat16*, float*, unsigned int, unsigned int)": "attention_decode",
+    # attention: FlashAttention (vLLM)
+    "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
+    "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, "
+    "128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, false, true, false, true, false, false, false, true, true, "
+    "true, false, false, cutlass::bfloat16_t, 1>, flash::CollectiveEpilogueFwd<cute::tuple<cute::C<128>, "
+    "cute::C<128>, cute::C<128> >, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::bfloat16_t, "
+    "cutlass::arch::Sm90, 256, true, true, false, false, 1>, flash::VarlenDynamicPersistentTileScheduler<128, 128, "
+    "256, 128, false, true, true, true, false, true> > > >(...)": "attention_prefill",
+    "void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<16>, cute::C<64> >, 4, 256, 1, "
+    "false, false, cutlass::bfloat16_t, float, cutlass::arch::Sm90> >(flash::FlashAttnFwdCombine<cute::tuple<"
+    "cute::C<16>, cute::C<64> >, 4, 256, 1, false, false, cutlass::bfloat16_t, float, cutlass::arch::Sm90>::Params)":
+        "attention_decode",
+    "void flash::prepare_varlen_num_blocks_kernel(int, int, int, int const*, int const*, int const*, int const*, "
+    "int const*, int const*, int, int, int, int, int, cutlass::FastDivmod, cutlass::FastDivmod, int*, int*, bool)":
+        "attention_prefill",
+    "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>, "
+    "false, false, false, false, true, true, false, false>(Flash_fwd_params)": "attention_decode",
+    "void flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, 4, 1, true>(Flash_fwd_params)":
+        "attention_decode",
+    "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, true, false, "
+    "false, false, true, true, false>(Flash_fwd_params)": "attention_prefill",
+    "void vllm::merge_attn_states_kernel<__nv_bfloat16, __nv_bfloat16, 128u, false>(__nv_bfloat16*, float*, "
+    "__nv_bfloat16 const*, float const*, __nv_bfloat16 const*, float const*, unsigned int, unsigned int, unsigned "
+    "int, unsigned int, unsigned int, unsigned int, float const*)": "attention_decode",
+    # K/V writes
+    "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>("
+    "__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16*, __nv_bfloat16*, long const*, long, long, long, "
+    "long, long, int, int, int, float const*, float const*, int)": "kv_write",
+    "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_put_kernel_"
+    "impl<at::native::OpaqueType<2> >(at::TensorIterator&, c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, "
+    "char const*, long)#1}>(at::TensorIteratorBase&, c10::ArrayRef<long>, c10::ArrayRef<long>)": "kv_write",
+    "void flashinfer::AppendPagedKVCacheKernel<8u, 16u, __nv_bfloat16, int>(flashinfer::paged_kv_t<__nv_bfloat16, "
+    "int>, __nv_bfloat16*, __nv_bfloat16*, int*, int*, unsigned int, unsigned long, unsigned long, unsigned long, "
+    "unsigned long)": "kv_write",
+    # norms, activations, rotary: CUDA and Triton
+    "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, "
+    "__nv_bfloat16*, unsigned int, unsigned int, unsigned int, float, float)": "norm",
+    "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, "
+    "unsigned int, unsigned int, unsigned int, float, float)": "norm",
+    "std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_"
+    "kernel<c10::BFloat16, 8, false>(c10::BFloat16*, long, c10::BFloat16*, c10::BFloat16 const*, float, int, int)":
+        "norm",
+    "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm",
+    "triton_per_fused__to_copy_mean_mul_pow_rsqrt_1": "norm",
+    "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(silu(float const&)), 8u>(__nv_bfloat16*, "
+    "__nv_bfloat16 const*, int)": "activation",
+    "void vllm::act_and_mul_kernel<c10::BFloat16, __nv_bfloat162, &(c10::BFloat16 vllm::silu_kernel<c10::BFloat16>"
+    "(c10::BFloat16 const&, float)), &(__nv_bfloat162 vllm::packed_silu_kernel<__nv_bfloat162>(__nv_bfloat162 "
+    "const&, float)), false, false, false>(c10::BFloat16*, c10::BFloat16 const*, int)": "activation",
+    "triton_poi_fused_mul_silu_slice_1": "activation",
+    "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel<false, 128u, 8u, 16u, __nv_bfloat16, "
+    "long>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, float*, long*, unsigned int)": "rotary",
+    "void vllm::rotary_embedding_kernel<c10::BFloat16, true>(long const*, c10::BFloat16*, c10::BFloat16*, "
+    "c10::BFloat16 const*, int, long, long, long, int, int, int)": "rotary",
+    "triton_poi_fused_add_cat_index_select_mul_split_sub_2": "rotary",
+    "triton_poi_fused_add_3": "triton",
+    "triton_poi_fused__to_copy_clone_slice_4": "triton",
+    # sampling
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, "
+    "long, 4, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4, 4>)": "sampling",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous "
+    "namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)": "sampling",
+    "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)2, "
+    "(cub::BlockReduceAlgorithm)2, 4u, true, float, int>(float*, int*, int*, float*, int, float*, float, unsigned "
+    "int, unsigned long, unsigned long)": "sampling",
+    "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<at_cuda_detail::cub::DeviceRadixSortPolicy<float, long, "
+    "unsigned int>::Policy900, true, float, long, unsigned int, int, int>(int*, int*, unsigned int*, int const*, "
+    "float*, float const*, long*, long const*, int, int, int)": "sampling",
+    # copies and data movement
+    "Memcpy HtoD (Pinned -> Device)": "copy",
+    "Memset (Device)": "copy",
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_"
+    "cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda("
+    "c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
+    "{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} const&)::"
+    "{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast)": "copy",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, "
+    "at::native::FillFunctor<float>, std::array<char*, 1ul>)": "copy",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy_alignedK_contig<at::native::(anonymous namespace)::"
+    "OpaqueType<8u>, unsigned int, 2, 128, 1, 16>(at::native::(anonymous namespace)::OpaqueType<8u>*, "
+    "at::native::(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::OpaqueType<8u>, "
+    "unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned "
+    "int)": "copy",
+    "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)":
+        "copy",
+    "void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, "
+    "true>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, long, long)": "copy",
+    # everything else
+    "void at::native::vectorized_elementwise_kernel<2, at::native::CUDAFunctor_add<long>, std::array<char*, 3ul> >("
+    "int, at::native::CUDAFunctor_add<long>, std::array<char*, 3ul>)": "other",
+    "void at::native::vectorized_elementwise_kernel<2, at::native::BUnaryFunctor<long, long, long, at::native::"
+    "binary_internal::div_floor_kernel_cuda(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#4}"
+    "::operator()() const::{lambda(long, long)#1}>, std::array<char*, 2ul> >(int)": "other",
+    "_compute_slot_mapping_kernel": "other",
+}
+
+
+@pytest.mark.parametrize("name,expected", list(NAMES.items()), ids=[n[:60] for n in NAMES])
+def test_categorize_real_kernel_names(name: str, expected: str) -> None:
+    assert categorize(name) == expected
+
+
+def test_every_category_is_reachable() -> None:
+    assert set(NAMES.values()) == set(CATEGORIES)
+
+
+def _kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur}
+
+
+def _trace() -> dict:
+    """Two steps: a GEMM 100 us + decode attention 40 us each, one 10 us memcpy, host ops and vLLM step names."""
+    gemm, dec = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "flashinfer::BatchDecodeWithPagedKVCacheKernel<>"
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 500.0},
+        {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_8(8)", "ts": 300.0, "dur": 9.0},
+        {"ph": "X", "cat": "user_annotation", "name": "execute_context_1(100)_generation_7(7)", "ts": 0.0, "dur": 9.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "execute_context_1(100)_generation_7(7)", "ts": 1.0,
+         "dur": 9.0},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "ts": 5.0},
+        _kernel(gemm, 10.0, 100.0), _kernel(dec, 110.0, 40.0),
+        _kernel(gemm, 300.0, 100.0), _kernel(dec, 400.0, 40.0),
+        _kernel("Memcpy HtoD (Pinned -> Device)", 420.0, 10.0, cat="gpu_memcpy"),  # overlaps the decode kernel
+    ]
+    return {"schemaVersion": 1, "traceEvents": events}
+
+
+def test_summarize_trace_per_category_per_step_and_top(tmp_path: Path) -> None:
+    path = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(_trace(), f)
+    out = summarize_trace(path, num_steps=2, num_tokens=115, top=2)
+    cats = out["categories"]
+    assert cats["gemm"] == {"ms": 0.2, "ms_per_step": 0.1, "share": round(200 / 290, 4), "kernels_per_step": 1.0,
+                            "ms_per_1k_tokens": round(0.2 / 115 * 1e3, 4)}
+    assert cats["attention_decode"]["ms_per_step"] == 0.04
+    assert cats["copy"]["ms"] == 0.01 and cats["copy"]["kernels_per_step"] == 0.5
+    assert cats["norm"]["ms"] == 0.0 and set(cats) == set(CATEGORIES)
+    assert out["kernel_ms_per_step"] == 0.145 and out["num_device_events"] == 5
+    assert out["device_busy_ms_per_step"] == 0.14  # the memcpy overlaps the decode kernel
+    assert out["device_span_ms_per_step"] == 0.215  # 10 us .. 440 us
+    assert [k["category"] for k in out["top_kernels"]] == ["gemm", "attention_decode"]
+    assert out["top_kernels"][0]["calls_per_step"] == 1.0 and out["top_kernels"][0]["ms"] == 0.2
+
+
+def test_summarize_plain_json_and_an_empty_trace(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_trace()))
+    assert summarize_trace(path, 2)["kernel_ms"] == 0.29
+    empty = summarize_trace({"traceEvents": []}, 3)
+    assert empty["kernel_ms"] == 0.0 and empty["device_busy_ms_per_step"] == 0.0 and empty["top_kernels"] == []
+
+
+def test_vllm_step_names_in_time_order_host_side_only() -> None:
+    steps = step_annotations(_trace())
+    assert steps == [{"prefill_seqs": 1, "prefill_tokens": 100, "decode_seqs": 7, "decode_tokens": 7},
+                     {"prefill_seqs": 0, "prefill_tokens": 0, "decode_seqs": 8, "decode_tokens": 8}]
+    summary = step_token_summary(steps)
+    assert summary["tokens"] == 115 and summary["tokens_per_step"] == 57.5
+    assert summary["prompt_tokens_per_step"] == 50.0 and summary["steps_with_prompt_tokens"] == 1
+    assert step_token_summary([]) == {"num_steps": 0}
+
+
+def test_read_step_log_window(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    rows = [{"kind": "split", "t": 0}] + [
+        {"kind": "step", "t": i, "num_tokens": 100 + i, "num_seqs": 10, "num_prefill_seqs": 1} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    window = read_step_log(path, 2, 3)
+    assert len(window) == 3
+    assert window[0] == {"prefill_seqs": 1, "prefill_tokens": 102 - 9, "decode_seqs": 9, "decode_tokens": 9}
+
+
+def test_markdown_table_ratio_and_missing_system() -> None:
+    ours = summarize_trace(_trace(), 2, 115)
+    ours["steps"] = {"tokens_per_step": 57.5}
+    vllm = summarize_trace(_trace(), 1, 115)
+    table = markdown_table({"ours": ours, "vllm": vllm})
+    gemm_row = next(line for line in table.splitlines() if line.startswith("| gemm "))
+    assert gemm_row.startswith("| gemm | 0.10 | 0.20 | 0.50 |")
+    assert any(line.startswith("| attention (all) | 0.04 | 0.08 | 0.50") for line in table.splitlines())
+    assert "| norm " not in table  # zero on both sides: left out
+    only = markdown_table({"ours": ours, "vllm": {"error": "vLLM run failed"}})
+    assert "| gemm | 0.10 | - | - |" in only
+
+
+CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:15:{i:02d}.0000000,{40 + 7 * i},{6 + i % 5}\n" for i in range(40))
+
+
+@pytest.mark.slow
+def test_cpu_smoke_ours_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Our engine on CPU with the profiler window: the JSON and table come out (no kernels on CPU)."""
+    (tmp_path / "conv.csv").write_text(CSV)
+    out = tmp_path / "out"
+    assert main(["--systems", "ours", "--device", "cpu", "--model", "dummy:tiny-llama", "--num-prompts", "12",
+                 "--max-total-tokens", "256", "--warmup-steps", "3", "--profile-steps", "2",
+                 "--trace-path", str(tmp_path), "--out", str(out)]) == 0
+    result = json.loads((out / "kernel_compare.json").read_text())
+    ours = result["ours"]
+    assert "error" not in ours, ours
+    assert ours["num_steps"] == 2 and ours["steps"]["num_steps"] == 2 and ours["steps"]["tokens"] > 0
+    assert set(ours["categories"]) == set(CATEGORIES) and "vllm" not in result
+    assert (out / "ours_prof" / "hybrid-trace.json.gz").is_file()
+    assert "| category | ours ms/step | vLLM ms/step |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_cpu_smoke_window_past_the_run_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "conv.csv").write_text(CSV)
+    out = tmp_path / "out"
+    assert main(["--systems", "ours", "--device", "cpu", "--model", "dummy:tiny-llama", "--num-prompts", "4",
+                 "--max-total-tokens", "256", "--warmup-steps", "5000", "--profile-steps", "2",
+                 "--trace-path", str(tmp_path), "--out", str(out)]) == 0
+    assert "fewer than 5002 steps" in json.loads((out / "kernel_compare.json").read_text())["ours"]["error"]

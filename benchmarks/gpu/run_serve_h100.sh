@@ -40,7 +40,8 @@ if [ "$mode" = py ]; then
   NAME=$(echo "$1" | sed 's/.*\.//'); timeout -k 10 ${LIMIT:-540} python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
     | grep -v "it/s\]$" | tail -80
 else
-  NAME=$(echo "$*" | tr ' ,' '__' | sed 's/^-*//' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
+  # only letters, digits, '.', '_' and '-' come back from $OUT ("chunked-2048+pw1024" would not)
+  NAME=$(echo "$*" | sed 's/^-*//' | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
   timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
     | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
   cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null

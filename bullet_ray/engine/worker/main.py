@@ -189,12 +189,12 @@ class WorkerBase:
                 return False
             self._finish_inflight()
             return True
-        launch_started, last_done_s = time.perf_counter(), self._last_done_s
+        planned = time.perf_counter()
         if self.inflight is not None and self.config.is_gpu and self.batch_runs_eagerly(batch):
             self._finish_inflight()
-            launch_started = time.perf_counter()
+        launch_started, last_done_s = time.perf_counter(), self._last_done_s
         step = self.launch(batch)
-        step.host_s.update(plan=launch_started - plan_started, launch=step.launched_s - launch_started)
+        step.host_s.update(plan=planned - plan_started, launch=step.launched_s - launch_started)
         if last_done_s:  # since the last collect: its outputs, messages, the split, this plan
             step.host_s["gap"] = launch_started - last_done_s
         self.after_launch(step)

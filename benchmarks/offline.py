@@ -87,19 +87,25 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def vllm_model_and_workload(args: argparse.Namespace) -> tuple[str, list[RequestSpec]]:
+    """vLLM's model folder for the dummy preset `args.model` (our config, a word-level tokenizer) and the
+    workload's requests drawn for its vocabulary (this offline run's and benchmarks.gpu.kernel_compare's)."""
+    from benchmarks.gpu.vllm_model import PRESET, write_model_folder
+
+    if not args.model.startswith("dummy:"):
+        raise SystemExit(f"vLLM runs dummy weights only; got --model {args.model}")
+    preset = PRESET.with_name(args.model.removeprefix("dummy:") + ".json")
+    folder = write_model_folder(tempfile.mkdtemp(prefix="vllm_model_"), preset)
+    return str(folder), workload(args, int(json.loads(preset.read_text())["vocab_size"]))
+
+
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     """vLLM's offline LLM.generate on the same prompts (this process must not have touched the GPU)."""
     from vllm import LLM, SamplingParams, TokensPrompt  # type: ignore[import-not-found]
 
-    from benchmarks.gpu.vllm_model import PRESET, write_model_folder
-
-    if not args.model.startswith("dummy:"):
-        raise SystemExit(f"--vllm compares dummy weights only; got --model {args.model}")
-    preset = PRESET.with_name(args.model.removeprefix("dummy:") + ".json")
-    folder = write_model_folder(tempfile.mkdtemp(prefix="vllm_model_"), preset)
-    specs = workload(args, int(json.loads(preset.read_text())["vocab_size"]))
+    folder, specs = vllm_model_and_workload(args)
     start = time.perf_counter()
-    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
+    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
               max_model_len=args.max_total_tokens, seed=args.seed)
     startup_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=list(s.prompt)) for s in specs]  # type: ignore[arg-type]

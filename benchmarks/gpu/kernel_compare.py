@@ -342,24 +342,18 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_vllm_child(args: argparse.Namespace) -> dict[str, Any]:
     """In the child: vLLM's engine stepped from here, torch.profiler over the same window of steps."""
-    import tempfile
 
     import torch
     import vllm  # type: ignore[import-not-found]
     from vllm import LLM, SamplingParams, TokensPrompt  # type: ignore[import-not-found]
 
     from benchmarks import offline
-    from benchmarks.gpu.vllm_model import PRESET, write_model_folder
 
-    if not args.model.startswith("dummy:"):
-        raise SystemExit(f"vLLM runs dummy weights only; got --model {args.model}")
-    preset = PRESET.with_name(args.model.removeprefix("dummy:") + ".json")
-    folder = write_model_folder(tempfile.mkdtemp(prefix="vllm_model_"), preset)
-    specs = offline.workload(_offline_args(args), int(json.loads(preset.read_text())["vocab_size"]))
+    folder, specs = offline.vllm_model_and_workload(_offline_args(args))
     prof = (args.out / "vllm_prof").resolve()
     prof.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    llm = LLM(model=str(folder), load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
+    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", enable_prefix_caching=False,
               max_model_len=args.max_total_tokens, seed=args.seed, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               profiler_config={"profiler": "torch", "torch_profiler_dir": str(prof),

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                "command": "python -m benchmarks.offline " + " ".join(sys.argv[1:] if argv is None else argv),
                "workload": {"dataset": "azure-conv", "num_prompts": args.num_prompts, "seed": args.seed,
                             "max_total_tokens": args.max_total_tokens, "greedy": True, "ignore_eos": True},
-               "device": _device(), **results}
+               "device": device_info(), **results}
     print(json.dumps({k: v for k, v in payload.items() if k in ("ours", "vllm", "ours_over_vllm")}, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,8 @@ def _vllm_in_child(argv: list[str]) -> dict[str, Any]:
     return {"error": f"vLLM run failed (rc {proc.returncode})", "stderr_tail": proc.stderr[-2000:]}
 
 
-def _device() -> dict[str, Any]:
+def device_info() -> dict[str, Any]:
+    """The GPU (name, SMs) and torch version a run used, or "cpu"."""
     try:
         import torch
 

@@ -537,18 +537,6 @@ def top_kernels_text(label: str, res: dict[str, Any], num: int = 15) -> str:
     return "\n".join(rows)
 
 
-def _device() -> dict[str, Any]:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return {"name": props.name, "sms": props.multi_processor_count, "torch": torch.__version__}
-    except Exception:  # noqa: BLE001 - the device line is informative only
-        pass
-    return {"name": "cpu"}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="ours,vllm", help="comma-separated: ours, vllm")
@@ -624,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001
             logger.exception("vLLM run failed")
             results["vllm"] = {"error": f"vLLM run failed: {type(exc).__name__}: {exc}"}
-    payload["device"] = _device()
+    from benchmarks.offline import device_info
+
+    payload["device"] = device_info()
     save()
     for name, res in results.items():
         if res.get("top_kernels"):

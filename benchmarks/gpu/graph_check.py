@@ -28,6 +28,8 @@ def main() -> int:
     runner, kv = make_runner(loaded.model, loaded.config, "flashinfer", 4096, BLOCK, "cuda", torch.bfloat16)
     kv.normal_()
     be = runner.backend
+    # this diagnostic is of the CUDA-core kernel: eager and graphs both (DecodeGraphs reads the backend's choice)
+    be.decode_tensor_cores = False
     be.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(be.workspace, kv_layout="NHD", use_tensor_cores=False)
     graphs = DecodeGraphs(runner.model, be, BLOCK, 16, 2048 // BLOCK, torch.device("cuda"))
     results = {}

@@ -50,7 +50,7 @@ class BulletPolicy:
         online correction as it stands, at most SATURATION_REFRESH_S old)."""
         now = time.monotonic() if now_s is None else now_s
         cached = self._saturation.get((sms, other_busy))
-        if cached is None or now - cached[1] >= SATURATION_REFRESH_S:
+        if cached is None or not 0 <= now - cached[1] < SATURATION_REFRESH_S:  # stale, or a clock reset
             tokens = self.model.saturation_tokens(sms, share=0.95, max_tokens=max(self.token_cap, 64),
                                                   other_busy=other_busy)
             cached = self._saturation[(sms, other_busy)] = (tokens, now)

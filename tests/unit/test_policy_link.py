@@ -67,3 +67,29 @@ def test_pushed_targets_and_bounds_reach_the_decider(tmp_path: Path):
         assert [block.clamp_to_bounds(i) for i in (0, 3, 9)] == [2, 3, 4]
     finally:
         block.close()
+
+
+def test_a_step_in_flight_counts_in_the_decision(tmp_path: Path):
+    """Planned while its last step runs (asynchronous scheduling), the prefill side's decision sees that
+    step's predicted remainder and counts the sequences it completes as decode's (handed off once collected)."""
+    import time
+
+    from bullet_ray.engine.state_block import StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        waiting = deque([SimpleNamespace(request_id="q", num_tokens=500, arrival_s=time.time(), num_computed_tokens=0)])
+        worker = SimpleNamespace(scheduler=SimpleNamespace(waiting=waiting), switch=SimpleNamespace(requested=lambda: 3),
+                                 inflight=None, awaiting={}, last_done_s=0.0)
+        decider = SplitDecider.__new__(SplitDecider)
+        decider.worker, decider.state, decider._last_handoff_s = worker, block, -1e9
+        idle = decider.step_state()
+        assert idle.prefill_remaining_s == 0.0 and idle.decode.num_seqs == 0 and len(idle.queue) == 1
+        now = time.perf_counter()
+        worker.inflight = SimpleNamespace(perf_record=(None, 0.040, True), launched_s=now - 0.010)
+        worker.awaiting = {"a": SimpleNamespace(num_tokens=800), "b": SimpleNamespace(num_tokens=200)}
+        busy = decider.step_state()
+        assert 0.025 < busy.prefill_remaining_s <= 0.030
+        assert (busy.decode.num_seqs, busy.decode.num_context_tokens) == (2, 1000)
+    finally:
+        block.close()

@@ -217,6 +217,11 @@ class WorkerBase:
         self._last_done_s = now
         self.process(result, step, started)
 
+    @property
+    def last_done_s(self) -> float:
+        """perf_counter when the last collect finished (0: idle since)."""
+        return self._last_done_s
+
     def abort_awaiting(self, request_id: str) -> Sequence | None:
         """Abort a sequence that only an uncollected step holds: its token is dropped, its blocks freed
         (held back until the step finishes)."""

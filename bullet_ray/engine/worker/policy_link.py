@@ -181,18 +181,34 @@ class SplitDecider:
         self._observed_decode_step = step
 
     def step_state(self) -> StepState:
+        """Both sides as this decision sees them. With a prefill step in flight (asynchronous scheduling:
+        the next batch is planned before it is collected) its predicted remainder is `prefill_remaining_s`,
+        and the sequences it completes (handed off once collected) already count as decode's."""
         row = self.state.rows[int(Side.DECODE)]
         self._seen_decode_step = int(row[Field.STEP])
         is_active = bool(row[Field.IS_ACTIVE]) or time.monotonic() - self._last_handoff_s < _HANDOFF_GRACE_S
+        incoming = list(self.worker.awaiting.values())  # sampling in the step in flight: decode's next
         seqs = int(row[Field.NUM_SEQS]) if is_active else 0
         decode = DecodeLoad(seqs, int(row[Field.NUM_CONTEXT_TOKENS]) if seqs else 0,
                             int(row[Field.STEP_TIME_US]) / 1e6 if seqs and row[Field.STEP] > 0 else None)
         if is_active and seqs == 0:  # sequences handed off before decode ran a step: assume one each
             decode = DecodeLoad(1, 1)
+        if incoming:
+            decode = DecodeLoad(seqs + len(incoming), (decode.num_context_tokens if seqs else 0)
+                                + sum(s.num_tokens for s in incoming), decode.measured_step_s)
         now = time.time()
         queue = tuple(QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
                       for s in self.worker.scheduler.waiting)
-        return StepState(self.worker.switch.requested(), queue, decode, time.monotonic())
+        return StepState(self.worker.switch.requested(), queue, decode, time.monotonic(),
+                         self._inflight_remaining_s())
+
+    def _inflight_remaining_s(self) -> float:
+        """Predicted time left of this side's step in flight (0 when none)."""
+        step = self.worker.inflight
+        if step is None or step.perf_record is None:
+            return 0.0
+        started = max(step.launched_s, self.worker.last_done_s)  # it runs once the step before has finished
+        return max(0.0, step.perf_record[1] - (time.perf_counter() - started))
 
     # the decision -----------------------------------------------------------------------------------
     def _follow_pushed_targets(self) -> None:

@@ -184,11 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def vllm_child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process that runs vLLM: its packages ($VLLM_SITE, default /tmp/vsite) first
+    on the path, then this repository (offline's and benchmarks.gpu.kernel_compare's children)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}", **extra}
+
+
 def _vllm_in_child(argv: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.offline", *[a for a in argv if a != "--vllm"], "--vllm-only"]
-    repo = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=vllm_child_env())
     for line in proc.stdout.splitlines():
         if line.startswith("VLLM_RESULT "):
             return json.loads(line.removeprefix("VLLM_RESULT "))

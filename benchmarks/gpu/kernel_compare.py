@@ -437,10 +437,10 @@ def _vllm_async(engine: Any) -> Any:
 
 def run_vllm(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """vLLM in a child process (its own packages first on the path), killed with its group on timeout."""
+    from benchmarks.offline import vllm_child_env
+
     cmd = [sys.executable, "-m", "benchmarks.gpu.kernel_compare", *argv, "--vllm-child"]
-    repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = vllm_child_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
     log_path = args.out / "vllm_child.log"
     started = time.perf_counter()
     with open(log_path, "w") as log:

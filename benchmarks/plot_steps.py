@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import math
+import statistics
 from typing import Any
 
 from benchmarks.rescore import load_run
@@ -75,6 +76,17 @@ def _q(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else math.nan
 
 
+def queued_prefill_batches(steps: list[dict], min_queued: int = 3) -> dict[str, float] | None:
+    """The prefill side's steps taken while at least `min_queued` requests waited: how many, the median
+    requests and tokens per step, and tokens per second of step time (how the batches are sized under a queue)."""
+    mine = [s for s in steps if s["side"] == "prefill" and s["num_queued"] >= min_queued]
+    if not mine:
+        return None
+    return {"steps": len(mine), "seqs_p50": statistics.median(s["num_seqs"] for s in mine),
+            "tokens_p50": statistics.median(s["num_tokens"] for s in mine),
+            "tokens_per_s": sum(s["num_tokens"] for s in mine) / sum(s["measured_ms"] for s in mine) * 1e3}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", help="JSONL written by the engine (step_log_path)")
@@ -130,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     queue.set_ylabel("requests")
     handles = ax2.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
     ax2.legend(handles, [h.get_label() for h in handles], loc="upper right")
+    queued = queued_prefill_batches(steps)
+    if queued:
+        print(f"prefill steps with >= 3 queued: {queued['steps']}, median {queued['seqs_p50']:g} requests / "
+              f"{queued['tokens_p50']:g} tokens per step, {queued['tokens_per_s']:.0f} tokens/s")
     done = switches(args.log)
     if done:
         print(f"switches: {len(done)}, decision to both sides on the new split p50 {_q(done, 0.5):.3f} ms, "

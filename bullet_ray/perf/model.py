@@ -125,10 +125,10 @@ class PerfModel:
         """Fewest tokens per prefill step whose throughput (tokens / s) reaches `share` of the best
         throughput of any step up to `max_tokens` (sizes 64, 128, ... and max_tokens): past it a bigger batch
         only delays its first requests (arithmetic intensity has saturated). Prompts of `seq_len` tokens.
-        Predictions include the online correction, which is kept per size (a 400-token step measured 1.6x
-        its calibrated time on the H100 while serving, a 3,000-token one 0.93x): the best is taken over
-        the sizes rather than read at max_tokens, where a size never measured falls back to the phase's
-        factor and could look slower than the sizes served."""
+        Predictions include the online correction, which is kept per size (small corun prefill steps run
+        far slower than calibrated, large ones about as calibrated): the best is taken over the sizes
+        rather than read at max_tokens, where a size never measured falls back to the phase's factor and
+        could look slower than the sizes served."""
         def rate(t: int) -> float:
             return t / self.predict_prefill_s(t, t, sms, other_busy, num_seqs=max(1, math.ceil(t / seq_len)))
         sizes = [t for t in (64 << k for k in range(20)) if t < max_tokens] + [max_tokens]

@@ -102,3 +102,25 @@ def test_plot_steps_zooms_into_a_run(tmp_path: Path):
     subprocess.run([sys.executable, "-m", "benchmarks.plot_steps", str(log), "--requests", str(run), "--out", str(out)],
                    cwd=root, capture_output=True, text=True, check=True)
     assert out.stat().st_size > 1000
+
+
+def test_queued_prefill_batches_and_client_side_figures():
+    """plot_steps' prefill batches under a queue and step_breakdown's client-side figures, on hand-made rows."""
+    from benchmarks.plot_steps import queued_prefill_batches
+    from benchmarks.step_breakdown import client_side
+
+    def step(side, queued, seqs, tokens, ms):
+        return {"side": side, "num_queued": queued, "num_seqs": seqs, "num_tokens": tokens, "measured_ms": ms}
+
+    steps = [step("prefill", 0, 1, 500, 20.0), step("prefill", 3, 2, 3000, 100.0), step("prefill", 5, 2, 2000, 80.0),
+             step("prefill", 4, 1, 1000, 50.0), step("decode", 9, 40, 40, 10.0)]
+    assert queued_prefill_batches(steps) == {"steps": 3, "seqs_p50": 2, "tokens_p50": 2000,
+                                             "tokens_per_s": 6000 / 230.0 * 1e3}
+    assert queued_prefill_batches(steps, min_queued=6) is None
+    run = {"summary": {"tpot_ms": {"p50": 30.0}, "ttft_ms": {"p50": 120.0}},
+           "requests": [{"success": True, "output_tokens": 11, "e2e_s": 1.1, "ttft_s": 0.1},
+                        {"success": True, "output_tokens": 31, "e2e_s": 1.7, "ttft_s": 0.2},
+                        {"success": False, "output_tokens": 0, "e2e_s": 9.0, "ttft_s": 9.0}]}
+    # (1.0 + 1.5) s over (10 + 30) gaps between tokens
+    assert client_side(run) == {"client_tpot_p50_ms": 30.0, "client_token_weighted_ms": 62.5,
+                                "client_ttft_p50_ms": 120.0}

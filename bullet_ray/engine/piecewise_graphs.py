@@ -16,7 +16,9 @@ buffers: input ids and positions, the fused q/k/v rows, the attention output and
 a piece's own temporaries come from one memory pool shared by every piece and bucket (they replay one at
 a time, in order). A step of n tokens runs on the bucket's first n rows; the rows past n hold the last
 step's values (finite), flow through the row-wise pieces and are never read back. Attention sees the n
-real rows only, so padding writes no K/V.
+real rows only, so padding writes no K/V. The attention kernels read q straight from the fused q/k/v rows
+(strided) and write into the attention-output buffer: between two graphs the host launches only the K/V
+write and the attention kernels.
 
 Graphs keep the SM partition of the stream they were captured on (as decode graphs do), so each partition
 gets its own set. Without capture (`capture=False`, the CPU) the same pieces run eagerly on the same
@@ -170,13 +172,14 @@ class PiecewiseGraphs:
         self.positions[:n].copy_(positions, non_blocking=True)
         graphs = self._graphs_for(partition_key, t) if self.capture else None
         backend, md = ctx.backend, ctx.metadata
+        q, k, v = self._qkv(n)  # views of the static buffers: the same for every layer
+        attn = self.attn[:n].view(n, self.heads, self.head_dim)
         for i in range(self.num_layers + 1):
             if graphs is not None:
                 graphs[i].replay()
             else:
                 self._piece(i, t)
             if i < self.num_layers:
-                q, k, v = self._qkv(n)
-                out = backend.forward(i, q, k, v, md)
-                self.attn[:n].copy_(out.reshape(n, self.q_size))
+                out = backend.forward(i, q, k, v, md, out=attn)  # the kernels write the next piece's input
+                store_into(attn, out)
         return self.hidden[:n]

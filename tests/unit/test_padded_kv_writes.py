@@ -40,6 +40,7 @@ def test_write_kv_orders_only_while_a_graph_is_captured():
     backend = object.__new__(FlashInferBackend)  # no flashinfer needed for the write path
     backend.kv_cache = torch.zeros(1, 2, 2, 4, 1, 2)  # [layers, blocks, K/V, block_size, kv_heads, head_dim]
     backend._rows_md, backend._kv_rows = None, None
+    backend.bind_layer_views()
     md = type("Md", (), {})()
     md.slot_mapping = torch.tensor([1, 5, 1, 1])  # row 0 at slot 1, row 1 at slot 5, two padding rows
     k = torch.tensor([1.0, 2.0, 7.0, 7.0]).view(4, 1, 1).expand(4, 1, 2).contiguous()

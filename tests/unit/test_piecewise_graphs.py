@@ -84,3 +84,21 @@ def test_padding_rows_never_reach_the_kv_pool():
     changed = (runner.kv_cache != before).flatten(2).any(-1)  # [layer, block]
     blocks = runner.block_tables[1]
     assert changed[:, blocks[0]].all() and int(changed.sum()) == model.num_layers  # one block per layer
+
+
+def test_backend_writes_into_a_given_output():
+    """The pieces hand attention their static output buffer: a backend returns that buffer, filled with what
+    it returns without one."""
+    from bullet_ray.engine.attention.base import AttentionMetadata
+    from bullet_ray.engine.attention.torch_ref import TorchAttentionBackend
+
+    torch.manual_seed(0)
+    kv = torch.zeros(1, 4, 2, 4, 2, 8)  # [layers, blocks, K/V, block_size, kv_heads, head_dim]
+    backend = TorchAttentionBackend(kv, num_heads=4, num_kv_heads=2, head_dim=8, scale=8 ** -0.5)
+    md = AttentionMetadata.contiguous([3, 2], [3, 2], block_size=4, device="cpu")
+    q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    expected = backend.forward(0, q, k, v, md)
+    out = torch.full((5, 4, 8), float("nan"))
+    got = backend.forward(0, q, k, v, md, out=out)
+    assert got is out
+    torch.testing.assert_close(out, expected)

@@ -103,8 +103,9 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
-        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim]. Returns [T, num_heads, head_dim]."""
+                metadata: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim]. Returns [T, num_heads, head_dim]:
+        `out` (contiguous, that shape) when given, which then holds the result (no copy from a temporary)."""
 
 
 @dataclass

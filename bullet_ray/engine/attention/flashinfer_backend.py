@@ -98,6 +98,15 @@ class FlashInferBackend(AttentionBackend):
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None
         self._kv_rows: torch.Tensor | None = None
+        self._layer_caches: list[torch.Tensor] = []
+        self._layer_rows: list[torch.Tensor] = []
+        self.bind_layer_views()
+
+    def bind_layer_views(self) -> None:
+        """Per layer, made once (a view costs the host microseconds, 32+ times a step): the layer's cache as
+        flashinfer takes it, and as rows [num_blocks * 2 * block_size, kv_heads, head_dim] for the K/V write."""
+        self._layer_caches = [self.kv_cache[layer] for layer in range(self.kv_cache.shape[0])]
+        self._layer_rows = [c.view(-1, c.shape[-2], c.shape[-1]) for c in self._layer_caches]
 
     def begin_batch(self, metadata: AttentionMetadata) -> None:
         bs = metadata.block_size
@@ -143,40 +152,42 @@ class FlashInferBackend(AttentionBackend):
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
         """Store the batch's new K/V of one layer at their slots."""
-        cache = self.kv_cache[layer]
-        num_blocks, _, bs, kv_heads, head_dim = cache.shape
+        rows = self._layer_rows[layer]
         if self._rows_md is not metadata or self._kv_rows is None:
+            bs = self._layer_caches[layer].shape[2]  # [num_blocks, K/V, block_size, kv_heads, head_dim]
             slots = metadata.slot_mapping
             k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
             self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
             self._rows_md = metadata
-        rows = cache.view(num_blocks * 2 * bs, kv_heads, head_dim)
         kv = _adjacent_kv(k, v)
         if self.first_row_writes_last and len(self._kv_rows) > 1:  # a decode graph's padded batch
-            if kv is None or kv.dtype != cache.dtype:
-                kv = torch.stack((k, v), dim=1).to(cache.dtype)
+            if kv is None or kv.dtype != rows.dtype:
+                kv = torch.stack((k, v), dim=1).to(rows.dtype)
             store_first_row_last(rows, self._kv_rows, kv)
-        elif kv is not None and kv.dtype == cache.dtype:
+        elif kv is not None and kv.dtype == rows.dtype:
             rows.index_put_((self._kv_rows,), kv)
         else:
-            rows.index_copy_(0, self._kv_rows[:, 0], k.to(cache.dtype))
-            rows.index_copy_(0, self._kv_rows[:, 1], v.to(cache.dtype))
+            rows.index_copy_(0, self._kv_rows[:, 0], k.to(rows.dtype))
+            rows.index_copy_(0, self._kv_rows[:, 1], v.to(rows.dtype))
 
     def forget_batch(self) -> None:
         """Drop what was derived from the last batch's metadata (a CUDA graph capture must recompute it)."""
         self._rows_md = None
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         self.write_kv(layer, k, v, metadata)
-        cache = self.kv_cache[layer]
-        if self._is_decode:  # the decode kernel takes q's token and head strides
-            return self.decode.run(q if q.stride(-1) == 1 else q.contiguous(), cache, enable_pdl=PDL)
-        q = q.contiguous()
+        cache = self._layer_caches[layer]
+        # both kernels take q's token and head strides (q is a view of the fused qkv rows: no copy)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if self._is_decode:
+            return self.decode.run(q, cache, out=out, enable_pdl=PDL)
         nd = self._num_decode_rows
         if not nd:
-            return self.prefill.run(q, cache, enable_pdl=PDL)
-        out = torch.empty_like(q)
+            return self.prefill.run(q, cache, out=out, enable_pdl=PDL)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.decode.run(q[:nd], cache, out=out[:nd], enable_pdl=PDL)
         self.prefill.run(q[nd:], cache, out=out[nd:], enable_pdl=PDL)
         return out

@@ -14,7 +14,7 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         cache = self.kv_cache[layer]  # [num_blocks, 2, block_size, kv_heads, head_dim]
         _, _, block_size, kv_heads, head_dim = cache.shape
         # write the new tokens' K and V into their slots
@@ -23,7 +23,8 @@ class TorchAttentionBackend(AttentionBackend):
         cache[blk, 0, off] = k.to(cache.dtype)
         cache[blk, 1, off] = v.to(cache.dtype)
 
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         start = 0
         for i, (q_len, ctx_len) in enumerate(zip(metadata.query_lens_list, metadata.seq_lens_list)):
             n_blocks = (ctx_len + block_size - 1) // block_size

@@ -87,6 +87,8 @@ class PiecewiseGraphs:
         self.is_serving = False
         self.capture_s = 0.0
         self.capture_bytes = 0
+        # the last step's host time (s) launching its pieces (replay) and its eager attention (attention)
+        self.last_host_s: dict[str, float] = {}
 
     def bucket(self, num_tokens: int) -> int | None:
         """The smallest bucket that holds num_tokens; None when the step is too large for graphs."""
@@ -174,12 +176,19 @@ class PiecewiseGraphs:
         backend, md = ctx.backend, ctx.metadata
         q, k, v = self._qkv(n)  # views of the static buffers: the same for every layer
         attn = self.attn[:n].view(n, self.heads, self.head_dim)
+        replay_s = attention_s = 0.0
+        clock = time.perf_counter
         for i in range(self.num_layers + 1):
+            started = clock()
             if graphs is not None:
                 graphs[i].replay()
             else:
                 self._piece(i, t)
+            replayed = clock()
+            replay_s += replayed - started
             if i < self.num_layers:
                 out = backend.forward(i, q, k, v, md, out=attn)  # the kernels write the next piece's input
                 store_into(attn, out)
+                attention_s += clock() - replayed
+        self.last_host_s = {"replay": replay_s, "attention": attention_s}
         return self.hidden[:n]

@@ -59,8 +59,10 @@ class InFlightStep:
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
     # host time (s) on the way to the device, for the step log: planning the batch (the worker's plan), the
-    # inputs and attention metadata (build_metadata), the whole launch (metadata, plan, forward and
-    # sampling enqueued), and the host's gap since it finished collecting the step before
+    # inputs and attention metadata (prep: build_metadata), the attention plan (attn_plan), the forward
+    # enqueued (forward; for piecewise graphs also its graph replays and eager attention calls: replay,
+    # attention), logits and sampling enqueued (sample), the whole launch, and the host's gap since it
+    # finished collecting the step before
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
 
@@ -158,7 +160,9 @@ class ModelRunner:
             start_event.record()
         prep_started = time.perf_counter()
         ids, pos, metadata = self.build_metadata(batch)
-        prep_s = time.perf_counter() - prep_started
+        forward_started = time.perf_counter()
+        prep_s = forward_started - prep_started
+        host_s = {"prep": prep_s}
         hidden = None
         num_groups = 1
         ran = "eager"
@@ -170,6 +174,7 @@ class ModelRunner:
                 ran = "decode"
         if hidden is None:
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
+            host_s["attn_plan"] = time.perf_counter() - forward_started
             ctx = AttentionContext(self.backend, metadata)
             if num_layer_groups > 1:
                 num_groups = min(num_layer_groups, self.model.num_layers)
@@ -179,8 +184,11 @@ class ModelRunner:
                     hidden = self.piecewise.run(self.graph_key, ids, pos, ctx)
                     if hidden is not None:
                         ran = "piecewise"
+                        host_s.update(self.piecewise.last_host_s)
                 if hidden is None:
                     hidden = self.model.forward(ids, pos, ctx)
+        sample_started = time.perf_counter()
+        host_s["forward"] = sample_started - forward_started
         last_rows = [metadata.query_lens_list[0] - 1]
         for n in metadata.query_lens_list[1:]:
             last_rows.append(last_rows[-1] + n)
@@ -208,9 +216,10 @@ class ModelRunner:
         for seq in seqs:
             seq.num_pending_tokens += 1
         needs_history = any(_uses_history(s) for s in seqs)
+        host_s["sample"] = time.perf_counter() - sample_started
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event, host_s={"prep": prep_s}, graphs=ran)
+                            start_event=start_event, host_s=host_s, graphs=ran)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

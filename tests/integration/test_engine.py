@@ -170,5 +170,8 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
         assert (r["phase"] == "decode") == (r["num_prefill_seqs"] == 0)
         # the host's share: planning, inputs and metadata inside the launch, the gap since the last collect
         assert 0 < r["prep_ms"] < r["launch_ms"] and r["plan_ms"] > 0
+        # the launch's parts: inputs and metadata, the forward enqueued, logits and sampling enqueued
+        assert r["forward_ms"] > 0 and r["sample_ms"] > 0
+        assert r["prep_ms"] + r["forward_ms"] + r["sample_ms"] <= r["launch_ms"] + 1e-3
         assert r.get("gap_ms", r["plan_ms"]) >= r["plan_ms"]  # no gap after an idle wait
     assert sum("gap_ms" in r for r in steps) >= len(steps) - 2

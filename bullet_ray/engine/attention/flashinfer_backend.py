@@ -10,8 +10,10 @@ BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedK
 chunked schedule, decodes first: its decode rows through the decode kernel and its prompt chunks through
 the prefill kernel, since in the prefill kernel every one-token row fills a query tile of its own: 2.5-3x
 the attention time of a 256-decode mixed step on the H100, benchmarks/gpu/mixed_attention.py), `forward`
-runs them per layer; decode reads q in place (the kernel takes q's strides). One workspace buffer serves every
-wrapper and is allocated once.
+runs them per layer; both kernels read q in place (they take q's strides) and write into the caller's output
+when given one (piecewise graphs pass their static buffer). After a plan's first layer, the other layers call
+the wrapper's compiled module directly (`DirectRun`: flashinfer's `run` is ~50-80 us of Python per call). One
+workspace buffer serves every wrapper and is allocated once.
 
 Planning waits for the GPU only as far as it must: the page-table arrays flashinfer reads on the host go
 in as CPU tensors, and what the kernels read goes to the device with asynchronous copies from pinned
@@ -44,6 +46,7 @@ from typing import Any
 import torch
 
 from bullet_ray.engine.attention.base import AttentionBackend, AttentionMetadata
+from bullet_ray.engine.attention.direct_run import DirectRun
 from bullet_ray.engine.transfer import to_device
 from bullet_ray.models.gpu_kernels import PDL
 
@@ -100,13 +103,17 @@ class FlashInferBackend(AttentionBackend):
         self._kv_rows: torch.Tensor | None = None
         self._layer_caches: list[torch.Tensor] = []
         self._layer_rows: list[torch.Tensor] = []
+        self._layer_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.bind_layer_views()
+        self._direct: dict[int, DirectRun] = {}  # per wrapper (id): its planned run, layer after layer
 
     def bind_layer_views(self) -> None:
-        """Per layer, made once (a view costs the host microseconds, 32+ times a step): the layer's cache as
-        flashinfer takes it, and as rows [num_blocks * 2 * block_size, kv_heads, head_dim] for the K/V write."""
+        """Per layer, made once (a view costs the host microseconds, 32+ times a step): the layer's cache, its
+        K and V halves as flashinfer reads them, and its rows [num_blocks * 2 * block_size, kv_heads,
+        head_dim] for the K/V write."""
         self._layer_caches = [self.kv_cache[layer] for layer in range(self.kv_cache.shape[0])]
         self._layer_rows = [c.view(-1, c.shape[-2], c.shape[-1]) for c in self._layer_caches]
+        self._layer_kv = [(c[:, 0], c[:, 1]) for c in self._layer_caches]  # what flashinfer would unbind
 
     def begin_batch(self, metadata: AttentionMetadata) -> None:
         bs = metadata.block_size
@@ -177,20 +184,26 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         self.write_kv(layer, k, v, metadata)
-        cache = self._layer_caches[layer]
+        k_cache, v_cache = self._layer_kv[layer]
         # both kernels take q's token and head strides (q is a view of the fused qkv rows: no copy)
         if q.stride(-1) != 1:
             q = q.contiguous()
-        if self._is_decode:
-            return self.decode.run(q, cache, out=out, enable_pdl=PDL)
-        nd = self._num_decode_rows
-        if not nd:
-            return self.prefill.run(q, cache, out=out, enable_pdl=PDL)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self.decode.run(q[:nd], cache, out=out[:nd], enable_pdl=PDL)
-        self.prefill.run(q[nd:], cache, out=out[nd:], enable_pdl=PDL)
+        if self._is_decode:
+            return self._run(self.decode).run(q, k_cache, v_cache, out)
+        nd = self._num_decode_rows
+        if not nd:
+            return self._run(self.prefill).run(q, k_cache, v_cache, out)
+        self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
+        self._run(self.prefill).run(q[nd:], k_cache, v_cache, out[nd:])
         return out
+
+    def _run(self, wrapper: Any) -> DirectRun:
+        direct = self._direct.get(id(wrapper))
+        if direct is None or direct.wrapper is not wrapper:
+            direct = self._direct[id(wrapper)] = DirectRun(wrapper, lambda: self.fence.plan_count(wrapper), PDL)
+        return direct
 
 
 class PlanFence:
@@ -203,15 +216,21 @@ class PlanFence:
 
     def __init__(self) -> None:
         self._copied: dict[int, torch.cuda.Event] = {}
+        self._plans: dict[int, int] = {}
 
     def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
         previous = self._copied.get(id(wrapper))
         if previous is not None:
             previous.synchronize()
+        self._plans[id(wrapper)] = self._plans.get(id(wrapper), 0) + 1  # before: a failed plan is stale too
         wrapper.plan(*args, **kwargs)
         event = torch.cuda.Event()
         event.record()
         self._copied[id(wrapper)] = event
+
+    def plan_count(self, wrapper: Any) -> int:
+        """How many times this wrapper was planned (a DirectRun's record holds for one plan)."""
+        return self._plans.get(id(wrapper), 0)
 
 
 def store_first_row_last(rows: torch.Tensor, kv_rows: torch.Tensor, kv: torch.Tensor) -> None:

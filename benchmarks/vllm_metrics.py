@@ -53,6 +53,7 @@ TIME_HISTOGRAMS = {  # figure name -> metric names, the first present one is rea
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
 }
 HISTOGRAMS = (STEP_TOKENS, *(name for names in TIME_HISTOGRAMS.values() for name in names))
+STEP_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # STEP_TOKENS' buckets
 
 # {sample name: {le: value}}: le is a bucket's upper bound as exposed ("8.0", "+Inf"), "" for other samples
 Samples = dict[str, dict[str, float]]
@@ -109,6 +110,16 @@ def _token_range(lower: float, upper: float) -> str:
     if lower < 0:
         return f"<={int(upper)}"
     return f"{int(lower) + 1}-{int(upper)}" if upper > lower + 1 else f"{int(upper)}"
+
+
+def steps_by_tokens(num_tokens: list[int], bounds: tuple[int, ...] = STEP_TOKEN_BOUNDS) -> dict[str, int]:
+    """Steps per token range of vLLM's histogram (<=1, 2-8, ..., 16385+) from each step's token count: another
+    engine's step log read the way step_figures reads vLLM's."""
+    ranges, lower = {}, -1.0
+    for upper in (*bounds, math.inf):
+        ranges[_token_range(lower, upper)] = sum(1 for n in num_tokens if lower < n <= upper)
+        lower = upper
+    return ranges
 
 
 def step_figures(delta: Samples) -> dict[str, Any] | None:

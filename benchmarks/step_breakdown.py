@@ -2,7 +2,11 @@
 written: per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the
 client's TPOT and token-weighted time between tokens, and decode step times by batch size around the
 decode-graph buckets. `--peers` adds the client-side figures of other systems' runs (e.g. vllm) at the same
-rates.
+rates and, where a run holds vLLM's engine metrics (serve_h100 saves them: benchmarks.vllm_metrics), its
+engine-side steps; a table then sets per rate our steps (decode / prompt, tokens per step and per prompt step,
+steps per token range) beside vLLM's (steps, tokens per step, steps per token range, preemptions, mean queue /
+prefill / decode time per request). vLLM counts a prompt's tokens in the step where its prefill ends, ours in
+the step that ran them: totals and means compare, a chunked prompt's ranges do not.
 
     python -m benchmarks.step_breakdown benchmarks/results/serve_h100_m2e/chunked-2048-steps.jsonl.gz \
         --runs benchmarks/results/serve_h100_m2e/runs --system chunked-2048 --rates 8,16,24,32 \
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.plot_steps import records
 from benchmarks.rescore import load_run
+from benchmarks.vllm_metrics import steps_by_tokens
 
 # decode batch ranges on both sides of the power-of-two graph bucket boundaries (16 | 32 | 64 | 128 | 256) used
 # until the sixth session; kept so that tables before and after the finer buckets compare
@@ -45,7 +50,48 @@ def per_rate(steps: list[dict], run: dict) -> dict:
             "decode_batch_mean": round(statistics.mean(s["num_seqs"] for s in decode), 1) if decode else None,
             "prompt_steps": len(prompt), "prompt_s": round(sum(s["measured_ms"] for s in prompt) / 1e3, 2),
             "prompt_step_ms_mean": round(statistics.mean(s["measured_ms"] for s in prompt), 1) if prompt else None,
+            "tokens_per_step_mean": round(statistics.fmean(s["num_tokens"] for s in window), 1) if window else None,
+            "prompt_step_tokens_mean": round(statistics.fmean(s["num_tokens"] for s in prompt), 1) if prompt else None,
+            "steps_by_tokens": steps_by_tokens([s["num_tokens"] for s in window]),
             "batch_weighted_step_ms": round(weighted, 1), **client_side(run)}
+
+
+def vllm_engine_side(run: dict) -> dict | None:
+    """vLLM's own view of one rate, as serve_h100 saved it in the run (None: not saved, e.g. older runs):
+    steps, tokens per step, steps per token range, preemptions, mean queue / prefill / decode ms per request;
+    {"error": ...} where the read failed."""
+    found = run.get("probes", {}).get("vllm_metrics")
+    if found is None or "error" in found:
+        return found
+    steps, times = found["steps"] or {}, found["time_ms"]
+    return {"steps": steps.get("num_steps"), "tokens_per_step_mean": steps.get("tokens_per_step_mean"),
+            "steps_by_tokens": steps.get("steps_by_tokens"), "preemptions": found["counters"]["num_preemptions"],
+            **{f"{key}_ms_mean": (times[key] or {}).get("mean_ms") for key in ("queue", "prefill", "decode")}}
+
+
+def _ranges(by_tokens: dict | None) -> str:
+    return " ".join(f"{k}:{n}" for k, n in (by_tokens or {}).items() if n) or "-"
+
+
+def side_by_side(result: dict) -> str:
+    """A markdown table per rate: our step log's steps beside each peer's engine-side figures."""
+    lines = ["| rate | system | steps | decode / prompt steps | tokens/step | tokens/prompt step | steps by tokens "
+             "| preempt. | queue / prefill / decode ms |", "|" + "---|" * 9]
+    for rate, ours in result["rates"].items():
+        lines.append(f"| {rate} | {result['system']} | {ours['steps']} | {ours['decode_steps']} / "
+                     f"{ours['prompt_steps']} | {ours['tokens_per_step_mean']} | {ours['prompt_step_tokens_mean']} "
+                     f"| {_ranges(ours['steps_by_tokens'])} | - | - |")
+        for peer, by_rate in result.get("peers", {}).items():
+            engine = by_rate[rate].get("engine")
+            if engine is None:
+                continue
+            if "error" in engine:
+                lines.append(f"| {rate} | {peer} | not read: {engine['error']} |" + " |" * 6)
+                continue
+            lines.append(f"| {rate} | {peer} | {engine['steps']} | - | {engine['tokens_per_step_mean']} | - "
+                         f"| {_ranges(engine['steps_by_tokens'])} | {engine['preemptions']} | "
+                         f"{engine['queue_ms_mean']} / {engine['prefill_ms_mean']} / {engine['decode_ms_mean']} |")
+    return "\n".join(lines)
 
 
 def by_batch(steps: list[dict]) -> list[dict]:
@@ -65,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", required=True, help="folder of the bench runs (<system>-rate<R>.json[.gz])")
     parser.add_argument("--system", required=True)
     parser.add_argument("--rates", default="8,16,24,32")
-    parser.add_argument("--peers", default="", help="other systems in --runs (comma-separated) to report client-side")
+    parser.add_argument("--peers", default="",
+                        help="other systems in --runs (comma-separated) to report client-side, and engine-side "
+                             "where the run holds vLLM's metrics (then a table of both sides is printed too)")
     parser.add_argument("--out", help="JSON to write")
     args = parser.parse_args(argv)
     steps = [r for r in records(args.log) if r.get("kind") == "step"]
@@ -74,11 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         path = next(Path(args.runs).glob(f"{args.system}-rate{rate}.json*"))
         result["rates"][rate] = per_rate(steps, load_run(str(path)))
     for peer in filter(None, args.peers.split(",")):
-        result.setdefault("peers", {})[peer] = {
-            rate: client_side(load_run(str(next(Path(args.runs).glob(f"{peer}-rate{rate}.json*")))))
-            for rate in args.rates.split(",")}
+        result.setdefault("peers", {})[peer] = {}
+        for rate in args.rates.split(","):
+            run = load_run(str(next(Path(args.runs).glob(f"{peer}-rate{rate}.json*"))))
+            engine = vllm_engine_side(run)
+            result["peers"][peer][rate] = {**client_side(run), **({"engine": engine} if engine is not None else {})}
     text = json.dumps(result, indent=1)
     print(text)
+    if any("engine" in by_rate[rate] for by_rate in result.get("peers", {}).values() for rate in by_rate):
+        print(side_by_side(result))
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0

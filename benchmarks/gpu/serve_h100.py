@@ -20,7 +20,11 @@ strict one: an SLO-aware schedule is told the SLO it serves; score it under rela
 (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve` (0.24.0 on the GPU
 machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B weights, its defaults
 but prefix caching off (this project has no prefix cache yet), driven by the same client with the same
-requests. Each rate of the sweep sends its own prompts (same lengths and arrivals).
+requests. Each rate of the sweep sends its own prompts (same lengths and arrivals). For vllm, its Prometheus
+page (GET /metrics) is read before and after each rate's measured requests (its warm-up requests go first,
+apart) and the difference saved with the rate (`probes.vllm_metrics` in compare.json's points and in
+runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode time; benchmarks.vllm_metrics);
+`python -m benchmarks.step_breakdown ... --peers vllm` sets them beside our step log's.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, 
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
+from benchmarks.vllm_metrics import VllmMetricsProbe
 
 logger = logging.getLogger("serve_h100")
 REPO = Path(__file__).resolve().parents[2]
@@ -202,7 +207,8 @@ def vllm_version() -> str:
 def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
     if name == "vllm":
         return SystemSpec(name, VLLM_URL, launch=vllm_command(), ready_timeout_s=args.ready_timeout_s,
-                          extra={"command": vllm_command(), "version": vllm_version(), "prefix_caching": False})
+                          extra={"command": vllm_command(), "version": vllm_version(), "prefix_caching": False},
+                          probe=VllmMetricsProbe(f"{VLLM_URL}/metrics"))
     return SystemSpec(name, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
                       extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
                              "check_prompt_tokens": args.check_prompt_tokens, "serve_env": args.serve_env})
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
-                             "vllm (`vllm serve` from $VLLM_SITE); an engine "
+                             "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -3,8 +3,10 @@
 A system is a name and a URL. Optionally it is started before its sweep and stopped after it, either by a
 shell command (`--launch name="cmd"`, run in its own process group, ready when GET /health or /v1/models
 answers 200) or, from Python, by a `lifecycle` context manager (how the lead runs engine schedules such as
-bullet / chunked-1024 / chunked-2048 / static as separate server launches). Writes one markdown table, one
-JSON (every point's summary and the goodput per system) and one figure, plus every run's full JSON.
+bullet / chunked-1024 / chunked-2048 / static as separate server launches). A system may carry a `probe`
+(`RateProbe`) read just before and after each rate's measured requests, e.g. a server's Prometheus counters;
+what it returns is saved with that rate. Writes one markdown table, one JSON (every point's summary and the
+goodput per system) and one figure, plus every run's full JSON.
 
     python -m bullet_ray.bench.compare --endpoint ours=http://127.0.0.1:8000 --endpoint vllm=http://127.0.0.1:8001 \\
         --dataset azure-conv --rates 1,2,4,8 --num-prompts 500 --slo relaxed --output-dir results/cmp
@@ -25,6 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -33,7 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from bullet_ray.bench import report
-from bullet_ray.bench.serve_bench import BenchConfig, add_arguments, config_from_args, run_benchmark
+from bullet_ray.bench.serve_bench import (
+    BenchConfig,
+    BenchResult,
+    add_arguments,
+    config_from_args,
+    run_benchmark,
+)
 from bullet_ray.bench.slo import goodput, parse_slo
 from bullet_ray.bench.traces import RequestSpec, build_workload
 
@@ -42,10 +51,32 @@ logger = logging.getLogger(__name__)
 READY_PATHS = ("/health", "/v1/models")
 
 
+class RateProbe(ABC):
+    """Something read from a system around each rate of its sweep (e.g. the server's own metrics).
+
+    Rules: `start` is called after the rate's warm-up requests, just before its measured requests; `finish`
+    after the last measured answer, and only if `start` returned. `finish` returns a JSON-able dict, saved as
+    `probes[<name>]` in the rate's point (compare.json) and in its run file. Either may raise: the run keeps
+    its results and the probe's entry becomes {"error": "<phase>: <Type>: <message>"}. One probe object serves
+    one system's whole sweep, one rate at a time.
+    """
+
+    name: str = "probe"  # the key under `probes`
+
+    @abstractmethod
+    def start(self) -> None:
+        """Read the state before the rate's measured requests."""
+
+    @abstractmethod
+    def finish(self) -> dict[str, Any]:
+        """Read the state after them; return what changed in between."""
+
+
 @dataclass
 class SystemSpec:
     """One system under test. `launch` (a shell command) or `lifecycle` (a context manager factory taking
-    the system and the output folder) starts it before its sweep and stops it after; neither = already up."""
+    the system and the output folder) starts it before its sweep and stops it after; neither = already up.
+    `probe`, if any, is read around each rate (see RateProbe)."""
 
     name: str
     base_url: str
@@ -53,6 +84,7 @@ class SystemSpec:
     lifecycle: Callable[[SystemSpec, Path], AbstractContextManager[Any]] | None = None
     ready_timeout_s: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)  # free-form, copied into the JSON (e.g. schedule)
+    probe: RateProbe | None = None
 
 
 def wait_ready(base_url: str, timeout_s: float, process: subprocess.Popen | None = None,
@@ -116,12 +148,35 @@ def _actual_rate(requests: Sequence[RequestSpec]) -> float:
     return (len(requests) - 1) / span if span > 0 else math.inf
 
 
+def _probed_run(probe: RateProbe, config: BenchConfig,
+                requests: list[RequestSpec]) -> tuple[BenchResult, dict[str, Any]]:
+    """The run with `probe` read around its measured requests only: the warm-up requests go first in a run of
+    their own (no measured requests), so whatever the probe counts leaves them out."""
+    if config.warmup_requests > 0:
+        asyncio.run(run_benchmark(replace(config, is_progress_shown=False), []))
+    try:
+        probe.start()
+    except Exception as e:  # a probe never fails the run
+        logger.warning("probe %s failed before the run: %s", probe.name, e)
+        return asyncio.run(run_benchmark(replace(config, warmup_requests=0), requests)), \
+            {"error": f"start: {type(e).__name__}: {e}"}
+    result = asyncio.run(run_benchmark(replace(config, warmup_requests=0), requests))
+    try:
+        found = probe.finish()
+    except Exception as e:
+        logger.warning("probe %s failed after the run: %s", probe.name, e)
+        found = {"error": f"finish: {type(e).__name__}: {e}"}
+    result.config["warmup_requests"] = config.warmup_requests  # sent, just before, by the warm-up run above
+    return result, found
+
+
 def run_comparison(systems: Sequence[SystemSpec], base: BenchConfig, out_dir: str | Path,
                    rates: Sequence[float] = (), trace_scales: Sequence[float] = (),
                    cooldown_s: float = 0.0, plot: bool = True) -> dict[str, Any]:
     """Sweep every system over `rates` (Poisson) or `trace_scales` (Azure replay) with the same requests.
 
-    Returns (and writes as compare.json) {config, slo, systems: {name: {points, goodput, error}}}.
+    Returns (and writes as compare.json) {config, slo, systems: {name: {points, goodput, error}}}; a system
+    with a probe has `probes: {name: dict}` in each point and in each run file.
     """
     out = Path(out_dir)
     if bool(rates) == bool(trace_scales):
@@ -147,11 +202,19 @@ def run_comparison(systems: Sequence[SystemSpec], base: BenchConfig, out_dir: st
                     config = replace(base, base_url=system.base_url, label=system.name,
                                      workload=replace(base.workload, rate_rps=value if kind == "rate" else None,
                                                       trace_scale=value if kind == "trace_scale" else None))
-                    result = asyncio.run(run_benchmark(config, requests))
-                    path = result.save(out / "runs" / f"{system.name}-{kind}{value:g}.json")
+                    path = out / "runs" / f"{system.name}-{kind}{value:g}.json"
+                    point: dict[str, Any] = {}
+                    if system.probe is None:
+                        result = asyncio.run(run_benchmark(config, requests))
+                        result.save(path)
+                    else:
+                        result, found = _probed_run(system.probe, config, requests)
+                        point["probes"] = {system.probe.name: found}
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_text(json.dumps({**result.to_dict(), **point}, indent=1))
                     rate = value if kind == "rate" else _actual_rate(requests)
                     entry["points"].append({"rate_rps": rate, kind: value, "summary": result.summary,
-                                            "result_file": str(path.relative_to(out))})
+                                            "result_file": str(path.relative_to(out)), **point})
                     logger.info("%s %s=%g: attainment %.1f%% (%s)", system.name, kind, value,
                                 100 * result.summary["slo"][primary.name]["attainment"], primary.name)
                     if cooldown_s:

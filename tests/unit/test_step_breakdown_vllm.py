@@ -1,0 +1,71 @@
+"""step_breakdown --peers vllm: our step log's steps beside vLLM's engine-side figures, on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.step_breakdown import main, per_rate, side_by_side, vllm_engine_side
+from benchmarks.vllm_metrics import steps_by_tokens
+
+
+def _step(t: float, phase: str, tokens: int, seqs: int, prefill_seqs: int, ms: float) -> dict:
+    return {"kind": "step", "t": t, "side": "hybrid", "phase": phase, "num_tokens": tokens, "num_seqs": seqs,
+            "num_prefill_seqs": prefill_seqs, "measured_ms": ms}
+
+
+STEPS = [_step(99.0, "prefill", 500, 1, 1, 30.0),  # before the run: left out
+         _step(100.1, "prefill", 2048, 3, 2, 80.0), _step(100.2, "mixed", 700, 5, 1, 40.0),
+         _step(100.3, "decode", 5, 5, 0, 10.0), _step(100.4, "decode", 5, 5, 0, 10.0),
+         _step(100.5, "decode", 4, 4, 0, 10.0)]
+RUN = {"environment": {"started_unix_s": 100.0}, "summary": {"duration_s": 1.0, "tpot_ms": {"p50": 11.0},
+                                                             "ttft_ms": {"p50": 90.0}},
+       "requests": [{"success": True, "output_tokens": 3, "e2e_s": 0.3, "ttft_s": 0.1}]}
+VLLM_FOUND = {"url": "http://x/metrics",
+              "steps": {"num_steps": 100, "num_tokens": 12000, "tokens_per_step_mean": 120.0,
+                        "steps_by_tokens": {"<=1": 0, "9-16": 20, "17-32": 50, "513-1024": 30}},
+              "counters": {"num_preemptions": 2, "prompt_tokens": 7000, "generation_tokens": 5000,
+                           "num_requests_finished": 40},
+              "time_ms": {"queue": {"count": 40, "mean_ms": 50.0}, "prefill": {"count": 40, "mean_ms": 100.0},
+                          "decode": {"count": 40, "mean_ms": 2000.0}, "itl": None},
+              "missing": []}
+
+
+def test_our_steps_per_rate_in_vllms_token_ranges():
+    figures = per_rate(STEPS, RUN)
+    assert (figures["steps"], figures["decode_steps"], figures["prompt_steps"]) == (5, 3, 2)
+    assert figures["tokens_per_step_mean"] == round((2048 + 700 + 5 + 5 + 4) / 5, 1)  # 552.4
+    assert figures["prompt_step_tokens_mean"] == 1374.0
+    assert figures["steps_by_tokens"]["2-8"] == 3 and figures["steps_by_tokens"]["513-1024"] == 1
+    assert figures["steps_by_tokens"]["1025-2048"] == 1 and sum(figures["steps_by_tokens"].values()) == 5
+    assert steps_by_tokens([1, 0, 2, 8, 9, 16385])["<=1"] == 2
+    assert steps_by_tokens([1, 0, 2, 8, 9, 16385])["16385+"] == 1
+
+
+def test_vllm_engine_side_from_a_run():
+    assert vllm_engine_side({"requests": []}) is None
+    assert vllm_engine_side({"probes": {"vllm_metrics": {"error": "start: URLError: refused"}}}) == \
+        {"error": "start: URLError: refused"}
+    assert vllm_engine_side({"probes": {"vllm_metrics": VLLM_FOUND}}) == {
+        "steps": 100, "tokens_per_step_mean": 120.0, "steps_by_tokens": VLLM_FOUND["steps"]["steps_by_tokens"],
+        "preemptions": 2, "queue_ms_mean": 50.0, "prefill_ms_mean": 100.0, "decode_ms_mean": 2000.0}
+
+
+def test_main_prints_both_sides(tmp_path: Path, capsys):
+    log = tmp_path / "chunked-2048-steps.jsonl"
+    log.write_text("".join(json.dumps(s) + "\n" for s in STEPS))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "chunked-2048-rate24.json").write_text(json.dumps(RUN))
+    (runs / "vllm-rate24.json").write_text(json.dumps({**RUN, "probes": {"vllm_metrics": VLLM_FOUND}}))
+    out = tmp_path / "breakdown.json"
+    assert main([str(log), "--runs", str(runs), "--system", "chunked-2048", "--rates", "24", "--peers", "vllm",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["peers"]["vllm"]["24"]["engine"]["steps"] == 100
+    assert result["peers"]["vllm"]["24"]["client_ttft_p50_ms"] == 90.0
+    table = side_by_side(result)
+    assert table in capsys.readouterr().out
+    rows = table.splitlines()[2:]
+    assert rows[0] == ("| 24 | chunked-2048 | 5 | 3 / 2 | 552.4 | 1374.0 | 2-8:3 513-1024:1 1025-2048:1 | - | - |")
+    assert rows[1] == "| 24 | vllm | 100 | - | 120.0 | - | 9-16:20 17-32:50 513-1024:30 | 2 | 50.0 / 100.0 / 2000.0 |"

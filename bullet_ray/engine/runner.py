@@ -128,24 +128,27 @@ class ModelRunner:
         qsl = [0]
         for n in query_lens:
             qsl.append(qsl[-1] + n)
-        dev = self.device
+        # two copies to the device, not seven: the int64 arrays travel as one, the int32 ones as another,
+        # and each tensor is a view of its part (each copy costs the host a pinned buffer and a launch)
+        t, b, g = len(input_ids), len(batch), len(gather_dst)
+        longs = to_device(input_ids + positions + slots + gather_src + gather_dst, torch.long, self.device)
+        ints = to_device(qsl + seq_lens + table, torch.int32, self.device)
         metadata = AttentionMetadata(
-            query_start_loc=to_device(qsl, torch.int32, dev),
-            seq_lens=to_device(seq_lens, torch.int32, dev),
-            block_tables=to_device(table, torch.int32, dev).view(len(batch), max_blocks),
-            slot_mapping=to_device(slots, torch.int64, dev),
+            query_start_loc=ints[:b + 1],
+            seq_lens=ints[b + 1:2 * b + 1],
+            block_tables=ints[2 * b + 1:].view(b, max_blocks),
+            slot_mapping=longs[2 * t:3 * t],
             query_lens_list=query_lens,
             seq_lens_list=seq_lens,
             block_size=bs,
             is_decode=all(n == 1 for n in query_lens),
         )
-        ids = to_device(input_ids, torch.long, dev)
-        if gather_dst:
+        ids = longs[:t]
+        if g:
             assert self._last_ids is not None
-            src = self._last_ids.index_select(0, to_device(gather_src, torch.long, dev))
-            ids.index_copy_(0, to_device(gather_dst, torch.long, dev), src)
-        pos = to_device(positions, torch.long, dev)
-        return ids, pos, metadata
+            src = self._last_ids.index_select(0, longs[3 * t:3 * t + g])
+            ids.index_copy_(0, longs[3 * t + g:], src)
+        return ids, longs[t:2 * t], metadata
 
     @torch.inference_mode()
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,

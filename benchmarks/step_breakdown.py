@@ -1,7 +1,7 @@
 """Where a chunked engine's serving time goes, from its step log and the bench runs served while it was
 written: per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the
-client's TPOT and token-weighted time between tokens, and decode step times by batch size around the
-decode-graph buckets. `--peers` adds the client-side figures of other systems' runs (e.g. vllm) at the same
+client's TPOT and token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part
+per prompt token, and decode step times by batch size around the decode-graph buckets. `--peers` adds the client-side figures of other systems' runs (e.g. vllm) at the same
 rates and, where a run holds vLLM's engine metrics (serve_h100 saves them: benchmarks.vllm_metrics), its
 engine-side steps; a table then sets per rate our steps (decode / prompt, tokens per step and per prompt step,
 steps per token range) beside vLLM's (steps, tokens per step, steps per token range, preemptions, mean queue /
@@ -32,11 +32,29 @@ BATCH_RANGES = ((13, 16), (17, 20), (29, 32), (33, 36), (57, 64), (65, 72), (120
 def client_side(run: dict) -> dict:
     """What the clients saw at one rate: TPOT p50 (per request), the time between tokens weighted by tokens
     (sum of e2e - TTFT over sum of output tokens - 1: comparable with the engine's batch-weighted step time),
-    and TTFT p50."""
+    TTFT p50, and (where the requests carry their prompt lengths) TTFT fitted as fixed + per-token time."""
     done = [r for r in run["requests"] if r["success"] and r["output_tokens"] > 1]
     between = sum(r["e2e_s"] - r["ttft_s"] for r in done) / max(1, sum(r["output_tokens"] - 1 for r in done))
     return {"client_tpot_p50_ms": round(run["summary"]["tpot_ms"]["p50"], 1),
-            "client_token_weighted_ms": round(between * 1e3, 1), "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1)}
+            "client_token_weighted_ms": round(between * 1e3, 1), "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1),
+            **ttft_fit(run)}
+
+
+def ttft_fit(run: dict) -> dict:
+    """Least-squares TTFT = fixed + per_1k x prompt tokens / 1000 over the answered requests: at a light load
+    the fixed part is what a request pays whatever its length (the path, waiting for a step), the slope the
+    prefill's speed. {} when fewer than 3 requests carry a prompt length, or all have the same."""
+    points = [(r["prompt_tokens"], r["ttft_s"] * 1e3) for r in run["requests"]
+              if r["success"] and r.get("prompt_tokens") is not None and r.get("ttft_s") is not None]
+    if len(points) < 3:
+        return {}
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return {}
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return {"client_ttft_fixed_ms": round(my - slope * mx, 1), "client_ttft_ms_per_1k_prompt": round(slope * 1e3, 1)}
 
 
 def per_rate(steps: list[dict], run: dict) -> dict:

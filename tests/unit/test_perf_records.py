@@ -124,3 +124,8 @@ def test_queued_prefill_batches_and_client_side_figures():
     # (1.0 + 1.5) s over (10 + 30) gaps between tokens
     assert client_side(run) == {"client_tpot_p50_ms": 30.0, "client_token_weighted_ms": 62.5,
                                 "client_ttft_p50_ms": 120.0}
+    # with prompt lengths: TTFT = 20 ms + 30 ms per 1k prompt tokens, exactly
+    run["requests"] = [{"success": True, "output_tokens": 5, "e2e_s": 1.0, "prompt_tokens": n,
+                        "ttft_s": (20 + 0.03 * n) / 1e3} for n in (100, 1000, 4000)]
+    fit = client_side(run)
+    assert (fit["client_ttft_fixed_ms"], fit["client_ttft_ms_per_1k_prompt"]) == (20.0, 30.0)

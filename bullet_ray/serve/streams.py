@@ -93,12 +93,12 @@ class ChoiceStreams:
         remaining = len(tasks)
         try:
             while remaining:
-                index, item = await queue.get()
-                if isinstance(item, ApiError):
-                    raise item
-                if item.finished:
+                index, got = await queue.get()
+                if isinstance(got, ApiError):
+                    raise got
+                if got.finished:
                     remaining -= 1
-                yield index, item
+                yield index, got
         finally:
             for t in tasks:
                 t.cancel()

@@ -7,12 +7,16 @@ The same requests (one at a time, streamed, greedy, ignore_eos) are timed at fou
                        Serve replica -> Ray object transfer -> caller)
   HTTP                 POST /v1/completions with stream=true (adds the ingress routes, proxy and SSE framing;
                        with --layout separate also the Ray hop from the engine replica to the ingress)
+With --direct-ingress (Ray Serve's RAY_SERVE_ENABLE_DIRECT_INGRESS, experimental) the replica serves HTTP on
+its own port and the HTTP level goes there instead of through the Serve proxy (the handle level is unchanged,
+so `ingress_http_hop_ttft_p50` may come out negative).
 Each level reports TTFT and inter-token latency (p50, p90); the differences between levels are the hops'
 costs: `serve_overhead_ttft_ms` (HTTP - in-process) is what the issue's target (< 5 ms) and
 `per_token_overhead_ms` (HTTP ITL - in-process ITL, < 0.3 ms) are about.
 
     python -m benchmarks.hops                                     # CPU, dummy tiny-llama, ~1 minute
     python -m benchmarks.hops --device cuda --model dummy:llama-3.1-8b --out $OUT/hops.json   # GPU
+    python -m benchmarks.hops --direct-ingress                    # HTTP straight to the replica, no proxy
 """
 
 from __future__ import annotations
@@ -114,6 +118,20 @@ async def _through_http(url: str, model: str, prompts: list[list[int]], num_toke
     return _timings(stamps, starts)
 
 
+def _replica_url(app_name: str) -> str:
+    """The HTTP address of the application's (first) ingress replica under direct ingress: its port from the
+    Serve controller's target groups (a private Ray API: the benchmark's only way to find the replica)."""
+    import ray
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve.context import _get_global_client
+
+    groups = ray.get(_get_global_client()._controller.get_target_groups.remote(app_name))
+    targets = [t for g in groups if g.protocol == RequestProtocol.HTTP for t in g.targets]
+    if not targets:
+        raise RuntimeError(f"no HTTP target for application {app_name!r}: {groups}")
+    return f"http://127.0.0.1:{targets[0].port}"  # the replica listens on http_options' host
+
+
 def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     import ray
     from ray import serve
@@ -122,6 +140,8 @@ def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     from bullet_ray.serve import build_app
 
     port = _free_port()
+    if args.direct_ingress:  # read by the Serve controller and replicas this ray.init starts
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -133,7 +153,7 @@ def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
         handle = serve.get_deployment_handle("BulletEngine", app_name="hops")
         params = SamplingParams(temperature=0.0, max_tokens=args.num_tokens, ignore_eos=True)
         prompts = _prompts(args.num_requests + 2, vocab)
-        url = f"http://127.0.0.1:{port}"
+        url = _replica_url("hops") if args.direct_ingress else f"http://127.0.0.1:{port}"
 
         async def both() -> tuple[dict[str, Any], dict[str, Any]]:
             await _through_handle(handle, prompts[:2], params)  # warm-up
@@ -161,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", default="colocated", choices=["colocated", "separate"],
                         help="colocated: the routes in the engine replica (deploy/*.yaml); separate: an ingress "
                              "deployment calling the engine deployment per streamed token")
+    parser.add_argument("--direct-ingress", action="store_true",
+                        help="start Serve with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 (experimental in Ray): the replica "
+                             "serves HTTP on its own port and the HTTP level goes there, bypassing the Serve proxy")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.engine_config = EngineConfig(model=args.model, device=args.device, schedule=args.schedule,
@@ -181,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "hops", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python -m benchmarks.hops " + " ".join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "device": args.device, "schedule": args.schedule, "layout": args.layout,
+               "direct_ingress": args.direct_ingress,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": PROMPT_LEN,
                # other processes on the host skew every figure: the 1/5/15-minute load averages, and the cores
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result}

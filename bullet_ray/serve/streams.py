@@ -73,37 +73,57 @@ class ChoiceStreams:
         self.firsts = list(firsts)
 
     async def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(choice index, output) in arrival order across choices, until every choice finished."""
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        """(choice index, output) in arrival order across choices, until every choice finished; a refusal or
+        a failed replica mid-stream raises ApiError. One choice (the usual request) is read straight from its
+        stream; several are read by one task each into a shared queue."""
+        if len(self.gens) == 1:
+            async for item in self._choice(0):
+                yield 0, item
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | ApiError]] = asyncio.Queue()
 
         async def pump(index: int) -> None:
             try:
-                first = self.firsts[index]
-                await queue.put((index, first))
-                if first.finished:
-                    return
-                async for item in self.gens[index]:
+                async for item in self._choice(index):
                     await queue.put((index, item))
-                    if isinstance(item, GenerateError) or item.finished:
-                        return
             except ApiError as e:
                 await queue.put((index, e))
-            except Exception as e:  # the replica failed mid-stream: end this choice with an error event
-                await queue.put((index, replica_lost(e, self.retry_after_s)))
 
         tasks = [asyncio.create_task(pump(i)) for i in range(len(self.gens))]
         remaining = len(tasks)
         try:
             while remaining:
-                index, item = await queue.get()
-                if isinstance(item, (GenerateError, Exception)):
-                    raise item if isinstance(item, Exception) else ApiError.from_generate_error(item)
-                if item.finished:
+                index, got = await queue.get()
+                if isinstance(got, ApiError):
+                    raise got
+                if got.finished:
                     remaining -= 1
-                yield index, item
+                yield index, got
         finally:
             for t in tasks:
                 t.cancel()
+
+    async def _choice(self, index: int) -> AsyncIterator[RequestOutput]:
+        """One choice's outputs, its first (fetched by start) to its finished one."""
+        first = self.firsts[index]
+        yield first
+        if first.finished:
+            return
+        stream = self.gens[index]
+        while True:
+            try:
+                item = await stream.__anext__()
+            except StopAsyncIteration:
+                return
+            except ApiError:
+                raise
+            except Exception as e:  # the replica failed mid-stream: end this choice with an error
+                raise replica_lost(e, self.retry_after_s) from e
+            if isinstance(item, GenerateError):
+                raise ApiError.from_generate_error(item)
+            yield item
+            if item.finished:
+                return
 
     def cancel(self) -> None:
         for g in self.gens:

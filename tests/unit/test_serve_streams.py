@@ -1,0 +1,109 @@
+"""ChoiceStreams over local async generators (no Ray): what `merged` yields and raises, for one choice (read
+straight from its stream) and for several (one task each into a queue), and that closing frees the streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from bullet_ray.engine.outputs import RequestOutput
+from bullet_ray.serve.engine_deployment import GenerateError
+from bullet_ray.serve.local_handle import LocalHandle
+from bullet_ray.serve.streams import ApiError, ChoiceStreams
+
+
+def _out(rid: str, token: int, num_output: int, finished: bool = False) -> RequestOutput:
+    return RequestOutput(request_id=rid, token_ids_delta=[token], text_delta=f" <{token}>", logprobs_delta=None,
+                         num_prompt_tokens=4, num_output_tokens=num_output, finished=finished,
+                         finish_reason="length" if finished else None)
+
+
+class _Engine:
+    """`generate` streams `num_tokens` outputs per request, then (optionally) fails the way it is told."""
+
+    def __init__(self, num_tokens: int = 3, fail_after: int | None = None, failure: Any = None) -> None:
+        self.num_tokens = num_tokens
+        self.fail_after = fail_after
+        self.failure = failure
+        self.closed: list[str] = []
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+        rid = request["request_id"]
+        try:
+            for i in range(self.num_tokens):
+                if self.fail_after is not None and i == self.fail_after:
+                    if isinstance(self.failure, BaseException):
+                        raise self.failure
+                    yield self.failure
+                    return
+                await asyncio.sleep(0)
+                yield _out(rid, 100 * int(rid[1:]) + i, i + 1, finished=i == self.num_tokens - 1)
+        finally:
+            self.closed.append(rid)
+
+
+async def _collect(engine: _Engine, num_choices: int) -> tuple[list[tuple[int, RequestOutput]], ChoiceStreams]:
+    streams = ChoiceStreams(LocalHandle(engine), [{"request_id": f"r{i}"} for i in range(num_choices)], 1)
+    await streams.start()
+    got = []
+    try:
+        async for i, out in streams.merged():
+            got.append((i, out))
+    finally:
+        streams.cancel()
+        await asyncio.sleep(0)
+    return got, streams
+
+
+@pytest.mark.parametrize("num_choices", [1, 3])
+def test_every_choice_streams_its_outputs_in_order_until_finished(num_choices):
+    got, _ = asyncio.run(_collect(_Engine(num_tokens=4), num_choices))
+    for choice in range(num_choices):
+        mine = [out for i, out in got if i == choice]
+        assert [o.token_ids_delta[0] for o in mine] == [100 * choice + k for k in range(4)]
+        assert [o.finished for o in mine] == [False, False, False, True]
+    assert len(got) == 4 * num_choices
+
+
+@pytest.mark.parametrize("num_choices", [1, 2])
+def test_a_refusal_mid_stream_raises_its_api_error(num_choices):
+    refusal = GenerateError(503, "engine unavailable: gone", "server_error", retry_after_s=2)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_collect(_Engine(num_tokens=4, fail_after=2, failure=refusal), num_choices))
+    assert (e.value.status, e.value.message, e.value.retry_after_s) == (503, "engine unavailable: gone", 2)
+
+
+@pytest.mark.parametrize("num_choices", [1, 2])
+def test_a_replica_failing_mid_stream_is_a_503_with_retry_after(num_choices):
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_collect(_Engine(num_tokens=4, fail_after=1, failure=RuntimeError("actor died")), num_choices))
+    assert e.value.status == 503 and e.value.retry_after_s == 1 and "RuntimeError" in e.value.message
+
+
+def test_a_first_output_that_finishes_ends_the_choice():
+    got, _ = asyncio.run(_collect(_Engine(num_tokens=1), 1))
+    assert [(i, o.finished) for i, o in got] == [(0, True)]
+
+
+@pytest.mark.parametrize("num_choices", [1, 2])
+def test_leaving_early_closes_every_engine_stream(num_choices):
+    engine = _Engine(num_tokens=50)
+
+    async def first_two() -> None:
+        streams = ChoiceStreams(LocalHandle(engine), [{"request_id": f"r{i}"} for i in range(num_choices)], 1)
+        await streams.start()
+        merged = streams.merged()
+        try:
+            for _ in range(2):
+                await merged.__anext__()
+        finally:
+            await merged.aclose()
+            streams.cancel()
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+    asyncio.run(first_two())
+    assert sorted(engine.closed) == [f"r{i}" for i in range(num_choices)]

@@ -19,9 +19,11 @@ come first on the child's path from $VLLM_SITE (default /tmp/vsite, see benchmar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-start-step", type=int, default=200, help="first profiled step")
     parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
+    parser.add_argument("--vllm-timeout-s", type=float, default=900,
+                        help="the vLLM child (start-up ~3 min on the H100, then the run) is killed with its "
+                             "process group after this")
     parser.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
     return parser
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     if args.vllm:
-        results["vllm"] = _vllm_in_child(argv if argv is not None else sys.argv[1:])
+        log_path = (args.out.parent if args.out is not None else Path(tempfile.gettempdir())) / "offline_vllm_child.log"
+        results["vllm"] = _vllm_in_child(argv if argv is not None else sys.argv[1:], args.vllm_timeout_s, log_path)
         if "requests_per_s" in results["vllm"]:
             results["ours_over_vllm"] = {k: round(results["ours"][k] / results["vllm"][k], 3)
                                          for k in ("requests_per_s", "output_tokens_per_s")}
@@ -191,14 +197,59 @@ def vllm_child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{os.environ.get('VLLM_SITE', '/tmp/vsite')}:{repo}", **extra}
 
 
-def _vllm_in_child(argv: list[str]) -> dict[str, Any]:
+def run_child(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
+              result_prefix: str) -> dict[str, Any]:
+    """Run `cmd` in its own process group (stderr to `log_path`) and return the JSON its stdout prints after
+    `result_prefix`, with `child_s`; {"error", "stderr_tail"} when it fails, prints none, or outlives
+    `timeout_s`. Whatever it started is killed with it: on the timeout, and on a signal that stops this
+    process (`timeout` around a device call), which would not reach the group on its own."""
+    started = time.perf_counter()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            kill_group(proc)
+            raise SystemExit(128 + signum)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        timed_out = False
+        try:
+            stdout, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out, stdout = True, ""
+            logger.error("child %s timed out after %.0f s", cmd[2:4], timeout_s)
+        finally:
+            kill_group(proc)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    for line in (stdout or "").splitlines():
+        if line.startswith(result_prefix):
+            result: dict[str, Any] = json.loads(line.removeprefix(result_prefix))
+            result["child_s"] = round(time.perf_counter() - started, 1)
+            return result
+    tail = log_path.read_text(errors="replace")[-3000:] if log_path.is_file() else ""
+    sys.stderr.write(tail)
+    reason = "timed out" if timed_out else f"rc {proc.returncode}"
+    return {"error": f"child failed ({reason} after {time.perf_counter() - started:.0f} s; log {log_path})",
+            "stderr_tail": tail[-1500:]}
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever of it is left (the leader may be gone while
+    processes it started live on)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _vllm_in_child(argv: list[str], timeout_s: float, log_path: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.offline", *[a for a in argv if a != "--vllm"], "--vllm-only"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=vllm_child_env())
-    for line in proc.stdout.splitlines():
-        if line.startswith("VLLM_RESULT "):
-            return json.loads(line.removeprefix("VLLM_RESULT "))
-    sys.stderr.write(proc.stderr[-6000:])
-    return {"error": f"vLLM run failed (rc {proc.returncode})", "stderr_tail": proc.stderr[-2000:]}
+    return run_child(cmd, vllm_child_env(), log_path, timeout_s, "VLLM_RESULT ")
 
 
 def device_info() -> dict[str, Any]:

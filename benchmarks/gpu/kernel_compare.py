@@ -49,14 +49,11 @@ What compares and what does not:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import logging
 import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -437,54 +434,11 @@ def _vllm_async(engine: Any) -> Any:
 
 def run_vllm(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """vLLM in a child process (its own packages first on the path), killed with its group on timeout."""
-    from benchmarks.offline import vllm_child_env
+    from benchmarks.offline import run_child, vllm_child_env
 
     cmd = [sys.executable, "-m", "benchmarks.gpu.kernel_compare", *argv, "--vllm-child"]
     env = vllm_child_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    log_path = args.out / "vllm_child.log"
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        # its own process group, so that whatever it starts (compile workers) is killed with it; a signal that
-        # stops this process (`timeout` around the device call) would not reach that group: pass it on
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
-
-        def on_signal(signum: int, frame: Any) -> None:
-            _kill_group(proc)
-            raise SystemExit(128 + signum)
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        try:
-            stdout, _ = proc.communicate(timeout=args.vllm_timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            stdout = ""
-            logger.error("vLLM child timed out after %d s", args.vllm_timeout_s)
-        finally:
-            _kill_group(proc)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    for line in (stdout or "").splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line.removeprefix(RESULT_PREFIX))
-            result["child_s"] = round(time.perf_counter() - started, 1)
-            return result
-    tail = log_path.read_text(errors="replace")[-3000:] if log_path.is_file() else ""
-    sys.stderr.write(tail)
-    reason = "timed out" if proc.returncode in (None, -signal.SIGTERM, -signal.SIGKILL) else f"rc {proc.returncode}"
-    return {"error": f"vLLM run failed ({reason} after {time.perf_counter() - started:.0f} s; log {log_path})",
-            "stderr_tail": tail[-1500:]}
-
-
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever of it is left (the leader may be gone while
-    processes it started live on)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+    return run_child(cmd, env, args.out / "vllm_child.log", args.vllm_timeout_s, RESULT_PREFIX)
 
 
 # ---------------------------------------------------------------- report

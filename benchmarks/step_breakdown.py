@@ -1,8 +1,8 @@
 """Where a chunked engine's serving time goes, from its step log and the bench runs served while it was
 written: per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the
 client's TPOT and token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part
-per prompt token, and decode step times by batch size around the decode-graph buckets. `--peers` adds the client-side figures of other systems' runs (e.g. vllm) at the same
-rates and, where a run holds vLLM's engine metrics (serve_h100 saves them: benchmarks.vllm_metrics), its
+per prompt token, and decode step times by batch size around the decode-graph buckets. `--peers` adds the
+client-side figures of other systems' runs (e.g. vllm) at the same rates and, where a run holds vLLM's engine metrics (serve_h100 saves them: benchmarks.vllm_metrics), its
 engine-side steps; a table then sets per rate our steps (decode / prompt, tokens per step and per prompt step,
 steps per token range) beside vLLM's (steps, tokens per step, steps per token range, preemptions, mean queue /
 prefill / decode time per request). vLLM counts a prompt's tokens in the step where its prefill ends, ours in

@@ -132,8 +132,10 @@ def step_figures(delta: Samples) -> dict[str, Any] | None:
         by_tokens[_token_range(lower, upper)] = int(round(n))
         lower = upper
     num_steps = int(round(h["count"]))
-    return {"num_steps": num_steps, "num_tokens": int(round(h["sum"])),
-            "tokens_per_step_mean": round(h["sum"] / num_steps, 1) if num_steps else None,
+    total = h["sum"]
+    known = not math.isnan(total)  # a page without the histogram's _sum keeps the counts
+    return {"num_steps": num_steps, "num_tokens": int(round(total)) if known else None,
+            "tokens_per_step_mean": round(total / num_steps, 1) if num_steps and known else None,
             "steps_by_tokens": by_tokens}
 
 

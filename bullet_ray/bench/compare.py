@@ -154,18 +154,19 @@ def _probed_run(probe: RateProbe, config: BenchConfig,
     their own (no measured requests), so whatever the probe counts leaves them out."""
     if config.warmup_requests > 0:
         asyncio.run(run_benchmark(replace(config, is_progress_shown=False), []))
+    started = True
     try:
         probe.start()
     except Exception as e:  # a probe never fails the run
         logger.warning("probe %s failed before the run: %s", probe.name, e)
-        return asyncio.run(run_benchmark(replace(config, warmup_requests=0), requests)), \
-            {"error": f"start: {type(e).__name__}: {e}"}
+        started, found = False, {"error": f"start: {type(e).__name__}: {e}"}
     result = asyncio.run(run_benchmark(replace(config, warmup_requests=0), requests))
-    try:
-        found = probe.finish()
-    except Exception as e:
-        logger.warning("probe %s failed after the run: %s", probe.name, e)
-        found = {"error": f"finish: {type(e).__name__}: {e}"}
+    if started:
+        try:
+            found = probe.finish()
+        except Exception as e:
+            logger.warning("probe %s failed after the run: %s", probe.name, e)
+            found = {"error": f"finish: {type(e).__name__}: {e}"}
     result.config["warmup_requests"] = config.warmup_requests  # sent, just before, by the warm-up run above
     return result, found
 

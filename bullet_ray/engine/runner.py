@@ -59,15 +59,16 @@ class InFlightStep:
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
     # host time (s) on the way to the device, for the step log: planning the batch (the worker's plan), the
-    # inputs and attention metadata (prep: build_metadata), the attention plan (attn_plan), the forward
-    # enqueued (forward; for piecewise graphs also its graph replays and eager attention calls: replay,
-    # attention), logits and sampling enqueued (sample), the whole launch, and the host's gap since it
-    # finished collecting the step before
+    # inputs and attention metadata (prep: build_metadata), the forward enqueued (forward, which includes the
+    # attention plan: attn_plan, or a decode graph's; for piecewise graphs its graph replays and eager
+    # attention calls: replay, attention), logits and sampling enqueued (sample), the whole launch, and the
+    # host's gap since it finished collecting the step before
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
 
     def host_ms(self) -> dict[str, float]:
-        """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `launch_ms`, `gap_ms`)."""
+        """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `attn_plan_ms`, `forward_ms`,
+        `replay_ms`, `attention_ms`, `sample_ms`, `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
 
 

@@ -113,8 +113,9 @@ class ChoiceStreams:
         while True:
             try:
                 item = await stream.__anext__()
-            except StopAsyncIteration:
-                return
+            except StopAsyncIteration:  # ended without its finished output: its replica went away
+                raise replica_lost(RuntimeError("the stream ended before its last output"),
+                                   self.retry_after_s) from None
             except ApiError:
                 raise
             except Exception as e:  # the replica failed mid-stream: end this choice with an error

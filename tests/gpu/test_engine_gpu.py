@@ -1,5 +1,6 @@
 """GPU path of the engine (runs only with CUDA and flashinfer): flashinfer attention equals the torch
-reference on paged inputs (prefill, chunked prefill, decode) and writes the same K/V, CUDA-graph decode
+reference on paged inputs (prefill, chunked prefill, decode) and writes the same K/V (over several layers too,
+where every layer after the first calls the kernels directly: DirectRun), CUDA-graph decode
 (padded to its bucket, one graph per bucket across context lengths) equals eager decode, the fused
 flashinfer layer kernels equal the PyTorch layers, and green-context partitions of the native helper have the SM counts they report."""
 
@@ -62,6 +63,39 @@ def test_flashinfer_reads_fused_qkv_views(query_lens, seq_lens):
     rel = float((out - expected).norm() / expected.norm())
     assert rel < 2e-2, f"relative difference {rel:.4f}"
     assert torch.equal(fi.kv_cache, ref.kv_cache)
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True])
+@pytest.mark.parametrize("query_lens,seq_lens", [
+    ([37, 5, 100], [37, 5, 100]),  # prefill: the prefill wrapper
+    ([1, 1, 1, 1], [1, 17, 64, 200]),  # decode: the decode wrapper
+    ([1, 1, 1, 20, 7], [33, 1, 70, 20, 90]),  # mixed, decodes first: both
+])
+def test_later_layers_call_the_kernels_directly_and_agree(query_lens, seq_lens, tensor_cores):
+    """Every layer after a plan's first goes through DirectRun's recorded call: each layer's output (written
+    into the caller's buffer) and K/V still equal the torch reference's."""
+    from bullet_ray.engine.attention.base import get_backend_class
+
+    layers, t = 3, sum(query_lens)
+    kv = torch.randn(layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    args = (8, 2, 128, 128 ** -0.5)
+    fi = get_backend_class("flashinfer")(kv, *args, decode_tensor_cores=tensor_cores)
+    ref = get_backend_class("torch")(kv.clone(), *args)
+    md = _metadata(query_lens, seq_lens)
+    fi.begin_batch(md)
+    for layer in range(layers):
+        q = torch.randn(t, 8, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16)
+        out = torch.full_like(q, float("nan"))
+        got = fi.forward(layer, q, k, v, md, out=out)
+        assert got is out
+        expected = ref.forward(layer, q.float(), k.float(), v.float(), md).float()
+        rel = float((out.float() - expected).norm() / expected.norm())
+        assert rel < 2e-2, f"layer {layer}: relative difference {rel:.4f}"
+    assert torch.equal(fi.kv_cache, ref.kv_cache.to(fi.kv_cache.dtype))
+    used = [fi._direct[id(w)] for w in (fi.decode, fi.prefill) if id(w) in fi._direct]
+    assert used and all(d.usable and d.direct_calls == layers - 1 for d in used)
 
 
 def _tiny_model(num_layers=2):

@@ -84,3 +84,5 @@ def test_probe_counts_the_measured_requests_only(tmp_path: Path):
         for point in entry["points"]:
             assert point["summary"]["num_completed"] == 6
             assert point["probes"][systems[1 if name == "down" else 2].probe.name]["error"].startswith(phase)
+            run = json.loads((tmp_path / point["result_file"]).read_text())
+            assert run["config"]["warmup_requests"] == 2  # sent before the probe failed, or after

@@ -90,3 +90,65 @@ def test_an_unplanned_wrapper_takes_the_public_run():
     q, out = torch.ones(3), torch.empty(3)
     direct.run(q, *_layers(1)[0], out)
     assert direct.usable and wrapper.public_runs == 1 and torch.equal(out, q)
+
+
+def test_the_record_keeps_no_layer_tensors_alive():
+    import gc
+    import weakref
+
+    wrapper = _Wrapper()
+    wrapper.plan(1.0)
+    direct = DirectRun(wrapper, lambda: 1)
+    refs = []
+    for k, v in _layers(3):
+        q, out = torch.ones(3), torch.empty(3)
+        direct.run(q, k, v, out)
+        refs.append((weakref.ref(q), weakref.ref(out)))
+        del q, out
+    gc.collect()
+    assert direct.direct_calls == 2
+    assert all(rq() is None and ro() is None for rq, ro in refs)
+
+
+def test_keyword_calls_and_a_new_output_keep_the_public_run():
+    class _Keywords(_Wrapper):
+        def run(self, q, kv, out=None, enable_pdl=None):
+            self.public_runs += 1
+            self._cached_module.paged_run("ws", self.scale, q, kv[0], kv[1], out=out, flag=True)
+            return out
+
+    class _Copies(_Wrapper):
+        def run(self, q, kv, out=None, enable_pdl=None):
+            self.public_runs += 1
+            fresh = torch.empty_like(out)
+            self._cached_module.paged_run("ws", self.scale, q, kv[0], kv[1], fresh, True)
+            out.copy_(fresh)
+            return fresh
+
+    for cls in (_Keywords, _Copies):
+        wrapper = cls()
+        wrapper.plan(2.0)
+        direct = DirectRun(wrapper, lambda: 1)
+        for k, v in _layers(3):
+            q, out = torch.ones(3), torch.empty(3)
+            got = direct.run(q, k, v, out)
+            torch.testing.assert_close(got, _expected(q, k, v, 2.0))
+        assert not direct.usable and direct.direct_calls == 0 and wrapper.public_runs == 3
+
+
+def test_the_backend_keeps_one_direct_run_per_wrapper_and_reads_its_plan_count():
+    from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
+
+    class _Fence:
+        def __init__(self):
+            self.counts = {}
+
+        def plan_count(self, wrapper):
+            return self.counts.get(id(wrapper), 0)
+
+    backend = object.__new__(FlashInferBackend)  # no flashinfer needed for the bookkeeping
+    backend._direct, backend.fence = {}, _Fence()
+    a, b = _Wrapper(), _Wrapper()
+    assert backend._run(a) is backend._run(a) and backend._run(a) is not backend._run(b)
+    backend.fence.counts[id(a)] = 5
+    assert backend._run(a)._plan_count() == 5 and backend._run(b)._plan_count() == 0

@@ -107,3 +107,17 @@ def test_leaving_early_closes_every_engine_stream(num_choices):
 
     asyncio.run(first_two())
     assert sorted(engine.closed) == [f"r{i}" for i in range(num_choices)]
+
+
+@pytest.mark.parametrize("num_choices", [1, 2])
+def test_a_stream_that_ends_before_its_finished_output_is_a_503(num_choices):
+    class _Cut(_Engine):
+        async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+            rid = request["request_id"]
+            for i in range(2):  # never a finished output
+                await asyncio.sleep(0)
+                yield _out(rid, i, i + 1)
+
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_collect(_Cut(), num_choices))
+    assert e.value.status == 503 and e.value.retry_after_s == 1

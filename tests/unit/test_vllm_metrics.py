@@ -89,6 +89,17 @@ vllm:time_per_output_token_seconds_sum 1.2
     assert "vllm:inter_token_latency_seconds" not in figures["missing"]
 
 
+def test_a_step_histogram_without_its_sum_keeps_its_counts():
+    page = """# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{le="1.0"} 3.0
+vllm:iteration_tokens_total_bucket{le="+Inf"} 5.0
+vllm:iteration_tokens_total_count 5.0
+"""
+    steps = engine_figures(difference({}, parse_samples(page), HISTOGRAMS))["steps"]
+    assert steps["num_steps"] == 5 and steps["num_tokens"] is None and steps["tokens_per_step_mean"] is None
+    assert steps["steps_by_tokens"]["<=1"] == 3
+
+
 class _Pages(BaseHTTPRequestHandler):
     pages: list[str] = []
 

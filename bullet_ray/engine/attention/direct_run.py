@@ -8,11 +8,15 @@ argument list for its compiled module on every call. In piecewise-graph steps on
 `DirectRun` sends the first layer after a plan through the public `run`, with the wrapper's module swapped
 for a recorder that notes the entry point and the arguments it is handed; the other layers call that entry
 point with the recorded list, their own q, K cache, V cache and output put where the first layer's were.
-The positions are found by identity: each of the four must appear exactly once, and the recorder must have
-seen exactly one call, else that wrapper keeps the public `run` (a flashinfer whose `run` does more than pass
-its arguments through stays correct, only slower). A plan makes the record stale: `PlanFence` counts each
+The positions are found by identity: each of the four must appear exactly once, the recorder must have seen
+exactly one call (with positional arguments only) and `run` must return the given output, else that wrapper
+keeps the public `run`. The record holds only what `run` derived from its plan and from values every layer
+shares: under one plan every layer's q, K, V and output have the same shapes, dtypes and device (our caller's
+case), and no other argument may depend on the tensors themselves (flashinfer 0.7.2 derives the page size,
+alibi slopes and default scale from their shapes only). A plan makes the record stale: `PlanFence` counts each
 wrapper's plans and a record is used only under the plan it was taken in. Callers pass no scales, sinks or
-log-sum-exp (what `run` would apply after the module's call).
+log-sum-exp (what `run` would apply after the module's call). The record drops the four tensors after each
+call, so it keeps no layer's activations alive.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ class _Recorder:
         if not callable(target):
             return target
 
-        def record(*args: Any) -> Any:
-            self.calls.append((target, list(args)))
-            return target(*args)
+        def record(*args: Any, **kwargs: Any) -> Any:
+            # a keyword argument makes the call unrecordable (the record replays positions only)
+            self.calls.append((target, list(args)) if not kwargs else (target, []))
+            return target(*args, **kwargs)
 
         return record
 
@@ -71,7 +76,10 @@ class DirectRun:
         if record is not None and record[0] == self._plan_count():
             _, entry, args, (iq, ik, iv, io) = record
             args[iq], args[ik], args[iv], args[io] = q, k_cache, v_cache, out
-            entry(*args)
+            try:
+                entry(*args)
+            finally:  # the record must not keep a layer's tensors (q holds the whole fused q/k/v) alive
+                args[iq] = args[ik] = args[iv] = args[io] = None
             self.direct_calls += 1
             return out
         module = getattr(self.wrapper, "_cached_module", None)
@@ -88,6 +96,8 @@ class DirectRun:
             entry, args = recorder.calls[0]
             positions = _positions(args, (q, k_cache, v_cache, out))
             if positions is not None:
+                for i in positions:
+                    args[i] = None
                 self._record = (self._plan_count(), entry, args, positions)
         if self._record is None:
             self.usable = False

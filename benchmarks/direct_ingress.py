@@ -35,7 +35,10 @@ def replica_url(app_name: str, host: str = "127.0.0.1") -> str | None:
     from ray.serve._private.constants import SERVE_PROXY_NAME
     from ray.serve.context import _get_global_client
 
-    groups = ray.get(_get_global_client()._controller.get_target_groups.remote(app_name))
+    client = _get_global_client()  # raises while no Serve controller runs
+    if client is None:
+        return None
+    groups = ray.get(client._controller.get_target_groups.remote(app_name))
     targets = [t for g in groups if g.protocol == RequestProtocol.HTTP for t in g.targets
                if not t.name.startswith(SERVE_PROXY_NAME)]
     return f"http://{host}:{targets[0].port}" if targets else None

@@ -119,29 +119,27 @@ async def _through_http(url: str, model: str, prompts: list[list[int]], num_toke
 
 
 def _replica_url(app_name: str) -> str:
-    """The HTTP address of the application's (first) ingress replica under direct ingress: its port from the
-    Serve controller's target groups (a private Ray API: the benchmark's only way to find the replica)."""
-    import ray
-    from ray.serve._private.common import RequestProtocol
-    from ray.serve.context import _get_global_client
+    """The HTTP address of the application's (first) ingress replica under direct ingress (benchmarks.direct_ingress:
+    the Serve controller's target groups, a private Ray API); serve.run has returned, so a replica is running."""
+    from benchmarks.direct_ingress import replica_url
 
-    groups = ray.get(_get_global_client()._controller.get_target_groups.remote(app_name))
-    targets = [t for g in groups if g.protocol == RequestProtocol.HTTP for t in g.targets]
-    if not targets:
-        raise RuntimeError(f"no HTTP target for application {app_name!r}: {groups}")
-    return f"http://127.0.0.1:{targets[0].port}"  # the replica listens on http_options' host
+    url = replica_url(app_name)
+    if url is None:
+        raise RuntimeError(f"no replica serving HTTP for application {app_name!r}: is direct ingress on?")
+    return url
 
 
 def through_serve(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     import ray
     from ray import serve
 
+    from benchmarks.direct_ingress import ENV_VAR as DIRECT_INGRESS_ENV_VAR
     from bullet_ray.engine.sampling_params import SamplingParams
     from bullet_ray.serve import build_app
 
     port = _free_port()
     if args.direct_ingress:  # read by the Serve controller and replicas this ray.init starts
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+        os.environ[DIRECT_INGRESS_ENV_VAR] = "1"
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

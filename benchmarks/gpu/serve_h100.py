@@ -25,6 +25,13 @@ page (GET /metrics) is read before and after each rate's measured requests (its 
 apart) and the difference saved with the rate (`probes.vllm_metrics` in compare.json's points and in
 runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode time; benchmarks.vllm_metrics);
 `python -m benchmarks.step_breakdown ... --peers vllm` sets them beside our step log's.
+
+A "+direct" suffix on an engine system (chunked-2048+direct, bullet-slo+direct, chunked-2048+pw1024+direct)
+launches the same YAML with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in `serve run`'s environment (Ray Serve's
+experimental direct ingress: the replica serves HTTP on its own port, 30000 and up, and the proxy's port 8000
+no longer answers); the sweep goes to the replica's address, read from the Serve controller once the replica
+runs (benchmarks.direct_ingress) and saved in the system's extra["direct_ingress"] (compare.json's top-level
+base_url of that system still says 8000). The "bullet" system's batch and gRPC check runs for plain "bullet" only.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks import report
+from benchmarks import direct_ingress, report
 from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, wait_ready
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import parse_slo
@@ -70,26 +77,40 @@ def gpu_memory_gib() -> float:
     return float(out.splitlines()[0]) / 1024 if out and out.splitlines()[0].strip().isdigit() else float("nan")
 
 
-def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
+def parse_system(system: str) -> tuple[str, str, bool]:
+    """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
+    ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>); "+direct" may come
+    with it, in either order."""
+    name, *suffixes = system.split("+")
+    engine = [s for s in suffixes if s != "direct"]
+    if len(engine) > 1 or len(suffixes) - len(engine) > 1:
+        raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, and/or +direct")
+    scheduling = engine[0] if engine else ""
+    pw_tokens = scheduling.removeprefix("pw")
+    if scheduling not in ("", "sync", "async", "nopw") and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens> or +direct")
+    return name, scheduling, len(engine) < len(suffixes)
+
+
+def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
     (aimed at the relaxed preset for "bullet-slo-relaxed"), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
     session), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
-    schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch)."""
-    name, _, scheduling = name.partition("+")  # "+sync" / "+async": async_scheduling off / on
-    pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw") and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
-        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw or +pw<tokens>")
+    schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch). "+direct" leaves
+    the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
+    step log apart."""
+    name, scheduling, _ = parse_system(system)
+    suffix = system[len(name):]  # every suffix, "+direct" included: the file names of two systems never meet
     if name == "bullet" and not scheduling:
         return base_yaml
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
-    suffix = f"+{scheduling}" if scheduling else ""
     if scheduling == "nopw":
         engine["piecewise_graph_tokens"] = 0
     elif scheduling.startswith("pw"):
-        engine["piecewise_graph_tokens"] = int(pw_tokens)
+        engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith("bullet-slo-lw"):
@@ -126,18 +147,28 @@ def system_yaml(name: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
 
 @contextlib.contextmanager
 def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
-    """`serve run <yaml>` (it starts a local Ray cluster, as a user's first run does); stopped after."""
+    """`serve run <yaml>` (it starts a local Ray cluster, as a user's first run does); stopped after. For a
+    "+direct" system, `serve run` gets RAY_SERVE_ENABLE_DIRECT_INGRESS=1 and `system.base_url` becomes the
+    replica's own HTTP address once it runs (benchmarks.direct_ingress), recorded in extra["direct_ingress"]."""
     path = system_yaml(system.name, out_dir, Path(system.extra.get("base_yaml", GPU_YAML)))
     system.extra["yaml"] = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name)
     system.extra["command"] = f"serve run {system.extra['yaml']}"
     out_dir.mkdir(parents=True, exist_ok=True)
     idle_gib = gpu_memory_gib()
     started = time.monotonic()
+    is_direct = parse_system(system.name)[2]
     with open(out_dir / f"{system.name}-serve.log", "ab") as log:
         env = {**os.environ, **system.extra.get("serve_env", {})}
+        if is_direct:  # read by the Serve controller and replicas of the cluster `serve run` starts
+            env[direct_ingress.ENV_VAR] = "1"
         proc = subprocess.Popen(["serve", "run", str(path)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)
         try:
+            if is_direct:  # the replica's own HTTP port, known once it runs; run_comparison reads base_url after
+                app_name = yaml.safe_load(path.read_text())["applications"][0]["name"]
+                system.base_url = direct_ingress.find_replica_url(app_name, system.ready_timeout_s, proc)
+                system.extra["direct_ingress"] = {"env": f"{direct_ingress.ENV_VAR}=1", "base_url": system.base_url}
+                logger.info("%s: direct ingress at %s", system.name, system.base_url)
             wait_ready(system.base_url, system.ready_timeout_s, proc)
             _wait_generates(system.base_url, system.ready_timeout_s)
             system.extra["ready_s"] = round(time.monotonic() - started, 1)
@@ -285,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
-                             "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off")
+                             "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
+                             "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "
+                             "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")
@@ -302,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="which Azure 2023 trace's prompt/output lengths")
     parser.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment of our systems' `serve run` (repeatable), e.g. "
-                             "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for Serve's direct ingress")
+                             "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (it turns Serve's direct ingress on too: give such "
+                             "systems '+direct' so that the sweep goes to the replica's port, not 8000)")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files into --out")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/serve_h100")))
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks.gpu.serve_h100 import GPU_YAML, system_yaml
+from benchmarks.gpu.serve_h100 import GPU_YAML, parse_system, system_yaml
 
 
 def _engine(path):
@@ -41,3 +41,33 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):
         system_yaml(name, tmp_path)
+
+
+@pytest.mark.parametrize(("system", "parsed"), [
+    ("chunked-2048", ("chunked-2048", "", False)),
+    ("chunked-2048+direct", ("chunked-2048", "", True)),
+    ("bullet-slo+direct", ("bullet-slo", "", True)),
+    ("chunked-2048+pw1024+direct", ("chunked-2048", "pw1024", True)),
+    ("chunked-2048+direct+sync", ("chunked-2048", "sync", True)),
+    ("bullet-slo-lw4+sync", ("bullet-slo-lw4", "sync", False)),
+])
+def test_parse_system_splits_off_direct(system, parsed):
+    assert parse_system(system) == parsed
+
+
+@pytest.mark.parametrize("system", ["chunked-2048+direct+direct", "chunked-2048+sync+nopw", "bullet+directx"])
+def test_parse_system_rejects_repeated_or_unknown_suffixes(system):
+    with pytest.raises(SystemExit, match="unknown"):
+        parse_system(system)
+
+
+def test_direct_leaves_the_yaml_as_it_is_but_names_its_files_apart(tmp_path):
+    assert system_yaml("bullet+direct", tmp_path) == GPU_YAML
+    plain, direct = _engine(system_yaml("chunked-2048", tmp_path)), _engine(system_yaml("chunked-2048+direct", tmp_path))
+    assert (tmp_path / "chunked-2048+direct.yaml").exists()
+    assert direct.pop("step_log_path").endswith("chunked-2048+direct-steps.jsonl")
+    assert plain.pop("step_log_path").endswith("chunked-2048-steps.jsonl") and direct == plain
+    both = _engine(system_yaml("chunked-2048+pw1024+direct", tmp_path))
+    assert both["piecewise_graph_tokens"] == 1024 and both["step_log_path"].endswith("chunked-2048+pw1024+direct-steps.jsonl")
+    slo = _engine(system_yaml("bullet-slo+direct", tmp_path))
+    assert slo["split_policy"] == "slo" and slo["step_log_path"].endswith("bullet-slo+direct-steps.jsonl")

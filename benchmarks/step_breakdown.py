@@ -1,12 +1,13 @@
-"""Where a chunked engine's serving time goes, from its step log and the bench runs served while it was
-written: per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the
-client's TPOT and token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part
-per prompt token, and decode step times by batch size around the decode-graph buckets. `--peers` adds the
-client-side figures of other systems' runs (e.g. vllm) at the same rates and, where a run holds vLLM's engine metrics (serve_h100 saves them: benchmarks.vllm_metrics), its
-engine-side steps; a table then sets per rate our steps (decode / prompt, tokens per step and per prompt step,
-steps per token range) beside vLLM's (steps, tokens per step, steps per token range, preemptions, mean queue /
-prefill / decode time per request). vLLM counts a prompt's tokens in the step where its prefill ends, ours in
-the step that ran them: totals and means compare, a chunked prompt's ranges do not.
+"""Where a chunked engine's serving time goes, from its step log and the bench runs served while it was written:
+per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the client's TPOT and
+token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part per prompt token, and
+decode step times by batch size around the decode-graph buckets. `--peers` adds the client-side figures of
+other systems' runs (e.g. vllm) at the same rates and, where a run holds vLLM's engine metrics (serve_h100
+saves them: benchmarks.vllm_metrics), its engine-side steps; a table then sets per rate our steps (decode /
+prompt, tokens per step and per prompt step, steps per token range) beside vLLM's (steps, tokens per step,
+steps per token range, preemptions, mean queue / prefill / decode time per request). vLLM counts a prompt's
+tokens in the step where its prefill ends, ours in the step that ran them: totals and means compare, a chunked
+prompt's ranges do not.
 
     python -m benchmarks.step_breakdown benchmarks/results/serve_h100_m2e/chunked-2048-steps.jsonl.gz \
         --runs benchmarks/results/serve_h100_m2e/runs --system chunked-2048 --rates 8,16,24,32 \
@@ -36,8 +37,8 @@ def client_side(run: dict) -> dict:
     done = [r for r in run["requests"] if r["success"] and r["output_tokens"] > 1]
     between = sum(r["e2e_s"] - r["ttft_s"] for r in done) / max(1, sum(r["output_tokens"] - 1 for r in done))
     return {"client_tpot_p50_ms": round(run["summary"]["tpot_ms"]["p50"], 1),
-            "client_token_weighted_ms": round(between * 1e3, 1), "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1),
-            **ttft_fit(run)}
+            "client_token_weighted_ms": round(between * 1e3, 1),
+            "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1), **ttft_fit(run)}
 
 
 def ttft_fit(run: dict) -> dict:

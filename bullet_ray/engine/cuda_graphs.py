@@ -14,8 +14,8 @@ than one row row 0's K/V are written after the other rows' (one more small kerne
 `flashinfer_backend.store_first_row_last`), since in one scatter it is undefined which of the duplicate
 writes stays, and row 0 could read, and keep in the cache, a padding row's K/V for its own token: the
 cause of the graph-vs-eager failures with tensor-core decode in the sixth session, and on the H100 on
-2026-11-24 with the CUDA-core kernel too (benchmarks/results/decode_tc_on_h100). Until the fifth session padding rows read row 0's whole context,
-so a batch of 35 in the 64 bucket read 29 extra copies of the first sequence's KV every step (5 GB at
+2026-11-24 with the CUDA-core kernel too (benchmarks/results/decode_tc_on_h100). Until the fifth session
+padding rows read row 0's whole context, so a batch of 35 in the 64 bucket read 29 extra copies of the first sequence's KV every step (5 GB at
 1.3k tokens of Llama-3.1-8B, ~1.7 ms on the H100). Padding rows still cost their share of the GEMMs,
 norms and sampling, and the bigger bucket's kernels: on the H100 a step of 65-72 sequences took 12.9 ms in
 the 128 bucket against 10.9 ms for 57-64 in the 64 bucket, 129-140 took 24.0 against 17.0 ms

@@ -101,19 +101,18 @@ class FlashInferBackend(AttentionBackend):
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None
         self._kv_rows: torch.Tensor | None = None
-        self._layer_caches: list[torch.Tensor] = []
         self._layer_rows: list[torch.Tensor] = []
         self._layer_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.bind_layer_views()
         self._direct: dict[int, DirectRun] = {}  # per wrapper (id): its planned run, layer after layer
 
     def bind_layer_views(self) -> None:
-        """Per layer, made once (a view costs the host microseconds, 32+ times a step): the layer's cache, its
-        K and V halves as flashinfer reads them, and its rows [num_blocks * 2 * block_size, kv_heads,
-        head_dim] for the K/V write."""
-        self._layer_caches = [self.kv_cache[layer] for layer in range(self.kv_cache.shape[0])]
-        self._layer_rows = [c.view(-1, c.shape[-2], c.shape[-1]) for c in self._layer_caches]
-        self._layer_kv = [(c[:, 0], c[:, 1]) for c in self._layer_caches]  # what flashinfer would unbind
+        """Per layer, made once (a view costs the host microseconds, 32+ times a step): the layer's K and V
+        halves as flashinfer reads them, and its rows [num_blocks * 2 * block_size, kv_heads, head_dim] for
+        the K/V write."""
+        caches = list(self.kv_cache)  # per layer [num_blocks, K/V, block_size, kv_heads, head_dim]
+        self._layer_rows = [c.view(-1, c.shape[-2], c.shape[-1]) for c in caches]
+        self._layer_kv = [(c[:, 0], c[:, 1]) for c in caches]  # what flashinfer would unbind
 
     def begin_batch(self, metadata: AttentionMetadata) -> None:
         bs = metadata.block_size
@@ -161,7 +160,7 @@ class FlashInferBackend(AttentionBackend):
         """Store the batch's new K/V of one layer at their slots."""
         rows = self._layer_rows[layer]
         if self._rows_md is not metadata or self._kv_rows is None:
-            bs = self._layer_caches[layer].shape[2]  # [num_blocks, K/V, block_size, kv_heads, head_dim]
+            bs = self.kv_cache.shape[3]  # [layers, num_blocks, K/V, block_size, kv_heads, head_dim]
             slots = metadata.slot_mapping
             k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
             self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row

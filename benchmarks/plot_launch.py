@@ -6,7 +6,9 @@
 
 One panel per log: each prefill or mixed step's `launch_ms` (the host enqueueing the step) and `measured_ms`
 (its device time, CUDA events) against its tokens. Where the two lie together the step is launch-bound: the
-GPU waits for the host. Prints the medians per token range (the table of the results README).
+GPU waits for the host. Prints the medians per token range (the table of the results README), and per kind of
+forward (decode graph, piecewise, eager) the medians of every part of the launch the log holds (`prep_ms`,
+`attn_plan_ms`, `replay_ms`, `attention_ms`, `forward_ms`, `sample_ms`; step logs since the eighth session).
 """
 
 from __future__ import annotations
@@ -36,6 +38,29 @@ def medians(steps: list[dict]) -> list[dict]:
     return rows
 
 
+PARTS = ("prep_ms", "attn_plan_ms", "replay_ms", "attention_ms", "forward_ms", "sample_ms", "launch_ms",
+         "measured_ms")
+
+
+def parts_by_graphs(path: str) -> dict[str, dict[str, float]]:
+    """Every step of the log by how its forward ran (`graphs`: decode, piecewise, eager): how many, and the
+    median of each part of the host's launch the step log holds (runner.InFlightStep.host_s) and of its
+    device time."""
+    by_kind: dict[str, list[dict]] = {}
+    for r in records(path):
+        if r.get("kind") == "step" and "graphs" in r:
+            by_kind.setdefault(r["graphs"], []).append(r)
+    out: dict[str, dict[str, float]] = {}
+    for kind, steps in sorted(by_kind.items()):
+        row: dict[str, float] = {"steps": len(steps)}
+        for part in PARTS:
+            values = [s[part] for s in steps if part in s]
+            if values:
+                row[part] = round(statistics.median(values), 2)
+        out[kind] = row
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", help="NAME=step-log.jsonl[.gz], one panel each")
@@ -47,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             parser.error(f"logs: {item!r} is not NAME=PATH")
         named.append((name, prompt_steps(path)))
-    for name, steps in named:
+    for (name, steps), item in zip(named, args.logs):
         print(name)
         for row in medians(steps):
             print(f"  {row['tokens']:>9} tokens  {row['steps']:4d} steps  launch {row['launch_ms']:5.1f} ms  "
                   f"device {row['measured_ms']:5.1f} ms")
+        for kind, row in parts_by_graphs(item.partition("=")[2]).items():
+            print(f"  {kind} steps, medians: " + ", ".join(f"{k} {v:g}" for k, v in row.items()))
     import matplotlib
 
     matplotlib.use("Agg")

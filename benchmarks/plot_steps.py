@@ -5,7 +5,9 @@
 
 Left: each step's predicted against its measured time (log-log, per side; the diagonal is a perfect model,
 the band +-25%). Right: decode SMs over time, with the prefill queue length, and split decisions marked by
-reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure).
+reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure), the
+prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode by its SMs, and the split
+switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that acked last).
 With `--requests` (one rate's run of the bench tool, served while the log was written) a second row zooms
 into that run: the split with the queue and decode batch, and each request's TTFT and TPOT at its arrival
 against the run's first SLO.
@@ -87,6 +89,33 @@ def queued_prefill_batches(steps: list[dict], min_queued: int = 3) -> dict[str, 
             "tokens_per_s": sum(s["num_tokens"] for s in mine) / sum(s["measured_ms"] for s in mine) * 1e3}
 
 
+def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500) -> dict[int, dict[str, float]]:
+    """Prefill steps of >= `min_tokens` tokens taken while the decode side was busy, by their prefill SMs: how
+    many, and their median tokens per second of step time (what the prefill side beside decode delivers)."""
+    by_sms: dict[int, list[float]] = {}
+    for s in steps:
+        if s["side"] == "prefill" and s.get("other_busy") and s["num_tokens"] >= min_tokens and s["measured_ms"] > 0:
+            by_sms.setdefault(int(s["prefill_sms"]), []).append(s["num_tokens"] / s["measured_ms"] * 1e3)
+    return {sms: {"steps": len(rates), "tokens_per_s_p50": statistics.median(rates)}
+            for sms, rates in sorted(by_sms.items())}
+
+
+def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
+    """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
+    their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
+    logged before it."""
+    recs = sorted(records(path), key=lambda r: r["t"])
+    groups: dict[tuple[str, str], list[float]] = {}
+    reason = "?"
+    for r in recs:
+        if r.get("kind", "decision") == "decision" and r.get("switch"):
+            reason = r["reason"]
+        elif r.get("kind") == "switch":
+            groups.setdefault((reason, r["acked_last"]), []).append(r["decision_to_split_us"] / 1e3)
+    return {key: {"switches": len(ms), "p50_ms": statistics.median(ms), "max_ms": max(ms)}
+            for key, ms in sorted(groups.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", help="JSONL written by the engine (step_log_path)")
@@ -146,10 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     if queued:
         print(f"prefill steps with >= 3 queued: {queued['steps']}, median {queued['seqs_p50']:g} requests / "
               f"{queued['tokens_p50']:g} tokens per step, {queued['tokens_per_s']:.0f} tokens/s")
+    for sms, row in prefill_rate_by_sms(steps).items():
+        print(f"prefill steps of >= 1500 tokens beside a busy decode on {sms} SMs: {row['steps']}, "
+              f"median {row['tokens_per_s_p50']:.0f} tokens/s")
     done = switches(args.log)
     if done:
         print(f"switches: {len(done)}, decision to both sides on the new split p50 {_q(done, 0.5):.3f} ms, "
               f"p99 {_q(done, 0.99):.3f} ms")
+        for (reason, last), row in switches_by_reason(args.log).items():
+            print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
+                  f"max {row['max_ms']:.1f} ms")
     if run is not None:
         plot_run(ax3, ax4, steps, run)
     fig.tight_layout()

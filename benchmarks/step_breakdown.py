@@ -72,6 +72,8 @@ def per_rate(steps: list[dict], run: dict) -> dict:
             "tokens_per_step_mean": round(statistics.fmean(s["num_tokens"] for s in window), 1) if window else None,
             "prompt_step_tokens_mean": round(statistics.fmean(s["num_tokens"] for s in prompt), 1) if prompt else None,
             "steps_by_tokens": steps_by_tokens([s["num_tokens"] for s in window]),
+            "run_s": round(run["summary"]["duration_s"], 2),
+            "ms_per_step": round(run["summary"]["duration_s"] * 1e3 / len(window), 1) if window else None,
             "batch_weighted_step_ms": round(weighted, 1), **client_side(run)}
 
 
@@ -83,7 +85,11 @@ def vllm_engine_side(run: dict) -> dict | None:
     if found is None or "error" in found:
         return found
     steps, times = found["steps"] or {}, found["time_ms"]
-    return {"steps": steps.get("num_steps"), "tokens_per_step_mean": steps.get("tokens_per_step_mean"),
+    num_steps, run_s = steps.get("num_steps"), run["summary"]["duration_s"]
+    return {"steps": num_steps, "run_s": round(run_s, 2),
+            # an upper bound: vLLM leaves out steps that returned no output (benchmarks.vllm_metrics)
+            "ms_per_step": round(run_s * 1e3 / num_steps, 1) if num_steps else None,
+            "tokens_per_step_mean": steps.get("tokens_per_step_mean"),
             "steps_by_tokens": steps.get("steps_by_tokens"), "preemptions": found["counters"]["num_preemptions"],
             **{f"{key}_ms_mean": (times[key] or {}).get("mean_ms") for key in ("queue", "prefill", "decode")}}
 

@@ -129,3 +129,45 @@ def test_queued_prefill_batches_and_client_side_figures():
                         "ttft_s": (20 + 0.03 * n) / 1e3} for n in (100, 1000, 4000)]
     fit = client_side(run)
     assert (fit["client_ttft_fixed_ms"], fit["client_ttft_ms_per_1k_prompt"]) == (20.0, 30.0)
+
+
+def test_prefill_rate_by_sms_and_switches_by_reason(tmp_path):
+    """plot_steps' prefill side beside a busy decode (by its SMs) and the split switches grouped by what decided
+    them, on hand-made records."""
+    from benchmarks.plot_steps import prefill_rate_by_sms, switches_by_reason
+
+    def step(sms, busy, tokens, ms):
+        return {"kind": "step", "side": "prefill", "prefill_sms": sms, "other_busy": busy, "num_tokens": tokens,
+                "measured_ms": ms}
+
+    steps = [step(100, True, 2000, 100.0), step(100, True, 3000, 100.0), step(100, True, 4000, 100.0),
+             step(100, False, 2000, 10.0),  # decode idle: left out
+             step(116, True, 1000, 10.0),  # too small: left out
+             step(116, True, 2900, 100.0)]
+    assert prefill_rate_by_sms(steps) == {100: {"steps": 3, "tokens_per_s_p50": 30000.0},
+                                          116: {"steps": 1, "tokens_per_s_p50": 29000.0}}
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "decision", "t": 1.0, "reason": "to_decode", "switch": True},
+            {"kind": "switch", "t": 1.1, "decision_to_split_us": 100_000, "acked_last": "decode"},
+            {"kind": "decision", "t": 2.0, "reason": "balance", "switch": False},  # no switch: keeps to_decode
+            {"kind": "switch", "t": 2.1, "decision_to_split_us": 300_000, "acked_last": "decode"},
+            {"kind": "decision", "t": 3.0, "reason": "to_prefill", "switch": True},
+            {"kind": "switch", "t": 3.1, "decision_to_split_us": 20_000, "acked_last": "prefill"}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert switches_by_reason(str(log)) == {
+        ("to_decode", "decode"): {"switches": 2, "p50_ms": 200.0, "max_ms": 300.0},
+        ("to_prefill", "prefill"): {"switches": 1, "p50_ms": 20.0, "max_ms": 20.0}}
+
+
+def test_launch_parts_by_how_the_forward_ran(tmp_path):
+    from benchmarks.plot_launch import parts_by_graphs
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "step", "graphs": "piecewise", "prep_ms": p, "attention_ms": a, "launch_ms": 3 * a,
+             "measured_ms": 30.0} for p, a in ((1.0, 2.0), (2.0, 4.0), (3.0, 6.0))]
+    rows += [{"kind": "step", "graphs": "decode", "prep_ms": 0.5, "launch_ms": 1.5, "measured_ms": 8.0},
+             {"kind": "decision", "t": 0.0}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert parts_by_graphs(str(log)) == {
+        "decode": {"steps": 1, "prep_ms": 0.5, "launch_ms": 1.5, "measured_ms": 8.0},
+        "piecewise": {"steps": 3, "prep_ms": 2.0, "attention_ms": 4.0, "launch_ms": 12.0, "measured_ms": 30.0}}

@@ -36,6 +36,7 @@ def test_our_steps_per_rate_in_vllms_token_ranges():
     assert (figures["steps"], figures["decode_steps"], figures["prompt_steps"]) == (5, 3, 2)
     assert figures["tokens_per_step_mean"] == round((2048 + 700 + 5 + 5 + 4) / 5, 1)  # 552.4
     assert figures["prompt_step_tokens_mean"] == 1374.0
+    assert (figures["run_s"], figures["ms_per_step"]) == (1.0, 200.0)  # the run's 1 s over its 5 steps
     assert figures["steps_by_tokens"]["2-8"] == 3 and figures["steps_by_tokens"]["513-1024"] == 1
     assert figures["steps_by_tokens"]["1025-2048"] == 1 and sum(figures["steps_by_tokens"].values()) == 5
     assert steps_by_tokens([1, 0, 2, 8, 9, 16385])["<=1"] == 2
@@ -46,8 +47,8 @@ def test_vllm_engine_side_from_a_run():
     assert vllm_engine_side({"requests": []}) is None
     assert vllm_engine_side({"probes": {"vllm_metrics": {"error": "start: URLError: refused"}}}) == \
         {"error": "start: URLError: refused"}
-    assert vllm_engine_side({"probes": {"vllm_metrics": VLLM_FOUND}}) == {
-        "steps": 100, "tokens_per_step_mean": 120.0, "steps_by_tokens": VLLM_FOUND["steps"]["steps_by_tokens"],
+    assert vllm_engine_side({**RUN, "probes": {"vllm_metrics": VLLM_FOUND}}) == {
+        "steps": 100, "run_s": 1.0, "ms_per_step": 10.0, "tokens_per_step_mean": 120.0, "steps_by_tokens": VLLM_FOUND["steps"]["steps_by_tokens"],
         "preemptions": 2, "queue_ms_mean": 50.0, "prefill_ms_mean": 100.0, "decode_ms_mean": 2000.0}
 
 

@@ -119,8 +119,15 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     import vllm  # type: ignore[import-not-found]
 
     result = summary(specs, [len(o.outputs[0].token_ids) for o in outs], seconds)
-    result.update(system=f"vllm {vllm.__version__}", startup_s=round(startup_s, 1),
-                  config={"enable_prefix_caching": False, "max_model_len": args.max_total_tokens, "defaults": "else"})
+    config: dict[str, Any] = {"enable_prefix_caching": False, "max_model_len": args.max_total_tokens, "defaults": "else"}
+    try:  # the limits vLLM resolved from its defaults, to set beside ours
+        sched = llm.llm_engine.vllm_config.scheduler_config
+        config.update(max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens)
+        cache = llm.llm_engine.vllm_config.cache_config
+        config.update(kv_cache_tokens=int(cache.num_gpu_blocks or 0) * int(cache.block_size))
+    except AttributeError:
+        pass
+    result.update(system=f"vllm {vllm.__version__}", startup_s=round(startup_s, 1), config=config)
     return result
 
 

@@ -40,23 +40,29 @@ from bullet_ray.models.llama import store_into
 
 logger = logging.getLogger(__name__)
 
-# buckets double up to this many tokens (launch-bound there: padding costs nothing), then grow by it
-_SMALL_TOP = 256
+# buckets double up to _DOUBLE_TOP tokens (launch- and bandwidth-bound there: padding costs little), then
+# grow by a step that widens with the count: (up to, step) pairs, the last step for every count beyond.
+# Above ~128 tokens the GEMMs near their compute bound, so padding costs what it adds: with steps of 256
+# a 311-token decode ran as 512 rows (offline on the H100, benchmarks/results/lease_m2j); now as 320.
+_DOUBLE_TOP = 128
+_STEPS = ((512, 32), (1024, 64), (None, 128))
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """Token-count buckets up to max_tokens: 8, 16, ..., 256, then every 256 (the last one is max_tokens)."""
+    """Token-count buckets up to max_tokens: 8, 16, ..., 128, then every 32 up to 512, every 64 up to 1024,
+    every 128 beyond (the last one is max_tokens): past 128 tokens a step pads by under 25%, past 512 by under 13%."""
     if max_tokens < 1:
         return []
     buckets: list[int] = []
     b = 8
-    while b < min(max_tokens, _SMALL_TOP):
+    while b < min(max_tokens, _DOUBLE_TOP):
         buckets.append(b)
         b *= 2
-    b = _SMALL_TOP
-    while b < max_tokens:
-        buckets.append(b)
-        b += _SMALL_TOP
+    b = _DOUBLE_TOP
+    for top, step in _STEPS:
+        while b < max_tokens and (top is None or b < top):
+            buckets.append(b)
+            b += step
     buckets.append(max_tokens)
     return buckets
 

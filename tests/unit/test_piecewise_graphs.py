@@ -48,9 +48,12 @@ class _Piecewise(torch.nn.Module):
 
 
 def test_token_buckets():
-    assert token_buckets(2048) == [8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
+    assert token_buckets(2048) == [8, 16, 32, 64, 128, *range(160, 513, 32), *range(576, 1025, 64),
+                                   *range(1152, 2049, 128)]
+    assert token_buckets(640) == [8, 16, 32, 64, 128, *range(160, 513, 32), 576, 640]
+    assert token_buckets(16384)[-2:] == [16256, 16384]
     assert token_buckets(100) == [8, 16, 32, 64, 100]
-    assert token_buckets(300) == [8, 16, 32, 64, 128, 256, 300]
+    assert token_buckets(300) == [8, 16, 32, 64, 128, 160, 192, 224, 256, 288, 300]
     assert token_buckets(8) == [8]
     assert token_buckets(0) == []
 

@@ -1,6 +1,7 @@
 """Where a chunked engine's serving time goes, from its step log and the bench runs served while it was written:
 per rate, decode-only vs prefill/mixed device time, the batch-weighted step time against the client's TPOT and
-token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part per prompt token, and
+token-weighted time between tokens, the client's TTFT fitted as a fixed part plus a part per prompt token, the
+engine's own first-token records (front -> worker, queue, prefill; what the client's TTFT adds to them), and
 decode step times by batch size around the decode-graph buckets. `--peers` adds the client-side figures of
 other systems' runs (e.g. vllm) at the same rates and, where a run holds vLLM's engine metrics (serve_h100
 saves them: benchmarks.vllm_metrics), its engine-side steps; a table then sets per rate our steps (decode /
@@ -58,9 +59,22 @@ def ttft_fit(run: dict) -> dict:
     return {"client_ttft_fixed_ms": round(my - slope * mx, 1), "client_ttft_ms_per_1k_prompt": round(slope * 1e3, 1)}
 
 
-def per_rate(steps: list[dict], run: dict) -> dict:
+def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
+    """Medians of the engine's own first-token records of one rate (the worker's `first_token` rows: front ->
+    worker, queue, prefill to the collect of the first token, their sum) and what the client's TTFT p50 adds
+    to the engine's (the path back: front, Serve, HTTP). {} where the log has none (logs before 2026-11-25)."""
+    if not first_tokens:
+        return {}
+    med = {key: round(statistics.median(r[key] for r in first_tokens), 1)
+           for key in ("to_worker_ms", "queue_ms", "prefill_ms", "worker_ttft_ms")}
+    return {"first_tokens": len(first_tokens), **{f"engine_{k}_p50": v for k, v in med.items()},
+            "client_minus_engine_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"] - med["worker_ttft_ms"], 1)}
+
+
+def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = None) -> dict:
     t0 = run["environment"]["started_unix_s"]
     window = [s for s in steps if t0 <= s["t"] <= t0 + run["summary"]["duration_s"]]
+    firsts = [r for r in first_tokens or [] if t0 <= r["t"] <= t0 + run["summary"]["duration_s"]]
     decode = [s for s in window if s["phase"] == "decode"]
     prompt = [s for s in window if s["phase"] != "decode"]
     rows = [s["num_seqs"] - s["num_prefill_seqs"] for s in window]
@@ -74,7 +88,7 @@ def per_rate(steps: list[dict], run: dict) -> dict:
             "steps_by_tokens": steps_by_tokens([s["num_tokens"] for s in window]),
             "run_s": round(run["summary"]["duration_s"], 2),
             "ms_per_step": round(run["summary"]["duration_s"] * 1e3 / len(window), 1) if window else None,
-            "batch_weighted_step_ms": round(weighted, 1), **client_side(run)}
+            "batch_weighted_step_ms": round(weighted, 1), **client_side(run), **first_token_parts(firsts, run)}
 
 
 def vllm_engine_side(run: dict) -> dict | None:
@@ -141,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                              "where the run holds vLLM's metrics (then a table of both sides is printed too)")
     parser.add_argument("--out", help="JSON to write")
     args = parser.parse_args(argv)
-    steps = [r for r in records(args.log) if r.get("kind") == "step"]
+    recs = records(args.log)
+    steps = [r for r in recs if r.get("kind") == "step"]
+    first_tokens = [r for r in recs if r.get("kind") == "first_token"]
     result: dict = {"log": args.log, "system": args.system, "rates": {}, "decode_by_batch": by_batch(steps)}
     for rate in args.rates.split(","):
         path = next(Path(args.runs).glob(f"{args.system}-rate{rate}.json*"))
-        result["rates"][rate] = per_rate(steps, load_run(str(path)))
+        result["rates"][rate] = per_rate(steps, load_run(str(path)), first_tokens)
     for peer in filter(None, args.peers.split(",")):
         result.setdefault("peers", {})[peer] = {}
         for rate in args.rates.split(","):

@@ -135,6 +135,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     # admission and the router read the model's predicted TTFT, published by the prefill worker
     assert stats.predicted_ttft_s == pytest.approx(policy["predicted_ttft_us"] / 1e6) and stats.predicted_ttft_s > 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
+    assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)
     decisions = [r for r in records if r["kind"] == "decision"]
     assert decisions[0]["reason"] == "only_prefill" and decisions[0]["index"] == 0
     for d in decisions:
@@ -160,8 +162,17 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     with LLMEngine(config) as engine:
         engine.generate(PROMPTS, params)
-    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"hybrid"}
+    # one first_token record per request: where its time to first token went inside the engine
+    first = [r for r in records if r["kind"] == "first_token"]
+    assert sorted(r["prompt_tokens"] for r in first) == sorted(len(p) for p in PROMPTS)
+    assert len({r["request_id"] for r in first}) == len(PROMPTS)
+    for r in first:
+        assert r["to_worker_ms"] >= 0 and r["queue_ms"] >= 0 and r["prefill_ms"] > 0
+        parts = r["to_worker_ms"] + r["queue_ms"] + r["prefill_ms"]
+        assert abs(parts - r["worker_ttft_ms"]) < 0.01
     # each request's first token comes from its last prompt chunk; the other NUM_NEW - 1 from decode rows
     assert sum(r["num_tokens"] for r in steps) == sum(len(p) for p in PROMPTS) + len(PROMPTS) * (NUM_NEW - 1)
     assert {r["phase"] for r in steps} >= {"decode", "mixed"} and all(r["num_tokens"] <= 16 for r in steps)

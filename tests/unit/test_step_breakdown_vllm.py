@@ -70,3 +70,15 @@ def test_main_prints_both_sides(tmp_path: Path, capsys):
     rows = table.splitlines()[2:]
     assert rows[0] == ("| 24 | chunked-2048 | 5 | 3 / 2 | 552.4 | 1374.0 | 2-8:3 513-1024:1 1025-2048:1 | - | - |")
     assert rows[1] == "| 24 | vllm | 100 | - | 120.0 | - | 9-16:20 17-32:50 513-1024:30 | 2 | 50.0 / 100.0 / 2000.0 |"
+
+
+def test_first_token_records_split_the_engines_ttft():
+    first = [{"kind": "first_token", "t": 100.2 + i / 10, "to_worker_ms": 1.0 + i, "queue_ms": 10.0 * i,
+              "prefill_ms": 30.0, "worker_ttft_ms": 31.0 + 11.0 * i} for i in range(3)]
+    first.append({**first[0], "t": 99.0})  # before the run: left out
+    figures = per_rate(STEPS, RUN, first)
+    assert figures["first_tokens"] == 3
+    assert (figures["engine_to_worker_ms_p50"], figures["engine_queue_ms_p50"]) == (2.0, 10.0)
+    assert (figures["engine_prefill_ms_p50"], figures["engine_worker_ttft_ms_p50"]) == (30.0, 42.0)
+    assert figures["client_minus_engine_ttft_p50_ms"] == 90.0 - 42.0
+    assert "first_tokens" not in per_rate(STEPS, RUN)  # logs written before the records existed

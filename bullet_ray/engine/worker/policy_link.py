@@ -76,6 +76,53 @@ class StepLog:
             self._file.write(json.dumps({"kind": kind, "t": round(time.time(), 6), **fields}) + "\n")
 
 
+class FirstTokenLog:
+    """Where a request's time to first token goes inside the engine, one `first_token` record per request in
+    the step log: from the front's send to this worker's receipt (`to_worker_ms`), to the first step that ran
+    one of its prompt tokens (`queue_ms`), to the collect of the step that sampled its first token
+    (`prefill_ms`); `worker_ttft_ms` is their sum (wall clock, one machine). A client's TTFT minus this is
+    the path back (front, Serve, HTTP). Nothing is kept without a step log."""
+
+    def __init__(self, log: StepLog) -> None:
+        self._log = log
+        self._marks: dict[str, list[float]] = {}  # request id -> [front send, receipt, first scheduled or 0]
+
+    def received(self, msg: Any) -> None:
+        if self._log.enabled and msg.resume is None:  # a preempted request's first token came long ago
+            self._marks[msg.request_id] = [msg.arrival_s, time.time(), 0.0]
+
+    def scheduled(self, batch: list[Any]) -> None:
+        if self._marks:
+            now = time.time()
+            for item in batch:
+                mark = self._marks.get(item.seq.request_id)
+                if mark is not None and not mark[2]:
+                    mark[2] = now
+
+    def sampled(self, seqs: list[Any]) -> None:
+        """After a collect: the sequences that sampled a token; a marked one sampled its first."""
+        if not self._marks:
+            return
+        now = time.time()
+        for seq in seqs:
+            mark = self._marks.pop(seq.request_id, None)
+            if mark is not None:
+                sent, received, scheduled = mark
+                scheduled = scheduled or received
+                self._log.write("first_token", request_id=seq.request_id, prompt_tokens=len(seq.prompt_token_ids),
+                                to_worker_ms=round((received - sent) * 1e3, 3),
+                                queue_ms=round((scheduled - received) * 1e3, 3),
+                                prefill_ms=round((now - scheduled) * 1e3, 3),
+                                worker_ttft_ms=round((now - sent) * 1e3, 3))
+
+    def forget(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._marks.pop(rid, None)
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+
 class StepRecorder:
     def __init__(self, worker: Any, model: PerfModel) -> None:
         self.worker = worker

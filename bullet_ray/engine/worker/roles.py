@@ -21,6 +21,7 @@ from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.policy_link import (
+    FirstTokenLog,
     SplitDecider,
     StepLog,
     StepRecorder,
@@ -127,10 +128,12 @@ class PrefillWorker(SideWorker):
         self.decider = SplitDecider(self, self.recorder.model, self.recorder) if is_policy_on(self) else None
         cfg = self.config
         self.layer_groups = LayerGroups(cfg.prefill_layer_groups, cfg.prefill_layer_group_min_tokens)
+        self.first_tokens = FirstTokenLog(StepLog(cfg.step_log_path))
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)
         self.scheduler.add(sequence_from_request(add), front=add.resume is not None)
+        self.first_tokens.received(add)
         if self.decider is not None and add.resume is None:
             self.decider.note_prompt(len(add.prompt_token_ids))
 
@@ -140,6 +143,7 @@ class PrefillWorker(SideWorker):
         return self.decider is not None and self.decider.is_due()
 
     def abort(self, request_ids: list[str]) -> None:
+        self.first_tokens.forget(request_ids)
         missed = []
         for rid in request_ids:
             seq = self.scheduler.abort(rid)
@@ -164,6 +168,7 @@ class PrefillWorker(SideWorker):
         batch = self.scheduler.schedule()
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
+        self.first_tokens.scheduled(batch)
         return self.predicted(batch)
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
@@ -190,6 +195,7 @@ class PrefillWorker(SideWorker):
 
     def process(self, result: StepResult, step: Any, started_s: float) -> None:
         msg, finished = step_outputs(self, result)
+        self.first_tokens.sampled(result.sampled)
         handoffs = [seq.to_wire() for seq in result.sampled if seq.finish_reason is None]
         for seq in finished:
             release(seq, self.allocator)
@@ -260,9 +266,12 @@ class HybridWorker(WorkerBase):
         super().__init__(*args)
         self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
         self._log = StepLog(self.config.step_log_path)  # the bullet sides' rows, without a prediction
+        self.first_tokens = FirstTokenLog(self._log)
 
     def handle(self, msg: Any) -> None:
-        self.scheduler.add(sequence_from_request(expect_add_request(self, msg)))
+        add = expect_add_request(self, msg)
+        self.scheduler.add(sequence_from_request(add))
+        self.first_tokens.received(add)
 
     def has_work(self) -> bool:
         return self.scheduler.num_waiting + self.scheduler.num_running > 0
@@ -276,13 +285,16 @@ class HybridWorker(WorkerBase):
         return self.runs_eagerly(running, max(self.config.max_num_batched_tokens, running))
 
     def abort(self, request_ids: list[str]) -> None:
+        self.first_tokens.forget(request_ids)
         for rid in request_ids:
             seq = self.scheduler.abort(rid)
             if seq is not None:
                 seq.finish_reason = "abort"
 
     def plan(self) -> list[ScheduledSeq]:
-        return self.scheduler.schedule()
+        batch = self.scheduler.schedule()
+        self.first_tokens.scheduled(batch)
+        return batch
 
     def after_launch(self, step: Any) -> None:
         self.scheduler.after_step(step.sampled)  # prompts done: decode from the next step on
@@ -295,6 +307,7 @@ class HybridWorker(WorkerBase):
                      self.scheduler.num_waiting)
         if self._log.enabled:
             self._log_step(step, started_s)
+            self.first_tokens.sampled(result.sampled)
         if msg.request_ids:
             self.conn.send(msg)
 

@@ -27,7 +27,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_direct_system_sweeps_the_replica_url(tmp_path, monkeypatch):
+@pytest.mark.parametrize("serve_env", [{}, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}], ids=["direct", "throughput"])
+def test_direct_system_sweeps_the_replica_url(tmp_path, monkeypatch, serve_env):
+    """With RAY_SERVE_THROUGHPUT_OPTIMIZED=1 too (Ray Serve's high-throughput mode: user code on the replica's
+    own loop, gRPC between deployments, direct ingress on, garbage collection frozen after start-up)."""
     from ray._private.services import find_gcs_addresses
 
     if find_gcs_addresses():  # the lookup connects to "the" local cluster: another one would be ambiguous
@@ -41,7 +44,7 @@ def test_direct_system_sweeps_the_replica_url(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     system = SystemSpec("bullet+direct", f"http://127.0.0.1:{config['http_options']['port']}", ready_timeout_s=240,
-                        extra={"base_yaml": str(base_yaml)})
+                        extra={"base_yaml": str(base_yaml), "serve_env": serve_env})
     try:
         with serve_run(system, tmp_path / "out"):
             info = system.extra["direct_ingress"]

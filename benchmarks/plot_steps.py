@@ -89,6 +89,17 @@ def queued_prefill_batches(steps: list[dict], min_queued: int = 3) -> dict[str, 
             "tokens_per_s": sum(s["num_tokens"] for s in mine) / sum(s["measured_ms"] for s in mine) * 1e3}
 
 
+def first_tokens_of_run(path: str, run: dict) -> dict:
+    """The prefill worker's `first_token` records of one run's window, summarised as step_breakdown does
+    ({} for logs without them)."""
+    from benchmarks.step_breakdown import first_token_parts  # it imports this module
+
+    t0 = run["environment"]["started_unix_s"]
+    end = t0 + run["summary"]["duration_s"]
+    return first_token_parts([r for r in records(path) if r.get("kind") == "first_token" and t0 <= r["t"] <= end],
+                             run)
+
+
 def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500) -> dict[int, dict[str, float]]:
     """Prefill steps of >= `min_tokens` tokens taken while the decode side was busy, by their prefill SMs: how
     many, and their median tokens per second of step time (what the prefill side beside decode delivers)."""
@@ -187,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"max {row['max_ms']:.1f} ms")
     if run is not None:
         plot_run(ax3, ax4, steps, run)
+        parts = first_tokens_of_run(args.log, run)
+        if parts:
+            print(f"first tokens of this run: {parts['first_tokens']}, medians: front -> worker "
+                  f"{parts['engine_to_worker_ms_p50']} ms, queue {parts['engine_queue_ms_p50']}, prefill "
+                  f"{parts['engine_prefill_ms_p50']}, the engine's TTFT {parts['engine_worker_ttft_ms_p50']}; the "
+                  f"client's TTFT p50 adds {parts['client_minus_engine_ttft_p50_ms']} ms")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

@@ -119,9 +119,6 @@ class FirstTokenLog:
         for rid in request_ids:
             self._marks.pop(rid, None)
 
-    def __len__(self) -> int:
-        return len(self._marks)
-
 
 class StepRecorder:
     def __init__(self, worker: Any, model: PerfModel) -> None:

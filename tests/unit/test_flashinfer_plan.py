@@ -19,13 +19,21 @@ from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
 class _RecordingFence:
     def __init__(self) -> None:
         self.plans: list[tuple[str, list]] = []
+        self.options: list[dict] = []
 
     def plan(self, wrapper: str, *args: object, **kwargs: object) -> None:
         self.plans.append((wrapper, [a.tolist() if isinstance(a, torch.Tensor) else a for a in args[:5]]))
+        self.options.append({k: v for k, v in kwargs.items() if k == "disable_split_kv"})
+
+
+def _backend() -> FlashInferBackend:
+    backend = object.__new__(FlashInferBackend)  # no flashinfer: only the planning code runs
+    backend.decode_tensor_cores, backend.decode_split_kv = True, True
+    return backend
 
 
 def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True) -> tuple[list, int]:
-    backend = object.__new__(FlashInferBackend)  # no flashinfer: only the planning code runs
+    backend = _backend()
     backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
     backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
     backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
@@ -77,3 +85,31 @@ def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(m
     monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "yes")
     with pytest.raises(ValueError, match="BULLET_RAY_DECODE_TENSOR_CORES"):
         default_decode_tensor_cores()
+
+
+def test_decode_split_kv_follows_the_environment_and_reaches_every_decode_plan(monkeypatch):
+    """BULLET_RAY_DECODE_SPLIT_KV=0: the tensor-core decode plans (eager here, and DecodeGraphs' through the
+    same `decode_plan_options`) get disable_split_kv; the CUDA-core kernel takes no such option."""
+    from bullet_ray.engine.attention.flashinfer_backend import default_decode_split_kv
+
+    monkeypatch.delenv("BULLET_RAY_DECODE_SPLIT_KV", raising=False)
+    assert default_decode_split_kv() is True
+    monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "0")
+    assert default_decode_split_kv() is False
+    monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "no")
+    with pytest.raises(ValueError, match="BULLET_RAY_DECODE_SPLIT_KV"):
+        default_decode_split_kv()
+    backend = _backend()
+    assert backend.decode_plan_options() == {}
+    backend.decode_split_kv = False
+    assert backend.decode_plan_options() == {"disable_split_kv": True}
+    backend.decode_tensor_cores = False
+    assert backend.decode_plan_options() == {}
+    backend.decode_tensor_cores = True
+    backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
+    backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
+    backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
+    backend.split_mixed_batches = True
+    with mock.patch("torch.Tensor.pin_memory", lambda t: t):
+        backend.begin_batch(AttentionMetadata.contiguous([1, 1, 20], [33, 70, 20], 16, "cpu"))
+    assert backend.fence.options == [{"disable_split_kv": True}, {}]  # the decode rows' plan, then the prefill's

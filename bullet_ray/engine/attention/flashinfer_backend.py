@@ -73,6 +73,18 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
     return value == "1"
 
 
+def default_decode_split_kv() -> bool:
+    """Whether the tensor-core decode kernel may split a row's KV into chunks (flashinfer's own choice, the
+    default), from BULLET_RAY_DECODE_SPLIT_KV (0 / 1). Its plan splits differently in CUDA-graph mode (always,
+    chunks from the padded grid) and eagerly (from the real lengths), so graph and eager decode of a long row
+    can round differently; with 0 neither splits (`disable_split_kv`), at a cost to small batches of long rows
+    (benchmarks/gpu/decode_split_check.py measures both)."""
+    value = os.environ.get("BULLET_RAY_DECODE_SPLIT_KV", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"BULLET_RAY_DECODE_SPLIT_KV must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     # a mixed batch's leading decode rows through the decode kernel (False: every row through the prefill
@@ -90,6 +102,7 @@ class FlashInferBackend(AttentionBackend):
         device = kv_cache.device
         self.decode_tensor_cores = default_decode_tensor_cores(num_heads, num_kv_heads) if decode_tensor_cores is None \
             else decode_tensor_cores
+        self.decode_split_kv = default_decode_split_kv()
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
@@ -143,11 +156,15 @@ class FlashInferBackend(AttentionBackend):
             self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:], kv_indices[first_prefill_block:],
                                last_page_len[nd:], bs)
 
+    def decode_plan_options(self) -> dict[str, Any]:
+        """Extra arguments of every decode plan, eager and in CUDA graphs alike (the same for both)."""
+        return {"disable_split_kv": True} if self.decode_tensor_cores and not self.decode_split_kv else {}
+
     def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
         dtype = self.kv_cache.dtype
         self.fence.plan(self.decode, _pinned([0, *_cumsum(num_blocks)]), kv_indices, _pinned(last_page_len),
                         self.num_heads, self.num_kv_heads, self.head_dim, bs, q_data_type=dtype,
-                        kv_data_type=dtype, sm_scale=self.scale)
+                        kv_data_type=dtype, sm_scale=self.scale, **self.decode_plan_options())
 
     def _plan_prefill(self, query_lens: list[int], num_blocks: list[int], kv_indices: torch.Tensor,
                       last_page_len: list[int], bs: int) -> None:

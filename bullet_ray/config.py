@@ -81,6 +81,12 @@ class EngineConfig:
     prefill_layer_groups: int = 1
     # smallest prefill batch (new tokens, >= 1) that runs layer-wise when prefill_layer_groups > 1
     prefill_layer_group_min_tokens: int = 2048
+    # the prefill worker (GPU) plans its next batch only this long (ms, >= 0) before the step in flight is
+    # predicted to end, or once it has ended, reading arrivals meanwhile, so that a prompt arriving during a long
+    # prefill step joins the next batch; None: plan (and launch) the next batch at once, as every worker does.
+    # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own;
+    # opt-in until a serving run measures it
+    prefill_plan_lead_ms: float | None = None
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
@@ -134,6 +140,8 @@ class EngineConfig:
         if self.prefill_layer_group_min_tokens < 1:
             raise ConfigError("prefill_layer_group_min_tokens",
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
+        if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
+            raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
         if self.split_rule is not None:
             self.split_settings()  # unknown or out-of-range settings fail here, naming the field
         for name in ("ttft_target_ms", "tpot_target_ms"):

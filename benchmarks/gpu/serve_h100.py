@@ -14,7 +14,9 @@ call, compared with HTTP (the Serve application issue's GPU check).
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
 deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
-bullet-slo-m2 (bullet-slo with the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
+bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
+predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-m2 (bullet-slo with the
+split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
 bullet-slo-relaxed (bullet-slo whose split policy aims at the relaxed preset, 1,000 ms / 50 ms, instead of the
 strict one: an SLO-aware schedule is told the SLO it serves; score it under relaxed only), chunked-<budget>
 (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve` (0.24.0 on the GPU
@@ -113,7 +115,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
-    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith("bullet-slo-lw"):
+    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith(("bullet-slo-lw",
+                                                                                         "bullet-slo-late")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if name == "bullet-slo-relaxed":  # ... but the relaxed one here, the bench's own preset
             relaxed = parse_slo("relaxed")
@@ -127,12 +130,17 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
                 raise SystemExit(f"unknown system {name!r}: bullet-slo-lw<groups>, groups >= 2")
             engine["prefill_layer_groups"] = int(groups)
             engine["prefill_layer_group_min_tokens"] = 256
+        lead = name.removeprefix("bullet-slo-late") if name.startswith("bullet-slo-late") else ""
+        if lead:  # the prefill side plans its next batch <lead> ms before the step in flight ends
+            if not lead.isdigit():
+                raise SystemExit(f"unknown system {name!r}: bullet-slo-late<ms>")
+            engine["prefill_plan_lead_ms"] = int(lead)
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-m2|-relaxed], "
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-m2|-relaxed], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -313,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
-                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-m2 (the m2 split "
+                             "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
+                             "prefill side plans <ms> before its step in flight ends), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "

@@ -47,6 +47,9 @@ class EngineArgs(BaseModel):
                                       "in this many layer groups and the SM split may move between them (1: off)")
     prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "
                                                 "that runs layer-wise when prefill_layer_groups > 1")
+    prefill_plan_lead_ms: float | None = Field(None, ge=0, description="the prefill worker plans its next batch "
+                                               "this long (ms) before the step in flight is predicted to end, "
+                                               "taking arrivals meanwhile; null: at once (opt-in, unmeasured)")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "

@@ -23,6 +23,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     lw = _engine(system_yaml("bullet-slo-lw4+sync", tmp_path))
     assert (lw["split_policy"], lw["prefill_layer_groups"], lw["prefill_layer_group_min_tokens"]) == ("slo", 4, 256)
     assert lw["async_scheduling"] is False and lw["step_log_path"].endswith("bullet-slo-lw4+sync-steps.jsonl")
+    late = _engine(system_yaml("bullet-slo-late20+direct", tmp_path))
+    assert (late["split_policy"], late["prefill_plan_lead_ms"]) == ("slo", 20) and "prefill_plan_lead_ms" not in slo
+    assert late["step_log_path"].endswith("bullet-slo-late20+direct-steps.jsonl")
     m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
     assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
@@ -37,7 +40,7 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert old["piecewise_graph_tokens"] == 1024 and old["step_log_path"].endswith("chunked-2048+pw1024-steps.jsonl")
 
 
-@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "fancy", "bullet+fast", "chunked-2048+pwx"])
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "fancy", "bullet+fast", "chunked-2048+pwx"])
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):
         system_yaml(name, tmp_path)

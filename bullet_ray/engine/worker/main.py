@@ -182,6 +182,7 @@ class WorkerBase:
             # its tokens do not wait for most of the next step (a graph replay never blocks)
             self._finish_inflight()
         self.profiler.tick()
+        self.wait_to_plan()
         plan_started = time.perf_counter()
         batch = self.plan()
         if not batch:
@@ -276,6 +277,9 @@ class WorkerBase:
         """Outputs of a collected step: stop checks, messages, freed blocks, the state-block row."""
         raise NotImplementedError
 
+    def wait_to_plan(self) -> None:
+        """Called before planning while a step may be in flight; a role may wait here, taking messages."""
+
     def abort(self, request_ids: list[str]) -> None:
         raise NotImplementedError
 
@@ -286,7 +290,7 @@ class WorkerBase:
             if timeout:
                 self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
             while not self.is_stopped and self.conn.poll(timeout):
-                self._dispatch(self.conn.recv())
+                self.dispatch(self.conn.recv())
                 timeout = 0.0
             self.follow_split()
             if self.is_stopped or not (self.has_work() or self.inflight is not None):
@@ -295,7 +299,8 @@ class WorkerBase:
                 # blocked on memory: wait for the other side to free blocks or for a message
                 self.conn.poll(self.config.idle_poll_ms / 1000)
 
-    def _dispatch(self, msg: Any) -> None:
+    def dispatch(self, msg: Any) -> None:
+        """One message from the front: shutdown, aborts, a wake (the split), else the role's own (`handle`)."""
         if isinstance(msg, Shutdown):
             self.is_stopped = True
         elif isinstance(msg, AbortRequests):

@@ -29,6 +29,9 @@ from bullet_ray.engine.worker.policy_link import (
     make_perf_model,
 )
 
+# how often the prefill worker's `wait_to_plan` looks at the step in flight while no message comes
+PLAN_WAIT_POLL_S = 0.001
+
 
 def sequence_from_request(msg: AddRequest) -> Sequence:
     """A new sequence, or a preempted one coming back for recompute (blocks freed, nothing computed)."""
@@ -160,6 +163,24 @@ class PrefillWorker(SideWorker):
     def batch_runs_eagerly(self, batch: list[ScheduledSeq]) -> bool:
         num_tokens = sum(item.num_new_tokens for item in batch)
         return self.layer_groups.applies(num_tokens) or self.runs_eagerly(0, num_tokens)
+
+    def wait_to_plan(self) -> None:
+        """With `prefill_plan_lead_ms`: until the step in flight ends or is `lead` from its predicted end, take
+        messages instead of planning, so that a prompt arriving during a long prefill step joins the next
+        batch (planned at once, the next batch is fixed and launched before it arrives: it then waits for
+        the step in flight and the next). The predicted end: the model's step time from when the GPU took
+        the step (its launch, or the collect of the one before if that came later)."""
+        lead_ms, step = self.config.prefill_plan_lead_ms, self.inflight
+        record = getattr(step, "perf_record", None)
+        if lead_ms is None or step is None or step.done is None or record is None:
+            return  # nothing in flight, or on CPU (a launch there computes the step)
+        due = max(step.launched_s, self.last_done_s) + record[1] - lead_ms / 1e3
+        while not self.is_stopped and not step.done.query():
+            left = due - time.perf_counter()
+            if left <= 0:
+                return
+            if self.conn.poll(min(left, PLAN_WAIT_POLL_S)):
+                self.dispatch(self.conn.recv())
 
     def plan(self) -> list[ScheduledSeq]:
         if self.decider is not None:

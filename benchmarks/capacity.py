@@ -8,7 +8,8 @@ GPU (its tokens/s, causal attention included) is taken as the most tokens the GP
 - sustained ceiling = best tokens/s / mean (prompt + output) tokens per request: no rate above it can be served
   for long by any schedule (decode tokens cost at least what prompt tokens cost);
 - prefill-only ceiling = best tokens/s / mean prompt tokens (output tokens for free);
-- GEMM-peak ceilings: the same at engine_speed's measured bf16 GEMM peak, attention for free.
+- GEMM-peak ceilings: the same at engine_speed's measured bf16 GEMM peak (every FLOP of that prefill, its
+  causal attention included, at the peak rate).
 
 A point of a serve_h100 sweep is not a sustained rate: it sends N requests at rate r over N / r seconds and
 counts the rate as met when 90% of them attain the SLO, so a backlog that drains after the last arrival still
@@ -66,8 +67,7 @@ def burst_ceiling(capacity_rps: float, num_requests: int, ttft_s: float,
     return math.inf if inv <= 0 else 1.0 / inv
 
 
-def analyse(result_dir: Path, speed: dict[str, Any], system: str | None = None,
-            per_rate: int | None = None) -> dict[str, Any]:
+def analyse(result_dir: Path, speed: dict[str, Any], system: str | None = None) -> dict[str, Any]:
     lengths = request_lengths(result_dir / "runs", system)
     prompt = sum(p for p, _ in lengths) / len(lengths)
     output = sum(o for _, o in lengths) / len(lengths)
@@ -81,7 +81,7 @@ def analyse(result_dir: Path, speed: dict[str, Any], system: str | None = None,
         "gemm_peak_prefill_only_ceiling_rps": round(rates["peak_tokens_per_s"] / prompt, 2),
     }
     compare = json.loads((result_dir / "compare.json").read_text())
-    n = per_rate or int(compare["config"]["workload"]["num_prompts"])
+    n = int(compare["config"]["workload"]["num_prompts"])
     out["requests_per_rate"] = n
     out["slos"] = {}
     for slo in compare["slos"]:

@@ -94,7 +94,7 @@ def first_tokens_of_run(path: str, run: dict) -> dict:
     ({} for logs without them)."""
     from benchmarks.step_breakdown import first_token_parts  # it imports this module
 
-    t0 = run["environment"]["started_unix_s"]
+    t0 = run_start_unix_s(run)  # runs saved before `started_unix_s` existed carry only their end
     end = t0 + run["summary"]["duration_s"]
     return first_token_parts([r for r in records(path) if r.get("kind") == "first_token" and t0 <= r["t"] <= end],
                              run)
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"first tokens of this run: {parts['first_tokens']}, medians: front -> worker "
                   f"{parts['engine_to_worker_ms_p50']} ms, queue {parts['engine_queue_ms_p50']}, prefill "
                   f"{parts['engine_prefill_ms_p50']}, the engine's TTFT {parts['engine_worker_ttft_ms_p50']}; the "
-                  f"client's TTFT p50 adds {parts['client_minus_engine_ttft_p50_ms']} ms")
+                  f"client's TTFT p50 is {parts['client_minus_engine_ttft_p50_ms']} ms above it (outside the "
+                  f"workers: HTTP, Serve, the front, in and back)")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

@@ -62,7 +62,8 @@ def ttft_fit(run: dict) -> dict:
 def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
     """Medians of the engine's own first-token records of one rate (the worker's `first_token` rows: front ->
     worker, queue, prefill to the collect of the first token, their sum) and what the client's TTFT p50 adds
-    to the engine's (the path back: front, Serve, HTTP). {} where the log has none (logs before 2026-11-25)."""
+    to the workers' (p50 minus p50: what is spent outside the workers, in and back: HTTP, Serve, the front).
+    {} where the log has none (logs before 2026-11-25)."""
     if not first_tokens:
         return {}
     med = {key: round(statistics.median(r[key] for r in first_tokens), 1)

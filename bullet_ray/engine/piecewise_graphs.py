@@ -43,7 +43,10 @@ logger = logging.getLogger(__name__)
 # buckets double up to _DOUBLE_TOP tokens (launch- and bandwidth-bound there: padding costs little), then
 # grow by a step that widens with the count: (up to, step) pairs, the last step for every count beyond.
 # Above ~128 tokens the GEMMs near their compute bound, so padding costs what it adds: with steps of 256
-# a 311-token decode ran as 512 rows (offline on the H100, benchmarks/results/lease_m2j); now as 320.
+# a 311-token decode ran as 512 rows (offline on the H100, benchmarks/results/lease_m2j); now as 320. The
+# price is start-up: 33 buckets up to 2,048 tokens instead of 13, captured on every partition a side may run
+# on; on the H100 serve_h100's ready time went from 37 / 76 s (chunked / bullet, serve_h100_m2i) to 47-57 /
+# 116-118 s (serve_h100_m2j, m2k).
 _DOUBLE_TOP = 128
 _STEPS = ((512, 32), (1024, 64), (None, 128))
 

@@ -77,11 +77,13 @@ class StepLog:
 
 
 class FirstTokenLog:
-    """Where a request's time to first token goes inside the engine, one `first_token` record per request in
-    the step log: from the front's send to this worker's receipt (`to_worker_ms`), to the first step that ran
-    one of its prompt tokens (`queue_ms`), to the collect of the step that sampled its first token
-    (`prefill_ms`); `worker_ttft_ms` is their sum (wall clock, one machine). A client's TTFT minus this is
-    the path back (front, Serve, HTTP). Nothing is kept without a step log."""
+    """Where a request's time to first token goes inside the workers, one `first_token` record per request in
+    the step log: from the front's send to this worker's receipt (`to_worker_ms`), to the plan of the first
+    batch with one of its prompt tokens (`queue_ms`), to the collect of the step that sampled its first token
+    (`prefill_ms`: with launch-ahead it includes waiting behind the step already in flight);
+    `worker_ttft_ms` is their sum (wall clock, one machine). What a client's TTFT adds to it is spent outside
+    the workers, in and back: HTTP, Serve's proxy and replica, the front's tokenizing and streaming. Nothing
+    is kept without a step log."""
 
     def __init__(self, log: StepLog) -> None:
         self._log = log
@@ -127,7 +129,7 @@ class StepRecorder:
         self.state: StateBlock = worker.res.state
         self.side: Side = worker.side
         self.phase = "prefill" if self.side is Side.PREFILL else "decode"
-        self._log = StepLog(worker.config.step_log_path)
+        self.log = StepLog(worker.config.step_log_path)
 
     def _sms(self) -> int:
         entry = self.worker.partitioner.current
@@ -157,9 +159,9 @@ class StepRecorder:
                             is_active=is_active)
         self.model.observe(shape, self._sms(), other_busy, index, measured_s)
         self._pending = (measured_s, predicted_s, index)
-        if self._log.enabled:
+        if self.log.enabled:
             entry = self.worker.partitioner.current
-            self._log.write(
+            self.log.write(
                 "step", side=self.side.name.lower(), phase=shape.phase, num_tokens=shape.num_tokens,
                 num_seqs=shape.num_seqs, num_context_tokens=shape.num_context_tokens,
                 num_attention_pairs=shape.num_attention_pairs, split_index=index, decode_sms=entry.decode_sms,
@@ -174,10 +176,10 @@ class StepRecorder:
 
     def log_switch(self, latency_us: int, index: int) -> None:
         """A switch both sides completed: the time from the decision to both running on `index`."""
-        self._log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower())
+        self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower())
 
     def log_decision(self, record: dict[str, Any]) -> None:
-        self._log.write("decision", **record)
+        self.log.write("decision", **record)
 
 
 class SplitDecider:

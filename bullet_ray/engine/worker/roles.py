@@ -131,7 +131,7 @@ class PrefillWorker(SideWorker):
         self.decider = SplitDecider(self, self.recorder.model, self.recorder) if is_policy_on(self) else None
         cfg = self.config
         self.layer_groups = LayerGroups(cfg.prefill_layer_groups, cfg.prefill_layer_group_min_tokens)
-        self.first_tokens = FirstTokenLog(StepLog(cfg.step_log_path))
+        self.first_tokens = FirstTokenLog(self.recorder.log)  # the same file as the recorder's rows
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)

@@ -60,6 +60,13 @@ def run_start_unix_s(run: dict) -> float:
     return end - float(run["summary"]["duration_s"])
 
 
+def during_run(rows: list[dict], run: dict) -> list[dict]:
+    """The step-log records written while one run was served (its first scheduled request to its end)."""
+    start = run_start_unix_s(run)
+    end = start + float(run["summary"]["duration_s"])
+    return [r for r in rows if start <= r["t"] <= end]
+
+
 def request_points(run: dict) -> tuple[list[tuple[float, float, float | None]], dict]:
     """(arrival s since the run's start, TTFT s, TPOT s or None) per successful request, and the first SLO."""
     points = [(r["scheduled_s"], r["ttft_s"], r.get("tpot_s")) for r in run["requests"]
@@ -94,10 +101,7 @@ def first_tokens_of_run(path: str, run: dict) -> dict:
     ({} for logs without them)."""
     from benchmarks.step_breakdown import first_token_parts  # it imports this module
 
-    t0 = run_start_unix_s(run)  # runs saved before `started_unix_s` existed carry only their end
-    end = t0 + run["summary"]["duration_s"]
-    return first_token_parts([r for r in records(path) if r.get("kind") == "first_token" and t0 <= r["t"] <= end],
-                             run)
+    return first_token_parts(during_run([r for r in records(path) if r.get("kind") == "first_token"], run), run)
 
 
 def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500) -> dict[int, dict[str, float]]:
@@ -214,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 def plot_run(ax_split: Any, ax_req: Any, steps: list[dict], run: dict) -> None:
     """The row zoomed into one run: the split, queue and decode batch; each request's TTFT and TPOT."""
     start = run_start_unix_s(run)
-    end = start + float(run["summary"]["duration_s"])
-    window = sorted((s for s in steps if start <= s["t"] <= end), key=lambda s: s["t"])
+    window = sorted(during_run(steps, run), key=lambda s: s["t"])
     rate = run["config"]["workload"].get("rate_rps")
     label = run["config"].get("label") or "run"
     ax_split.step([s["t"] - start for s in window], [s["decode_sms"] for s in window], where="post",

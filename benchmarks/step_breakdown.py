@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.plot_steps import records
+from benchmarks.plot_steps import during_run, records
 from benchmarks.rescore import load_run
 from benchmarks.vllm_metrics import steps_by_tokens
 
@@ -73,9 +73,8 @@ def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
 
 
 def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = None) -> dict:
-    t0 = run["environment"]["started_unix_s"]
-    window = [s for s in steps if t0 <= s["t"] <= t0 + run["summary"]["duration_s"]]
-    firsts = [r for r in first_tokens or [] if t0 <= r["t"] <= t0 + run["summary"]["duration_s"]]
+    window = during_run(steps, run)
+    firsts = during_run(first_tokens or [], run)
     decode = [s for s in window if s["phase"] == "decode"]
     prompt = [s for s in window if s["phase"] != "decode"]
     rows = [s["num_seqs"] - s["num_prefill_seqs"] for s in window]

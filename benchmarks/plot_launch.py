@@ -8,7 +8,8 @@ One panel per log: each prefill or mixed step's `launch_ms` (the host enqueueing
 (its device time, CUDA events) against its tokens. Where the two lie together the step is launch-bound: the
 GPU waits for the host. Prints the medians per token range (the table of the results README), and per kind of
 forward (decode graph, piecewise, eager) the medians of every part of the launch the log holds (`prep_ms`,
-`attn_plan_ms`, `replay_ms`, `attention_ms`, `forward_ms`, `sample_ms`; step logs since the eighth session).
+`attn_plan_ms`, `replay_ms`, `attention_ms`, `forward_ms`, `sample_ms`; step logs since the eighth session),
+and of the steps without prompt tokens their sequences, context tokens and device time.
 """
 
 from __future__ import annotations
@@ -61,6 +62,19 @@ def parts_by_graphs(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def decode_only_by_graphs(path: str) -> dict[str, dict[str, float]]:
+    """The log's steps without prompt tokens by how their forward ran: how many, and the medians of their
+    sequences, context tokens and device time (a decode batch above the largest decode graph runs through
+    piecewise graphs, or eagerly)."""
+    by_kind: dict[str, list[dict]] = {}
+    for r in records(path):
+        if r.get("kind") == "step" and "graphs" in r and r.get("num_prefill_seqs") == 0:
+            by_kind.setdefault(r["graphs"], []).append(r)
+    return {kind: {"steps": len(steps), **{key: round(statistics.median(s[key] for s in steps), 2)
+                                           for key in ("num_seqs", "num_context_tokens", "measured_ms")}}
+            for kind, steps in sorted(by_kind.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", help="NAME=step-log.jsonl[.gz], one panel each")
@@ -79,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"device {row['measured_ms']:5.1f} ms")
         for kind, row in parts_by_graphs(item.partition("=")[2]).items():
             print(f"  {kind} steps, medians: " + ", ".join(f"{k} {v:g}" for k, v in row.items()))
+        for kind, row in decode_only_by_graphs(item.partition("=")[2]).items():
+            print(f"  {kind} steps without prompt tokens, medians: " + ", ".join(f"{k} {v:g}" for k, v in row.items()))
     import matplotlib
 
     matplotlib.use("Agg")

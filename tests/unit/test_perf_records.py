@@ -171,3 +171,20 @@ def test_launch_parts_by_how_the_forward_ran(tmp_path):
     assert parts_by_graphs(str(log)) == {
         "decode": {"steps": 1, "prep_ms": 0.5, "launch_ms": 1.5, "measured_ms": 8.0},
         "piecewise": {"steps": 3, "prep_ms": 2.0, "attention_ms": 4.0, "launch_ms": 12.0, "measured_ms": 30.0}}
+
+
+def test_decode_only_steps_by_how_the_forward_ran(tmp_path):
+    """plot_launch: steps without prompt tokens (a decode batch above the largest decode graph runs piecewise)."""
+    from benchmarks.plot_launch import decode_only_by_graphs
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "step", "graphs": "piecewise", "num_prefill_seqs": 0, "num_seqs": n, "num_context_tokens": 1000 * n,
+             "measured_ms": ms} for n, ms in ((300, 40.0), (320, 44.0), (360, 50.0))]
+    rows += [{"kind": "step", "graphs": "piecewise", "num_prefill_seqs": 2, "num_seqs": 40, "num_context_tokens": 9,
+              "measured_ms": 90.0},  # prompt tokens: left out
+             {"kind": "step", "graphs": "decode", "num_prefill_seqs": 0, "num_seqs": 4, "num_context_tokens": 5000,
+              "measured_ms": 7.0}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert decode_only_by_graphs(str(log)) == {
+        "decode": {"steps": 1, "num_seqs": 4, "num_context_tokens": 5000, "measured_ms": 7.0},
+        "piecewise": {"steps": 3, "num_seqs": 320, "num_context_tokens": 320000, "measured_ms": 44.0}}

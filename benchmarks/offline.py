@@ -43,6 +43,24 @@ def workload(args: argparse.Namespace, vocab_size: int) -> list[RequestSpec]:
     return build_workload(cfg)
 
 
+def _token_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token counts like 2048 or 2048,16384; got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"token counts must be >= 0 (0: no piecewise graphs); got {text!r}")
+    return values
+
+
+def _suffixed(path: str | None, suffix: str) -> str | None:
+    """`steps.jsonl` -> `steps-<suffix>.jsonl` (a variant's step log beside the first run's)."""
+    if path is None:
+        return None
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{suffix}{p.suffix}"))
+
+
 def summary(specs: list[RequestSpec], outputs_tokens: list[int], seconds: float) -> dict[str, Any]:
     num_prompt = sum(s.prompt_tokens for s in specs)
     num_out = sum(outputs_tokens)
@@ -62,7 +80,8 @@ def engine_config(args: argparse.Namespace) -> Any:
                         async_scheduling=None if args.async_scheduling == "auto" else args.async_scheduling == "on",
                         enforce_eager=args.enforce_eager, step_log_path=args.step_log,
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
-                        profile_num_steps=args.profile_num_steps)
+                        profile_num_steps=args.profile_num_steps,
+                        piecewise_graph_tokens=args.piecewise_graph_tokens[0])
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +104,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     result = summary(specs, [len(o.token_ids) for o in outs], seconds)
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
-                                                          "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager")})
+                                                          "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager",
+                                                          "piecewise_graph_tokens")})
     return result
 
 
@@ -156,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="profile a window of our workers' steps into this folder (host cProfile, torch.profiler)")
     parser.add_argument("--profile-start-step", type=int, default=200, help="first profiled step")
     parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
+    parser.add_argument("--piecewise-graph-tokens", type=_token_list, default=[2048],
+                        help="steps with prompt tokens up to this many run through piecewise CUDA graphs (the "
+                             "engine's default 2048); a comma list runs our engine once per value, the first as "
+                             "'ours', the others as 'ours_pw<N>' (e.g. 2048,16384)")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-timeout-s", type=float, default=900,
                         help="the vLLM child (start-up ~3 min on the H100, then the run) is killed with its "
@@ -180,18 +204,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
+    for tokens in args.piecewise_graph_tokens[1:]:  # the same run with other piecewise limits
+        variant = argparse.Namespace(**{**vars(args), "piecewise_graph_tokens": [tokens],
+                                        "step_log": _suffixed(args.step_log, f"pw{tokens}")})
+        results[f"ours_pw{tokens}"] = run_ours(variant)
+        print(json.dumps(results[f"ours_pw{tokens}"]), flush=True)
     if args.vllm:
         log_path = (args.out.parent if args.out is not None else Path(tempfile.gettempdir())) / "offline_vllm_child.log"
         results["vllm"] = _vllm_in_child(argv if argv is not None else sys.argv[1:], args.vllm_timeout_s, log_path)
         if "requests_per_s" in results["vllm"]:
-            results["ours_over_vllm"] = {k: round(results["ours"][k] / results["vllm"][k], 3)
-                                         for k in ("requests_per_s", "output_tokens_per_s")}
+            for name in [n for n in results if n.startswith("ours")]:
+                results[f"{name}_over_vllm"] = {k: round(results[name][k] / results["vllm"][k], 3)
+                                                for k in ("requests_per_s", "output_tokens_per_s")}
     payload = {"benchmark": "offline", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python -m benchmarks.offline " + " ".join(sys.argv[1:] if argv is None else argv),
                "workload": {"dataset": "azure-conv", "num_prompts": args.num_prompts, "seed": args.seed,
                             "max_total_tokens": args.max_total_tokens, "greedy": True, "ignore_eos": True},
                "device": device_info(), **results}
-    print(json.dumps({k: v for k, v in payload.items() if k in ("ours", "vllm", "ours_over_vllm")}, indent=1))
+    print(json.dumps({k: v for k, v in payload.items() if k.startswith("ours") or k == "vllm"}, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(payload, indent=2))

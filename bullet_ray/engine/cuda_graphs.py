@@ -19,8 +19,13 @@ padding rows read row 0's whole context, so a batch of 35 in the 64 bucket read 
 1.3k tokens of Llama-3.1-8B, ~1.7 ms on the H100). Padding rows still cost their share of the GEMMs,
 norms and sampling, and the bigger bucket's kernels: on the H100 a step of 65-72 sequences took 12.9 ms in
 the 128 bucket against 10.9 ms for 57-64 in the 64 bucket, 129-140 took 24.0 against 17.0 ms
-(benchmarks/results/serve_h100_m2f). So the buckets double up to 16, then step by 8 up to 64, by 16 up to 128
-and by 32 up to 256 (past 32 at most 25% padding rows): a step of 65 sequences pads to 80, not 128.
+(benchmarks/results/serve_h100_m2f). So the buckets double up to 16, then step by 8 up to 64, by 16 up to 128,
+by 32 up to 256, by 64 up to 512 and by 128 up to 1,024 (past 32 at most 25% padding rows): a step of 65
+sequences pads to 80, not 128. Buckets past 256 exist for offline runs at vLLM's 1,024 sequences: until the
+tenth session a decode step of more sequences than 256 ran through the piecewise graphs with eager attention
+between them, 47.7 ms median for 359 sequences at 1.25k context against ~33 ms for its KV reads and GEMMs at
+the decode graphs' bandwidth (benchmarks/results/serve_h100_m2j/offline_launch.txt). A worker captures only
+the buckets up to its `max_num_seqs` (serving configs run 256).
 
 flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
 each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
@@ -52,7 +57,8 @@ from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512,
+           640, 768, 896, 1024)
 
 
 class CaptureStream:

@@ -48,12 +48,14 @@ logger = logging.getLogger(__name__)
 # on; on the H100 serve_h100's ready time went from 37 / 76 s (chunked / bullet, serve_h100_m2i) to 47-57 /
 # 116-118 s (serve_h100_m2j, m2k).
 _DOUBLE_TOP = 128
-_STEPS = ((512, 32), (1024, 64), (None, 128))
+_STEPS = ((512, 32), (1024, 64), (2048, 128), (4096, 256), (None, 512))
 
 
 def token_buckets(max_tokens: int) -> list[int]:
     """Token-count buckets up to max_tokens: 8, 16, ..., 128, then every 32 up to 512, every 64 up to 1024,
-    every 128 beyond (the last one is max_tokens): past 128 tokens a step pads by under 25%, past 512 by under 13%."""
+    every 128 up to 2048, every 256 up to 4096 and every 512 beyond (the last one is max_tokens): past 128 tokens
+    a step pads by under 25%, past 512 by under 13%. Serving limits stop at 2,048; the coarser steps beyond serve
+    offline runs with vLLM's 16,384-token budget (`benchmarks.offline --piecewise-graph-tokens`)."""
     if max_tokens < 1:
         return []
     buckets: list[int] = []

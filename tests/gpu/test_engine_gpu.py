@@ -113,19 +113,21 @@ def _tiny_model(num_layers=2):
 
 
 @pytest.mark.parametrize("tensor_cores", [False, True])
-@pytest.mark.parametrize("seq_lens", [[5, 20, 33], [17], [40, 1, 300, 64, 9]])
+@pytest.mark.parametrize("seq_lens", [[5, 20, 33], [17], [40, 1, 300, 64, 9],
+                                      [1 + (37 * i) % 45 for i in range(300)]])  # past 256 rows: the 320 bucket
 def test_graph_decode_equals_eager(seq_lens, tensor_cores):
     """Graph replay (batch padded to its bucket) gives the eager hidden states and writes the same KV (each
     row's new token in every layer too: the padding rows share row 0's slot); padding rows touch no block
-    outside the batch. With either decode kernel (CUDA-core, tensor-core)."""
+    outside the batch. With either decode kernel (CUDA-core, tensor-core), up to the offline buckets past 256."""
     from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model()
-    kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
-    graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"))
     n = len(seq_lens)
+    num_blocks = max(64, sum((s + 15) // 16 for s in seq_lens) + 8)
+    kv = torch.randn(cfg.num_hidden_layers, num_blocks, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
+    graphs = DecodeGraphs(model, backend, 16, max(8, n), 32, torch.device("cuda"))
     md = _metadata([1] * n, seq_lens)
     ids = torch.arange(3, 3 + n, device="cuda")
     pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")

@@ -18,3 +18,18 @@ def test_padding_rows_see_one_token_of_the_first_rows_last_page():
 def test_a_full_bucket_has_no_padding():
     tables, lens = [[1], [2, 5]], [3, 20]
     assert padded_rows(tables, lens, 2) == (tables, lens)
+
+
+def test_graph_buckets_reach_vllms_offline_batch_with_bounded_padding():
+    """Serving configs (256 sequences) capture what they did; offline runs at 1,024 sequences get decode graphs
+    for every batch size, each padded by at most 25% past 32 rows."""
+    from bullet_ray.engine.cuda_graphs import graph_buckets
+
+    assert graph_buckets(256)[-1] == 256 and len(graph_buckets(256)) == 19
+    assert graph_buckets(300)[-1] == 320
+    buckets = graph_buckets(1024)
+    assert buckets[-1] == 1024
+    for n in range(33, 1025):
+        b = next(b for b in buckets if b >= n)
+        assert (b - n) / n <= 0.25, (n, b)
+    assert graph_buckets(5000)[-1] == 1024  # larger batches run through the piecewise graphs or eagerly

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.perf.calibration.factors import Calibration
@@ -190,6 +190,42 @@ def _linear_coefficients(cfg: ModelConfig, dtype_bytes: int) -> _Coefficients:
     ctx = kernel_costs(cfg, StepShape("prefill", 1, 1, 2, 1), dtype_bytes)[KernelClass.ATTENTION_PREFILL]
     per_context = ctx.num_bytes - attn_one.num_bytes
     return _Coefficients(tuple(linear), attn_one.flops, per_context, attn_one.num_bytes - per_context)
+
+
+SATURATION_GRID = tuple(range(8, 65, 4))  # SMs
+KNEE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def refine_bandwidth_curve(cfg: ModelConfig, gpu: GpuSpec, samples: list[Sample],
+                           dtype_bytes: int = 2) -> tuple[GpuSpec, Calibration]:
+    """The bandwidth curve's shape (saturation_sms, knee) that lets the calibration fit the profiled decode
+    steps best, and that calibration. `bullet-ray profile` first fits the curve to a GEMV probe on each
+    ladder entry's SMs; on the H100 (2026-11-26) that probe read 1.0-1.9 TB/s where the careful GEMV of
+    shared/GPU.md read 1.3-2.6, fitted a curve flat from 10 SMs, and left the decode steps 8.0-9.6% / 21-25%
+    off (median / p90, alone / beside a busy prefill) against 5.8-6.1% / 18-21% with this refinement
+    (benchmarks/results/lease_m2l/refit_profile.txt). The steps are what the engine predicts, so they
+    choose the shape: for each (saturation, knee) of a grid the calibration is refitted on every sample and
+    the decode steps' median + p90 relative error is kept lowest (ties keep the probe's curve). Needs decode
+    samples on at least two SM counts; otherwise the probe's curve stays."""
+    decode = [s for s in samples if s.phase == "decode"]
+
+    def fitted(spec: GpuSpec) -> tuple[float, Calibration]:
+        model = PerfModel(cfg, spec, dtype_bytes=dtype_bytes)
+        model.calibration = model.fit(samples)
+        errs = relative_errors(model, decode)
+        return quantile(errs, 0.5) + quantile(errs, 0.9), model.calibration
+
+    best_score, best_cal = fitted(gpu)
+    best_gpu = gpu
+    if len({s.sms for s in decode}) < 2:
+        return best_gpu, best_cal
+    for sat in SATURATION_GRID:
+        for knee in KNEE_GRID:
+            spec = replace(gpu, saturation_sms=float(sat), knee=knee)
+            score, cal = fitted(spec)
+            if score < best_score - 1e-9:
+                best_score, best_gpu, best_cal = score, spec, cal
+    return best_gpu, best_cal
 
 
 def relative_errors(model: PerfModel, samples: list[Sample]) -> list[float]:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bullet_ray.perf.model import PerfModel, quantile, relative_errors
+    from bullet_ray.perf.model import PerfModel, quantile, refine_bandwidth_curve, relative_errors
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
     from bullet_ray.perf.sweep import Bench, SweepPlan, decode_points, prefill_points
 
@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
             samples += _sweep_entry(bench, plan, partitioner, index, gpu, pre, dec, bar)
             slowest = max(slowest, time.monotonic() - t0)
             done.append(index)
+    if is_gpu:  # the bandwidth curve's shape from the decode steps themselves (refine_bandwidth_curve)
+        gpu, _ = refine_bandwidth_curve(bench.cfg, gpu, samples, bench.dtype.itemsize)
     model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
     model.calibration = model.fit(samples)
     fit: dict[str, Any] = {"num_samples": len(samples)}

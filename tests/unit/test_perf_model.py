@@ -273,3 +273,27 @@ def test_saturation_follows_the_online_correction_by_step_size():
     # 8,192 tokens were never measured (its factor falls back to the phase's); the best is over every size
     rate = {t: t / model.predict_prefill_s(t, t, 100, num_seqs=max(1, -(-t // 1024))) for t in (after, 8192)}
     assert rate[after] >= 0.95 * rate[8192]
+
+
+def test_bandwidth_curve_refined_from_decode_steps():
+    """Steps made on a curve that saturates at 24 SMs, a wrong probe curve (flat from 10 SMs, as the H100's
+    GEMV probe read): the refinement picks the steps' curve back and predicts decode within a few percent."""
+    from dataclasses import replace
+
+    from bullet_ray.perf.model import refine_bandwidth_curve
+
+    truth_gpu = replace(FAKE, saturation_sms=24.0, knee=2.0)
+    truth = Calibration(prefill=PhaseCalibration(0.002, 1.3, 1.8, 0.11), decode=PhaseCalibration(0.0, 1.1, 1.2, 0.09))
+    samples = _sweep(PerfModel(LLAMA8B, truth_gpu), truth, noise=0.01, seed=2)
+    probe = replace(FAKE, saturation_sms=10.0, knee=0.5)
+
+    def decode_error(gpu, calibration):
+        model = PerfModel(LLAMA8B, gpu, calibration)
+        return quantile(relative_errors(model, [s for s in samples if s.phase == "decode"]), 0.9)
+
+    before = decode_error(probe, PerfModel(LLAMA8B, probe).fit(samples))
+    gpu, calibration = refine_bandwidth_curve(LLAMA8B, probe, samples)
+    assert (gpu.saturation_sms, gpu.knee) == (24.0, 2.0)
+    assert decode_error(gpu, calibration) < 0.03 < before
+    one_entry = [s for s in samples if s.sms == 64]  # one SM count: nothing to choose the shape from
+    assert refine_bandwidth_curve(LLAMA8B, probe, one_entry)[0] == probe

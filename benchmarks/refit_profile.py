@@ -1,0 +1,64 @@
+"""Refit a saved `bullet-ray profile` from its own samples: the bandwidth curve's shape from the decode steps
+(`bullet_ray.perf.model.refine_bandwidth_curve`), then the calibration; prints each phase's error before and
+after (alone / other side busy) and writes the refitted profile. No GPU needed.
+
+    python -m benchmarks.refit_profile benchmarks/results/lease_m2l/profile_sweep_h100.json \
+        --out bullet_ray/perf/profiles/
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from bullet_ray.perf.model import PerfModel, quantile, refine_bandwidth_curve, relative_errors
+from bullet_ray.perf.profile import Profile, load_profile, save_profile
+
+
+def errors(profile: Profile, cfg) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
+    model = PerfModel.from_profile(profile, cfg)
+    out = {}
+    for phase in ("prefill", "decode"):
+        for busy in (False, True):
+            errs = relative_errors(model, [s for s in profile.samples if s.phase == phase and s.other_busy == busy])
+            out[f"{phase}.{'busy' if busy else 'alone'}"] = {"median": round(quantile(errs, 0.5), 4),
+                                                             "p90": round(quantile(errs, 0.9), 4), "n": len(errs)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profile", type=Path, help="a profile JSON written by bullet-ray profile")
+    parser.add_argument("--model", default="dummy:llama-3.1-8b", help="the profile's model (its config)")
+    parser.add_argument("--out", type=Path, required=True, help="folder (or file) for the refitted profile")
+    args = parser.parse_args(argv)
+    from bullet_ray.models.loader import resolve_source
+
+    cfg = resolve_source(args.model).config
+    old = load_profile(args.profile)
+    if not old.samples:
+        raise SystemExit(f"{args.profile}: no samples to refit from")
+    gpu, calibration = refine_bandwidth_curve(cfg, old.gpu, old.samples)
+    new = dataclasses.replace(old, gpu=gpu, calibration=calibration, notes=(
+        f"{old.notes}\nRefitted from its own samples by `python -m benchmarks.refit_profile`: bandwidth curve "
+        f"saturation_sms {old.gpu.saturation_sms} -> {gpu.saturation_sms}, knee {old.gpu.knee} -> {gpu.knee} "
+        "(refine_bandwidth_curve), then the calibration."))
+    model = PerfModel.from_profile(new, cfg)
+    for phase in ("prefill", "decode"):
+        errs = relative_errors(model, [s for s in new.samples if s.phase == phase])
+        new.fit[phase] = {"median_rel_error": round(quantile(errs, 0.5), 4), "p90_rel_error": round(quantile(errs, 0.9), 4)}
+    report = {"before": errors(old, cfg), "after": errors(new, cfg),
+              "curve": {"before": [old.gpu.saturation_sms, old.gpu.knee], "after": [gpu.saturation_sms, gpu.knee]}}
+    for key in report["before"]:
+        b, a = report["before"][key], report["after"][key]
+        print(f"{key:16s} median {b['median']:.3f} -> {a['median']:.3f}   p90 {b['p90']:.3f} -> {a['p90']:.3f}   (n={a['n']})")
+    print(f"bandwidth curve (saturation_sms, knee): {report['curve']['before']} -> {report['curve']['after']}")
+    print(json.dumps({"calibration": calibration.to_dict()}))
+    print(f"wrote {save_profile(new, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -81,7 +81,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         enforce_eager=args.enforce_eager, step_log_path=args.step_log,
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
                         profile_num_steps=args.profile_num_steps,
-                        piecewise_graph_tokens=args.piecewise_graph_tokens[0])
+                        piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None)
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,10 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="profile a window of our workers' steps into this folder (host cProfile, torch.profiler)")
     parser.add_argument("--profile-start-step", type=int, default=200, help="first profiled step")
     parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
-    parser.add_argument("--piecewise-graph-tokens", type=_token_list, default=[2048],
-                        help="steps with prompt tokens up to this many run through piecewise CUDA graphs (the "
-                             "engine's default 2048); a comma list runs our engine once per value, the first as "
-                             "'ours', the others as 'ours_pw<N>' (e.g. 2048,16384)")
+    parser.add_argument("--piecewise-graph-tokens", type=_token_list, default=None,
+                        help="steps with prompt tokens up to this many run through piecewise CUDA graphs (default: "
+                             "the engine's, the whole token budget for this schedule); a comma list runs our engine "
+                             "once per value, the first as 'ours', the others as 'ours_pw<N>' (e.g. 16384,2048)")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-timeout-s", type=float, default=900,
                         help="the vLLM child (start-up ~3 min on the H100, then the run) is killed with its "
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
-    for tokens in args.piecewise_graph_tokens[1:]:  # the same run with other piecewise limits
+    for tokens in (args.piecewise_graph_tokens or [])[1:]:  # the same run with other piecewise limits
         variant = argparse.Namespace(**{**vars(args), "piecewise_graph_tokens": [tokens],
                                         "step_log": _suffixed(args.step_log, f"pw{tokens}")})
         results[f"ours_pw{tokens}"] = run_ours(variant)

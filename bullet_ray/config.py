@@ -57,8 +57,11 @@ class EngineConfig:
     # and of the bullet prefill side; larger steps run eagerly (GPU only, off with enforce_eager). On the
     # H100 an eager step of Llama-3.1-8B was launch-bound below ~1,000 tokens and GPU-bound above
     # (benchmarks/results/serve_h100_m2e); a step through these graphs also launches ahead of the collect
-    # of the step before (async_scheduling), so the default holds the chunked schedule's 2,048-token budget
-    piecewise_graph_tokens: int = 2048
+    # of the step before (async_scheduling). None (default): the whole token budget on a worker that runs
+    # on one partition (the chunked schedule's hybrid worker: offline at vLLM's 16,384-token budget every
+    # step then launches ahead, 18.98 vs 17.42 req/s with 2,048 on the H100, benchmarks/results/lease_m2l),
+    # and at most 2,048 on a prefill side, which captures the set once per ladder entry
+    piecewise_graph_tokens: int | None = None
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
     # CPU. Only steps through CUDA graphs (decode graphs, piecewise graphs) launch ahead of the collect: an
@@ -128,7 +131,7 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.block_size:
             raise ConfigError("max_num_batched_tokens",
                               f"must be >= block_size ({self.block_size}), got {self.max_num_batched_tokens}")
-        if self.piecewise_graph_tokens < 0:
+        if self.piecewise_graph_tokens is not None and self.piecewise_graph_tokens < 0:
             raise ConfigError("piecewise_graph_tokens", f"must be >= 0 (0: off), got {self.piecewise_graph_tokens}")
         if not 0.0 <= self.kv_watermark <= 0.5:
             raise ConfigError("kv_watermark", f"must be in [0, 0.5], got {self.kv_watermark}")
@@ -170,6 +173,13 @@ class EngineConfig:
         if self.attention_backend != "auto":
             return self.attention_backend
         return "flashinfer" if self.is_gpu else "torch"
+
+    def piecewise_limit(self, role: str) -> int:
+        """The largest step with prompt tokens that runs through piecewise graphs on a worker of `role`
+        (0: none); `piecewise_graph_tokens`' comment says why a prefill side holds less by default."""
+        if self.piecewise_graph_tokens is not None:
+            return min(self.piecewise_graph_tokens, self.max_num_batched_tokens)
+        return self.max_num_batched_tokens if role == "hybrid" else min(2048, self.max_num_batched_tokens)
 
     def split_settings(self) -> Any:
         """The split rule's SplitSettings from `split_rule`."""

@@ -30,8 +30,10 @@ class EngineArgs(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of a prefill / hybrid batch")
     seed: int = Field(0, description="seed of dummy weights")
     enforce_eager: bool = Field(False, description="no CUDA graphs")
-    piecewise_graph_tokens: int = Field(2048, ge=0, description="largest step (tokens) with prompt tokens that "
-                                        "runs through piecewise CUDA graphs (attention eager between them); 0: off")
+    piecewise_graph_tokens: int | None = Field(None, ge=0, description="largest step (tokens) with prompt tokens "
+                                               "that runs through piecewise CUDA graphs (attention eager between "
+                                               "them); 0: off; null: the token budget on the chunked schedule, at "
+                                               "most 2048 on a bullet prefill side")
     async_scheduling: bool | None = Field(None, description="plan and launch a step that runs through CUDA graphs "
                                           "while the last step runs (null: on for GPU, off for CPU; docs/gpu.md)")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")

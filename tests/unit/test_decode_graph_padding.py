@@ -33,3 +33,17 @@ def test_graph_buckets_reach_vllms_offline_batch_with_bounded_padding():
         b = next(b for b in buckets if b >= n)
         assert (b - n) / n <= 0.25, (n, b)
     assert graph_buckets(5000)[-1] == 1024  # larger batches run through the piecewise graphs or eagerly
+
+
+def test_piecewise_limit_holds_the_budget_on_one_partition():
+    """By default a hybrid worker (one partition) graphs every step size of its budget; a bullet prefill side,
+    which captures once per ladder entry, at most 2,048 tokens; a set value wins on both, capped by the budget."""
+    from bullet_ray.config import EngineConfig
+
+    offline = EngineConfig(model="dummy:tiny-llama", device="cpu", schedule="chunked", max_num_batched_tokens=16384)
+    assert offline.piecewise_limit("hybrid") == 16384 and offline.piecewise_limit("prefill") == 2048
+    small = EngineConfig(model="dummy:tiny-llama", device="cpu", max_num_batched_tokens=512)
+    assert small.piecewise_limit("prefill") == 512
+    set_ = EngineConfig(model="dummy:tiny-llama", device="cpu", max_num_batched_tokens=8192, piecewise_graph_tokens=4096)
+    assert set_.piecewise_limit("hybrid") == 4096 == set_.piecewise_limit("prefill")
+    assert EngineConfig(model="dummy:tiny-llama", device="cpu", piecewise_graph_tokens=0).piecewise_limit("hybrid") == 0

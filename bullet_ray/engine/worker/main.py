@@ -76,7 +76,7 @@ class WorkerBase:
             and self.config.attention_backend_name == "flashinfer"
         if uses_graphs and self.role in ("decode", "hybrid"):
             self._enable_decode_graphs()
-        if uses_graphs and self.role in ("prefill", "hybrid") and self.config.piecewise_graph_tokens > 0:
+        if uses_graphs and self.role in ("prefill", "hybrid") and self.config.piecewise_limit(self.role) > 0:
             self._enable_piecewise_graphs()
 
     def _enable_decode_graphs(self) -> None:
@@ -107,7 +107,7 @@ class WorkerBase:
         every partition this side may run on, captured now."""
         from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
 
-        limit = min(self.config.piecewise_graph_tokens, self.config.max_num_batched_tokens)
+        limit = self.config.piecewise_limit(self.role)
         graphs = PiecewiseGraphs(self.res.model, limit, self.res.device)
         self.runner.piecewise = graphs
         for index, stream in self._graph_partitions():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from bullet_ray.perf.model import PerfModel, quantile, refine_bandwidth_curve, relative_errors
@@ -36,10 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from bullet_ray.models.loader import resolve_source
 
+    if not args.profile.is_file():
+        print(f"error: profile: {args.profile} is not a file", file=sys.stderr)
+        return 2
     cfg = resolve_source(args.model).config
     old = load_profile(args.profile)
     if not old.samples:
-        raise SystemExit(f"{args.profile}: no samples to refit from")
+        print(f"error: profile: {args.profile} holds no samples to refit from", file=sys.stderr)
+        return 2
     gpu, calibration = refine_bandwidth_curve(cfg, old.gpu, old.samples)
     new = dataclasses.replace(old, gpu=gpu, calibration=calibration, notes=(
         f"{old.notes}\nRefitted from its own samples by `python -m benchmarks.refit_profile`: bandwidth curve "

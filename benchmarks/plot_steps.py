@@ -96,11 +96,22 @@ def queued_prefill_batches(steps: list[dict], min_queued: int = 3) -> dict[str, 
             "tokens_per_s": sum(s["num_tokens"] for s in mine) / sum(s["measured_ms"] for s in mine) * 1e3}
 
 
+def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
+    """Medians of the engine's own first-token records of one rate (the worker's `first_token` rows: front ->
+    worker, queue, prefill to the collect of the first token, their sum) and what the client's TTFT p50 adds
+    to the workers' (p50 minus p50: what is spent outside the workers, in and back: HTTP, Serve, the front).
+    {} where the log has none (logs before 2026-11-25)."""
+    if not first_tokens:
+        return {}
+    med = {key: round(statistics.median(r[key] for r in first_tokens), 1)
+           for key in ("to_worker_ms", "queue_ms", "prefill_ms", "worker_ttft_ms")}
+    return {"first_tokens": len(first_tokens), **{f"engine_{k}_p50": v for k, v in med.items()},
+            "client_minus_engine_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"] - med["worker_ttft_ms"], 1)}
+
+
 def first_tokens_of_run(path: str, run: dict) -> dict:
     """The prefill worker's `first_token` records of one run's window, summarised as step_breakdown does
     ({} for logs without them)."""
-    from benchmarks.step_breakdown import first_token_parts  # it imports this module
-
     return first_token_parts(during_run([r for r in records(path) if r.get("kind") == "first_token"], run), run)
 
 

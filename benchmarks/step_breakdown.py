@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.plot_steps import during_run, records
+from benchmarks.plot_steps import during_run, first_token_parts, records
 from benchmarks.rescore import load_run
 from benchmarks.vllm_metrics import steps_by_tokens
 
@@ -57,19 +57,6 @@ def ttft_fit(run: dict) -> dict:
         return {}
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx
     return {"client_ttft_fixed_ms": round(my - slope * mx, 1), "client_ttft_ms_per_1k_prompt": round(slope * 1e3, 1)}
-
-
-def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
-    """Medians of the engine's own first-token records of one rate (the worker's `first_token` rows: front ->
-    worker, queue, prefill to the collect of the first token, their sum) and what the client's TTFT p50 adds
-    to the workers' (p50 minus p50: what is spent outside the workers, in and back: HTTP, Serve, the front).
-    {} where the log has none (logs before 2026-11-25)."""
-    if not first_tokens:
-        return {}
-    med = {key: round(statistics.median(r[key] for r in first_tokens), 1)
-           for key in ("to_worker_ms", "queue_ms", "prefill_ms", "worker_ttft_ms")}
-    return {"first_tokens": len(first_tokens), **{f"engine_{k}_p50": v for k, v in med.items()},
-            "client_minus_engine_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"] - med["worker_ttft_ms"], 1)}
 
 
 def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = None) -> dict:

@@ -17,3 +17,10 @@ def test_refit_writes_a_loadable_profile_and_names_a_missing_file(tmp_path, caps
     assert "prefill.alone" in capsys.readouterr().out
     assert refit_profile.main([str(tmp_path / "nosuch.json"), "--out", str(tmp_path)]) == 2
     assert "profile:" in capsys.readouterr().err
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    assert refit_profile.main([str(source), "--model", "dummy:tiny-llama", "--add", str(source), "--out", str(merged)]) == 0
+    assert len(load_profile(next(merged.glob("*.json"))).samples) == 2 * len(original.samples)
+    h100 = next(PACKAGE_DIR.glob("nvidia-h100*.json"))
+    assert refit_profile.main([str(source), "--model", "dummy:tiny-llama", "--add", str(h100), "--out", str(merged)]) == 2
+    assert "--add:" in capsys.readouterr().err

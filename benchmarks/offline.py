@@ -54,11 +54,13 @@ def _token_list(text: str) -> list[int]:
 
 
 def _suffixed(path: str | None, suffix: str) -> str | None:
-    """`steps.jsonl` -> `steps-<suffix>.jsonl` (a variant's step log beside the first run's)."""
+    """`steps.jsonl` -> `steps-<suffix>.jsonl`, `steps.jsonl.gz` -> `steps-<suffix>.jsonl.gz` (a variant's
+    step log beside the first run's)."""
     if path is None:
         return None
     p = Path(path)
-    return str(p.with_name(f"{p.stem}-{suffix}{p.suffix}"))
+    stem, dot, exts = p.name.partition(".")
+    return str(p.with_name(f"{stem}-{suffix}{dot}{exts}"))
 
 
 def summary(specs: list[RequestSpec], outputs_tokens: list[int], seconds: float) -> dict[str, Any]:
@@ -105,7 +107,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
                                                           "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager",
-                                                          "piecewise_graph_tokens")})
+                                                          "piecewise_graph_tokens")},
+                  piecewise_limit=config.piecewise_limit("prefill" if config.is_disaggregated else "hybrid"))
     return result
 
 
@@ -178,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
     parser.add_argument("--piecewise-graph-tokens", type=_token_list, default=None,
                         help="steps with prompt tokens up to this many run through piecewise CUDA graphs (default: "
-                             "the engine's, the whole token budget for this schedule); a comma list runs our engine "
+                             "the engine's: the whole token budget on the chunked schedule, at most 2048 on bullet "
+                             "or static); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_pw<N>' (e.g. 16384,2048)")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-timeout-s", type=float, default=900,

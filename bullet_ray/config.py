@@ -60,7 +60,7 @@ class EngineConfig:
     # of the step before (async_scheduling). None (default): the whole token budget on a worker that runs
     # on one partition (the chunked schedule's hybrid worker: offline at vLLM's 16,384-token budget every
     # step then launches ahead, 18.98 vs 17.42 req/s with 2,048 on the H100, benchmarks/results/lease_m2l),
-    # and at most 2,048 on a prefill side, which captures the set once per ladder entry
+    # and at most 2,048 on a prefill side (bullet, static), which captures the set once per ladder entry
     piecewise_graph_tokens: int | None = None
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for

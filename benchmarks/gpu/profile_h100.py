@@ -9,7 +9,7 @@ It sweeps ladder entries ENTRIES in that order (default 6,0,12,3,9: 64/16/112/40
 with few prefill SMs take longest) while MAX_SECONDS (default 420) allows, and writes
 $OUT/<gpu>__llama-3-1-8b__bfloat16.json plus a comparison with the shipped profile (labelled "seed"): each
 measured step's error under the shipped calibration and under the new fit. On 2026-11-26 the whole ladder in
-the order 6,0,12,3,9,1,11,4,8,2,10,5,7 reached 11 entries in MAX_SECONDS=470 (726 steps, ~37 s per entry):
+the order 6,0,12,3,9,1,11,4,8,2,10,5,7 reached 11 entries in MAX_SECONDS=470 (726 steps; the progress bar read 6:37):
 benchmarks/results/lease_m2l/. Copy the new file over bullet_ray/perf/profiles/ to ship it (the sweep already
 picks the bandwidth curve from its decode steps; `python -m benchmarks.refit_profile` does it to an older file).
 """

@@ -1,6 +1,6 @@
-"""The shipped H100 + Llama-3.1-8B profile's starting calibration, derived from earlier H100 measurements.
-
-Not a `bullet-ray profile` sweep (that one replaces this file: `python -m benchmarks.gpu.profile_h100`).
+"""The derived seed of the H100 + Llama-3.1-8B profile, shipped until the first `bullet-ray profile` sweep
+replaced it (2026-11-26, benchmarks/results/lease_m2l/): calibration derived from earlier H100 measurements,
+kept to compare with (docs/policy.md section 2). It never writes into the package's profiles.
 Where each number comes from (all on the project's H100 80GB HBM3, bf16, dummy Llama-3.1-8B weights):
 - ceilings: bf16 GEMM 8192^3 on the whole GPU 784 TFLOP/s and the decode-like GEMV (64 x 4096 @ 4096 x 14336,
   weights rotated past L2) 2616 GB/s, and the GEMV on 8/16/32/48/72 SMs (708/1335/1972/2210/2461 GB/s) to
@@ -15,12 +15,14 @@ Where each number comes from (all on the project's H100 80GB HBM3, bf16, dummy L
   context lengths, so its steps cannot be placed in the model; it is the check to make after a sweep.
 Calibration factors of other SM counts come from the roofline's scaling alone until a sweep measures them.
 
-    python -m benchmarks.gpu.profile_seed_h100      # rewrites bullet_ray/perf/profiles/nvidia-h100-...json
+    python -m benchmarks.gpu.profile_seed_h100 --out /tmp/seed/     # writes <dir>/nvidia-h100-...json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 from bullet_ray.models.config import ModelConfig
@@ -40,7 +42,15 @@ def _sample(shape: StepShape, seconds: float) -> Sample:
                   H100_SXM.sm_count, False, seconds)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder (or file) for the seed profile; not the "
+                                                                 "package's profiles, which hold the measured one")
+    args = parser.parse_args(argv)
+    if args.out.resolve() == PACKAGE_DIR.resolve() or args.out.resolve().parent == PACKAGE_DIR.resolve():
+        print(f"error: --out: {args.out} is the package's profiles folder (the measured profile lives there)",
+              file=sys.stderr)
+        return 2
     cfg = ModelConfig.from_hf_dict(json.loads((ROOT / "bullet_ray/models/presets/llama-3.1-8b.json").read_text()))
     speed = json.loads(SPEED.read_text())
     corun = json.loads(PARTITION.read_text())["two_process"]["slowdown_together"]
@@ -66,7 +76,9 @@ def main() -> int:
     profile = Profile(H100_SXM, {"name": "llama-3.1-8b", **model_fingerprint(cfg)}, "bfloat16",
                       list(range(16, 113, 8)), model.calibration, samples, "2026-11-23",
                       "python -m benchmarks.gpu.profile_seed_h100", "derived", (__doc__ or "").split("\n\n    ")[0], fit)
-    path = save_profile(profile, PACKAGE_DIR)
+    if not args.out.suffix:  # a folder
+        args.out.mkdir(parents=True, exist_ok=True)
+    path = save_profile(profile, args.out)
     print(f"wrote {path}\ncalibration {model.calibration.to_dict()}\nfit {fit}")
     return 0
 

@@ -193,7 +193,7 @@ def _linear_coefficients(cfg: ModelConfig, dtype_bytes: int) -> _Coefficients:
 
 
 SATURATION_GRID = tuple(range(8, 65, 4))  # SMs
-KNEE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+KNEE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)  # the H100 sweep's best, 4, lies inside
 
 
 def refine_bandwidth_curve(cfg: ModelConfig, gpu: GpuSpec, samples: list[Sample],

@@ -33,7 +33,7 @@ class EngineArgs(BaseModel):
     piecewise_graph_tokens: int | None = Field(None, ge=0, description="largest step (tokens) with prompt tokens "
                                                "that runs through piecewise CUDA graphs (attention eager between "
                                                "them); 0: off; null: the token budget on the chunked schedule, at "
-                                               "most 2048 on a bullet prefill side")
+                                               "most 2048 on a prefill side (bullet, static)")
     async_scheduling: bool | None = Field(None, description="plan and launch a step that runs through CUDA graphs "
                                           "while the last step runs (null: on for GPU, off for CPU; docs/gpu.md)")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")

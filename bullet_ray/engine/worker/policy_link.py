@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from bullet_ray.engine.messages import Wake
@@ -65,6 +66,8 @@ class StepLog:
     nothing is written. Every record starts with its kind and wall-clock time."""
 
     def __init__(self, path: str | None) -> None:
+        if path:  # its folder too, as a profile_dir's
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - the process's lifetime
 
     @property

@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("profile", help="measure the performance model's profile of a device and model",
                               description="Sweep prefill tokens x decode batch x context x SM ladder entries, "
-                                          "alone and with the other side busy, fit the calibration and write "
+                                          "alone and with the other side busy, fit the calibration (on a GPU "
+                                          "the bandwidth curve's shape from the decode steps first) and write "
                                           "a JSON profile the engine loads at start.")
     p.add_argument("--model", default="dummy:llama-3.1-8b", help="model source (default dummy:llama-3.1-8b)")
     p.add_argument("--name", default=None, help="model name in the profile (default: from --model)")

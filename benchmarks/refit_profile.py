@@ -15,19 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from bullet_ray.perf.model import PerfModel, quantile, refine_bandwidth_curve, relative_errors
-from bullet_ray.perf.profile import Profile, load_profile, save_profile
-
-
-def errors(profile: Profile, cfg) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
-    model = PerfModel.from_profile(profile, cfg)
-    out = {}
-    for phase in ("prefill", "decode"):
-        for busy in (False, True):
-            errs = relative_errors(model, [s for s in profile.samples if s.phase == phase and s.other_busy == busy])
-            out[f"{phase}.{'busy' if busy else 'alone'}"] = {"median": round(quantile(errs, 0.5), 4),
-                                                             "p90": round(quantile(errs, 0.9), 4), "n": len(errs)}
-    return out
+from bullet_ray.perf.model import PerfModel, errors_by_side, profile_fit, refine_bandwidth_curve
+from bullet_ray.perf.profile import load_profile, save_profile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         f"saturation_sms {old.gpu.saturation_sms} -> {gpu.saturation_sms}, knee {old.gpu.knee} -> {gpu.knee} "
         "(refine_bandwidth_curve), then the calibration."))
     model = PerfModel.from_profile(new, cfg)
-    for phase in ("prefill", "decode"):
-        errs = relative_errors(model, [s for s in new.samples if s.phase == phase])
-        new.fit[phase] = {"median_rel_error": round(quantile(errs, 0.5), 4), "p90_rel_error": round(quantile(errs, 0.9), 4)}
-    report = {"before": errors(old, cfg), "after": errors(new, cfg),
+    new = dataclasses.replace(new, fit=profile_fit(model, samples))  # a new record: the sample count changes with --add
+    report = {"before": errors_by_side(PerfModel.from_profile(old, cfg), samples), "after": errors_by_side(model, samples),
               "curve": {"before": [old.gpu.saturation_sms, old.gpu.knee], "after": [gpu.saturation_sms, gpu.knee]}}
     for key in report["before"]:
         b, a = report["before"][key], report["after"][key]

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from bullet_ray.perf import profile_cli
-from bullet_ray.perf.model import PerfModel, quantile, relative_errors
+from bullet_ray.perf.model import PerfModel, errors_by_side
 from bullet_ray.perf.profile import PACKAGE_DIR, load_profile
 
 
@@ -48,11 +48,7 @@ def main() -> int:
     for label, path in (("seed", PACKAGE_DIR / "nvidia-h100-80gb-hbm3__llama-3-1-8b__bfloat16.json"),
                         ("measured", new_path)):
         model = PerfModel.from_profile(load_profile(path), cfg)
-        for phase in ("prefill", "decode"):
-            for busy in (False, True):
-                errs = relative_errors(model, [s for s in new.samples if s.phase == phase and s.other_busy == busy])
-                report[f"{label}.{phase}.{'busy' if busy else 'alone'}"] = {
-                    "median": round(quantile(errs, 0.5), 4), "p90": round(quantile(errs, 0.9), 4), "n": len(errs)}
+        report.update({f"{label}.{key}": v for key, v in errors_by_side(model, new.samples).items()})
     (out / "profile_h100_report.json").write_text(json.dumps(report, indent=1))
     for k, v in report.items():
         print(f"{k:32s} median {v['median']:.3f}  p90 {v['p90']:.3f}  (n={v['n']})")

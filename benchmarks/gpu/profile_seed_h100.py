@@ -28,7 +28,7 @@ from pathlib import Path
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.perf.calibration.factors import Calibration, PhaseCalibration
 from bullet_ray.perf.kernels import StepShape
-from bullet_ray.perf.model import PerfModel, quantile, relative_errors
+from bullet_ray.perf.model import PerfModel, profile_fit
 from bullet_ray.perf.profile import PACKAGE_DIR, Profile, Sample, model_fingerprint, save_profile
 from bullet_ray.perf.roofline import H100_SXM
 
@@ -69,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     model.calibration = Calibration(
         PhaseCalibration(fitted.prefill.overhead_s, fitted.prefill.linear, fitted.prefill.attention, corun["prefill"]),
         PhaseCalibration(fitted.decode.overhead_s, fitted.decode.linear, fitted.decode.attention, corun["decode"]))
-    fit = {"num_samples": len(samples)}
-    for phase in ("prefill", "decode"):
-        errs = relative_errors(model, [s for s in samples if s.phase == phase])
-        fit[phase] = {"median_rel_error": round(quantile(errs, 0.5), 4), "p90_rel_error": round(quantile(errs, 0.9), 4)}
+    fit = profile_fit(model, samples)
     profile = Profile(H100_SXM, {"name": "llama-3.1-8b", **model_fingerprint(cfg)}, "bfloat16",
                       list(range(16, 113, 8)), model.calibration, samples, "2026-11-23",
                       "python -m benchmarks.gpu.profile_seed_h100", "derived", (__doc__ or "").split("\n\n    ")[0], fit)

@@ -237,6 +237,27 @@ def relative_errors(model: PerfModel, samples: list[Sample]) -> list[float]:
     return out
 
 
+def profile_fit(model: PerfModel, samples: list[Sample]) -> dict[str, object]:
+    """A profile's `fit` record: the sample count and each phase's median and p90 relative error."""
+    fit: dict[str, object] = {"num_samples": len(samples)}
+    for phase in ("prefill", "decode"):
+        errs = relative_errors(model, [s for s in samples if s.phase == phase])
+        fit[phase] = {"median_rel_error": round(quantile(errs, 0.5), 4), "p90_rel_error": round(quantile(errs, 0.9), 4)}
+    return fit
+
+
+def errors_by_side(model: PerfModel, samples: list[Sample]) -> dict[str, dict[str, float]]:
+    """Median and p90 relative error and count per phase, alone and beside a busy other side
+    ("prefill.alone", "prefill.busy", "decode.alone", "decode.busy")."""
+    out = {}
+    for phase in ("prefill", "decode"):
+        for busy in (False, True):
+            errs = relative_errors(model, [s for s in samples if s.phase == phase and s.other_busy == busy])
+            out[f"{phase}.{'busy' if busy else 'alone'}"] = {"median": round(quantile(errs, 0.5), 4),
+                                                             "p90": round(quantile(errs, 0.9), 4), "n": len(errs)}
+    return out
+
+
 def quantile(values: list[float], q: float) -> float:
     if not values:
         return math.nan

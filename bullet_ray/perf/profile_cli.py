@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bullet_ray.perf.model import PerfModel, quantile, refine_bandwidth_curve, relative_errors
+    from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
     from bullet_ray.perf.sweep import Bench, SweepPlan, decode_points, prefill_points
 
@@ -94,14 +94,13 @@ def _run(args: argparse.Namespace) -> int:
             samples += _sweep_entry(bench, plan, partitioner, index, gpu, pre, dec, bar)
             slowest = max(slowest, time.monotonic() - t0)
             done.append(index)
-    if is_gpu:  # the bandwidth curve's shape from the decode steps themselves (refine_bandwidth_curve)
-        gpu, _ = refine_bandwidth_curve(bench.cfg, gpu, samples, bench.dtype.itemsize)
-    model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
-    model.calibration = model.fit(samples)
-    fit: dict[str, Any] = {"num_samples": len(samples)}
-    for phase in ("prefill", "decode"):
-        errs = relative_errors(model, [s for s in samples if s.phase == phase])
-        fit[phase] = {"median_rel_error": round(quantile(errs, 0.5), 4), "p90_rel_error": round(quantile(errs, 0.9), 4)}
+    if is_gpu:  # the bandwidth curve's shape from the decode steps themselves, and the calibration on it
+        gpu, calibration = refine_bandwidth_curve(bench.cfg, gpu, samples, bench.dtype.itemsize)
+        model = PerfModel(bench.cfg, gpu, calibration, dtype_bytes=bench.dtype.itemsize)
+    else:
+        model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
+        model.calibration = model.fit(samples)
+    fit = profile_fit(model, samples)
     if partitioner is not None:
         partitioner.close()
     profile = Profile(gpu, {"name": args.name or _model_name(args.model), **model_fingerprint(bench.cfg)}, dtype,

@@ -200,7 +200,7 @@ def refine_bandwidth_curve(cfg: ModelConfig, gpu: GpuSpec, samples: list[Sample]
                            dtype_bytes: int = 2) -> tuple[GpuSpec, Calibration]:
     """The bandwidth curve's shape (saturation_sms, knee) that lets the calibration fit the profiled decode
     steps best, and that calibration. `bullet-ray profile` first fits the curve to a GEMV probe on each
-    ladder entry's SMs; on the H100 (2026-11-26) that probe read 1.0-1.9 TB/s where the careful GEMV of
+    ladder entry's SMs; on the H100 (2026-11-26) that probe read 1.0-2.0 TB/s where the careful GEMV of
     shared/GPU.md read 1.3-2.6, fitted a curve flat from 10 SMs, and left the decode steps 8.0-9.6% / 21-25%
     off (median / p90, alone / beside a busy prefill) against 5.8-6.1% / 18-21% with this refinement
     (benchmarks/results/lease_m2l/refit_profile.txt). The steps are what the engine predicts, so they

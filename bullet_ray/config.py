@@ -90,6 +90,17 @@ class EngineConfig:
     # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own;
     # opt-in until a serving run measures it
     prefill_plan_lead_ms: float | None = None
+    # the bullet schedule's fallback to chunked prefill under overload (split_policy slo): once this many
+    # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
+    # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget
+    # filled with prompt chunks: one read of the weights for both) on the ladder entry with the most decode
+    # SMs, until the prompts waiting on both sides fall under a quarter of it. None: off (the side-by-side
+    # schedule read the weights twice per step pair and drained an overload burst slower than chunked:
+    # 2,291 vs 2,863 tokens/s at 40 req/s on the H100, benchmarks/results/serve_h100_m2l)
+    mixed_fallback_tokens: int | None = None
+    # token budget of a decode step in the mixed fallback (its decode rows and prompt chunks; >= block_size):
+    # the chunked schedule's, not the prefill side's larger budget, which would stretch every decode step
+    mixed_chunk_tokens: int = 2048
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
@@ -145,6 +156,11 @@ class EngineConfig:
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
             raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
+        if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
+            raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
+        if self.mixed_chunk_tokens < self.block_size:
+            raise ConfigError("mixed_chunk_tokens",
+                              f"must be >= block_size ({self.block_size}), got {self.mixed_chunk_tokens}")
         if self.split_rule is not None:
             self.split_settings()  # unknown or out-of-range settings fail here, naming the field
         for name in ("ttft_target_ms", "tpot_target_ms"):

@@ -16,7 +16,9 @@ deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves st
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-m2 (bullet-slo with the
-split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
+split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-mixed<tokens> (bullet-slo
+with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
+prompts in chunks inside its steps: engine.mixed_fallback_tokens),
 bullet-slo-relaxed (bullet-slo whose split policy aims at the relaxed preset, 1,000 ms / 50 ms, instead of the
 strict one: an SLO-aware schedule is told the SLO it serves; score it under relaxed only), chunked-<budget>
 (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve` (0.24.0 on the GPU
@@ -115,8 +117,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
-    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith(("bullet-slo-lw",
-                                                                                         "bullet-slo-late")):
+    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith(
+            ("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if name == "bullet-slo-relaxed":  # ... but the relaxed one here, the bench's own preset
             relaxed = parse_slo("relaxed")
@@ -135,12 +137,18 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             if not lead.isdigit():
                 raise SystemExit(f"unknown system {name!r}: bullet-slo-late<ms>")
             engine["prefill_plan_lead_ms"] = int(lead)
+        mixed = name.removeprefix("bullet-slo-mixed") if name.startswith("bullet-slo-mixed") else ""
+        if mixed:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
+            if not mixed.isdigit() or int(mixed) < 1:
+                raise SystemExit(f"unknown system {name!r}: bullet-slo-mixed<tokens>, tokens >= 1")
+            engine["mixed_fallback_tokens"] = int(mixed)
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-m2|-relaxed], "
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-mixed<tokens>|"
+                             f"-m2|-relaxed], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -322,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
-                             "prefill side plans <ms> before its step in flight ends), bullet-slo-m2 (the m2 split "
+                             "prefill side plans <ms> before its step in flight ends), bullet-slo-mixed<tokens> (the "
+                             "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "

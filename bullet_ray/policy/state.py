@@ -47,6 +47,7 @@ class SplitReason(str, enum.Enum):
     IDLE = "idle"  # neither side has work: keep the split
     HOLD = "hold"  # inside the hysteresis band, or too soon after the last move
     BACKLOG = "backlog"  # queued requests already miss their TTFT: decode keeps only what holds its TPOT
+    MIXED = "mixed"  # overload (mixed_fallback_tokens): decode takes the prompts in chunks, on the most SMs
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,13 @@ class EngineArgs(BaseModel):
     prefill_plan_lead_ms: float | None = Field(None, ge=0, description="the prefill worker plans its next batch "
                                                "this long (ms) before the step in flight is predicted to end, "
                                                "taking arrivals meanwhile; null: at once (opt-in, unmeasured)")
+    mixed_fallback_tokens: int | None = Field(None, ge=1, description="bullet with split_policy slo: once this "
+                                              "many prompt tokens wait while decode runs, the decode worker "
+                                              "takes the queued prompts in chunks into its steps (chunked "
+                                              "prefill on the most decode SMs) until a quarter of it is left; "
+                                              "null: off")
+    mixed_chunk_tokens: int = Field(2048, ge=1, description="token budget of a decode step in the mixed "
+                                    "fallback (decode rows and prompt chunks)")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "

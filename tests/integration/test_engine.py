@@ -152,6 +152,36 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])
 
 
+def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
+    """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while
+    decode runs), launching ahead (asynchronous scheduling): the prefill worker hands its queued prompts to
+    the decode worker, which prefills them in chunks inside its steps; the tokens stay HF's and every KV
+    block comes back."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS]
+    expected = _hf_greedy(hf_greedy, folder, prompts, NUM_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    log = tmp_path / "steps.jsonl"
+    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                          split_policy="slo", mixed_fallback_tokens=1, mixed_chunk_tokens=16, async_scheduling=True,
+                          step_log_path=str(log))
+    with LLMEngine(config) as engine:
+        results = engine.generate(prompts, params)
+        stats = engine.stats()
+        assert stats.num_free_kv_blocks == 64
+    assert [r.token_ids for r in results] == expected
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    mixed = [r for r in steps if r["phase"] == "mixed"]
+    assert mixed and all(r["side"] == "decode" and r["num_tokens"] > r["num_seqs"] for r in mixed)
+    assert all(r["predicted_ms"] > 0 for r in mixed)
+    prefilled_here = sum(r["num_tokens"] for r in steps if r["side"] == "prefill")
+    assert 0 < prefilled_here < sum(len(p) for p in prompts)  # the rest was prefilled by decode
+    decisions = [r for r in records if r["kind"] == "decision"]
+    assert any(d["reason"] == "mixed" and d["index"] == len(stats.extra["split"]["decode_sms"]) - 1
+               for d in decisions)
+
+
 def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     """The hybrid worker's step log: every prompt token and every decode token appears in exactly one
     step row, and a row's phase says what it held."""

@@ -93,3 +93,43 @@ def test_a_step_in_flight_counts_in_the_decision(tmp_path: Path):
         assert (busy.decode.num_seqs, busy.decode.num_context_tokens) == (2, 1000)
     finally:
         block.close()
+
+
+def test_mixed_fallback_starts_on_a_backlog_and_ends_once_it_drains(tmp_path: Path):
+    """`mixed_fallback_tokens`: the fallback starts once that many prompt tokens wait while decode runs (not
+    while decode idles: prefill then has the GPU to itself), holds while the prompts handed over are in
+    transit (until decode has published two steps), and ends under a quarter of it, counting the prompts
+    waiting on the decode side."""
+    from bullet_ray.engine.state_block import Side, StateBlock
+    from bullet_ray.policy.state import DecodeLoad, StepState
+
+    def state(queued: list[int], decode_seqs: int) -> StepState:
+        queue = tuple(QueuedRequest(str(i), n, 0.0) for i, n in enumerate(queued))
+        return StepState(0, queue, DecodeLoad(decode_seqs, 100 * decode_seqs), 0.0)
+
+    def decode_step(queued_tokens: int) -> None:
+        block.annotate(Side.DECODE, predicted_step_us=1, queued_tokens=queued_tokens, is_active=True)
+        block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=1,
+                      num_queued=1)
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        decider = SplitDecider.__new__(SplitDecider)
+        decider.state, decider._last_handoff_s = block, -1e9
+        decider.mixed_tokens, decider.is_mixed, decider._handed_over_at_step = 1000, False, -1
+        assert not decider.update_mixed(state([600, 300], 4))  # 900 tokens wait: side by side
+        assert not decider.update_mixed(state([600, 500], 0))  # nothing decodes
+        assert decider.update_mixed(state([600, 500], 4))
+        decider.note_prompts_handed_over()
+        assert decider.update_mixed(state([], 4))  # in transit: decode has not published since
+        decode_step(0)
+        assert decider.update_mixed(state([], 4))  # one step: the prompts may not have arrived yet
+        decode_step(400)
+        assert decider.update_mixed(state([], 4))  # 400 tokens wait on decode: still >= 250
+        decode_step(200)
+        assert not decider.update_mixed(state([], 4))
+        assert not decider.update_mixed(state([700], 4))  # 700 + 200 on decode: starts again only at 1,000
+        decider.mixed_tokens = None
+        assert not decider.update_mixed(state([5000], 4))
+    finally:
+        block.close()

@@ -26,6 +26,8 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     late = _engine(system_yaml("bullet-slo-late20+direct", tmp_path))
     assert (late["split_policy"], late["prefill_plan_lead_ms"]) == ("slo", 20) and "prefill_plan_lead_ms" not in slo
     assert late["step_log_path"].endswith("bullet-slo-late20+direct-steps.jsonl")
+    mixed = _engine(system_yaml("bullet-slo-mixed8192", tmp_path))
+    assert (mixed["split_policy"], mixed["mixed_fallback_tokens"]) == ("slo", 8192) and "mixed_fallback_tokens" not in slo
     m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
     assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))

@@ -44,24 +44,41 @@ class ChunkedScheduler:
         decodes, preempted = self.decode.schedule()
         for seq in reversed(preempted):
             self.prefill.add(seq, front=True)
-        budget = self.max_num_batched_tokens - len(decodes)
-        self.prefill.max_num_batched_tokens = max(0, budget)
-        self.prefill.max_num_seqs = max(0, self.max_num_seqs - len(decodes))
-        prefills = self.prefill.schedule() if budget > 0 else []
-        self.prefill.max_num_batched_tokens = self.max_num_batched_tokens
-        return decodes + prefills
+        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs)
 
     def after_step(self, sampled: list[Sequence]) -> None:
         """Move sequences that finished their prefill (they sample a token) to the running set; called
         right after the step's launch, so the next step decodes them."""
-        waiting = set(id(s) for s in self.prefill.waiting)
-        promoted = [s for s in sampled if id(s) in waiting]
-        self.prefill.remove(promoted)
-        for seq in promoted:
-            self.decode.add(seq)
+        promote(self.prefill, self.decode, sampled)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished sequence, running or (preempted meanwhile) waiting, and free its blocks."""
         if seq in self.prefill.waiting:
             self.prefill.remove([seq])
         self.decode.remove(seq)
+
+
+def prompt_chunks(prefill: PrefillScheduler, num_decodes: int, max_num_batched_tokens: int,
+                  max_num_seqs: int) -> list[ScheduledSeq]:
+    """The prompt chunks of a step whose `num_decodes` decode rows come first: FCFS from `prefill`'s queue
+    into what they leave of the token budget and the batch size (blocks allocated)."""
+    budget = max_num_batched_tokens - num_decodes
+    if budget <= 0:
+        return []
+    prefill.max_num_batched_tokens = budget
+    prefill.max_num_seqs = max(0, max_num_seqs - num_decodes)
+    try:
+        return prefill.schedule()
+    finally:
+        prefill.max_num_batched_tokens, prefill.max_num_seqs = max_num_batched_tokens, max_num_seqs
+
+
+def promote(prefill: PrefillScheduler, decode: DecodeScheduler, sampled: list[Sequence]) -> list[Sequence]:
+    """Move the sequences of `sampled` still in `prefill`'s queue (their prompt completed: they sample a
+    token) to `decode`'s running set; returns them."""
+    waiting = set(id(s) for s in prefill.waiting)
+    promoted = [s for s in sampled if id(s) in waiting]
+    prefill.remove(promoted)
+    for seq in promoted:
+        decode.add(seq)
+    return promoted

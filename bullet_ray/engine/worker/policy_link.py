@@ -9,6 +9,9 @@
   decode's row, runs `BulletPolicy.step`, reorders its queue and sizes the next batch as planned, asks for
   the chosen split (when the previous switch has settled) and records the decision in the block. The
   decision thus runs where the step state is, not behind a polling thread in the engine front.
+  Under overload (`mixed_fallback_tokens`) it switches the schedule to the mixed fallback instead: the
+  prefill worker hands its queued prompts to the decode worker, which prefills them in chunks inside its
+  steps on the ladder entry with the most decode SMs (`SplitDecider.is_mixed`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 REASONS: tuple[SplitReason, ...] = tuple(SplitReason)
 _HANDOFF_GRACE_S = 0.05  # decode counts as busy this long after prefill handed it sequences
+# the mixed fallback ends once the prompts waiting on both sides fall under this share of mixed_fallback_tokens
+MIXED_EXIT_SHARE = 0.25
 
 
 def make_perf_model(worker: Any) -> tuple[PerfModel, str]:
@@ -143,7 +148,10 @@ class StepRecorder:
         return bool(self.state.rows[int(other)][Field.IS_ACTIVE])
 
     def predict(self, batch: list[Any]) -> tuple[StepShape, float, bool]:
-        shape = shape_of(batch, self.phase)
+        """(shape, predicted seconds, other side busy) of a planned batch; a decode side's step with prompt
+        chunks (mixed fallback) is predicted as a prefill step of all its tokens on the decode SMs."""
+        mixed = self.side is Side.DECODE and any(item.num_new_tokens > 1 for item in batch)
+        shape = shape_of(batch, "prefill" if mixed else self.phase)
         busy = self.other_busy()
         return shape, self.model.predict(shape, self._sms(), busy, self.worker.partitioner.current_index).seconds, busy
 
@@ -165,7 +173,9 @@ class StepRecorder:
         if self.log.enabled:
             entry = self.worker.partitioner.current
             self.log.write(
-                "step", side=self.side.name.lower(), phase=shape.phase, num_tokens=shape.num_tokens,
+                "step", side=self.side.name.lower(),
+                phase="mixed" if self.side is Side.DECODE and shape.phase == "prefill" else shape.phase,
+                num_tokens=shape.num_tokens,
                 num_seqs=shape.num_seqs, num_context_tokens=shape.num_context_tokens,
                 num_attention_pairs=shape.num_attention_pairs, split_index=index, decode_sms=entry.decode_sms,
                 prefill_sms=entry.prefill_sms, other_busy=other_busy, num_queued=num_queued,
@@ -204,6 +214,9 @@ class SplitDecider:
         self._observed_decode_step = 0
         self._last_handoff_s = -1e9
         self._prompt_tokens: deque[int] = deque(maxlen=64)
+        self.mixed_tokens: int | None = cfg.mixed_fallback_tokens  # None: no mixed fallback
+        self.is_mixed = False  # decode takes the prompts (prefill hands its queue over)
+        self._handed_over_at_step = -1  # decode's STEP when prompts were last handed to it
 
     # inputs -----------------------------------------------------------------------------------------
     def note_prompt(self, num_tokens: int) -> None:
@@ -211,6 +224,11 @@ class SplitDecider:
 
     def note_handoff(self) -> None:
         self._last_handoff_s = time.monotonic()
+
+    def note_prompts_handed_over(self) -> None:
+        """The prefill worker handed its queued prompts to decode (mixed fallback)."""
+        self.note_handoff()
+        self._handed_over_at_step = int(self.state.rows[int(Side.DECODE)][Field.STEP])
 
     def is_due(self) -> bool:
         """While prefill idles: decide again once decode has published a new step."""
@@ -220,7 +238,7 @@ class SplitDecider:
         """Feed decode's published steps (those still in the ring) to this side's online correction."""
         step, entries = self.state.recent_steps(Side.DECODE, self._observed_decode_step)
         row = self.state.rows[int(Side.DECODE)]
-        if entries:
+        if entries and row[Field.NUM_TOKENS] <= row[Field.NUM_SEQS]:  # a decode step, not a mixed one
             measured_us, _, index = entries[-1]
             ladder = self.worker.partitioner.ladder
             if 0 <= index < len(ladder) and measured_us > 0 and row[Field.NUM_SEQS] > 0:
@@ -268,10 +286,44 @@ class SplitDecider:
             new = dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])
             self.policy.targets = self.policy.rule.targets = new
 
+    def update_mixed(self, state: StepState) -> bool:
+        """Whether the schedule runs the mixed fallback from this step on: it starts once `mixed_tokens`
+        prompt tokens wait (here and on decode) while decode runs, and ends once fewer than
+        MIXED_EXIT_SHARE of it wait, judged only after decode has published two steps since the last
+        hand-over (so the prompts in transit count)."""
+        if self.mixed_tokens is None:
+            return False
+        row = self.state.rows[int(Side.DECODE)]
+        waiting = sum(r.num_remaining_tokens for r in state.queue) + int(row[Field.QUEUED_TOKENS])
+        if not self.is_mixed:
+            self.is_mixed = state.decode.num_seqs > 0 and waiting >= self.mixed_tokens
+        elif int(row[Field.STEP]) >= self._handed_over_at_step + 2:
+            self.is_mixed = waiting >= self.mixed_tokens * MIXED_EXIT_SHARE
+        return self.is_mixed
+
+    def _decide_mixed(self, state: StepState) -> None:
+        """The mixed fallback's split: decode on the most SMs its bounds allow (prefill keeps what it has
+        in progress, and hands over the rest)."""
+        started = time.perf_counter()
+        top = len(self.worker.partitioner.ladder) - 1
+        index, switch = self.state.clamp_to_bounds(top), self.worker.switch
+        is_switch = index != switch.requested() and switch.request(index)
+        if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
+            self.worker.conn.send(Wake())
+        cost_us = int((time.perf_counter() - started) * 1e6)
+        self.state.record_decision(index, REASONS.index(SplitReason.MIXED), cost_us, 0, bool(is_switch))
+        if is_switch:
+            self.recorder.log_decision({"index": index, "reason": SplitReason.MIXED.value, "switch": True,
+                                        "num_queued": len(state.queue), "decode_seqs": state.decode.num_seqs,
+                                        "cost_us": cost_us})
+
     def decide(self) -> None:
         self._follow_pushed_targets()
         self._observe_decode()
         state = self.step_state()
+        if self.update_mixed(state):
+            self._decide_mixed(state)
+            return
         out = self.policy.step(state)
         self._apply_order(out.order, out.batches)
         index, switch = self.state.clamp_to_bounds(out.split.index), self.worker.switch

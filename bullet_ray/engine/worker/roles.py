@@ -14,7 +14,7 @@ from bullet_ray.engine.layerwise import LayerGroups
 from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
-from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
+from bullet_ray.engine.scheduler.chunked import ChunkedScheduler, promote, prompt_chunks
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
@@ -186,11 +186,25 @@ class PrefillWorker(SideWorker):
         if self.decider is not None:
             self.decider.decide()  # the split and the queue's order, from this step's state
             self.follow_split()  # a shrinking prefill side moves at once
+            if self.decider.is_mixed:
+                self._hand_over_prompts()
         batch = self.scheduler.schedule()
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
         self.first_tokens.scheduled(batch)
         return self.predicted(batch)
+
+    def _hand_over_prompts(self) -> None:
+        """Mixed fallback: the queued prompts not started here go to the decode worker (through the front,
+        as hand-offs with nothing computed), which prefills them in chunks inside its steps."""
+        seqs = [s for s in self.scheduler.waiting if not s.block_ids]
+        if not seqs:
+            return
+        self.scheduler.remove(seqs)
+        self.first_tokens.forget([s.request_id for s in seqs])
+        assert self.decider is not None
+        self.decider.note_prompts_handed_over()
+        self.conn.send(StepOutputs(self.role, handoffs=[s.to_wire() for s in seqs], sent_s=time.time()))
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
         """A long batch runs layer-wise: the split may move between its layer groups (collected synchronously
@@ -229,39 +243,59 @@ class PrefillWorker(SideWorker):
 
 
 class DecodeWorker(SideWorker):
+    """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it queued prompts
+    (nothing computed): it then runs chunked-prefill steps, its decode rows first and the token budget
+    filled with chunks of those prompts, until they are done."""
+
     role = "decode"
     side = Side.DECODE
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
+        self.prompts = PrefillScheduler(*admitting_scheduler_args(self))  # prompts handed over unprefilled
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []
 
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, Handoff):
-            self.scheduler.add(Sequence.from_wire(msg.seq))
-        else:
+        if not isinstance(msg, Handoff):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
+        seq = Sequence.from_wire(msg.seq)
+        if seq.num_uncomputed_tokens > 0:  # a prompt to prefill here (mixed fallback)
+            self.prompts.add(seq)
+        else:
+            self.scheduler.add(seq)
 
     def has_work(self) -> bool:
-        return len(self.scheduler) > 0 or self.switch_pending()
+        return len(self.scheduler) > 0 or len(self.prompts) > 0 or self.switch_pending()
 
     def next_step_is_eager(self) -> bool:
-        return self.runs_eagerly(len(self.scheduler))
+        running = len(self.scheduler)
+        if len(self.prompts):
+            return self.runs_eagerly(running, max(self.config.mixed_chunk_tokens, running))
+        return self.runs_eagerly(running)
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            seq = self.scheduler.abort(rid)  # missing: already finished or preempted (the front handles both)
+            # missing: already finished or preempted (the front handles both)
+            seq = self.scheduler.abort(rid) or self.prompts.abort(rid)
             if seq is not None:
                 seq.finish_reason = "abort"
 
     def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()
         self.preempted.extend(preempted)
+        if len(self.prompts):
+            cfg = self.config
+            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
         if not batch and self.inflight is None and self.preempted:
             self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
         return self.predicted(batch)
+
+    def after_launch(self, step: Any) -> None:
+        super().after_launch(step)
+        if len(self.prompts):
+            promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step on
 
     def _take_preempted(self) -> list[Any]:
         """Wires of the preempted sequences whose last token the host knows (the rest wait a step)."""
@@ -273,7 +307,8 @@ class DecodeWorker(SideWorker):
         msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
-        self.publish_step(step, started_s, result, 0, 0)
+        self.publish_step(step, started_s, result, len(self.prompts),
+                          sum(s.num_uncomputed_tokens for s in self.prompts.waiting))
         self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted()))
 
 

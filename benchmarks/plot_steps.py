@@ -76,9 +76,16 @@ def request_points(run: dict) -> tuple[list[tuple[float, float, float | None]], 
     return points, slos.get(first, {})
 
 
+def group(step: dict) -> str:
+    """A step's group for the model's error: its side, or "mixed" for a decode step with prompt chunks (the
+    mixed fallback), predicted as a prefill step of all its tokens."""
+    return "mixed" if step.get("phase") == "mixed" else step["side"]
+
+
 def errors(steps: list[dict], side: str) -> list[float]:
+    """|predicted - measured| / measured of the steps of one group (`group`: prefill, decode or mixed)."""
     return sorted(abs(s["predicted_ms"] - s["measured_ms"]) / s["measured_ms"] for s in steps
-                  if s["side"] == side and s["measured_ms"] > 0 and s["predicted_ms"] > 0)
+                  if group(s) == side and s["measured_ms"] > 0 and s["predicted_ms"] > 0)
 
 
 def _q(values: list[float], q: float) -> float:
@@ -163,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     else:
         fig, ((ax1, ax2), (ax3, ax4)) = plt.subplots(2, 2, figsize=(13, 10))
-    for side, color in (("prefill", "tab:orange"), ("decode", "tab:blue")):
-        mine = [s for s in steps if s["side"] == side]
+    for side, color in (("prefill", "tab:orange"), ("decode", "tab:blue"), ("mixed", "tab:purple")):
+        mine = [s for s in steps if group(s) == side]
         if not mine:
             continue
         errs = errors(steps, side)
@@ -188,12 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     ax2.set(xlabel="time (s)", ylabel="decode SMs", title="SM split over time")
     for d in decisions:
         if d.get("switch"):
-            ax2.axvline(d["t"] - t0, color="tab:red" if d["reason"] == "balance" else "tab:gray", lw=0.3, alpha=0.5)
+            color = {"balance": "tab:red", "mixed": "tab:purple"}.get(d["reason"], "tab:gray")
+            ax2.axvline(d["t"] - t0, color=color, lw=0.3 if color == "tab:gray" else 0.6, alpha=0.5)
     queue = ax2.twinx()
     queue.plot([s["t"] - t0 for s in prefill], [s["num_queued"] for s in prefill], color="tab:orange", lw=0.8,
                label="prefill queue")
     queue.plot([s["t"] - t0 for s in decode], [s["num_seqs"] for s in decode], color="tab:green", lw=0.8,
                label="decode batch")
+    if any(s["num_queued"] for s in decode):  # prompts handed to decode by the mixed fallback
+        queue.plot([s["t"] - t0 for s in decode], [s["num_queued"] for s in decode], color="tab:purple", lw=0.8,
+                   label="prompts waiting on decode (mixed)")
     queue.set_ylabel("requests")
     handles = ax2.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
     ax2.legend(handles, [h.get_label() for h in handles], loc="upper right")

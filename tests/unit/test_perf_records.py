@@ -49,9 +49,12 @@ def test_plot_steps_reads_a_log(tmp_path: Path):
     log = tmp_path / "steps.jsonl"
     lines = [{"kind": "decision", "t": 0.0, "index": 0, "reason": "only_prefill", "switch": True,
               "decode_step_ms": None, "num_queued": 2, "decode_seqs": 0, "ttft_at_risk": 0, "cost_us": 90}]
+    lines.append({"kind": "decision", "t": 0.1, "index": 3, "reason": "mixed", "switch": True, "num_queued": 4,
+                  "decode_seqs": 2, "cost_us": 5})
     for i in range(20):
         side = "prefill" if i % 3 == 0 else "decode"
-        lines.append({"kind": "step", "t": 0.01 * i, "side": side, "phase": side, "num_tokens": 10, "num_seqs": 1,
+        phase = "mixed" if side == "decode" and i % 5 == 0 else side  # decode steps with prompt chunks
+        lines.append({"kind": "step", "t": 0.01 * i, "side": side, "phase": phase, "num_tokens": 10, "num_seqs": 1,
                       "num_context_tokens": 10, "split_index": i % 4, "decode_sms": 16 + 8 * (i % 4),
                       "prefill_sms": 116 - 8 * (i % 4), "other_busy": True, "num_queued": i % 5,
                       "predicted_ms": 10.0 + i, "measured_ms": 11.0 + i})
@@ -62,6 +65,7 @@ def test_plot_steps_reads_a_log(tmp_path: Path):
                             cwd=root, capture_output=True, text=True, check=True)
     assert out.stat().st_size > 1000
     assert "decode" in result.stdout and "median" in result.stdout
+    assert "mixed: 2 steps" in result.stdout  # the mixed fallback's decode steps apart from decode's
 
 
 def _run(started: float | None) -> dict:

@@ -94,9 +94,10 @@ class EngineConfig:
     # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
     # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget
     # filled with prompt chunks: one read of the weights for both) on the ladder entry with the most decode
-    # SMs, until the prompts waiting on both sides fall under a quarter of it. None: off (the side-by-side
-    # schedule read the weights twice per step pair and drained an overload burst slower than chunked:
-    # 2,291 vs 2,863 tokens/s at 40 req/s on the H100, benchmarks/results/serve_h100_m2l)
+    # SMs, until the prompts waiting on both sides fall under a quarter of it. None (default): off. Built for
+    # the overload bursts the side-by-side schedule drains slower than chunked, it lost on the H100
+    # (benchmarks/results/serve_h100_m2m: 8,192 -> goodput strict 17.3 / relaxed 24.4 vs 25.7 / 30.6 without):
+    # its eager 2,048-token steps on 112 SMs prefilled no faster than the prefill side, and stretched TPOT
     mixed_fallback_tokens: int | None = None
     # token budget of a decode step in the mixed fallback (its decode rows and prompt chunks; >= block_size):
     # the chunked schedule's, not the prefill side's larger budget, which would stretch every decode step

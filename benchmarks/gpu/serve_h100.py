@@ -10,6 +10,7 @@ call, compared with HTTP (the Serve application issue's GPU check).
     python -m benchmarks.gpu.serve_h100 --systems bullet --out $OUT          # one device call
     python -m benchmarks.gpu.serve_h100 --systems chunked-1024,chunked-2048 --out $OUT
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
+    python -m benchmarks.gpu.serve_h100 --merge A/compare.json C/ --out ...   # C: a sweep cut short (its runs/)
 
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
 deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
@@ -304,10 +305,37 @@ def grpc_check(base_url: str) -> dict[str, Any]:
             "http_completion_tokens": http["usage"]["completion_tokens"]}
 
 
+def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
+    """compare.json's `systems` rebuilt from a sweep's run files (`folder`/runs/<system>-rate<R>.json), for a
+    sweep cut short after its last rate but before it wrote compare.json."""
+    from benchmarks.slo import goodput
+
+    systems: dict[str, Any] = {}
+    for path in sorted((folder / "runs").glob("*-rate*.json")):
+        run = json.loads(path.read_text())
+        name, rate = run["config"]["label"], run["config"]["workload"]["rate_rps"]
+        entry = systems.setdefault(name, {"base_url": run["config"]["base_url"], "launch": None, "extra": {},
+                                          "points": [], "error": None})
+        entry["points"].append({"rate_rps": rate, "rate": rate, "summary": run["summary"],
+                                "result_file": str(path.relative_to(folder))})
+    for entry in systems.values():
+        entry["points"].sort(key=lambda p: p["rate_rps"])
+        entry["goodput"] = {n: goodput([(p["rate_rps"], p["summary"]["slo"][n]["attainment"])
+                                        for p in entry["points"]], n).to_dict() for n in slo_names}
+    return systems
+
+
 def merge(paths: list[Path], out: Path) -> dict[str, Any]:
-    """One table and one figure from several compare.json files made with the same workload."""
-    docs = [json.loads(p.read_text()) for p in paths]
+    """One table and one figure from several compare.json files made with the same workload; a folder in
+    `paths` instead of a compare.json is a sweep cut short before it wrote one (its systems rebuilt from
+    its run files, `systems_from_runs`)."""
+    files = [p for p in paths if not p.is_dir()]
+    if not files:
+        raise SystemExit("--merge needs at least one compare.json (for the workload and the SLOs)")
+    docs = [json.loads(p.read_text()) for p in files]
     doc = docs[0]
+    names = [slo["name"] for slo in doc["slos"]]
+    docs += [{"systems": systems_from_runs(p, names)} for p in paths if p.is_dir()]
     for other in docs[1:]:
         doc["systems"].update(other["systems"])
         doc.setdefault("runs", []).extend(other.get("runs", []))
@@ -355,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="environment of our systems' `serve run` (repeatable), e.g. "
                              "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (it turns Serve's direct ingress on too: give such "
                              "systems '+direct' so that the sweep goes to the replica's port, not 8000)")
-    parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files into --out")
+    parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files (or folders of sweeps cut short: their runs/) into --out")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results/serve_h100")))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -56,7 +56,7 @@ class EngineArgs(BaseModel):
                                               "many prompt tokens wait while decode runs, the decode worker "
                                               "takes the queued prompts in chunks into its steps (chunked "
                                               "prefill on the most decode SMs) until a quarter of it is left; "
-                                              "null: off")
+                                              "null: off (it lost on the H100: serve_h100_m2m)")
     mixed_chunk_tokens: int = Field(2048, ge=1, description="token budget of a decode step in the mixed "
                                     "fallback (decode rows and prompt chunks)")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")

@@ -76,3 +76,36 @@ def test_direct_leaves_the_yaml_as_it_is_but_names_its_files_apart(tmp_path):
     assert both["piecewise_graph_tokens"] == 1024 and both["step_log_path"].endswith("chunked-2048+pw1024+direct-steps.jsonl")
     slo = _engine(system_yaml("bullet-slo+direct", tmp_path))
     assert slo["split_policy"] == "slo" and slo["step_log_path"].endswith("bullet-slo+direct-steps.jsonl")
+
+
+def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
+    """A sweep killed after its last rate but before it wrote compare.json: --merge takes its folder and
+    rebuilds its systems (points in rate order, goodput per SLO) from runs/<system>-rate<R>.json."""
+    import json
+
+    from benchmarks.gpu.serve_h100 import merge
+    from benchmarks.slo import goodput, parse_slo
+
+    def summary(strict: float) -> dict:
+        ms = {"p50": 10.0, "p90": 20.0}
+        return {"num_completed": 2, "num_requests": 2, "output_throughput_tps": 100.0, "ttft_ms": ms, "tpot_ms": ms,
+                "itl_ms": ms, "slo": {"strict": {"attainment": strict}, "relaxed": {"attainment": 1.0}}}
+
+    slos = [parse_slo("strict").to_dict(), parse_slo("relaxed").to_dict()]
+    full = {"config": {"workload": {"dataset": "azure-conv"}}, "slo": slos[0], "slos": slos,
+            "systems": {"vllm": {"error": None, "points": [{"rate_rps": r, "summary": summary(1.0)} for r in (8.0, 16.0)],
+                                 "goodput": {n: goodput([(8.0, 1.0), (16.0, 1.0)], n).to_dict()
+                                             for n in ("strict", "relaxed")}}}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "compare.json").write_text(json.dumps(full))
+    runs = tmp_path / "cut" / "runs"
+    runs.mkdir(parents=True)
+    for rate, strict in ((16.0, 0.5), (8.0, 1.0)):
+        runs.joinpath(f"bullet-slo-rate{rate:g}.json").write_text(json.dumps({
+            "config": {"label": "bullet-slo", "base_url": "http://x", "workload": {"rate_rps": rate}},
+            "summary": summary(strict)}))
+    doc = merge([tmp_path / "a" / "compare.json", tmp_path / "cut"], tmp_path / "out")
+    cut = doc["systems"]["bullet-slo"]
+    assert [p["rate_rps"] for p in cut["points"]] == [8.0, 16.0] and set(doc["systems"]) == {"vllm", "bullet-slo"}
+    assert cut["goodput"]["strict"]["measured_rps"] == 8.0 and cut["goodput"]["relaxed"]["measured_rps"] == 16.0
+    assert (tmp_path / "out" / "compare.md").exists()

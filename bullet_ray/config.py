@@ -93,11 +93,12 @@ class EngineConfig:
     # the bullet schedule's fallback to chunked prefill under overload (split_policy slo): once this many
     # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
     # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget
-    # filled with prompt chunks: one read of the weights for both) on the ladder entry with the most decode
-    # SMs, until the prompts waiting on both sides fall under a quarter of it. None (default): off. Built for
-    # the overload bursts the side-by-side schedule drains slower than chunked, it lost on the H100
-    # (benchmarks/results/serve_h100_m2m: 8,192 -> goodput strict 17.3 / relaxed 24.4 vs 25.7 / 30.6 without):
-    # its eager 2,048-token steps on 112 SMs prefilled no faster than the prefill side, and stretched TPOT
+    # filled with prompt chunks: one read of the weights for both) on the whole GPU (an extra ladder entry
+    # past the last: decode has every SM, the prefill side none and nothing to run; piecewise graphs for
+    # it captured at start), until the prompts waiting on both sides fall under a quarter of it. None
+    # (default): off. Its first form, on the ladder's most-decode entry (112 of 132 SMs) and eager, lost on
+    # the H100 (benchmarks/results/serve_h100_m2m: 8,192 -> goodput strict 17.3 / relaxed 24.4 vs 25.7 /
+    # 30.6 without): its 2,048-token steps prefilled no faster than the prefill side, and stretched TPOT
     mixed_fallback_tokens: int | None = None
     # token budget of a decode step in the mixed fallback (its decode rows and prompt chunks; >= block_size):
     # the chunked schedule's, not the prefill side's larger budget, which would stretch every decode step
@@ -191,9 +192,17 @@ class EngineConfig:
             return self.attention_backend
         return "flashinfer" if self.is_gpu else "torch"
 
+    @property
+    def uses_mixed_fallback(self) -> bool:
+        """The bullet schedule's mixed fallback is on (`mixed_fallback_tokens` with the slo split policy)."""
+        return self.uses_split_policy and self.mixed_fallback_tokens is not None
+
     def piecewise_limit(self, role: str) -> int:
         """The largest step with prompt tokens that runs through piecewise graphs on a worker of `role`
-        (0: none); `piecewise_graph_tokens`' comment says why a prefill side holds less by default."""
+        (0: none); `piecewise_graph_tokens`' comment says why a prefill side holds less by default. A decode
+        side holds the mixed fallback's steps (on its whole-GPU entry only)."""
+        if role == "decode":
+            return self.mixed_chunk_tokens if self.uses_mixed_fallback else 0
         if self.piecewise_graph_tokens is not None:
             return min(self.piecewise_graph_tokens, self.max_num_batched_tokens)
         return self.max_num_batched_tokens if role == "hybrid" else min(2048, self.max_num_batched_tokens)

@@ -129,6 +129,8 @@ class LLMEngine(EngineClient):
         # the workers' SM ladder (decode SM counts; the none backend's is the same nominal one)
         self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
         self.ladder_decode_sms = default_ladder(self.sm_count)
+        if self.config.uses_mixed_fallback:  # the workers' whole-GPU entry past the last (the mixed fallback's)
+            self.ladder_decode_sms.append(self.sm_count)
         # the split policy (split_policy: slo) runs in the prefill worker at its step boundaries
         # (bullet_ray.engine.worker.policy_link); the front only reads its records from the state block
         self._drained_steps = {Side.PREFILL: 0, Side.DECODE: 0}

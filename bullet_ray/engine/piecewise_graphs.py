@@ -96,10 +96,16 @@ class PiecewiseGraphs:
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
         self.is_serving = False
+        self.partition_keys: set[Any] = set()  # partitions captured (capture_all)
         self.capture_s = 0.0
         self.capture_bytes = 0
         # the last step's host time (s) launching its pieces (replay) and its eager attention (attention)
         self.last_host_s: dict[str, float] = {}
+
+    def covers(self, partition_key: Any) -> bool:
+        """Whether a step on this partition runs through the graphs: once serving, only partitions captured
+        at start do (a decode side captures only its whole-GPU entry; elsewhere its steps run eagerly)."""
+        return not self.is_serving or not self.capture or partition_key in self.partition_keys
 
     def bucket(self, num_tokens: int) -> int | None:
         """The smallest bucket that holds num_tokens; None when the step is too large for graphs."""
@@ -143,6 +149,7 @@ class PiecewiseGraphs:
         pool's blocks then fit every smaller one)."""
         if not self.capture:
             return
+        self.partition_keys.add(partition_key)
         start, before = time.perf_counter(), torch.cuda.memory_allocated()
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:

@@ -184,7 +184,7 @@ class ModelRunner:
                 num_groups = min(num_layer_groups, self.model.num_layers)
                 hidden = forward_in_groups(self.model, ids, pos, ctx, num_groups, between_groups)
             else:
-                if self.piecewise is not None:
+                if self.piecewise is not None and self.piecewise.covers(self.graph_key):
                     hidden = self.piecewise.run(self.graph_key, ids, pos, ctx)
                     if hidden is not None:
                         ran = "piecewise"

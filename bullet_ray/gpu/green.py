@@ -53,10 +53,21 @@ class GreenPartitioner(SmPartitioner):
         logger.info("green partitions on device %d (%s side): %s", device, side,
                     [(e.decode_sms, e.prefill_sms) for e in self.ladder])
 
+    def _add_whole_gpu_streams(self, index: int) -> None:
+        """Decode's stream on the whole GPU: an ordinary stream of the primary context (every SM), at
+        decode's priority; prefill has none there (it must not launch on that entry)."""
+        import torch
+
+        if self.side in ("decode", "both"):
+            self._streams[(index, "decode")] = torch.cuda.Stream(device=torch.cuda.current_device(), priority=-1)
+
     def stream(self, index: int, side: str) -> Any:
         self._check_index(index)
         self._check_stream_side(side)
-        return self._streams[(index, side)]
+        stream = self._streams.get((index, side))
+        if stream is None:
+            raise ConfigError("split_index", f"the {side} side has no SMs on ladder entry {index}")
+        return stream
 
     def close(self) -> None:
         if self._streams:

@@ -87,7 +87,8 @@ def check_side(side: str) -> None:
 
 class SmPartitioner(abc.ABC):
     """A ladder of complementary splits. Rules:
-    - `ladder[i]` gives decode_sms + prefill_sms = the GPU's SMs; entries are fixed after construction.
+    - `ladder[i]` gives decode_sms + prefill_sms = the GPU's SMs; entries are fixed after construction,
+      except a whole-GPU entry (decode every SM, prefill none) a worker may append (`add_whole_gpu_entry`).
     - `stream(i, side)` is where `side` launches work while on entry i (None: the current stream); a
       process gets streams only for the side(s) it was made for.
     - `select(i)` is called at a step boundary, after the side's earlier work finished; it returns True
@@ -105,6 +106,21 @@ class SmPartitioner(abc.ABC):
         self.ladder: list[LadderEntry] = []
         self.current_index = 0
         self.history: list[int] = []  # every select(), in order
+        self.whole_index: int | None = None  # the whole-GPU entry (`add_whole_gpu_entry`), if any
+
+    def add_whole_gpu_entry(self) -> int:
+        """Append an entry past the ladder's last where decode has every SM and prefill none (the bullet
+        schedule's mixed fallback: the decode side alone runs chunked-prefill steps on the whole GPU; the
+        prefill side must not launch there). Returns its index."""
+        if self.whole_index is None:
+            first = self.ladder[0]
+            self.ladder.append(LadderEntry(len(self.ladder), first.decode_sms + first.prefill_sms, 0))
+            self.whole_index = len(self.ladder) - 1
+            self._add_whole_gpu_streams(self.whole_index)
+        return self.whole_index
+
+    def _add_whole_gpu_streams(self, index: int) -> None:  # noqa: B027 - streams only where the backend has some
+        """The whole-GPU entry's decode stream, for backends whose streams bind SMs."""
 
     def _check_index(self, index: int) -> None:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.ladder):

@@ -154,9 +154,9 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
 
 def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
     """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while
-    decode runs), launching ahead (asynchronous scheduling): the prefill worker hands its queued prompts to
-    the decode worker, which prefills them in chunks inside its steps; the tokens stay HF's and every KV
-    block comes back."""
+    decode runs), launching ahead (asynchronous scheduling): the prefill worker hands its queued prompts
+    (partly prefilled ones too) to the decode worker, which prefills them in chunks inside its steps on the
+    whole-GPU entry; the tokens stay HF's and every KV block comes back."""
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = PROMPTS + [p[::-1] for p in PROMPTS]
     expected = _hf_greedy(hf_greedy, folder, prompts, NUM_NEW)
@@ -175,6 +175,10 @@ def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf
     mixed = [r for r in steps if r["phase"] == "mixed"]
     assert mixed and all(r["side"] == "decode" and r["num_tokens"] > r["num_seqs"] for r in mixed)
     assert all(r["predicted_ms"] > 0 for r in mixed)
+    # on the whole-GPU entry decode has every SM and the prefill side never steps
+    sm_count = stats.extra["split"]["decode_sms"][-1]
+    assert any(r["decode_sms"] == sm_count and r["prefill_sms"] == 0 for r in mixed)
+    assert all(r["prefill_sms"] > 0 for r in steps if r["side"] == "prefill")
     prefilled_here = sum(r["num_tokens"] for r in steps if r["side"] == "prefill")
     assert 0 < prefilled_here < sum(len(p) for p in prompts)  # the rest was prefilled by decode
     decisions = [r for r in records if r["kind"] == "decision"]

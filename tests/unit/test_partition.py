@@ -133,6 +133,23 @@ def test_switch_shrinking_side_first_then_the_growing_side():
     assert list(sw.slots) == [0, 0, 0, 2]
 
 
+def test_whole_gpu_entry_for_the_mixed_fallback():
+    """The mixed fallback's entry past the ladder's last: decode every SM, prefill none. Moving there, prefill
+    gives up its SMs first and decode takes the whole GPU only after; moving back, decode gives them up first."""
+    p = make_partitioner("none", "decode", decode_sm_counts=[16, 64, 112], sm_count=132)
+    assert p.whole_index is None
+    assert p.add_whole_gpu_entry() == 3 and p.add_whole_gpu_entry() == 3  # once
+    assert p.ladder[3] == LadderEntry(3, 132, 0) and p.stream(3, "decode") is None
+    sw = SplitSwitch(np.zeros(4, dtype=np.int64), p.ladder)
+    sw.reset(2)
+    assert sw.request(3)
+    assert sw.maybe_switch("decode") is None  # prefill still holds its 20 SMs
+    assert sw.maybe_switch("prefill") == 3 and sw.maybe_switch("decode") == 3 and sw.is_settled()
+    assert sw.request(1)
+    assert sw.maybe_switch("prefill") is None  # decode still holds every SM
+    assert sw.maybe_switch("decode") == 1 and sw.maybe_switch("prefill") == 1
+
+
 def test_request_waits_for_the_previous_switch_to_settle():
     sw = _switch(1)
     assert sw.request(2)

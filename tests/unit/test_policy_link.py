@@ -82,7 +82,7 @@ def test_a_step_in_flight_counts_in_the_decision(tmp_path: Path):
         worker = SimpleNamespace(scheduler=SimpleNamespace(waiting=waiting), switch=SimpleNamespace(requested=lambda: 3),
                                  inflight=None, awaiting={}, last_done_s=0.0)
         decider = SplitDecider.__new__(SplitDecider)
-        decider.worker, decider.state, decider._last_handoff_s = worker, block, -1e9
+        decider.worker, decider.state, decider._last_handoff_s, decider.top_index = worker, block, -1e9, 12
         idle = decider.step_state()
         assert idle.prefill_remaining_s == 0.0 and idle.decode.num_seqs == 0 and len(idle.queue) == 1
         now = time.perf_counter()

@@ -76,7 +76,7 @@ class WorkerBase:
             and self.config.attention_backend_name == "flashinfer"
         if uses_graphs and self.role in ("decode", "hybrid"):
             self._enable_decode_graphs()
-        if uses_graphs and self.role in ("prefill", "hybrid") and self.config.piecewise_limit(self.role) > 0:
+        if uses_graphs and self.config.piecewise_limit(self.role) > 0:
             self._enable_piecewise_graphs()
 
     def _enable_decode_graphs(self) -> None:
@@ -95,22 +95,29 @@ class WorkerBase:
         logger.info("%s worker: decode graphs captured at start: %s", self.role, self.graph_capture)
 
     def _graph_partitions(self) -> list[tuple[int, Any]]:
-        """(ladder index, stream) of every partition this side may run on: every ladder entry when the split
-        moves while serving, else the one it runs on (stream None: the whole GPU)."""
+        """(ladder index, stream) of every partition this side may run on: every ladder entry where it has
+        SMs when the split moves while serving, else the one it runs on (stream None: the whole GPU)."""
         side = self.partitioner.side
-        indexes = range(len(self.partitioner.ladder)) if side != "both" and self.config.uses_split_policy \
-            else [self.partitioner.current_index]
+        if side == "both" or not self.config.uses_split_policy:
+            indexes = [self.partitioner.current_index]
+        else:
+            ladder = self.partitioner.ladder
+            indexes = [i for i, e in enumerate(ladder) if (e.decode_sms if side == "decode" else e.prefill_sms) > 0]
         return [(i, self.partitioner.stream(i, side) if side != "both" else None) for i in indexes]
 
     def _enable_piecewise_graphs(self) -> None:
         """Piecewise graphs (everything but attention) for steps with prompt tokens, every token bucket on
-        every partition this side may run on, captured now."""
+        every partition this side may run on (a decode side: only its whole-GPU entry, where the mixed
+        fallback's steps run), captured now."""
         from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
 
         limit = self.config.piecewise_limit(self.role)
         graphs = PiecewiseGraphs(self.res.model, limit, self.res.device)
         self.runner.piecewise = graphs
-        for index, stream in self._graph_partitions():
+        partitions = self._graph_partitions()
+        if self.role == "decode":
+            partitions = [(i, stream) for i, stream in partitions if i == self.partitioner.whole_index]
+        for index, stream in partitions:
             graphs.capture_all(index, stream)
         graphs.is_serving = True
         self.graph_capture = {**self.graph_capture, "piecewise": graphs.capture_report()}
@@ -130,6 +137,8 @@ class WorkerBase:
         else:
             index = min(range(len(partitioner.ladder)), key=lambda i: abs(partitioner.ladder[i].decode_sms - want))
         partitioner.select(index)
+        if self.config.uses_mixed_fallback and side != "both":
+            partitioner.add_whole_gpu_entry()  # the mixed fallback's: decode on every SM
         return partitioner
 
     def follow_split(self) -> None:
@@ -243,7 +252,8 @@ class WorkerBase:
         piecewise graphs hold that many (one replay per piece, attention launched between them)."""
         if max_num_tokens > 0:
             piecewise = self.runner.piecewise
-            return piecewise is None or piecewise.bucket(max_num_tokens) is None
+            return piecewise is None or piecewise.bucket(max_num_tokens) is None \
+                or not piecewise.covers(self.partitioner.current_index)
         graphs = self.runner.graphs
         return graphs is None or graphs.bucket(num_decode_seqs) is None
 

@@ -11,7 +11,7 @@
   decision thus runs where the step state is, not behind a polling thread in the engine front.
   Under overload (`mixed_fallback_tokens`) it switches the schedule to the mixed fallback instead: the
   prefill worker hands its queued prompts to the decode worker, which prefills them in chunks inside its
-  steps on the ladder entry with the most decode SMs (`SplitDecider.is_mixed`).
+  steps on the whole GPU (the partitioner's whole-GPU entry; `SplitDecider.is_mixed`).
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ class StepRecorder:
 
     def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
                queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
-               gpu_time_s: float | None = None, host_timings_ms: dict[str, float] | None = None) -> None:
+               gpu_time_s: float | None = None, host_timings_ms: dict[str, float] | None = None,
+               graphs: str | None = None) -> None:
         """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log.
 
         The measured time is the step's device time where there is one (CUDA events around the step):
@@ -180,7 +181,7 @@ class StepRecorder:
                 num_attention_pairs=shape.num_attention_pairs, split_index=index, decode_sms=entry.decode_sms,
                 prefill_sms=entry.prefill_sms, other_busy=other_busy, num_queued=num_queued,
                 predicted_ms=round(predicted_s * 1e3, 4), measured_ms=round(measured_s * 1e3, 4),
-                host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, **(host_timings_ms or {}))
+                host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, graphs=graphs, **(host_timings_ms or {}))
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""
@@ -201,10 +202,14 @@ class SplitDecider:
         from bullet_ray.policy.slo import SloTargets
 
         cfg = worker.config
-        ladder = worker.partitioner.ladder
+        ladder = [e for e in worker.partitioner.ladder if e.prefill_sms > 0]  # the policy's: no whole-GPU entry
         self.worker = worker
         self.recorder = recorder
         self.state: StateBlock = worker.res.state
+        self.top_index = len(ladder) - 1
+        # where the mixed fallback runs: the whole-GPU entry, else the one with the most decode SMs
+        whole = worker.partitioner.whole_index
+        self.mixed_index = whole if whole is not None else self.top_index
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
                                    SloTargets(cfg.ttft_target_ms / 1e3, cfg.tpot_target_ms / 1e3),
@@ -266,8 +271,8 @@ class SplitDecider:
         now = time.time()
         queue = tuple(QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
                       for s in self.worker.scheduler.waiting)
-        return StepState(self.worker.switch.requested(), queue, decode, time.monotonic(),
-                         self._inflight_remaining_s())
+        current = min(self.worker.switch.requested(), self.top_index)  # leaving the whole-GPU entry: from the top
+        return StepState(current, queue, decode, time.monotonic(), self._inflight_remaining_s())
 
     def _inflight_remaining_s(self) -> float:
         """Predicted time left of this side's step in flight (0 when none)."""
@@ -302,11 +307,10 @@ class SplitDecider:
         return self.is_mixed
 
     def _decide_mixed(self, state: StepState) -> None:
-        """The mixed fallback's split: decode on the most SMs its bounds allow (prefill keeps what it has
-        in progress, and hands over the rest)."""
+        """The mixed fallback's split: decode on the whole GPU (or the most SMs the controller's bounds
+        allow); prefill hands over its queue."""
         started = time.perf_counter()
-        top = len(self.worker.partitioner.ladder) - 1
-        index, switch = self.state.clamp_to_bounds(top), self.worker.switch
+        index, switch = self.state.clamp_to_bounds(self.mixed_index), self.worker.switch
         is_switch = index != switch.requested() and switch.request(index)
         if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
             self.worker.conn.send(Wake())

@@ -116,7 +116,7 @@ class SideWorker(WorkerBase):
         """Record the collected step (measured vs predicted, online correction) and publish its row."""
         shape, predicted, busy = step.perf_record
         self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups, step.gpu_time_s, step.host_ms())
+                             step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
         self.recorder.after_publish()
 
@@ -188,6 +188,8 @@ class PrefillWorker(SideWorker):
             self.follow_split()  # a shrinking prefill side moves at once
             if self.decider.is_mixed:
                 self._hand_over_prompts()
+        if self.partitioner.current.prefill_sms == 0:
+            return []  # the whole-GPU entry is decode's: wait (taking messages) until decode gives SMs back
         batch = self.scheduler.schedule()
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
@@ -195,9 +197,13 @@ class PrefillWorker(SideWorker):
         return self.predicted(batch)
 
     def _hand_over_prompts(self) -> None:
-        """Mixed fallback: the queued prompts not started here go to the decode worker (through the front,
-        as hand-offs with nothing computed), which prefills them in chunks inside its steps."""
-        seqs = [s for s in self.scheduler.waiting if not s.block_ids]
+        """Mixed fallback: every queued prompt goes to the decode worker (through the front, as a hand-off
+        with what is computed so far), which prefills the rest in chunks inside its steps. The step in flight
+        is collected first: a prompt it chunks must not be continued by decode before its KV is written."""
+        if not len(self.scheduler):
+            return
+        self._finish_inflight()
+        seqs = list(self.scheduler.waiting)
         if not seqs:
             return
         self.scheduler.remove(seqs)

@@ -96,9 +96,10 @@ class EngineConfig:
     # filled with prompt chunks: one read of the weights for both) on the whole GPU (an extra ladder entry
     # past the last: decode has every SM, the prefill side none and nothing to run; piecewise graphs for
     # it captured at start), until the prompts waiting on both sides fall under a quarter of it. None
-    # (default): off. Its first form, on the ladder's most-decode entry (112 of 132 SMs) and eager, lost on
-    # the H100 (benchmarks/results/serve_h100_m2m: 8,192 -> goodput strict 17.3 / relaxed 24.4 vs 25.7 /
-    # 30.6 without): its 2,048-token steps prefilled no faster than the prefill side, and stretched TPOT
+    # (default): off: it has not paid on the H100. On the whole GPU its steps match chunked's (56 ms per
+    # 2,048 tokens) but goodput fell (benchmarks/results/serve_h100_m2n, strict / relaxed: 16,384 -> 24.5 /
+    # 33.3, 8,192 -> 19.5 / 33.1, off 25.2 / 34.3): TPOT stretches while it runs, and its first-come order
+    # makes a whole burst wait; its first form (eager on 112 SMs, serve_h100_m2m) lost by more
     mixed_fallback_tokens: int | None = None
     # token budget of a decode step in the mixed fallback (its decode rows and prompt chunks; >= block_size):
     # the chunked schedule's, not the prefill side's larger budget, which would stretch every decode step

@@ -55,8 +55,8 @@ class EngineArgs(BaseModel):
     mixed_fallback_tokens: int | None = Field(None, ge=1, description="bullet with split_policy slo: once this "
                                               "many prompt tokens wait while decode runs, the decode worker "
                                               "takes the queued prompts in chunks into its steps (chunked "
-                                              "prefill on the most decode SMs) until a quarter of it is left; "
-                                              "null: off (it lost on the H100: serve_h100_m2m)")
+                                              "prefill on the whole GPU) until a quarter of it is left; "
+                                              "null: off (it has not paid on the H100: serve_h100_m2n)")
     mixed_chunk_tokens: int = Field(2048, ge=1, description="token budget of a decode step in the mixed "
                                     "fallback (decode rows and prompt chunks)")
     ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")

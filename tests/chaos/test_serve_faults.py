@@ -25,9 +25,11 @@ RECOVERY_TIMEOUT_S = 180.0
 
 
 def _args(runtime_base: str, num_engines: int) -> dict:
-    # decode batches of 2: the six streams of a test take several seconds, so they are in flight at the kill
+    # decode batches of 8 hold a test's six streams and its probe: with a smaller batch a probe that lands on the
+    # surviving replica waits for a decode slot until a 1,000-token stream ends (over 2 min on a loaded 2-core
+    # machine: a queue behind the test's own load, not a hang). 1,000 tokens keep the streams in flight at the kill
     return {"engine": {"model": MODEL, "num_kv_blocks": 256, "block_size": 16, "runtime_dir": runtime_base,
-                       "max_num_seqs": 2},
+                       "max_num_seqs": 8},
             "num_engines": num_engines, "engine_num_cpus": 0, "worker_num_cpus": 0,
             "health_check_period_s": 1.0, "drain_grace_s": 2.0}
 
@@ -144,7 +146,7 @@ def test_scale_down_and_delete_release_every_engine(app):
     old = [e for e in engines if e.path != survivor.path]
     assert wait_for(lambda: all(e.is_gone() for e in old), 60), old
     # deleting the app drains for drain_grace_s (2 s): a stream longer than that (8 choices of 1,000
-    # tokens in decode batches of 2) is cut at the end of the grace with an error event, never left hanging
+    # tokens in one decode batch) is cut at the end of the grace with an error event, never left hanging
     # (that a request shorter than the grace completes is checked on the engine: test_engine_exit.py)
     long = _stream(url, [8, 9], max_tokens=1000, n=8)
     assert long.first_chunk.wait(60)

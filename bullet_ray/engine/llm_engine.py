@@ -529,6 +529,10 @@ class LLMEngine(EngineClient):
             predicted_ttft = policy["predicted_ttft_us"] / 1e6  # the performance model's, from the prefill worker
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
         decode_row = self.state.read(Side.DECODE)
+        if self.config.is_disaggregated:  # prefilled but without a decode slot yet (max_num_seqs), or handed
+            # over unprefilled (mixed fallback): waiting too, as the decode side last published (at most what
+            # it holds now: an idle side's row is not refreshed)
+            waiting += min(decode_row["num_queued"], len(located) - waiting)
         recent_decode_step = self._observe_decode_step(decode_row, waiting < len(located))
         extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": decode_row,
                                  "num_graph_captures_serving": self.num_graph_captures_serving}

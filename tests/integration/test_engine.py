@@ -92,6 +92,33 @@ def test_stats_report_the_decoding_sides_recent_step_time(hf_root):
         assert engine.stats().recent_decode_step_s is None  # idle again
 
 
+def test_sequences_without_a_decode_slot_count_as_waiting(hf_root):
+    """Bullet schedule, decode batches of 1: three prompts are prefilled at once and handed to decode, which runs
+    one of them at a time. The two without a slot wait (admission's max_waiting_per_engine and the router see
+    them), not run."""
+    import threading
+
+    folder = _hf_folder("tiny-llama", hf_root)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    with LLMEngine(EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_seqs=1)) as engine:
+        done = []
+        threads = [threading.Thread(target=lambda p=p: done.append(list(engine.stream(p, params))))
+                   for p in ([5, 6, 7], [8, 9, 10], [11, 12, 13])]
+        for t in threads:
+            t.start()
+        seen = []
+        while any(t.is_alive() for t in threads):
+            stats = engine.stats()
+            seen.append((stats.num_waiting, stats.num_running))
+            time.sleep(0.005)
+        for t in threads:
+            t.join()
+        final = engine.stats()
+    assert len(done) == 3 and (final.num_waiting, final.num_running) == (0, 0)
+    assert all(w + r <= 3 for w, r in seen)
+    assert (2, 1) in seen, sorted(set(seen))  # one decoding, two prefilled and waiting for the slot
+
+
 def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = [list(range(10 + i, 30 + i)) for i in range(6)]

@@ -260,6 +260,7 @@ class DecodeWorker(SideWorker):
         super().__init__(*args)
         self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
         self.prompts = PrefillScheduler(*admitting_scheduler_args(self))  # prompts handed over unprefilled
+        self._num_without_slot = 0  # running sequences the last plan left out (max_num_seqs): a hidden queue
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []
 
@@ -291,6 +292,7 @@ class DecodeWorker(SideWorker):
     def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()
         self.preempted.extend(preempted)
+        self._num_without_slot = len(self.scheduler) - len(batch)
         if len(self.prompts):
             cfg = self.config
             batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
@@ -313,7 +315,8 @@ class DecodeWorker(SideWorker):
         msg, finished = step_outputs(self, result)
         for seq in finished:
             self.scheduler.remove(seq)
-        self.publish_step(step, started_s, result, len(self.prompts),
+        # queued here: prompts handed over (mixed fallback) and prefilled sequences waiting for a decode slot
+        self.publish_step(step, started_s, result, len(self.prompts) + self._num_without_slot,
                           sum(s.num_uncomputed_tokens for s in self.prompts.waiting))
         self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted()))
 

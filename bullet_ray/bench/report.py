@@ -12,10 +12,9 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bullet_ray.bench.serve_bench import BenchResult
+from bullet_ray.bench.result import BenchResult
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +134,6 @@ def plot_sweep(sweep: Mapping[str, Sequence[Mapping[str, Any]]], slo_name: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bullet_ray.bench.serve_bench import BenchResult
-
     parser = argparse.ArgumentParser(prog="python -m bullet_ray.bench.report",
                                      description="Summary table and latency CDFs of saved runs, side by side.")
     parser.add_argument("results", nargs="+", help="result JSON files written by serve_bench")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.bench import require_extra
+from bullet_ray.bench.result import BenchResult, RequestRecord
 from bullet_ray.bench.slo import SLO, parse_slo, summarize
 from bullet_ray.bench.traces import (
     RequestSpec,
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     import aiohttp
 
 logger = logging.getLogger(__name__)
-
-SCHEMA = "bullet_ray.bench/1"
 
 
 class SSEParser:
@@ -77,46 +76,6 @@ class SSEParser:
 
 
 @dataclass
-class RequestRecord:
-    """Timings of one request. Offsets (`*_s` without 'latency') are from the start of the run."""
-
-    index: int
-    scheduled_s: float  # planned arrival
-    prompt_tokens_requested: int
-    output_tokens_requested: int
-    send_s: float | None = None  # when it was actually sent
-    queue_s: float = 0.0  # waited for a --max-concurrency slot
-    ttft_s: float | None = None  # latency: send -> first chunk carrying text
-    itl_s: list[float] = field(default_factory=list)  # gaps between successive text chunks
-    e2e_s: float | None = None  # latency: send -> end of stream
-    prompt_tokens: int | None = None  # from the usage chunk (else the requested count)
-    output_tokens: int | None = None  # from the usage chunk (else the number of text chunks)
-    is_usage_reported: bool = False
-    num_chunks: int = 0  # SSE chunks carrying text
-    num_output_chars: int = 0
-    finish_reason: str | None = None
-    http_status: int | None = None
-    error: str | None = None
-
-    @property
-    def success(self) -> bool:
-        return self.error is None and self.ttft_s is not None
-
-    @property
-    def tpot_s(self) -> float | None:
-        if not self.success or self.e2e_s is None or not self.output_tokens or self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)  # type: ignore[operator]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "success": self.success, "tpot_s": self.tpot_s}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-
-@dataclass
 class BenchConfig:
     """One run: where, what, how. `slos[0]` is the primary SLO (the one goodput uses)."""
 
@@ -139,34 +98,6 @@ class BenchConfig:
         d = asdict(self)
         d.pop("api_key")  # never written to result files
         return d
-
-
-@dataclass
-class BenchResult:
-    config: dict[str, Any]
-    environment: dict[str, Any]
-    summary: dict[str, Any]
-    records: list[RequestRecord]
-
-    @property
-    def label(self) -> str:
-        return self.config.get("label") or self.config.get("base_url", "?")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "config": self.config, "environment": self.environment,
-                "summary": self.summary, "requests": [r.to_dict() for r in self.records]}
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> BenchResult:
-        d = json.loads(Path(path).read_text())
-        return cls(d["config"], d["environment"], d["summary"],
-                   [RequestRecord.from_dict(r) for r in d["requests"]])
 
 
 # ---------------------------------------------------------------- the client

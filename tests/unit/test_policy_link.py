@@ -133,3 +133,23 @@ def test_mixed_fallback_starts_on_a_backlog_and_ends_once_it_drains(tmp_path: Pa
         assert not decider.update_mixed(state([5000], 4))
     finally:
         block.close()
+
+
+def test_handed_over_prompts_in_least_slack_order():
+    """The decode side orders the prompts the mixed fallback hands it as the policy orders its queue: a prompt
+    already started first, then those that can still meet the TTFT target (least slack first), then the late
+    ones (oldest first)."""
+    import time
+
+    from bullet_ray.engine.worker.policy_link import order_by_slack
+
+    now = time.time()
+
+    def seq(rid: str, tokens: int, waited_s: float, computed: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(request_id=rid, num_tokens=tokens, arrival_s=now - waited_s, num_computed_tokens=computed)
+
+    model = SimpleNamespace(predict_prefill_s=lambda tokens, *args: tokens * 1e-4)  # 1,000 tokens: 0.1 s
+    waiting = [seq("late-old", 500, 3.0), seq("roomy", 1000, 0.1), seq("late-new", 500, 1.0),
+               seq("tight", 500, 0.4), seq("started", 800, 0.05, computed=400)]
+    order = order_by_slack(waiting, model, sms=132, targets=(0.5, 0.025))  # type: ignore[arg-type]
+    assert [s.request_id for s in order] == ["started", "tight", "roomy", "late-old", "late-new"]

@@ -387,6 +387,25 @@ class SplitDecider:
         sched.max_num_batched_tokens = max(1, min(cap, tokens))
 
 
+def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: tuple[float, float]) -> list[Any]:
+    """Sequences waiting for prefill (`Sequence`s) in the policy's least-slack order (bullet_ray.policy.ordering):
+    those that can still meet the TTFT target first, least slack first; the late ones after, oldest first; a
+    prompt already started stays first. `sms`: where their prefill runs; `targets`: (ttft_s, tpot_s). Used by
+    the decode side for the prompts the mixed fallback hands it, so that a burst does not all wait alike."""
+    from bullet_ray.policy.ordering import least_slack_order
+    from bullet_ray.policy.slo import SloTargets
+
+    now = time.time()
+    by_id = {s.request_id: s for s in waiting}
+    queue = [QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
+             for s in waiting]
+
+    def own(r: QueuedRequest) -> float:
+        return model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms)
+
+    return [by_id[r.request_id] for r in least_slack_order(queue, own, SloTargets(*targets))]
+
+
 def is_policy_on(worker: Any) -> bool:
     """The prefill worker of the bullet schedule with `split_policy: slo` decides the split."""
     return bool(worker.config.uses_split_policy) and worker.partitioner.side == "prefill"

@@ -27,6 +27,7 @@ from bullet_ray.engine.worker.policy_link import (
     StepRecorder,
     is_policy_on,
     make_perf_model,
+    order_by_slack,
 )
 
 # how often the prefill worker's `wait_to_plan` looks at the step in flight while no message comes
@@ -295,10 +296,22 @@ class DecodeWorker(SideWorker):
         self._num_without_slot = len(self.scheduler) - len(batch)
         if len(self.prompts):
             cfg = self.config
+            if len(self.prompts) > 1:
+                self._order_prompts()
             batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
         if not batch and self.inflight is None and self.preempted:
             self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
         return self.predicted(batch)
+
+    def _order_prompts(self) -> None:
+        """The handed-over prompts in the policy's least-slack order before they are chunked (first come, first
+        served made a whole burst wait alike: benchmarks/results/serve_h100_m2n)."""
+        pushed = self.res.state.slo_targets()
+        targets = pushed or (self.config.ttft_target_ms / 1e3, self.config.tpot_target_ms / 1e3)
+        ordered = order_by_slack(self.prompts.waiting, self.recorder.model, self.partitioner.current.decode_sms,
+                                 targets)
+        self.prompts.waiting.clear()
+        self.prompts.waiting.extend(ordered)
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)

@@ -250,9 +250,9 @@ class PrefillWorker(SideWorker):
 
 
 class DecodeWorker(SideWorker):
-    """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it queued prompts
-    (nothing computed): it then runs chunked-prefill steps, its decode rows first and the token budget
-    filled with chunks of those prompts, until they are done."""
+    """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it its queued prompts
+    (with what is computed so far): it then runs chunked-prefill steps, its decode rows first and the token
+    budget filled with chunks of those prompts in least-slack order, until they are done."""
 
     role = "decode"
     side = Side.DECODE
@@ -260,7 +260,7 @@ class DecodeWorker(SideWorker):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
-        self.prompts = PrefillScheduler(*admitting_scheduler_args(self))  # prompts handed over unprefilled
+        self.prompts = PrefillScheduler(*admitting_scheduler_args(self))  # prompts handed over (mixed fallback)
         self._num_without_slot = 0  # running sequences the last plan left out (max_num_seqs): a hidden queue
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []

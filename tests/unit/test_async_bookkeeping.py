@@ -96,7 +96,8 @@ def test_runner_gathers_pending_tokens_and_matches_a_synchronous_run():
 
 
 def _worker_stub(role: str, is_gpu: bool, graphs: object, num_running: int, num_waiting: int = 0,
-                 piecewise_tokens: int = 0, budget: int = 2048) -> object:
+                 piecewise_tokens: int = 0, budget: int = 2048, num_prompts: int = 0,
+                 covered: bool = True) -> object:
     """A worker with only the attributes the launch-ahead rule reads (no process, no model)."""
     from types import SimpleNamespace
 
@@ -106,11 +107,14 @@ def _worker_stub(role: str, is_gpu: bool, graphs: object, num_running: int, num_
 
     cls = {"prefill": PrefillWorker, "decode": DecodeWorker, "hybrid": HybridWorker}[role]
     stub = cls.__new__(cls)
-    stub.config = SimpleNamespace(is_gpu=is_gpu, max_num_batched_tokens=budget)
+    stub.config = SimpleNamespace(is_gpu=is_gpu, max_num_batched_tokens=budget, mixed_chunk_tokens=budget)
     buckets = token_buckets(piecewise_tokens)
-    piecewise = SimpleNamespace(bucket=lambda n: next((b for b in buckets if b >= n), None)) if buckets else None
+    piecewise = SimpleNamespace(bucket=lambda n: next((b for b in buckets if b >= n), None),
+                                covers=lambda key: covered) if buckets else None
     stub.runner = SimpleNamespace(graphs=graphs, piecewise=piecewise)
+    stub.partitioner = SimpleNamespace(current_index=0)
     stub.scheduler = _FakeQueue(num_running, num_waiting)
+    stub.prompts = [None] * num_prompts  # a decode side's handed-over prompts (mixed fallback)
     stub.layer_groups = LayerGroups(4, 4096)
     return stub
 
@@ -140,6 +144,11 @@ def test_only_graph_steps_launch_ahead_of_the_collect_on_gpu():
     assert not may_block(_worker_stub("decode", True, graphs, 40))
     assert may_block(_worker_stub("decode", True, graphs, 65))  # past the largest graph: eager
     assert may_block(_worker_stub("decode", True, None, 4))  # enforce_eager: no graphs
+    # a decode side with handed-over prompts (mixed fallback): through piecewise graphs only on a partition they
+    # were captured for (its whole-GPU entry)
+    assert may_block(_worker_stub("decode", True, graphs, 8, num_prompts=2))
+    assert not may_block(_worker_stub("decode", True, graphs, 8, num_prompts=2, piecewise_tokens=2048))
+    assert may_block(_worker_stub("decode", True, graphs, 8, num_prompts=2, piecewise_tokens=2048, covered=False))
     assert not may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=0))  # decode-only step
     assert may_block(_worker_stub("hybrid", True, graphs, 8, num_waiting=3))  # prompt chunks, no piecewise
     # piecewise graphs up to the budget hold every mixed step; below it a full step could be eager

@@ -65,12 +65,7 @@ def prompt_chunks(prefill: PrefillScheduler, num_decodes: int, max_num_batched_t
     budget = max_num_batched_tokens - num_decodes
     if budget <= 0:
         return []
-    prefill.max_num_batched_tokens = budget
-    prefill.max_num_seqs = max(0, max_num_seqs - num_decodes)
-    try:
-        return prefill.schedule()
-    finally:
-        prefill.max_num_batched_tokens, prefill.max_num_seqs = max_num_batched_tokens, max_num_seqs
+    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes))
 
 
 def promote(prefill: PrefillScheduler, decode: DecodeScheduler, sampled: list[Sequence]) -> list[Sequence]:

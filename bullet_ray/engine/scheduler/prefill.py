@@ -41,12 +41,14 @@ class PrefillScheduler:
                 return seq
         return None
 
-    def schedule(self) -> list[ScheduledSeq]:
-        """Pick the next prefill batch (allocating its blocks), FCFS under the token budget."""
+    def schedule(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> list[ScheduledSeq]:
+        """Pick the next prefill batch (allocating its blocks), FCFS under the token budget; a budget or batch
+        size given here holds for this batch only (a chunked step's: what its decode rows leave)."""
         batch: list[ScheduledSeq] = []
-        budget = self.max_num_batched_tokens
+        budget = self.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+        max_seqs = self.max_num_seqs if max_num_seqs is None else max_num_seqs
         for seq in self.waiting:
-            if budget <= 0 or len(batch) >= self.max_num_seqs:
+            if budget <= 0 or len(batch) >= max_seqs:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
             is_new = not seq.block_ids

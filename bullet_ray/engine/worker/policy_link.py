@@ -269,8 +269,7 @@ class SplitDecider:
             decode = DecodeLoad(seqs + len(incoming), (decode.num_context_tokens if seqs else 0)
                                 + sum(s.num_tokens for s in incoming), decode.measured_step_s)
         now = time.time()
-        queue = tuple(QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
-                      for s in self.worker.scheduler.waiting)
+        queue = tuple(queued_requests(self.worker.scheduler.waiting, now))
         current = min(self.worker.switch.requested(), self.top_index)  # leaving the whole-GPU entry: from the top
         return StepState(current, queue, decode, time.monotonic(), self._inflight_remaining_s())
 
@@ -306,14 +305,20 @@ class SplitDecider:
             self.is_mixed = waiting >= self.mixed_tokens * MIXED_EXIT_SHARE
         return self.is_mixed
 
+    def _request_split(self, index: int) -> tuple[int, bool]:
+        """Ask both sides for ladder entry `index` (moved inside the controller's bounds); returns the entry
+        and whether a switch was requested now (False: already there, or the last switch still settling)."""
+        index, switch = self.state.clamp_to_bounds(index), self.worker.switch
+        is_switch = index != switch.requested() and switch.request(index)
+        if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
+            self.worker.conn.send(Wake())  # an idle decode side waits on its pipe: the front relays this
+        return index, bool(is_switch)
+
     def _decide_mixed(self, state: StepState) -> None:
         """The mixed fallback's split: decode on the whole GPU (or the most SMs the controller's bounds
         allow); prefill hands over its queue."""
         started = time.perf_counter()
-        index, switch = self.state.clamp_to_bounds(self.mixed_index), self.worker.switch
-        is_switch = index != switch.requested() and switch.request(index)
-        if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
-            self.worker.conn.send(Wake())
+        index, is_switch = self._request_split(self.mixed_index)
         cost_us = int((time.perf_counter() - started) * 1e6)
         self.state.record_decision(index, REASONS.index(SplitReason.MIXED), cost_us, 0, bool(is_switch))
         if is_switch:
@@ -330,10 +335,7 @@ class SplitDecider:
             return
         out = self.policy.step(state)
         self._apply_order(out.order, out.batches)
-        index, switch = self.state.clamp_to_bounds(out.split.index), self.worker.switch
-        is_switch = index != switch.requested() and switch.request(index)
-        if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
-            self.worker.conn.send(Wake())  # an idle decode side waits on its pipe: the front relays this
+        index, is_switch = self._request_split(out.split.index)
         avg = round(sum(self._prompt_tokens) / len(self._prompt_tokens)) if self._prompt_tokens else 512
         ttft = self.policy.predict_new_ttft_s(state, avg)
         self.state.record_decision(index, REASONS.index(out.split.reason), int(out.decision_s * 1e6),
@@ -387,6 +389,12 @@ class SplitDecider:
         sched.max_num_batched_tokens = max(1, min(cap, tokens))
 
 
+def queued_requests(seqs: Any, now: float) -> list[QueuedRequest]:
+    """The policy's view of sequences waiting for prefill (`Sequence`s; `now`: time.time())."""
+    return [QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
+            for s in seqs]
+
+
 def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: tuple[float, float]) -> list[Any]:
     """Sequences waiting for prefill (`Sequence`s) in the policy's least-slack order (bullet_ray.policy.ordering):
     those that can still meet the TTFT target first, least slack first; the late ones after, oldest first; a
@@ -395,10 +403,8 @@ def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: tuple[floa
     from bullet_ray.policy.ordering import least_slack_order
     from bullet_ray.policy.slo import SloTargets
 
-    now = time.time()
     by_id = {s.request_id: s for s in waiting}
-    queue = [QueuedRequest(s.request_id, s.num_tokens, max(0.0, now - s.arrival_s), s.num_computed_tokens)
-             for s in waiting]
+    queue = queued_requests(waiting, time.time())
 
     def own(r: QueuedRequest) -> float:
         return model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms)

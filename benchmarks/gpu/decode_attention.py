@@ -1,0 +1,109 @@
+"""Decode attention alone on the GPU, one flashinfer kernel against another: how fast each reads the KV of a
+decode batch (Llama-3.1-8B heads: 32 query, 8 KV, dim 128, bf16, pages of 16 tokens in a shuffled order as
+a served pool holds them). Kernels: flashinfer's CUDA-core decode, its tensor-core decode on the FA2
+prefill kernel (what the engine runs: backend "auto" picks fa2 for bf16) and on the FA3 (Hopper) one,
+each planned once per shape, with and without split-KV, run eagerly and replayed from a CUDA graph (the
+wrapper in CUDA-graph mode, as the engine's decode graphs plan it). TB/s counts the K and V bytes read.
+
+    PYTHONPATH=$PWD python -m benchmarks.gpu.decode_attention        # prints a table, saves decode_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from typing import Any
+
+import torch
+
+from benchmarks.gpu.common import copy_bandwidth_gbs, save
+
+HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
+KERNELS: dict[str, dict[str, Any]] = {"cuda_core": {"use_tensor_cores": False},
+                                      "tc_fa2": {"use_tensor_cores": True, "backend": "fa2"},
+                                      "tc_fa3": {"use_tensor_cores": True, "backend": "fa3"}}
+
+
+def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool, graph: bool, q: torch.Tensor,
+                ctx: int, page_order: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
+    """Median ms of one layer's decode attention (8 runs per repeat; `graph`: the wrapper in CUDA-graph mode,
+    the 8 runs captured once and replayed, as the engine's decode graphs run it)."""
+    batch = q.shape[0]
+    pages_per_row = (ctx + PAGE - 1) // PAGE
+    indices = page_order[:batch * pages_per_row].to(torch.int32)
+    indptr = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * pages_per_row
+    last = torch.full((batch,), ctx - (pages_per_row - 1) * PAGE, device="cuda", dtype=torch.int32)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    buffers = {"use_cuda_graph": True, "paged_kv_indptr_buffer": indptr.clone(),
+               "paged_kv_indices_buffer": indices.clone(), "paged_kv_last_page_len_buffer": last.clone()} if graph else {}
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD", **KERNELS[kernel], **buffers)
+    options = {} if split_kv else {"disable_split_kv": True}
+    wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=torch.bfloat16,
+                 kv_data_type=torch.bfloat16, **options)
+    out = wrapper.run(q, (kv[:, 0], kv[:, 1]))
+
+    def runs() -> None:
+        for _ in range(8):
+            wrapper.run(q, (kv[:, 0], kv[:, 1]), out=out)
+
+    step = runs
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(g, stream=side):
+            runs()
+        torch.cuda.current_stream().wait_stream(side)
+        step = g.replay
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 8)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    import flashinfer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="16x1024,64x1300,128x1300,256x1300,384x1180,16x4096,64x4096",
+                        help="batch x context, comma-separated")
+    parser.add_argument("--kernels", default=",".join(KERNELS))
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    copy_gbs = copy_bandwidth_gbs()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    max_pages = max(b * ((c + PAGE - 1) // PAGE) for b, c in shapes)
+    kv = torch.randn(max_pages, 2, PAGE, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    page_order = torch.randperm(max_pages, device="cuda")
+    rows = []
+    for batch, ctx in shapes:
+        kv_bytes = batch * ctx * KV_HEADS * DIM * 2 * 2
+        ref = None
+        q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+        for kernel, split_kv, graph in itertools.product(args.kernels.split(","), (True, False), (False, True)):
+            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "kernel": kernel, "split_kv": split_kv, "graph": graph}
+            try:
+                ms, out = time_kernel(flashinfer, kv, kernel, split_kv, graph, q, ctx, page_order, args.repeats)
+            except Exception as e:  # noqa: BLE001 - a kernel this flashinfer build refuses: report it
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                print(batch, ctx, kernel, split_kv, graph, row["error"], flush=True)
+                rows.append(row)
+                continue
+            ref = out.float() if ref is None else ref
+            row.update(us=round(ms * 1e3, 1), kv_tbs=round(kv_bytes / (ms / 1e3) / 1e12, 3),
+                       kv_frac=round(kv_bytes / (ms / 1e3) / 1e9 / copy_gbs, 3),
+                       rel_diff=float((out.float() - ref).norm() / ref.norm()))
+            rows.append(row)
+            print(f"{batch:4d} x {ctx:5d} {kernel:9s} split_kv={split_kv!s:5s} graph={graph!s:5s} {row['us']:9.1f} us "
+                  f"{row['kv_tbs']:.2f} TB/s ({row['kv_frac']:.2f})  rel {row['rel_diff']:.1e}", flush=True)
+    save("decode_attention", {"copy_gbs": copy_gbs, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

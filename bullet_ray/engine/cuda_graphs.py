@@ -151,7 +151,7 @@ class DecodeGraphs:
         self.indices[:total].copy_(torch.from_numpy(flat).pin_memory(), non_blocking=True)
         be.fence.plan(wrapper, torch.from_numpy(indptr).pin_memory(), self.indices[:total], torch.from_numpy(last).pin_memory(),
                      be.num_heads, be.num_kv_heads, be.head_dim, self.block_size, q_data_type=be.kv_cache.dtype,
-                     kv_data_type=be.kv_cache.dtype, sm_scale=be.scale, **be.decode_plan_options())
+                     kv_data_type=be.kv_cache.dtype, sm_scale=be.scale, **be.decode_plan_options(b))
         info = getattr(wrapper, "_plan_info", None)
         return tuple(int(x) for x in info) if info is not None else ()
 

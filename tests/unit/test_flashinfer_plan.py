@@ -28,7 +28,7 @@ class _RecordingFence:
 
 def _backend() -> FlashInferBackend:
     backend = object.__new__(FlashInferBackend)  # no flashinfer: only the planning code runs
-    backend.decode_tensor_cores, backend.decode_split_kv = True, True
+    backend.decode_tensor_cores, backend.decode_split_kv_rows = True, None
     return backend
 
 
@@ -87,24 +87,30 @@ def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(m
         default_decode_tensor_cores()
 
 
-def test_decode_split_kv_follows_the_environment_and_reaches_every_decode_plan(monkeypatch):
-    """BULLET_RAY_DECODE_SPLIT_KV=0: the tensor-core decode plans (eager here, and DecodeGraphs' through the
-    same `decode_plan_options`) get disable_split_kv; the CUDA-core kernel takes no such option."""
-    from bullet_ray.engine.attention.flashinfer_backend import default_decode_split_kv
+def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every_decode_plan(monkeypatch):
+    """By default a tensor-core decode plan of 16 rows or more goes without split-KV (eager here, and
+    DecodeGraphs' through the same `decode_plan_options` with its bucket); BULLET_RAY_DECODE_SPLIT_KV=1 lets
+    every plan split, =0 none; the CUDA-core kernel takes no such option."""
+    from bullet_ray.engine.attention.flashinfer_backend import SPLIT_KV_MAX_ROWS, default_decode_split_kv_rows
 
     monkeypatch.delenv("BULLET_RAY_DECODE_SPLIT_KV", raising=False)
-    assert default_decode_split_kv() is True
+    assert default_decode_split_kv_rows() == SPLIT_KV_MAX_ROWS == 16
+    monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "1")
+    assert default_decode_split_kv_rows() is None
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "0")
-    assert default_decode_split_kv() is False
+    assert default_decode_split_kv_rows() == 0
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "no")
     with pytest.raises(ValueError, match="BULLET_RAY_DECODE_SPLIT_KV"):
-        default_decode_split_kv()
+        default_decode_split_kv_rows()
     backend = _backend()
-    assert backend.decode_plan_options() == {}
-    backend.decode_split_kv = False
-    assert backend.decode_plan_options() == {"disable_split_kv": True}
+    assert backend.decode_plan_options(300) == {}
+    backend.decode_split_kv_rows = 16
+    assert backend.decode_plan_options(15) == {}
+    assert backend.decode_plan_options(16) == backend.decode_plan_options(300) == {"disable_split_kv": True}
+    backend.decode_split_kv_rows = 0
+    assert backend.decode_plan_options(1) == {"disable_split_kv": True}
     backend.decode_tensor_cores = False
-    assert backend.decode_plan_options() == {}
+    assert backend.decode_plan_options(64) == {}
     backend.decode_tensor_cores = True
     backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
     backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)

@@ -73,16 +73,22 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
     return value == "1"
 
 
-def default_decode_split_kv() -> bool:
-    """Whether the tensor-core decode kernel may split a row's KV into chunks (flashinfer's own choice, the
-    default), from BULLET_RAY_DECODE_SPLIT_KV (0 / 1). Its plan splits differently in CUDA-graph mode (always,
+# decode plans of this many rows or more never split a row's KV: from 16 rows the tensor-core kernel planned
+# without split-KV was 1-7% faster in CUDA graphs, while one row of 4k context was 4.5x slower
+# (benchmarks/results/decode_attention_h100)
+SPLIT_KV_MAX_ROWS = 16
+
+
+def default_decode_split_kv_rows() -> int | None:
+    """From how many rows on a tensor-core decode plan goes without split-KV (None: never; below it flashinfer
+    splits as it chooses), from BULLET_RAY_DECODE_SPLIT_KV: "auto" (default: SPLIT_KV_MAX_ROWS), "1" (split
+    at any batch: None) or "0" (never split: 0). Its plan splits differently in CUDA-graph mode (always,
     chunks from the padded grid) and eagerly (from the real lengths), so graph and eager decode of a long row
-    can round differently; with 0 neither splits (`disable_split_kv`), at a cost to small batches of long rows
-    (benchmarks/gpu/decode_split_check.py measures both)."""
-    value = os.environ.get("BULLET_RAY_DECODE_SPLIT_KV", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"BULLET_RAY_DECODE_SPLIT_KV must be 0 or 1, got {value!r}")
-    return value == "1"
+    can round differently where it splits (benchmarks/gpu/decode_split_check.py measures both)."""
+    value = os.environ.get("BULLET_RAY_DECODE_SPLIT_KV", "auto")
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"BULLET_RAY_DECODE_SPLIT_KV must be auto, 0 or 1, got {value!r}")
+    return {"auto": SPLIT_KV_MAX_ROWS, "0": 0, "1": None}[value]
 
 
 class FlashInferBackend(AttentionBackend):
@@ -102,7 +108,7 @@ class FlashInferBackend(AttentionBackend):
         device = kv_cache.device
         self.decode_tensor_cores = default_decode_tensor_cores(num_heads, num_kv_heads) if decode_tensor_cores is None \
             else decode_tensor_cores
-        self.decode_split_kv = default_decode_split_kv()
+        self.decode_split_kv_rows = default_decode_split_kv_rows()
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
@@ -156,15 +162,18 @@ class FlashInferBackend(AttentionBackend):
             self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:], kv_indices[first_prefill_block:],
                                last_page_len[nd:], bs)
 
-    def decode_plan_options(self) -> dict[str, Any]:
-        """Extra arguments of every decode plan, eager and in CUDA graphs alike (the same for both)."""
-        return {"disable_split_kv": True} if self.decode_tensor_cores and not self.decode_split_kv else {}
+    def decode_plan_options(self, num_rows: int) -> dict[str, Any]:
+        """Extra arguments of a decode plan of `num_rows` rows (a graph's: its bucket), eager and in CUDA graphs
+        alike: no split-KV from `decode_split_kv_rows` rows on (tensor-core kernel only)."""
+        limit = self.decode_split_kv_rows
+        return {"disable_split_kv": True} if self.decode_tensor_cores and limit is not None and num_rows >= limit \
+            else {}
 
     def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
         dtype = self.kv_cache.dtype
         self.fence.plan(self.decode, _pinned([0, *_cumsum(num_blocks)]), kv_indices, _pinned(last_page_len),
                         self.num_heads, self.num_kv_heads, self.head_dim, bs, q_data_type=dtype,
-                        kv_data_type=dtype, sm_scale=self.scale, **self.decode_plan_options())
+                        kv_data_type=dtype, sm_scale=self.scale, **self.decode_plan_options(len(num_blocks)))
 
     def _plan_prefill(self, query_lens: list[int], num_blocks: list[int], kv_indices: torch.Tensor,
                       last_page_len: list[int], bs: int) -> None:

@@ -125,35 +125,3 @@ def test_abort_frees_blocks_everywhere():
     assert sched.abort("a") is not None and sched.abort("b") is not None
     assert sched.abort("zzz") is None
     assert blocks.num_free == 10
-
-
-def test_chunked_fills_the_rows_a_bucket_would_pad_with_the_next_prompt_where_its_blocks_fit():
-    blocks = FakeBlocks(6)  # 24 tokens of KV at 4 per block
-    sched = ChunkedScheduler(blocks, block_size=4, max_num_batched_tokens=32, max_num_seqs=8, token_buckets=(8, 16, 32))
-    sched.add(make_seq("a", 10))  # 3 blocks
-    sched.add(make_seq("b", 20))  # 5 blocks: does not fit whole beside a
-    batch = sched.schedule()
-    # 10 tokens run padded to 16: b's first 6 tokens take the padding rows (2 blocks, 3 + 2 <= 6)
-    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("a", 10), ("b", 6)]
-    assert blocks.num_free == 1
-    run_step(batch)
-    sched.after_step([i.seq for i in batch if i.seq.output_token_ids])
-    assert sched.num_running == 1 and sched.num_waiting == 1 and not sched.prefill.waiting[0].output_token_ids
-
-
-def test_chunked_fill_keeps_fcfs_the_watermark_and_pure_decode_steps():
-    blocks = FakeBlocks(8)
-    sched = ChunkedScheduler(blocks, block_size=4, max_num_batched_tokens=32, max_num_seqs=8, watermark_blocks=4,
-                             token_buckets=(8, 16, 32))
-    sched.add(make_seq("a", 10))  # 3 blocks, leaves 5 >= 4
-    sched.add(make_seq("b", 20))
-    batch = sched.schedule()
-    # a new prompt's chunk must leave the watermark free: 5 - 2 < 4, so no fill and the step stays padded
-    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("a", 10)]
-    run_step(batch)
-    sched.after_step([i.seq for i in batch if i.seq.output_token_ids])
-    assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule()] == [("a", 1)]  # decode only: no fill
-    plain = ChunkedScheduler(FakeBlocks(6), block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
-    plain.add(make_seq("a", 10))
-    plain.add(make_seq("b", 20))
-    assert [(i.seq.request_id, i.num_new_tokens) for i in plain.schedule()] == [("a", 10)]  # no buckets: no fill

@@ -3,17 +3,9 @@
 Every running sequence decodes one token first; the remaining budget is filled with prompt chunks from
 the waiting queue (FCFS). A preempted sequence goes back to the front of the waiting queue and is
 recomputed; nothing leaves this scheduler until it finishes or is aborted.
-
-With `token_buckets` (the piecewise CUDA graphs' step sizes on GPU) a step that would be padded up to its
-bucket fills the padding with a chunk of the next waiting prompt where its blocks fit: the padded rows cost
-the GEMMs what real ones do (offline on the H100 padding was ~2.6% of the steps' time with prompt tokens,
-benchmarks/results/offline_h100_m2l), so this is prompt work for nothing. It happens where FCFS stopped
-short of the budget at a prompt whose blocks did not all fit (KV-bound phases).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence as Seq
 
 from bullet_ray.engine.scheduler.base import BlockSource, ScheduledSeq
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
@@ -23,9 +15,8 @@ from bullet_ray.engine.sequence import Sequence
 
 class ChunkedScheduler:
     def __init__(self, allocator: BlockSource, block_size: int, max_num_batched_tokens: int,
-                 max_num_seqs: int, watermark_blocks: int = 0, token_buckets: Seq[int] = ()) -> None:
+                 max_num_seqs: int, watermark_blocks: int = 0) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.token_buckets = tuple(token_buckets)  # step sizes a step is padded to (ascending); () on CPU
         self.max_num_seqs = max_num_seqs
         self.decode = DecodeScheduler(allocator, block_size, max_num_seqs)
         self.prefill = PrefillScheduler(allocator, block_size, max_num_batched_tokens, max_num_seqs,
@@ -53,8 +44,7 @@ class ChunkedScheduler:
         decodes, preempted = self.decode.schedule()
         for seq in reversed(preempted):
             self.prefill.add(seq, front=True)
-        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs,
-                                       self.token_buckets)
+        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs)
 
     def after_step(self, sampled: list[Sequence]) -> None:
         """Move sequences that finished their prefill (they sample a token) to the running set; called
@@ -69,22 +59,13 @@ class ChunkedScheduler:
 
 
 def prompt_chunks(prefill: PrefillScheduler, num_decodes: int, max_num_batched_tokens: int,
-                  max_num_seqs: int, token_buckets: Seq[int] = ()) -> list[ScheduledSeq]:
+                  max_num_seqs: int) -> list[ScheduledSeq]:
     """The prompt chunks of a step whose `num_decodes` decode rows come first: FCFS from `prefill`'s queue
-    into what they leave of the token budget and the batch size (blocks allocated); then, with
-    `token_buckets`, a chunk of the next waiting prompt in the rows the step would be padded with."""
+    into what they leave of the token budget and the batch size (blocks allocated)."""
     budget = max_num_batched_tokens - num_decodes
     if budget <= 0:
         return []
-    max_seqs = max(0, max_num_seqs - num_decodes)
-    chunks = prefill.schedule(budget, max_seqs)
-    if chunks and len(chunks) < max_seqs:
-        total = num_decodes + sum(c.num_new_tokens for c in chunks)
-        bucket = next((b for b in token_buckets if b >= total), total)
-        extra = prefill.fill(min(bucket, max_num_batched_tokens) - total, chunks)
-        if extra is not None:
-            chunks.append(extra)
-    return chunks
+    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes))
 
 
 def promote(prefill: PrefillScheduler, decode: DecodeScheduler, sampled: list[Sequence]) -> list[Sequence]:

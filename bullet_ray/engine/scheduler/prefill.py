@@ -61,21 +61,6 @@ class PrefillScheduler:
             budget -= num_new
         return batch
 
-    def fill(self, num_tokens: int, scheduled: list[ScheduledSeq]) -> ScheduledSeq | None:
-        """A chunk of at most `num_tokens` of the first waiting sequence not in `scheduled` (the one FCFS
-        stopped at), if its blocks fit under the same watermark rule (blocks allocated); None otherwise."""
-        taken = {id(s.seq) for s in scheduled}
-        seq = next((s for s in self.waiting if id(s) not in taken), None)
-        if seq is None or num_tokens <= 0 or seq.num_uncomputed_tokens <= 0:
-            return None
-        num_new = min(seq.num_uncomputed_tokens, num_tokens)
-        reserve = self.watermark_blocks if not seq.block_ids else 0
-        if self.allocator.num_free - blocks_needed(seq, num_new, self.block_size) < reserve:
-            return None
-        if not grow(seq, num_new, self.block_size, self.allocator):
-            return None
-        return ScheduledSeq(seq, num_new)
-
     def remove(self, seqs: list[Sequence]) -> None:
         """Dequeue sequences whose prefill is complete (handed off or finished)."""
         for seq in seqs:

@@ -343,8 +343,6 @@ class HybridWorker(WorkerBase):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
-        if self.runner.piecewise is not None:  # steps with prompt tokens are padded to its buckets: fill them
-            self.scheduler.token_buckets = tuple(self.runner.piecewise.buckets)
         self._log = StepLog(self.config.step_log_path)  # the bullet sides' rows, without a prediction
         self.first_tokens = FirstTokenLog(self._log)
 

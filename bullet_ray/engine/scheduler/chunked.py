@@ -24,7 +24,8 @@ class ChunkedScheduler:
 
     @property
     def num_preemptions(self) -> int:
-        return self.decode.num_preemptions
+        """Sequences sent back for recompute: running ones preempted, and waiting ones whose KV was released."""
+        return self.decode.num_preemptions + self.prefill.num_reclaimed
 
     @property
     def num_waiting(self) -> int:
@@ -44,7 +45,8 @@ class ChunkedScheduler:
         decodes, preempted = self.decode.schedule()
         for seq in reversed(preempted):
             self.prefill.add(seq, front=True)
-        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs)
+        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs,
+                                       reclaim=not self.decode.running)
 
     def after_step(self, sampled: list[Sequence]) -> None:
         """Move sequences that finished their prefill (they sample a token) to the running set; called
@@ -59,13 +61,14 @@ class ChunkedScheduler:
 
 
 def prompt_chunks(prefill: PrefillScheduler, num_decodes: int, max_num_batched_tokens: int,
-                  max_num_seqs: int) -> list[ScheduledSeq]:
+                  max_num_seqs: int, reclaim: bool = False) -> list[ScheduledSeq]:
     """The prompt chunks of a step whose `num_decodes` decode rows come first: FCFS from `prefill`'s queue
-    into what they leave of the token budget and the batch size (blocks allocated)."""
+    into what they leave of the token budget and the batch size (blocks allocated); `reclaim`: nothing runs,
+    so waiting prompts' KV may be released for the head (PrefillScheduler.schedule)."""
     budget = max_num_batched_tokens - num_decodes
     if budget <= 0:
         return []
-    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes))
+    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes), reclaim=reclaim)
 
 
 def promote(prefill: PrefillScheduler, decode: DecodeScheduler, sampled: list[Sequence]) -> list[Sequence]:

@@ -3,6 +3,12 @@
 A new sequence is admitted only if its blocks fit while leaving `watermark_blocks` free for running
 sequences to grow into; otherwise it waits (never an error). Recomputed (preempted) sequences go to the
 front of the queue.
+
+A prompt chunked part-way keeps its blocks while it waits for its next chunk, and nothing else frees them:
+once no sequence runs (the caller says so: `reclaim`), a head that cannot fit could wait on them forever.
+`schedule(reclaim=True)` then releases the KV of the youngest such waiting sequence, one at a time, until the
+head fits (it is recomputed later, like a preempted one); a pool that holds one sequence of max_model_len
+therefore always makes progress.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class PrefillScheduler:
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
         self.waiting: deque[Sequence] = deque()
+        self.num_reclaimed = 0  # waiting sequences whose KV was released for the head (`schedule(reclaim=True)`)
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -41,9 +48,26 @@ class PrefillScheduler:
                 return seq
         return None
 
-    def schedule(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> list[ScheduledSeq]:
+    def schedule(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+                 reclaim: bool = False) -> list[ScheduledSeq]:
         """Pick the next prefill batch (allocating its blocks), FCFS under the token budget; a budget or batch
-        size given here holds for this batch only (a chunked step's: what its decode rows leave)."""
+        size given here holds for this batch only (a chunked step's: what its decode rows leave). `reclaim`:
+        no sequence runs elsewhere, so an empty batch would never change (see the module docstring)."""
+        batch = self._schedule(max_num_batched_tokens, max_num_seqs)
+        while reclaim and not batch and self._release_youngest_partial():
+            batch = self._schedule(max_num_batched_tokens, max_num_seqs)
+        return batch
+
+    def _release_youngest_partial(self) -> bool:
+        """Free the KV of the youngest waiting sequence behind the head that holds blocks; False if none does."""
+        for seq in reversed(list(self.waiting)[1:]):
+            if seq.block_ids:
+                release(seq, self.allocator)
+                self.num_reclaimed += 1
+                return True
+        return False
+
+    def _schedule(self, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> list[ScheduledSeq]:
         batch: list[ScheduledSeq] = []
         budget = self.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
         max_seqs = self.max_num_seqs if max_num_seqs is None else max_num_seqs

@@ -191,7 +191,8 @@ class PrefillWorker(SideWorker):
                 self._hand_over_prompts()
         if self.partitioner.current.prefill_sms == 0:
             return []  # the whole-GPU entry is decode's: wait (taking messages) until decode gives SMs back
-        batch = self.scheduler.schedule()
+        # nothing runs on the decode side: a head that cannot fit may take waiting prompts' KV (recomputed later)
+        batch = self.scheduler.schedule(reclaim=not self.recorder.other_busy())
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
         self.first_tokens.scheduled(batch)
@@ -298,7 +299,8 @@ class DecodeWorker(SideWorker):
             cfg = self.config
             if len(self.prompts) > 1:
                 self._order_prompts()
-            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
+            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs,
+                                          reclaim=not len(self.scheduler))
         if not batch and self.inflight is None and self.preempted:
             self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
         return self.predicted(batch)

@@ -31,7 +31,8 @@ flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers tha
 each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
 the launch shape depends on the batch size alone, not on the context lengths, for either kernel, so one
 graph per bucket serves every step: the CUDA-core kernel's plan pads its grid to a fixed size; the
-tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) always splits the KV, sizes
+tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) splits the KV (below
+`SPLIT_KV_MAX_ROWS` rows; from there the backend plans without a split, `decode_plan_options`), sizes
 its query tiles from the row count, pads its grid to max(2 * SMs / KV heads, tiles) CTAs with a valid-block
 mask, and keeps the KV chunk size, the work lists and the row count in its workspace (copied by each plan),
 reading qo_indptr from a buffer the wrapper allocates once. The plan's own description is still part of the

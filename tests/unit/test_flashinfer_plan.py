@@ -88,13 +88,13 @@ def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(m
 
 
 def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every_decode_plan(monkeypatch):
-    """By default a tensor-core decode plan of 16 rows or more goes without split-KV (eager here, and
+    """By default a tensor-core decode plan of 24 rows or more goes without split-KV (eager here, and
     DecodeGraphs' through the same `decode_plan_options` with its bucket); BULLET_RAY_DECODE_SPLIT_KV=1 lets
     every plan split, =0 none; the CUDA-core kernel takes no such option."""
     from bullet_ray.engine.attention.flashinfer_backend import SPLIT_KV_MAX_ROWS, default_decode_split_kv_rows
 
     monkeypatch.delenv("BULLET_RAY_DECODE_SPLIT_KV", raising=False)
-    assert default_decode_split_kv_rows() == SPLIT_KV_MAX_ROWS == 16
+    assert default_decode_split_kv_rows() == SPLIT_KV_MAX_ROWS == 24
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "1")
     assert default_decode_split_kv_rows() is None
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "0")
@@ -104,9 +104,9 @@ def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every
         default_decode_split_kv_rows()
     backend = _backend()
     assert backend.decode_plan_options(300) == {}
-    backend.decode_split_kv_rows = 16
-    assert backend.decode_plan_options(15) == {}
-    assert backend.decode_plan_options(16) == backend.decode_plan_options(300) == {"disable_split_kv": True}
+    backend.decode_split_kv_rows = 24
+    assert backend.decode_plan_options(16) == {}
+    assert backend.decode_plan_options(24) == backend.decode_plan_options(300) == {"disable_split_kv": True}
     backend.decode_split_kv_rows = 0
     assert backend.decode_plan_options(1) == {"disable_split_kv": True}
     backend.decode_tensor_cores = False

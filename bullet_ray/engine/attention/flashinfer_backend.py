@@ -75,8 +75,9 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
 
 # decode plans of this many rows or more never split a row's KV: from 16 rows the tensor-core kernel planned
 # without split-KV was 1-7% faster in CUDA graphs, while one row of 4k context was 4.5x slower
-# (benchmarks/results/decode_attention_h100)
-SPLIT_KV_MAX_ROWS = 16
+# (benchmarks/results/decode_attention_h100). A graph plans for its bucket, and the bucket of 16 also serves
+# 9-15 rows (not measured), so the rule starts at the bucket of 24: at least 17 rows, x 8 KV heads >= 132 SMs
+SPLIT_KV_MAX_ROWS = 24
 
 
 def default_decode_split_kv_rows() -> int | None:

@@ -2,13 +2,13 @@
 layer's weights fastest at a decode batch of M rows. Each (projection, M, method) is timed as a CUDA graph of
 the GEMM over NUM_COPIES weight copies (past L2), replayed back to back; GB/s counts the weight bytes.
 
-Methods: `linear` (F.linear, what the model runs), `wt` (weights stored transposed, x @ W^T as torch.mm on a
+Methods: `linear` (torch.mm(x, W.t()), the GEMM F.linear runs), `wt` (weights stored transposed, x @ W^T as torch.mm on a
 [K, N] copy), `cublaslt` (F.linear with torch's preferred BLAS library set to cuBLASLt) and `triton` (the
 Triton kernel below, at its best configuration for that shape and M: each program streams a BLOCK_N-row strip
 of W over the whole K against all of x's rows, so N / BLOCK_N programs fill the GPU).
 
-Result on the H100 (benchmarks/results/decode_gemm_h100): the kernel beat cuBLAS by 4-6% per layer's four
-projections at 1-64 rows when each is timed alone, but a decode step with it chosen per projection (timed at
+Result on the H100 (benchmarks/results/decode_gemm_h100): where it beat cuBLAS the kernel saved 4-6% of a
+layer's four projections at 1-16 rows and under 2% at 32-64 when each is timed alone, but a decode step with it chosen per projection (timed at
 start, as a worker would) was no faster (benchmarks.gpu.engine_speed in the same lease), so the engine keeps
 cuBLAS and the kernel lives only here.
 
@@ -149,12 +149,12 @@ def time_batch(name: str, ws: list[torch.Tensor], wts: list[torch.Tensor], m: in
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     ref = F.linear(x, ws[0]).float()
     result: dict[str, Any] = {"shape": name, "n": n, "k": k, "m": m}
-    torch.backends.cuda.preferred_blas_library("cublas")
+    default_blas = torch.backends.cuda.preferred_blas_library()
     result["linear_us"] = graph_ms(lambda i: torch.mm(x, ws[i].t(), out=y)) * 1e3
     result["wt_us"] = graph_ms(lambda i: torch.mm(x, wts[i], out=y)) * 1e3
     torch.backends.cuda.preferred_blas_library("cublaslt")
     result["cublaslt_us"] = graph_ms(lambda i: torch.mm(x, ws[i].t(), out=y)) * 1e3
-    torch.backends.cuda.preferred_blas_library("cublas")
+    torch.backends.cuda.preferred_blas_library(default_blas)
     best = None
     for cfg in candidate_configs(m, n, k):
         try:

@@ -191,3 +191,42 @@ def test_random_small_pools_always_finish():
         if requests:
             done, _, blocks = _run_to_completion(num_blocks, block_size, budget, requests)
             assert done and blocks.num_free == num_blocks, (num_blocks, block_size, budget, requests)
+
+
+def test_random_small_pools_finish_with_a_prefill_and_a_decode_side():
+    """The bullet schedule's two schedulers on one pool, stepping in turn: a preempted sequence goes back to the
+    prefill queue's front, and the prefill side reclaims waiting prompts' KV only when decode runs nothing."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(300):
+        block_size, num_blocks, budget = rng.choice([2, 4]), rng.randint(4, 12), rng.choice([4, 8, 16, 32])
+        requests = [(rng.randint(1, 20), rng.randint(1, 12)) for _ in range(rng.randint(1, 5))]
+        requests = [(p, o) for p, o in requests if (p + o + block_size - 1) // block_size <= num_blocks]
+        blocks = FakeBlocks(num_blocks)
+        prefill = PrefillScheduler(blocks, block_size, budget, 8)
+        decode = DecodeScheduler(blocks, block_size, 8)
+        for i, (prompt_len, max_tokens) in enumerate(requests):
+            prefill.add(Sequence(f"r{i}", list(range(prompt_len)), FakeSampling(SamplingParams(max_tokens=max_tokens)),
+                                 0.0, 4096))
+        finished, idle_rounds, rounds = 0, 0, 0
+        while finished < len(requests):
+            rounds += 1
+            assert rounds < 2000, (num_blocks, block_size, budget, requests)  # no livelock either
+            prompts = prefill.schedule(reclaim=not decode.running)
+            decodes, preempted = decode.schedule()
+            for seq in reversed(preempted):
+                prefill.add(seq, front=True)
+            idle_rounds = idle_rounds + 1 if not prompts and not decodes else 0
+            assert idle_rounds < 3, (num_blocks, block_size, budget, requests)  # a preemption may cost one round
+            for batch, from_prefill in ((prompts, True), (decodes, False)):
+                before = {id(i.seq): len(i.seq.output_token_ids) for i in batch}
+                run_step(batch)
+                for seq in [i.seq for i in batch if len(i.seq.output_token_ids) > before[id(i.seq)]]:
+                    if from_prefill:
+                        prefill.remove([seq])
+                        decode.add(seq)
+                    if len(seq.output_token_ids) >= seq.sampling.params.max_tokens:
+                        decode.remove(seq)
+                        finished += 1
+        assert blocks.num_free == num_blocks

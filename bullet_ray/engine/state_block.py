@@ -135,6 +135,10 @@ class StateBlock:
         row[Field.QUEUED_TOKENS] = queued_tokens
         row[Field.IS_ACTIVE] = int(is_active)
 
+    def mark_idle(self, side: Side) -> None:
+        """`side` has no work left (nothing queued, nothing in flight) since its last published step."""
+        self.rows[int(side)][Field.IS_ACTIVE] = 0
+
     def record_ring(self, side: Side, measured_us: int, predicted_us: int, split_index: int) -> None:
         """Enter the step `publish` just recorded (STEP already counts it) into `side`'s ring."""
         step = int(self.rows[int(side)][Field.STEP])

@@ -134,6 +134,24 @@ def test_pool_too_small_preempts_and_still_matches(hf_root, hf_greedy):
     assert [r.token_ids for r in results] == expected
 
 
+@pytest.mark.parametrize("schedule", ["chunked", "bullet"])
+def test_prompts_chunked_part_way_do_not_stall_a_small_pool(schedule, hf_root, hf_greedy):
+    """Prompts prefilled in 8-token chunks hold their blocks while they wait; a pool that holds one request at a
+    time must still finish all (a waiting prompt's KV goes to the head once nothing runs) with HF's tokens."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    prompts = [list(range(100 + 7 * i, 130 + 7 * i)) for i in range(3)]
+    expected = _hf_greedy(hf_greedy, folder, prompts, 20)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    # each request needs 13 blocks of 4 (30 + 20 tokens); the pool has 16
+    config = EngineConfig(model=folder, schedule=schedule, num_kv_blocks=16, block_size=4, max_model_len=64,
+                          max_num_batched_tokens=8, kv_watermark=0.0)
+    with LLMEngine(config) as engine:
+        results = engine.generate(prompts, params)
+        stats = engine.stats()
+        assert stats.num_free_kv_blocks == 16
+    assert [r.token_ids for r in results] == expected
+
+
 def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
     """The bullet schedule with the model-driven split policy (forced on for CPU, where partitions change
     nothing): the prefill worker decides at its step boundaries, both workers follow, every step is

@@ -290,6 +290,9 @@ class WorkerBase:
     def wait_to_plan(self) -> None:
         """Called before planning while a step may be in flight; a role may wait here, taking messages."""
 
+    def on_idle(self) -> None:
+        """Called when this worker has nothing queued and nothing in flight, before it waits for messages."""
+
     def abort(self, request_ids: list[str]) -> None:
         raise NotImplementedError
 
@@ -299,6 +302,7 @@ class WorkerBase:
             timeout = 0.0 if self.has_work() or self.inflight is not None else _IDLE_WAIT_S
             if timeout:
                 self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
+                self.on_idle()
             while not self.is_stopped and self.conn.poll(timeout):
                 self.dispatch(self.conn.recv())
                 timeout = 0.0

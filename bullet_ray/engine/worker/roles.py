@@ -18,7 +18,7 @@ from bullet_ray.engine.scheduler.chunked import ChunkedScheduler, promote, promp
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.state_block import Side
+from bullet_ray.engine.state_block import Field, Side
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.policy_link import (
     FirstTokenLog,
@@ -99,6 +99,13 @@ class SideWorker(WorkerBase):
             latency_us = self.res.state.record_switch_done()  # this side acked last: both run on the new split
             if latency_us is not None:
                 self.recorder.log_switch(latency_us, self.partitioner.current_index)
+
+    def on_idle(self) -> None:
+        """The row's IS_ACTIVE said "has work" at the last published step; a side can run out of work without
+        a step (a decode side that preempted its last sequence), and the other side reads it: the prefill
+        side's scheduler may take waiting prompts' KV for its head only once decode runs nothing."""
+        if self.res.state.rows[int(self.side)][Field.IS_ACTIVE]:
+            self.res.state.mark_idle(self.side)
 
     def switch_pending(self) -> bool:
         """A requested split this side has not acked yet (it must step through its loop to follow)."""

@@ -6,9 +6,9 @@ front of the queue.
 
 A prompt chunked part-way keeps its blocks while it waits for its next chunk, and nothing else frees them:
 once no sequence runs (the caller says so: `reclaim`), a head that cannot fit could wait on them forever.
-`schedule(reclaim=True)` then releases the KV of the youngest such waiting sequence, one at a time, until the
-head fits (it is recomputed later, like a preempted one); a pool that holds one sequence of max_model_len
-therefore always makes progress.
+`schedule(reclaim=True)` then lets the head into the watermark (no running sequence needs it) and releases the
+KV of the youngest such waiting sequence, one at a time, until the head fits (it is recomputed later, like a
+preempted one); a pool that holds one sequence of max_model_len therefore always makes progress.
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ class PrefillScheduler:
         """Pick the next prefill batch (allocating its blocks), FCFS under the token budget; a budget or batch
         size given here holds for this batch only (a chunked step's: what its decode rows leave). `reclaim`:
         no sequence runs elsewhere, so an empty batch would never change (see the module docstring)."""
-        batch = self._schedule(max_num_batched_tokens, max_num_seqs)
+        batch = self._schedule(max_num_batched_tokens, max_num_seqs, self.watermark_blocks)
+        if reclaim and not batch:  # nothing runs to grow into the watermark: the head may use it
+            batch = self._schedule(max_num_batched_tokens, max_num_seqs, 0)
         while reclaim and not batch and self._release_youngest_partial():
-            batch = self._schedule(max_num_batched_tokens, max_num_seqs)
+            batch = self._schedule(max_num_batched_tokens, max_num_seqs, 0)
         return batch
 
     def _release_youngest_partial(self) -> bool:
@@ -67,7 +69,8 @@ class PrefillScheduler:
                 return True
         return False
 
-    def _schedule(self, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> list[ScheduledSeq]:
+    def _schedule(self, max_num_batched_tokens: int | None, max_num_seqs: int | None,
+                  watermark_blocks: int) -> list[ScheduledSeq]:
         batch: list[ScheduledSeq] = []
         budget = self.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
         max_seqs = self.max_num_seqs if max_num_seqs is None else max_num_seqs
@@ -76,7 +79,7 @@ class PrefillScheduler:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
             is_new = not seq.block_ids
-            reserve = self.watermark_blocks if is_new else 0
+            reserve = watermark_blocks if is_new else 0
             if self.allocator.num_free - blocks_needed(seq, num_new, self.block_size) < reserve:
                 break  # FCFS: do not let later (smaller) requests overtake a waiting one
             if not grow(seq, num_new, self.block_size, self.allocator):

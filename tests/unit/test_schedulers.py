@@ -164,20 +164,25 @@ def test_a_head_that_cannot_fit_takes_the_kv_of_a_waiting_prompt_once_nothing_ru
     assert sched.prefill.num_reclaimed >= 1 and sched.num_preemptions >= sched.prefill.num_reclaimed
 
 
-def test_prefill_reclaims_only_when_told_nothing_runs_and_never_the_head():
-    blocks = FakeBlocks(4)
-    sched = PrefillScheduler(blocks, block_size=4, max_num_batched_tokens=8, max_num_seqs=8)
-    head, partial = make_seq("head", 8), make_seq("partial", 12)
-    sched.add(partial)
-    assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule()] == [("partial", 8)]  # 2 blocks
-    partial.num_computed_tokens = 8
-    sched.add(head, front=True)  # a preempted sequence back for recompute: 2 blocks
-    blocks.allocate(1)  # something else holds one more: 1 free, the head does not fit
-    assert sched.schedule() == [] and len(partial.block_ids) == 2  # others may still free blocks: wait
-    batch = sched.schedule(reclaim=True)
-    assert [(i.seq.request_id, i.num_new_tokens) for i in batch] == [("head", 8)]
-    assert partial.block_ids == [] and partial.num_computed_tokens == 0 and sched.num_reclaimed == 1
-    assert list(sched.waiting) == [head, partial]  # the order stands; partial is recomputed when its turn comes
+def test_prefill_reclaims_only_when_it_holds_every_used_block_and_never_the_head():
+    def setup(num_blocks: int):
+        blocks = FakeBlocks(num_blocks)
+        sched = PrefillScheduler(blocks, block_size=4, max_num_batched_tokens=12, max_num_seqs=8)
+        head, partial = make_seq("head", 8), make_seq("partial", 16)
+        sched.add(partial)
+        assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule()] == [("partial", 12)]  # 3 blocks
+        partial.num_computed_tokens = 12
+        sched.add(head, front=True)  # a preempted sequence back for recompute: 2 blocks
+        return blocks, sched, head, partial
+
+    blocks, sched, head, partial = setup(5)
+    blocks.allocate(1)  # a running sequence (or one in flight) holds a block: it will free it, so wait
+    assert sched.schedule() == [] and len(partial.block_ids) == 3 and sched.num_reclaimed == 0
+    blocks, sched, head, partial = setup(4)  # 1 free, every other block is the queue's: nothing will free one
+    # partial's KV is released (recomputed from 0), the head runs, and partial restarts in what is left
+    assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule()] == [("head", 8), ("partial", 4)]
+    assert partial.num_computed_tokens == 0 and len(partial.block_ids) == 1 and sched.num_reclaimed == 1
+    assert list(sched.waiting) == [head, partial]  # the order stands
 
 
 def test_random_small_pools_always_finish():
@@ -195,7 +200,7 @@ def test_random_small_pools_always_finish():
 
 def test_random_small_pools_finish_with_a_prefill_and_a_decode_side():
     """The bullet schedule's two schedulers on one pool, stepping in turn: a preempted sequence goes back to the
-    prefill queue's front, and the prefill side reclaims waiting prompts' KV only when decode runs nothing;
+    prefill queue's front, and the prefill side reclaims waiting prompts' KV only when it holds every used block;
     requests may need the whole pool, watermark included (30 of 3,000 such pools stalled before)."""
     import random
 
@@ -214,7 +219,7 @@ def test_random_small_pools_finish_with_a_prefill_and_a_decode_side():
         while finished < len(requests):
             rounds += 1
             assert rounds < 2000, (num_blocks, block_size, budget, requests)  # no livelock either
-            prompts = prefill.schedule(reclaim=not decode.running)
+            prompts = prefill.schedule()
             decodes, preempted = decode.schedule()
             for seq in reversed(preempted):
                 prefill.add(seq, front=True)
@@ -234,8 +239,10 @@ def test_random_small_pools_finish_with_a_prefill_and_a_decode_side():
 
 
 def test_a_request_that_needs_the_watermark_gets_it_once_nothing_runs():
-    blocks = FakeBlocks(6)
+    blocks = FakeBlocks(7)
     sched = PrefillScheduler(blocks, block_size=4, max_num_batched_tokens=32, max_num_seqs=8, watermark_blocks=2)
-    sched.add(make_seq("big", 20))  # 5 blocks: leaves 1 < 2 free
-    assert sched.schedule() == []  # something may run and need the watermark
-    assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule(reclaim=True)] == [("big", 20)]
+    sched.add(make_seq("big", 20))  # 5 blocks
+    held = blocks.allocate(1)  # a running sequence: it may grow into the watermark, so "big" waits (1 < 2 left)
+    assert sched.schedule() == []
+    blocks.free(held)  # it finished: nothing else will use the watermark
+    assert [(i.seq.request_id, i.num_new_tokens) for i in sched.schedule()] == [("big", 20)]

@@ -45,8 +45,7 @@ class ChunkedScheduler:
         decodes, preempted = self.decode.schedule()
         for seq in reversed(preempted):
             self.prefill.add(seq, front=True)
-        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs,
-                                       reclaim=not self.decode.running)
+        return decodes + prompt_chunks(self.prefill, len(decodes), self.max_num_batched_tokens, self.max_num_seqs)
 
     def after_step(self, sampled: list[Sequence]) -> None:
         """Move sequences that finished their prefill (they sample a token) to the running set; called
@@ -61,14 +60,13 @@ class ChunkedScheduler:
 
 
 def prompt_chunks(prefill: PrefillScheduler, num_decodes: int, max_num_batched_tokens: int,
-                  max_num_seqs: int, reclaim: bool = False) -> list[ScheduledSeq]:
+                  max_num_seqs: int) -> list[ScheduledSeq]:
     """The prompt chunks of a step whose `num_decodes` decode rows come first: FCFS from `prefill`'s queue
-    into what they leave of the token budget and the batch size (blocks allocated); `reclaim`: nothing runs,
-    so waiting prompts' KV may be released for the head (PrefillScheduler.schedule)."""
+    into what they leave of the token budget and the batch size (blocks allocated)."""
     budget = max_num_batched_tokens - num_decodes
     if budget <= 0:
         return []
-    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes), reclaim=reclaim)
+    return prefill.schedule(budget, max(0, max_num_seqs - num_decodes))
 
 
 def promote(prefill: PrefillScheduler, decode: DecodeScheduler, sampled: list[Sequence]) -> list[Sequence]:

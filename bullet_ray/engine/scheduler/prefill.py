@@ -4,11 +4,12 @@ A new sequence is admitted only if its blocks fit while leaving `watermark_block
 sequences to grow into; otherwise it waits (never an error). Recomputed (preempted) sequences go to the
 front of the queue.
 
-A prompt chunked part-way keeps its blocks while it waits for its next chunk, and nothing else frees them:
-once no sequence runs (the caller says so: `reclaim`), a head that cannot fit could wait on them forever.
-`schedule(reclaim=True)` then lets the head into the watermark (no running sequence needs it) and releases the
-KV of the youngest such waiting sequence, one at a time, until the head fits (it is recomputed later, like a
-preempted one); a pool that holds one sequence of max_model_len therefore always makes progress.
+A prompt chunked part-way keeps its blocks while it waits for its next chunk, and nothing else frees them.
+Once every block in use is held by this queue (nothing runs, nothing is in flight or in transit: the pool's
+free blocks and the queue's add up to all of them), a head that cannot fit would wait forever: `schedule` then
+lets the head into the watermark (no running sequence needs it) and releases the KV of the last waiting
+sequence behind the head that holds some, one at a time, until the head fits (it is recomputed later, like a
+preempted one). A queue whose head fits the pool alone (max_model_len <= the pool) therefore always moves.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class PrefillScheduler:
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
         self.waiting: deque[Sequence] = deque()
-        self.num_reclaimed = 0  # waiting sequences whose KV was released for the head (`schedule(reclaim=True)`)
+        self.num_reclaimed = 0  # waiting sequences whose KV was released for the head (module docstring)
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -48,20 +49,25 @@ class PrefillScheduler:
                 return seq
         return None
 
-    def schedule(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
-                 reclaim: bool = False) -> list[ScheduledSeq]:
+    def schedule(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> list[ScheduledSeq]:
         """Pick the next prefill batch (allocating its blocks), FCFS under the token budget; a budget or batch
-        size given here holds for this batch only (a chunked step's: what its decode rows leave). `reclaim`:
-        no sequence runs elsewhere, so an empty batch would never change (see the module docstring)."""
+        size given here holds for this batch only (a chunked step's: what its decode rows leave). When nothing
+        else holds KV, a head that cannot fit takes the watermark and waiting prompts' KV (module docstring)."""
         batch = self._schedule(max_num_batched_tokens, max_num_seqs, self.watermark_blocks)
-        if reclaim and not batch:  # nothing runs to grow into the watermark: the head may use it
-            batch = self._schedule(max_num_batched_tokens, max_num_seqs, 0)
-        while reclaim and not batch and self._release_youngest_partial():
+        if batch or not self.waiting or not self._holds_every_used_block():
+            return batch
+        batch = self._schedule(max_num_batched_tokens, max_num_seqs, 0)  # no running sequence needs the watermark
+        while not batch and self._release_last_partial():
             batch = self._schedule(max_num_batched_tokens, max_num_seqs, 0)
         return batch
 
-    def _release_youngest_partial(self) -> bool:
-        """Free the KV of the youngest waiting sequence behind the head that holds blocks; False if none does."""
+    def _holds_every_used_block(self) -> bool:
+        """Every block not free belongs to a sequence in this queue: nothing else will free one."""
+        held = sum(len(s.block_ids) for s in self.waiting)
+        return self.allocator.num_free + held == self.allocator.num_blocks
+
+    def _release_last_partial(self) -> bool:
+        """Free the KV of the last waiting sequence behind the head that holds blocks; False if none does."""
         for seq in reversed(list(self.waiting)[1:]):
             if seq.block_ids:
                 release(seq, self.allocator)

@@ -102,8 +102,8 @@ class SideWorker(WorkerBase):
 
     def on_idle(self) -> None:
         """The row's IS_ACTIVE said "has work" at the last published step; a side can run out of work without
-        a step (a decode side that preempted its last sequence), and the other side reads it: the prefill
-        side's scheduler may take waiting prompts' KV for its head only once decode runs nothing."""
+        a step (a decode side that preempted its last sequence), and the other side reads it (the policy's
+        view of decode, the performance model's "other side busy")."""
         if self.res.state.rows[int(self.side)][Field.IS_ACTIVE]:
             self.res.state.mark_idle(self.side)
 
@@ -198,8 +198,7 @@ class PrefillWorker(SideWorker):
                 self._hand_over_prompts()
         if self.partitioner.current.prefill_sms == 0:
             return []  # the whole-GPU entry is decode's: wait (taking messages) until decode gives SMs back
-        # nothing runs on the decode side: a head that cannot fit may take waiting prompts' KV (recomputed later)
-        batch = self.scheduler.schedule(reclaim=not self.recorder.other_busy())
+        batch = self.scheduler.schedule()
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
         self.first_tokens.scheduled(batch)
@@ -306,8 +305,7 @@ class DecodeWorker(SideWorker):
             cfg = self.config
             if len(self.prompts) > 1:
                 self._order_prompts()
-            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs,
-                                          reclaim=not len(self.scheduler))
+            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
         if not batch and self.inflight is None and self.preempted:
             self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
         return self.predicted(batch)

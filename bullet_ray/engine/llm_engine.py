@@ -98,7 +98,8 @@ class LLMEngine(EngineClient):
         self._dead_reason: str | None = None
         self._is_shut_down = False
         self._is_draining = False  # shutdown() began: new requests are refused
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # decode's preemptions relayed through the front
+        self._worker_recomputes: dict[str, int] = {}  # role -> its own recomputes so far (StepOutputs)
         # token path measurements: the last worker -> front hops (s); CUDA graphs captured while serving
         self.hop_worker_to_front_s: collections.deque[float] = collections.deque(maxlen=4096)
         self.num_graph_captures_serving = 0
@@ -359,6 +360,7 @@ class LLMEngine(EngineClient):
             if msg.sent_s:  # the worker -> front hop (same host clock)
                 self.hop_worker_to_front_s.append(time.time() - msg.sent_s)
             self.num_graph_captures_serving = max(self.num_graph_captures_serving, msg.num_graph_captures_serving)
+            self._worker_recomputes[msg.role] = max(self._worker_recomputes.get(msg.role, 0), msg.num_recomputed)
             deliveries = _Deliveries()
             for update in msg.updates():
                 self._on_update(update, deliveries)
@@ -546,7 +548,8 @@ class LLMEngine(EngineClient):
             extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
-                           num_preemptions=self.num_preemptions, predicted_ttft_s=predicted_ttft,
+                           num_preemptions=self.num_preemptions + sum(self._worker_recomputes.values()),
+                           predicted_ttft_s=predicted_ttft,
                            recent_decode_step_s=recent_decode_step, extra=extra)
 
     def _observe_decode_step(self, row: dict[str, Any], is_decoding: bool) -> float | None:

@@ -102,6 +102,9 @@ class StepOutputs:
     sent_s: float = 0.0
     # CUDA graphs this worker captured while serving so far (0 unless a shape was missed at start)
     num_graph_captures_serving: int = 0
+    # sequences this worker sent back for recompute on its own so far (the chunked schedule's preemptions,
+    # waiting prompts whose KV was released for the head); decode's preemptions reach the front as `preempted`
+    num_recomputed: int = 0
 
     def updates(self) -> Iterator[TokenUpdate]:
         for i, (rid, token) in enumerate(zip(self.request_ids, self.token_ids)):

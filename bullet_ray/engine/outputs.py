@@ -82,6 +82,7 @@ class EngineStats:
     num_running: int  # decoding
     num_kv_blocks: int
     num_free_kv_blocks: int
+    # sequences sent back for recompute so far: preempted while running, or a waiting prompt's KV released
     num_preemptions: int = 0
     # predicted TTFT (s) of a request arriving now; None until the policy has a model
     predicted_ttft_s: float | None = None

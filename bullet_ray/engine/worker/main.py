@@ -276,6 +276,10 @@ class WorkerBase:
         """Whether the role holds sequences to run (in-flight steps aside)."""
         raise NotImplementedError
 
+    def num_recomputed(self) -> int:
+        """Sequences this worker sent back for recompute on its own so far (StepOutputs.num_recomputed)."""
+        return 0
+
     def plan(self) -> list[ScheduledSeq]:
         """The next batch (blocks allocated); empty when nothing can run now."""
         raise NotImplementedError

@@ -78,7 +78,7 @@ def step_outputs(worker: WorkerBase, result: StepResult) -> tuple[StepOutputs, l
             logprobs[i] = lp
     captures = sum(g.num_captures_serving for g in (worker.runner.graphs, worker.runner.piecewise) if g is not None)
     msg = StepOutputs(worker.role, request_ids, token_ids, done, logprobs, sent_s=time.time(),
-                      num_graph_captures_serving=captures)
+                      num_graph_captures_serving=captures, num_recomputed=worker.num_recomputed())
     return msg, finished
 
 
@@ -140,6 +140,9 @@ class PrefillWorker(SideWorker):
         cfg = self.config
         self.layer_groups = LayerGroups(cfg.prefill_layer_groups, cfg.prefill_layer_group_min_tokens)
         self.first_tokens = FirstTokenLog(self.recorder.log)  # the same file as the recorder's rows
+
+    def num_recomputed(self) -> int:
+        return self.scheduler.num_reclaimed
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)
@@ -272,6 +275,9 @@ class DecodeWorker(SideWorker):
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []
 
+    def num_recomputed(self) -> int:
+        return self.prompts.num_reclaimed  # its preemptions travel to the front as `preempted`
+
     def handle(self, msg: Any) -> None:
         if not isinstance(msg, Handoff):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
@@ -352,6 +358,9 @@ class HybridWorker(WorkerBase):
         self.scheduler = ChunkedScheduler(*admitting_scheduler_args(self))
         self._log = StepLog(self.config.step_log_path)  # the bullet sides' rows, without a prediction
         self.first_tokens = FirstTokenLog(self._log)
+
+    def num_recomputed(self) -> int:
+        return self.scheduler.num_preemptions
 
     def handle(self, msg: Any) -> None:
         add = expect_add_request(self, msg)

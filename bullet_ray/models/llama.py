@@ -43,13 +43,11 @@ class Attention(nn.Module):
                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim], rotated: views of one fused qkv row.
         With `out` ([T, q_size + 2 kv_size], a CUDA graph's static buffer) the results are views of it."""
-        if out is not None and self.qkv_proj.bias is None:
-            qkv = torch.mm(x, self.qkv_proj.weight.t(), out=out)  # straight into the buffer: no copy of q/k/v
-        elif out is not None:
-            qkv = out
-            out.copy_(self.qkv_proj(x))
-        else:
+        if out is None:
             qkv = self.qkv_proj(x)
+        else:  # straight into the buffer (the GEMM F.linear runs): no copy of q/k/v
+            weight, bias = self.qkv_proj.weight.t(), self.qkv_proj.bias
+            qkv = torch.mm(x, weight, out=out) if bias is None else torch.addmm(bias, x, weight, out=out)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)

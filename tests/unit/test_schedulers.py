@@ -45,13 +45,16 @@ def make_seq(rid: str, prompt_len: int, outputs: int = 0) -> Sequence:
     return Sequence(rid, list(range(prompt_len)), sampling, 0.0, 4096)
 
 
-def run_step(batch) -> None:
-    """What the runner does to the scheduled sequences: advance, and sample where complete."""
+def run_step(batch) -> list[Sequence]:
+    """What the runner does to the scheduled sequences: advance, and sample where complete (returned)."""
+    sampled = []
     for item in batch:
         complete = item.completes_known_tokens
         item.seq.num_computed_tokens += item.num_new_tokens
         if complete:
             item.seq.sampling.append(7)
+            sampled.append(item.seq)
+    return sampled
 
 
 def test_prefill_fills_budget_fcfs_and_chunks_the_overflow():
@@ -142,9 +145,7 @@ def _run_to_completion(num_blocks: int, block_size: int, budget: int, requests: 
         batch = sched.schedule()
         if not batch:
             return False, sched, blocks
-        before = {id(i.seq): len(i.seq.output_token_ids) for i in batch}
-        run_step(batch)
-        sampled = [i.seq for i in batch if len(i.seq.output_token_ids) > before[id(i.seq)]]
+        sampled = run_step(batch)
         sched.after_step(sampled)
         for seq in sampled:
             if len(seq.output_token_ids) >= seq.sampling.params.max_tokens:
@@ -226,9 +227,7 @@ def test_random_small_pools_finish_with_a_prefill_and_a_decode_side():
             idle_rounds = idle_rounds + 1 if not prompts and not decodes else 0
             assert idle_rounds < 3, (num_blocks, block_size, budget, requests)  # a preemption may cost one round
             for batch, from_prefill in ((prompts, True), (decodes, False)):
-                before = {id(i.seq): len(i.seq.output_token_ids) for i in batch}
-                run_step(batch)
-                for seq in [i.seq for i in batch if len(i.seq.output_token_ids) > before[id(i.seq)]]:
+                for seq in run_step(batch):
                     if from_prefill:
                         prefill.remove([seq])
                         decode.add(seq)

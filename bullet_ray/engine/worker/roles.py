@@ -18,7 +18,7 @@ from bullet_ray.engine.scheduler.chunked import ChunkedScheduler, promote, promp
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.state_block import Field, Side
+from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.policy_link import (
     FirstTokenLog,
@@ -101,11 +101,10 @@ class SideWorker(WorkerBase):
                 self.recorder.log_switch(latency_us, self.partitioner.current_index)
 
     def on_idle(self) -> None:
-        """The row's IS_ACTIVE said "has work" at the last published step; a side can run out of work without
-        a step (a decode side that preempted its last sequence), and the other side reads it (the policy's
-        view of decode, the performance model's "other side busy")."""
-        if self.res.state.rows[int(self.side)][Field.IS_ACTIVE]:
-            self.res.state.mark_idle(self.side)
+        """The row's IS_ACTIVE is written at each published step, but a side can run out of work without a step
+        (a decode side that preempted its last sequence), and the other side reads it (the policy's view of
+        decode, the performance model's "other side busy")."""
+        self.res.state.mark_idle(self.side)
 
     def switch_pending(self) -> bool:
         """A requested split this side has not acked yet (it must step through its loop to follow)."""

@@ -33,7 +33,7 @@ KERNELS: dict[str, dict[str, Any]] = {"cuda_core": {"use_tensor_cores": False},
                                       "tc_fa3": {"use_tensor_cores": True, "backend": "fa3"}}
 
 
-def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool, graph: bool, q: torch.Tensor,
+def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool | str, graph: bool, q: torch.Tensor,
                 lens: list[int], page_order: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
     """Median ms of one layer's decode attention over rows of context `lens` (8 runs per repeat; `graph`: the
     wrapper in CUDA-graph mode, the 8 runs captured once and replayed, as the engine's decode graphs run it)."""
@@ -46,7 +46,14 @@ def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool, 
     buffers = {"use_cuda_graph": True, "paged_kv_indptr_buffer": indptr.clone(),
                "paged_kv_indices_buffer": indices.clone(), "paged_kv_last_page_len_buffer": last.clone()} if graph else {}
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD", **KERNELS[kernel], **buffers)
-    options = {} if split_kv else {"disable_split_kv": True}
+    options: dict[str, Any] = {} if split_kv is True else {"disable_split_kv": True}
+    if split_kv == "balanced":  # the engine's rule from 32 rows: split only the longest rows, into even chunks
+        from bullet_ray.engine.attention.flashinfer_backend import balanced_kv_chunk_pages, graph_grid_chunks
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        limit = graph_grid_chunks(len(lens), HEADS, KV_HEADS, sms) if graph else None
+        chunk = balanced_kv_chunk_pages(pages, KV_HEADS, sms, limit)
+        options = {"disable_split_kv": True} if chunk is None else {"fixed_split_size": chunk}
     wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=torch.bfloat16,
                  kv_data_type=torch.bfloat16, **options)
     out = wrapper.run(q, (kv[:, 0], kv[:, 1]))
@@ -102,6 +109,8 @@ def main() -> None:
                         help="uniform: every row the shape's context; azure: rows drawn from the conversation trace")
     parser.add_argument("--trace-path", default=None, help="the Azure trace folder or conv.csv (--lengths azure)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--balanced", action="store_true",
+                        help="also time the engine's balanced split (tc_fa2: fixed KV chunks for the longest rows)")
     parser.add_argument("--out-name", default="decode_attention", help="the saved JSON's name (without .json)")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs()
@@ -118,7 +127,10 @@ def main() -> None:
         kv_bytes = sum(lens) * KV_HEADS * DIM * 2 * 2
         ref = None
         q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-        for kernel, split_kv, graph in itertools.product(args.kernels.split(","), (True, False), (False, True)):
+        splits: tuple[bool | str, ...] = (True, False, "balanced") if args.balanced else (True, False)
+        for kernel, split_kv, graph in itertools.product(args.kernels.split(","), splits, (False, True)):
+            if split_kv == "balanced" and kernel != "tc_fa2":
+                continue
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "max_ctx": max(lens), "kernel": kernel,
                                    "split_kv": split_kv, "graph": graph}
             try:
@@ -133,7 +145,7 @@ def main() -> None:
                        kv_frac=round(kv_bytes / (ms / 1e3) / 1e9 / copy_gbs, 3),
                        rel_diff=float((out.float() - ref).norm() / ref.norm()))
             rows.append(row)
-            print(f"{batch:4d} x {ctx:5d} (max {max(lens):5d}) {kernel:9s} split_kv={split_kv!s:5s} graph={graph!s:5s} {row['us']:9.1f} us "
+            print(f"{batch:4d} x {ctx:5d} (max {max(lens):5d}) {kernel:9s} split_kv={split_kv!s:8s} graph={graph!s:5s} {row['us']:9.1f} us "
                   f"{row['kv_tbs']:.2f} TB/s ({row['kv_frac']:.2f})  rel {row['rel_diff']:.1e}", flush=True)
     save(args.out_name, {"copy_gbs": copy_gbs, "lengths": args.lengths, "seed": args.seed, "rows": rows})
 

@@ -31,13 +31,16 @@ flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers tha
 each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
 the launch shape depends on the batch size alone, not on the context lengths, for either kernel, so one
 graph per bucket serves every step: the CUDA-core kernel's plan pads its grid to a fixed size; the
-tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) splits the KV (below
-`SPLIT_KV_MAX_ROWS` rows; from there the backend plans without a split, `decode_plan_options`), sizes
-its query tiles from the row count, pads its grid to max(2 * SMs / KV heads, tiles) CTAs with a valid-block
-mask, and keeps the KV chunk size, the work lists and the row count in its workspace (copied by each plan),
-reading qo_indptr from a buffer the wrapper allocates once. The plan's own description is still part of the
-key: should a plan ever come out different, a new graph is captured rather than a stale one replayed
-(`num_captures` counts them).
+tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) splits the KV as it chooses
+below `SPLIT_KV_MAX_ROWS` rows, sizes its query tiles from the row count, pads its grid to
+max(2 * SMs / KV heads, tiles) CTAs with a valid-block mask, and keeps the KV chunk size, the work lists and
+the row count in its workspace (copied by each plan), reading qo_indptr from a buffer the wrapper allocates
+once. From `SPLIT_KV_MAX_ROWS` rows a step plans either without a split or with the backend's balanced one
+(`decode_plan_options`: only the longest rows, in chunks that fit the padded grid), so such a bucket has two
+graphs (`plan_variants`), both captured at start; a bucket whose plan refuses a split (its partial outputs
+outgrow the workspace) plans without one from then on (`unsplit_buckets`). The plan's own description is
+still part of the key: should a plan ever come out different, a new graph is captured rather than a stale
+one replayed (`num_captures` counts them).
 
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
 the ladder index of the worker's side) gets its own set.
@@ -113,6 +116,7 @@ class DecodeGraphs:
         self.indices = torch.zeros(n * max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.last_len = torch.ones(n, dtype=torch.int32, device=dev)
         self.wrappers: dict[int, Any] = {}
+        self.unsplit_buckets: set[int] = set()  # buckets whose plan refused a balanced split (`_plan`)
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -135,8 +139,11 @@ class DecodeGraphs:
                 paged_kv_last_page_len_buffer=self.last_len[:b])
         return self.wrappers[b]
 
-    def _plan(self, b: int, tables: list[list[int]], seq_lens: list[int]) -> tuple[int, ...]:
-        """Plan the bucket-b wrapper (padding rows: `padded_rows`); returns the plan's description.
+    def _plan(self, b: int, tables: list[list[int]], seq_lens: list[int],
+              options: dict[str, Any] | None = None) -> tuple[int, ...]:
+        """Plan the bucket-b wrapper (padding rows: `padded_rows`) with the backend's options for these rows
+        (`decode_plan_options`: e.g. a balanced split) unless `options` are given; returns the plan's
+        description.
 
         Nothing here waits for the GPU: the page indices go to the graph's buffer by an asynchronous copy
         from pinned memory, indptr and last-page lengths stay on the host (flashinfer copies them the same
@@ -149,12 +156,33 @@ class DecodeGraphs:
         flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
         last = (np.asarray(lens, dtype=np.int32) - 1) % self.block_size + 1
         be, wrapper = self.backend, self._wrapper(b)
+        if options is None:
+            options = {"disable_split_kv": True} if b in self.unsplit_buckets else be.decode_plan_options(counts, graph_rows=b)
         self.indices[:total].copy_(torch.from_numpy(flat).pin_memory(), non_blocking=True)
-        be.fence.plan(wrapper, torch.from_numpy(indptr).pin_memory(), self.indices[:total], torch.from_numpy(last).pin_memory(),
-                     be.num_heads, be.num_kv_heads, be.head_dim, self.block_size, q_data_type=be.kv_cache.dtype,
-                     kv_data_type=be.kv_cache.dtype, sm_scale=be.scale, **be.decode_plan_options(b))
+        args = (wrapper, torch.from_numpy(indptr).pin_memory(), self.indices[:total], torch.from_numpy(last).pin_memory(),
+                be.num_heads, be.num_kv_heads, be.head_dim, self.block_size)
+        kwargs = {"q_data_type": be.kv_cache.dtype, "kv_data_type": be.kv_cache.dtype, "sm_scale": be.scale}
+        try:
+            be.fence.plan(*args, **kwargs, **options)
+        except RuntimeError as e:
+            if "fixed_split_size" not in options:
+                raise
+            # the bucket cannot take a split (its partial outputs outgrow the workspace, or more chunks than its
+            # padded grid): its steps go without one from now on
+            logger.warning("decode graphs: bucket %d plans without split-KV (%s)", b, str(e).splitlines()[0][:160])
+            self.unsplit_buckets.add(b)
+            be.fence.plan(*args, **kwargs, disable_split_kv=True)
         info = getattr(wrapper, "_plan_info", None)
         return tuple(int(x) for x in info) if info is not None else ()
+
+    def plan_variants(self, b: int) -> list[dict[str, Any] | None]:
+        """The plan options a bucket's steps may take, each captured at start (None: the backend's default for
+        rows of one page): from `decode_split_kv_rows` rows on a step plans either without a split or with a
+        balanced one (`decode_plan_options`), two graphs."""
+        limit = self.backend.decode_split_kv_rows
+        if not getattr(self.backend, "decode_tensor_cores", False) or not limit or b < limit:
+            return [None]
+        return [{"disable_split_kv": True}, {"fixed_split_size": 1}]
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture the forward of the current (already planned and filled) bucket-b batch."""
@@ -197,11 +225,15 @@ class DecodeGraphs:
                 self.input_ids[:b].zero_()
                 self.positions[:b].zero_()
                 self.slots[:b].zero_()
-                plan = self._plan(b, [[0]] * b, [1] * b)
-                key = (partition_key, b, plan)
-                if key not in self.graphs:
-                    self.graphs[key] = self._capture(b)
-                    self.num_captures += 1
+                for options in self.plan_variants(b):
+                    # a split variant: row 0 over two pages (block 0 twice) in chunks of one page
+                    tables, lens = ([[0, 0]] + [[0]] * (b - 1), [self.block_size + 1] + [1] * (b - 1)) \
+                        if options is not None and "fixed_split_size" in options else ([[0]] * b, [1] * b)
+                    plan = self._plan(b, tables, lens, options)
+                    key = (partition_key, b, plan)
+                    if key not in self.graphs:
+                        self.graphs[key] = self._capture(b)
+                        self.num_captures += 1
         torch.cuda.synchronize()
         self.capture_s += time.perf_counter() - start
         self.capture_bytes += torch.cuda.memory_allocated() - before

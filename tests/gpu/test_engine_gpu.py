@@ -155,6 +155,52 @@ def test_graph_decode_equals_eager(seq_lens, tensor_cores):
     assert graphs.num_captures == 1
 
 
+def test_balanced_split_decode_equals_the_unsplit_plan_in_graphs_and_eagerly():
+    """From SPLIT_KV_MAX_ROWS rows the tensor-core decode splits only its longest rows (`decode_plan_options`):
+    a batch with one long row beside short ones, at 32 rows and at 27 (padded to the bucket of 32), through the
+    decode graphs (both variants of each bucket captured at start, none while serving) and eagerly, gives the
+    hidden states of the plan without a split; rows alike take the unsplit graph."""
+    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    model, cfg = _tiny_model()
+    num_blocks = 512
+    kv = torch.randn(cfg.num_hidden_layers, num_blocks, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=True)
+    assert backend.decode_split_kv_rows == 24
+    graphs = DecodeGraphs(model, backend, 16, 64, 160, torch.device("cuda"))
+    graphs.capture_all(0)
+    assert graphs.num_captures == len(graphs.buckets) + sum(1 for b in graphs.buckets if b >= 24)
+    graphs.is_serving = True
+    with torch.inference_mode():
+        for seq_lens in ([40] * 31 + [2200], [2000] + [33 + i for i in range(26)], [130] * 32):
+            n = len(seq_lens)
+            pages = [(s + 15) // 16 for s in seq_lens]
+            split = backend.decode_plan_options(pages)
+            assert ("fixed_split_size" in split) == (len(set(seq_lens)) > 1), split
+            md = _metadata([1] * n, seq_lens)
+            ids = torch.arange(3, 3 + n, device="cuda")
+            pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
+            tables, nxt = [], 0
+            for p in pages:
+                tables.append(list(range(nxt, nxt + p)))
+                nxt += p
+            saved = kv.clone()
+            outs = {}
+            for limit in (0, 24):  # no split, then the balanced one
+                backend.decode_split_kv_rows = limit
+                kv.copy_(saved)
+                backend.begin_batch(md)
+                outs[f"eager{limit}"] = model.forward(ids, pos, AttentionContext(backend, md)).float()
+                kv.copy_(saved)
+                outs[f"graph{limit}"] = graphs.run(0, ids, pos, md, tables).float()
+            ref = outs["eager0"]
+            for name, out in outs.items():
+                rel = float((out - ref).norm() / ref.norm())
+                assert rel < 1e-2, f"{name} at {n} rows: relative difference {rel:.4f}"
+    assert graphs.num_captures_serving == 0 and not graphs.unsplit_buckets
+
+
 @pytest.mark.parametrize("tensor_cores", [False, True])
 def test_graph_is_reused_across_context_lengths(tensor_cores):
     """One graph per bucket serves growing contexts (in graph mode either decode kernel's plan depends on

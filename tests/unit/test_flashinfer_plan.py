@@ -7,6 +7,8 @@ torch reference in tests/gpu/test_engine_gpu.py.
 
 from __future__ import annotations
 
+import random
+
 from unittest import mock
 
 import pytest
@@ -88,9 +90,10 @@ def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(m
 
 
 def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every_decode_plan(monkeypatch):
-    """By default a tensor-core decode plan of 24 rows or more goes without split-KV (eager here, and
-    DecodeGraphs' through the same `decode_plan_options` with its bucket); BULLET_RAY_DECODE_SPLIT_KV=1 lets
-    every plan split, =0 none; the CUDA-core kernel takes no such option."""
+    """By default a tensor-core decode plan of 24 rows or more is split by the balanced rule (only its longest
+    rows; none when the rows are alike), eager here and DecodeGraphs' through the same `decode_plan_options`
+    with its bucket; BULLET_RAY_DECODE_SPLIT_KV=1 leaves every plan to flashinfer, =0 splits none; the
+    CUDA-core kernel takes no such option."""
     from bullet_ray.engine.attention.flashinfer_backend import SPLIT_KV_MAX_ROWS, default_decode_split_kv_rows
 
     monkeypatch.delenv("BULLET_RAY_DECODE_SPLIT_KV", raising=False)
@@ -103,19 +106,60 @@ def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every
     with pytest.raises(ValueError, match="BULLET_RAY_DECODE_SPLIT_KV"):
         default_decode_split_kv_rows()
     backend = _backend()
-    assert backend.decode_plan_options(300) == {}
+    backend.num_heads, backend.num_kv_heads, backend.num_sms = 32, 8, 132
+    alike, skewed = [80] * 32, [80] * 31 + [400]
+    assert backend.decode_plan_options(alike * 10) == {}  # limit None: flashinfer's own
     backend.decode_split_kv_rows = 24
-    assert backend.decode_plan_options(16) == {}
-    assert backend.decode_plan_options(24) == backend.decode_plan_options(300) == {"disable_split_kv": True}
+    assert backend.decode_plan_options([400] + [80] * 15) == {}  # under the limit: flashinfer's own
+    assert backend.decode_plan_options(alike) == backend.decode_plan_options(alike * 10) == {"disable_split_kv": True}
+    chunk = backend.decode_plan_options(skewed)["fixed_split_size"]  # eager: the fair share, 32 x 80 + 320 pages
+    assert chunk == -(-(31 * 80 + 400) * 8 // 264)
+    graph = backend.decode_plan_options(skewed, graph_rows=32)["fixed_split_size"]
+    assert graph >= chunk and sum(-(-p // graph) for p in skewed) <= 39  # the bucket of 32's padded grid
     backend.decode_split_kv_rows = 0
-    assert backend.decode_plan_options(1) == {"disable_split_kv": True}
+    assert backend.decode_plan_options([1]) == backend.decode_plan_options(skewed) == {"disable_split_kv": True}
     backend.decode_tensor_cores = False
-    assert backend.decode_plan_options(64) == {}
+    assert backend.decode_plan_options(skewed) == {}
     backend.decode_tensor_cores = True
+    backend.decode_split_kv_rows = 24
     backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
     backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
     backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
     backend.split_mixed_batches = True
+    query_lens, seq_lens = [1] * 24 + [20], [33] * 24 + [20]
     with mock.patch("torch.Tensor.pin_memory", lambda t: t):
-        backend.begin_batch(AttentionMetadata.contiguous([1, 1, 20], [33, 70, 20], 16, "cpu"))
-    assert backend.fence.options == [{"disable_split_kv": True}, {}]  # the decode rows' plan, then the prefill's
+        backend.begin_batch(AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cpu"))
+    assert backend.fence.options == [{"disable_split_kv": True}, {}]  # the 24 decode rows' plan, then the prefill's
+
+
+def test_balanced_split_evens_out_the_longest_rows_within_the_graph_grid():
+    """The chunk is the batch's fair share per CTA slot (pages x KV heads / (2 x SMs), at least MIN_SPLIT_PAGES),
+    grown until the chunks fit a graph's padded grid; no split where no row is 1.5 chunks long; the grid of a
+    bucket is max(2 x SMs / KV heads, ceil(rows x group / 16) + rows - 1), flashinfer's."""
+    from bullet_ray.engine.attention.flashinfer_backend import (
+        MIN_SPLIT_PAGES,
+        balanced_kv_chunk_pages,
+        graph_grid_chunks,
+    )
+
+    assert graph_grid_chunks(8, 32, 8, 132) == 33 and graph_grid_chunks(64, 32, 8, 132) == 79
+    assert graph_grid_chunks(1024, 32, 8, 132) == 256 + 1023
+    assert balanced_kv_chunk_pages([], 8, 132) is None
+    assert balanced_kv_chunk_pages([100] * 64, 8, 132) is None  # alike: nothing to even out
+    assert balanced_kv_chunk_pages([3, 4, 40], 8, 132) == MIN_SPLIT_PAGES  # small batch: the floor
+    assert balanced_kv_chunk_pages([3, 4, 20], 8, 132) is None  # 20 < 1.5 x 16
+    rng = random.Random(0)
+    for _ in range(300):
+        rows = rng.randint(1, 300)
+        pages = [rng.choice((1, rng.randint(1, 80), rng.randint(1, 900))) for _ in range(rows)]
+        cap = graph_grid_chunks(rows, 32, 8, 132)
+        for limit in (None, cap):
+            chunk = balanced_kv_chunk_pages(pages, 8, 132, limit)
+            if chunk is None:
+                continue
+            assert chunk >= MIN_SPLIT_PAGES and max(pages) * 2 > chunk * 3  # the longest row is split
+            if limit is not None:
+                assert sum(-(-p // chunk) for p in pages) <= limit
+                if chunk > MIN_SPLIT_PAGES:  # the smallest chunk that fits, once past the fair share
+                    share = -(-sum(pages) * 8 // 264)
+                    assert chunk == share or sum(-(-p // (chunk - 1)) for p in pages) > limit

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -73,19 +74,75 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
     return value == "1"
 
 
-# decode plans of this many rows or more never split a row's KV: from 16 rows the tensor-core kernel planned
-# without split-KV was 1-7% faster in CUDA graphs, while one row of 4k context was 4.5x slower
-# (benchmarks/results/decode_attention_h100). A graph plans for its bucket, and the bucket of 16 also serves
-# 9-15 rows (not measured), so the rule starts at the bucket of 24: at least 17 rows, x 8 KV heads >= 132 SMs
+# decode plans of this many rows or more are split by `balanced_kv_chunk_pages` (only the longest rows, into even
+# chunks; none when the rows are alike) instead of by flashinfer's planner, which from ~33 rows splits none and
+# below that splits every row. On the H100 (benchmarks/results/decode_attention_h100, decode_attention_skew_h100),
+# graph mode: with every row at one context, no split was 1-7% faster than flashinfer's from 16 rows (one row of
+# 4k: 4.5x slower); with rows drawn from the conversation trace, as served, flashinfer's split was 2x faster than
+# none at 8-16 rows and the balanced one beat both from 24 rows (24: 64 us a layer vs 72-86; 32-64: 0.74-0.82 of
+# the copy bandwidth vs 0.59-0.77; 128 rows with one of 14k: 0.86 vs 0.66) and equalled no split where no row
+# stands out
 SPLIT_KV_MAX_ROWS = 24
 
 
+# the smallest KV chunk a balanced split makes (pages of 16 tokens: 256 tokens), so a chunk's partial output and
+# its merge stay small next to the KV it reads
+MIN_SPLIT_PAGES = 16
+# CTAs flashinfer's FA2 planner gives each SM (its `num_blocks_per_sm`), and the query tile of a decode row's
+# packed heads (FA2DetermineCtaTileQ for <= 16 packed rows)
+_CTAS_PER_SM, _DECODE_CTA_TILE_Q = 2, 16
+
+
+def graph_grid_chunks(num_rows: int, num_heads: int, num_kv_heads: int, num_sms: int) -> int:
+    """How many (row, KV chunk) work items the tensor-core decode plan of a `num_rows`-row CUDA-graph bucket
+    holds: flashinfer pads its grid to max(2 x SMs / KV heads, query tiles of the ragged worst case) and a plan
+    whose chunks exceed it fails; from ~33 rows that is about 1.25 x the rows."""
+    group = max(1, num_heads // max(1, num_kv_heads))
+    tiles = -(-num_rows * group // _DECODE_CTA_TILE_Q) + num_rows - 1
+    return max(_CTAS_PER_SM * num_sms // max(1, num_kv_heads), tiles)
+
+
+def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: int,
+                            max_chunks: int | None = None) -> int | None:
+    """The KV chunk (pages) of a decode plan that splits only the batch's longest rows, or None: no split.
+
+    flashinfer's tensor-core decode runs one CTA per (row, KV head) and from ~33 rows splits no row's KV (its
+    planner fills 2 x SMs CTAs and stops), so in a served batch (a few rows of 4-14k context beside many of
+    ~1k) the longest rows' CTAs run on after the others are done: the kernel read the KV at 0.56-0.72 of the
+    copy bandwidth at 32-128 such rows against 0.81-0.87 with every row alike
+    (benchmarks/results/decode_attention_skew_h100). The chunk is the batch's fair share of one CTA slot (its
+    pages x KV heads over 2 x SMs, at least MIN_SPLIT_PAGES), grown until the chunks fit `max_chunks` (a CUDA
+    graph's padded grid, `graph_grid_chunks`; None: an eager plan, no limit). None when no row is longer than
+    one and a half chunks: nothing to even out."""
+    if not pages:
+        return None
+    longest = max(pages)
+    chunk = max(MIN_SPLIT_PAGES, -(-sum(pages) * num_kv_heads // (_CTAS_PER_SM * max(1, num_sms))))
+    if longest * 2 <= chunk * 3:
+        return None
+    if max_chunks is not None:
+        def fits(c: int) -> bool:
+            return sum(-(-max(p, 1) // c) for p in pages) <= max_chunks
+
+        if not fits(longest):
+            return None  # not even unsplit rows fit (cannot happen for a bucket's own plan)
+        low, high = chunk, longest
+        while low < high:  # the smallest chunk from the fair share up whose pieces fit the grid
+            mid = (low + high) // 2
+            low, high = (low, mid) if fits(mid) else (mid + 1, high)
+        chunk = low
+        if longest * 2 <= chunk * 3:
+            return None
+    return chunk
+
+
 def default_decode_split_kv_rows() -> int | None:
-    """From how many rows on a tensor-core decode plan goes without split-KV (None: never; below it flashinfer
-    splits as it chooses), from BULLET_RAY_DECODE_SPLIT_KV: "auto" (default: SPLIT_KV_MAX_ROWS), "1" (split
-    at any batch: None) or "0" (never split: 0). Its plan splits differently in CUDA-graph mode (always,
-    chunks from the padded grid) and eagerly (from the real lengths), so graph and eager decode of a long row
-    can round differently where it splits (benchmarks/gpu/decode_split_check.py measures both)."""
+    """From how many rows on a tensor-core decode plan is split by `balanced_kv_chunk_pages` (None: never, below
+    it and at any batch flashinfer splits as it chooses; 0: no plan splits), from BULLET_RAY_DECODE_SPLIT_KV:
+    "auto" (default: SPLIT_KV_MAX_ROWS), "1" (flashinfer's split at any batch: None) or "0" (never split: 0).
+    flashinfer's own plan splits differently in CUDA-graph mode (always, chunks from the padded grid) and
+    eagerly (from the real lengths), so graph and eager decode of a long row can round differently where it
+    splits (benchmarks/gpu/decode_split_check.py measures both); a balanced split is the same in both."""
     value = os.environ.get("BULLET_RAY_DECODE_SPLIT_KV", "auto")
     if value not in ("auto", "0", "1"):
         raise ValueError(f"BULLET_RAY_DECODE_SPLIT_KV must be auto, 0 or 1, got {value!r}")
@@ -110,6 +167,8 @@ class FlashInferBackend(AttentionBackend):
         self.decode_tensor_cores = default_decode_tensor_cores(num_heads, num_kv_heads) if decode_tensor_cores is None \
             else decode_tensor_cores
         self.decode_split_kv_rows = default_decode_split_kv_rows()
+        # the device's SMs as flashinfer's planner counts them (a green context's stream does not change it)
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
@@ -163,18 +222,26 @@ class FlashInferBackend(AttentionBackend):
             self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:], kv_indices[first_prefill_block:],
                                last_page_len[nd:], bs)
 
-    def decode_plan_options(self, num_rows: int) -> dict[str, Any]:
-        """Extra arguments of a decode plan of `num_rows` rows (a graph's: its bucket), eager and in CUDA graphs
-        alike: no split-KV from `decode_split_kv_rows` rows on (tensor-core kernel only)."""
-        limit = self.decode_split_kv_rows
-        return {"disable_split_kv": True} if self.decode_tensor_cores and limit is not None and num_rows >= limit \
-            else {}
+    def decode_plan_options(self, pages: Sequence[int], graph_rows: int | None = None) -> dict[str, Any]:
+        """Extra arguments of a decode plan over rows of `pages` KV pages each, eager or (`graph_rows`: its bucket,
+        the padded rows counted in `pages`) in a CUDA graph (tensor-core kernel only): from `decode_split_kv_rows`
+        rows on, the balanced split (`fixed_split_size`; no split where no row stands out); with the limit at 0
+        no split at all; else flashinfer's own."""
+        limit, num_rows = self.decode_split_kv_rows, len(pages)
+        if not self.decode_tensor_cores or limit is None or num_rows < limit:
+            return {}
+        chunk = None
+        if limit > 0:
+            cap = None if graph_rows is None else graph_grid_chunks(graph_rows, self.num_heads, self.num_kv_heads,
+                                                                    self.num_sms)
+            chunk = balanced_kv_chunk_pages(pages, self.num_kv_heads, self.num_sms, cap)
+        return {"disable_split_kv": True} if chunk is None else {"fixed_split_size": chunk}
 
     def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
         dtype = self.kv_cache.dtype
         self.fence.plan(self.decode, _pinned([0, *_cumsum(num_blocks)]), kv_indices, _pinned(last_page_len),
                         self.num_heads, self.num_kv_heads, self.head_dim, bs, q_data_type=dtype,
-                        kv_data_type=dtype, sm_scale=self.scale, **self.decode_plan_options(len(num_blocks)))
+                        kv_data_type=dtype, sm_scale=self.scale, **self.decode_plan_options(num_blocks))
 
     def _plan_prefill(self, query_lens: list[int], num_blocks: list[int], kv_indices: torch.Tensor,
                       last_page_len: list[int], bs: int) -> None:

@@ -8,7 +8,6 @@ torch reference in tests/gpu/test_engine_gpu.py.
 from __future__ import annotations
 
 import random
-
 from unittest import mock
 
 import pytest

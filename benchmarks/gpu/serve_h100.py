@@ -328,7 +328,8 @@ def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
 def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     """One table and one figure from several compare.json files made with the same workload; a folder in
     `paths` instead of a compare.json is a sweep cut short before it wrote one (its systems rebuilt from
-    its run files, `systems_from_runs`)."""
+    its run files, `systems_from_runs`). A system in several files (more rates swept in a later call) keeps
+    the first file's points and adds the other rates; its goodput is computed again over all of them."""
     files = [p for p in paths if not p.is_dir()]
     if not files:
         raise SystemExit("--merge needs at least one compare.json (for the workload and the SLOs)")
@@ -336,8 +337,20 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     doc = docs[0]
     names = [slo["name"] for slo in doc["slos"]]
     docs += [{"systems": systems_from_runs(p, names)} for p in paths if p.is_dir()]
+    from benchmarks.slo import goodput
+
     for other in docs[1:]:
-        doc["systems"].update(other["systems"])
+        for name, entry in other["systems"].items():
+            mine = doc["systems"].get(name)
+            if mine is None:
+                doc["systems"][name] = entry
+                continue
+            # the same system swept at more rates in another call (same lease): its points joined, goodput redone
+            rates = {p["rate_rps"] for p in mine["points"]}
+            mine["points"] = sorted(mine["points"] + [p for p in entry["points"] if p["rate_rps"] not in rates],
+                                    key=lambda p: p["rate_rps"])
+            mine["goodput"] = {n: goodput([(p["rate_rps"], p["summary"]["slo"][n]["attainment"])
+                                           for p in mine["points"]], n).to_dict() for n in names}
         doc.setdefault("runs", []).extend(other.get("runs", []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(doc, indent=1))

@@ -109,3 +109,36 @@ def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     assert [p["rate_rps"] for p in cut["points"]] == [8.0, 16.0] and set(doc["systems"]) == {"vllm", "bullet-slo"}
     assert cut["goodput"]["strict"]["measured_rps"] == 8.0 and cut["goodput"]["relaxed"]["measured_rps"] == 16.0
     assert (tmp_path / "out" / "compare.md").exists()
+
+
+def test_merge_joins_the_rates_of_a_system_swept_in_two_calls(tmp_path):
+    """A system in two compare.json files (more rates swept in a later call): its points are joined in rate order
+    (the first file's point kept where both have a rate) and its goodput computed again over all of them."""
+    import json
+
+    from benchmarks.gpu.serve_h100 import merge
+    from benchmarks.slo import goodput, parse_slo
+
+    def summary(attained: float) -> dict:
+        ms = {"p50": 10.0, "p90": 20.0}
+        return {"num_completed": 2, "num_requests": 2, "output_throughput_tps": 100.0, "ttft_ms": ms, "tpot_ms": ms,
+                "itl_ms": ms, "slo": {"strict": {"attainment": attained}, "relaxed": {"attainment": attained}}}
+
+    slos = [parse_slo("strict").to_dict(), parse_slo("relaxed").to_dict()]
+
+    def doc(points: dict[float, float]) -> dict:
+        pairs = sorted(points.items())
+        return {"config": {"workload": {"dataset": "azure-conv"}}, "slo": slos[0], "slos": slos,
+                "systems": {"bullet-slo-relaxed": {"error": None,
+                                                   "points": [{"rate_rps": r, "summary": summary(a)} for r, a in pairs],
+                                                   "goodput": {n: goodput(pairs, n).to_dict() for n in ("strict", "relaxed")}}}}
+
+    for name, points in (("low", {8.0: 1.0, 40.0: 0.95}), ("high", {40.0: 0.1, 48.0: 0.8, 56.0: 0.7})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "compare.json").write_text(json.dumps(doc(points)))
+    merged = merge([tmp_path / "low" / "compare.json", tmp_path / "high" / "compare.json"], tmp_path / "out")
+    entry = merged["systems"]["bullet-slo-relaxed"]
+    assert [p["rate_rps"] for p in entry["points"]] == [8.0, 40.0, 48.0, 56.0]
+    assert entry["points"][1]["summary"]["slo"]["relaxed"]["attainment"] == 0.95  # the first file's 40
+    assert entry["goodput"]["relaxed"]["measured_rps"] == 40.0  # no longer ">= 40": 48 missed
+    assert 40.0 < entry["goodput"]["relaxed"]["interpolated_rps"] < 48.0

@@ -136,6 +136,8 @@ class TwoSides:
         for msg in self.prefill.conn.sent:
             for wire in msg.handoffs:
                 self.decode.handle(Handoff(wire))
+            for wire in msg.prompts_handed_over:
+                self.decode.handle(Handoff(wire, is_prompt=True))
         for msg in self.decode.conn.sent:
             for wire in msg.preempted:
                 add = AddRequest(wire.request_id, wire.prompt_token_ids, SamplingParams(), 0.0, 4096, resume=wire)
@@ -162,6 +164,24 @@ def test_both_sides_holding_a_prompt_part_way_do_not_block_each_other():
             break
     assert sides.num_finished == 2 and sides.blocks.num_free == 8
     assert sides.prefill.res.state.num_handed_prompts_held() == 0
+
+
+def test_a_prefilled_sequence_waiting_for_a_block_on_decode_does_not_block_a_prompt_part_way():
+    # without the fallback: A (4 + 3 tokens) is prefilled and handed off with 2 blocks, B (14 + 2) is chunked to
+    # 12 tokens beside it and the pool is full. A needs a 3rd block to decode. Before, every hand-off joined the
+    # decode side's prompt queue, where A waited for a block without ever being preempted (nothing was scheduled
+    # again); in the running set it is preempted, and its recompute makes the prefill queue release B's KV
+    sides = TwoSides(num_blocks=8, block_size=2, budget=16, chunk_tokens=16)
+    sides.add("A", 4, 3)
+    sides.add("B", 14, 2)
+    idle = 0
+    for _ in range(50):
+        idle = 0 if sides.round(is_mixed=False) else idle + 1
+        assert idle < 3, sides.holdings()
+        if sides.num_finished == 2:
+            break
+    assert sides.num_finished == 2 and sides.blocks.num_free == 8
+    assert sides.prefill.scheduler.num_reclaimed == 1  # B's KV went to A; B recomputed
 
 
 def test_random_small_pools_finish_with_the_mixed_fallback_going_on_and_off():

@@ -278,7 +278,8 @@ class PrefillWorker(SideWorker):
 class DecodeWorker(SideWorker):
     """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it its queued prompts
     (with what is computed so far): it then runs chunked-prefill steps, its decode rows first and the token
-    budget filled with chunks of those prompts in least-slack order, until they are done."""
+    budget filled with chunks of those prompts in least-slack order, until they are done; the prefill worker
+    plans nothing until each has left `prompts` (promoted or aborted: HANDED_PROMPTS_DONE, module docstring)."""
 
     role = "decode"
     side = Side.DECODE

@@ -214,3 +214,34 @@ def test_random_small_pools_finish_with_the_mixed_fallback_going_on_and_off():
         assert sides.num_finished == len(requests), (case, num_blocks, block_size, budget, chunk, requests)
         assert sides.blocks.num_free == num_blocks
         assert sides.prefill.res.state.num_handed_prompts_held() == 0
+
+
+def test_prompts_handed_over_are_counted_until_prefilled_aborted_or_dropped_in_transit():
+    """The prefill side waits while any prompt it handed over is held on decode or in transit; an abort on the
+    decode side and the front dropping a hand-over (its request gone) count as leaving decode's hands."""
+    import threading
+
+    from bullet_ray.engine.llm_engine import LLMEngine
+
+    sides = TwoSides(num_blocks=16, block_size=2, budget=4, chunk_tokens=4)
+    for rid in ("a", "b", "c"):
+        sides.add(rid, 8, 2)
+    sides.prefill.decider.is_mixed = True
+    assert sides.prefill.plan() == []  # all three handed over, none delivered yet
+    state, (msg,) = sides.prefill.res.state, sides.prefill.conn.sent
+    assert state.num_handed_prompts_held() == 3 and not msg.handoffs
+    sides.prefill.decider.is_mixed = False
+    sides.prefill.conn.sent.clear()
+    sides.add("d", 4, 1)
+    assert sides.prefill.plan() == []  # "d" waits: decode has not even received them
+    front = LLMEngine.__new__(LLMEngine)  # only what _on_handoff reads
+    front._lock, front._requests, front.allocator, front.state = threading.Lock(), {}, sides.blocks, state
+    front._on_handoff(msg.prompts_handed_over[0], is_prompt=True)  # "a" aborted at the front meanwhile
+    for wire in msg.prompts_handed_over[1:]:
+        sides.decode.handle(Handoff(wire, is_prompt=True))
+    assert state.num_handed_prompts_held() == 2
+    sides.decode.abort(["b"])
+    assert state.num_handed_prompts_held() == 1
+    while state.num_handed_prompts_held():  # "c" is prefilled on decode
+        assert sides.round(is_mixed=False)
+    assert [item.seq.request_id for item in sides.prefill.plan()] == ["d"]

@@ -53,7 +53,7 @@ from bullet_ray.engine.runtime_dir import (
     write_pid_file,
 )
 from bullet_ray.engine.sampling_params import SamplingParams
-from bullet_ray.engine.state_block import Side, StateBlock
+from bullet_ray.engine.state_block import Policy, Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
 from bullet_ray.policy.ttft import PrefillTimeModel
 
@@ -367,6 +367,8 @@ class LLMEngine(EngineClient):
             deliveries.flush()
             for wire in msg.handoffs:
                 self._on_handoff(wire)
+            for wire in msg.prompts_handed_over:
+                self._on_handoff(wire, is_prompt=True)
             for wire in msg.preempted:
                 self._on_preempted(wire)
         elif isinstance(msg, WorkerFailed):
@@ -401,15 +403,18 @@ class LLMEngine(EngineClient):
         else:
             state.sink.put(out)
 
-    def _on_handoff(self, wire: Any) -> None:
+    def _on_handoff(self, wire: Any, is_prompt: bool = False) -> None:
+        """Relay a prefilled sequence (or with `is_prompt` a prompt the mixed fallback hands over) to decode."""
         with self._lock:
             state = self._requests.get(wire.request_id)
             if state is not None:
                 state.location = "decode"
         if state is None:
             self.allocator.free(wire.block_ids)  # finished or aborted while in flight: nobody holds it
+            if is_prompt:  # it will never reach decode: the prefill worker must not wait for it
+                self.state.count_handed_prompts(Policy.HANDED_PROMPTS_DROPPED)
             return
-        self._send("decode", Handoff(wire))
+        self._send("decode", Handoff(wire, is_prompt))
 
     def _on_preempted(self, wire: Any) -> None:
         with self._lock:

@@ -2,8 +2,9 @@
 
 Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake.
 Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
-WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`);
-the engine relays each to the decode worker as a `Handoff`. A decode worker's StepOutputs carry
+WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`) and, under
+the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine relays each to the decode
+worker as a `Handoff` (`is_prompt` for the second kind). A decode worker's StepOutputs carry
 sequences it preempted (blocks already freed); the engine sends them back to prefill for recompute.
 """
 
@@ -51,9 +52,12 @@ class AddRequest:
 
 @dataclass(frozen=True)
 class Handoff:
-    """A prefilled sequence (KV in the pool, first token sampled) for the decode worker."""
+    """A sequence for the decode worker: prefilled (KV in the pool, first token sampled: it decodes from its next
+    step), or with `is_prompt` a queued prompt the mixed fallback hands over (nothing or part of it computed: the
+    decode worker prefills the rest in chunks; counted in the state block's hand-over counters)."""
 
     seq: SequenceWire
+    is_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class StepOutputs:
     finished: dict[int, tuple[FinishReason, int | None]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     handoffs: list[SequenceWire] = field(default_factory=list)
+    # the prefill worker's queued prompts handed to the decode worker (mixed fallback; part-way ones with blocks)
+    prompts_handed_over: list[SequenceWire] = field(default_factory=list)
     preempted: list[SequenceWire] = field(default_factory=list)
     sent_s: float = 0.0
     # CUDA graphs this worker captured while serving so far (0 unless a shape was missed at start)

@@ -6,7 +6,7 @@ switch read both. Values are plain int64 (times in microseconds) so a write is o
 Besides the rows: the split switch's slots (bullet_ray.gpu.switch), the policy's slots (the last split
 decision, made by the prefill worker at its step boundaries: when, which entry, why, what it cost, the
 predicted TTFT of a new request, and the time from a decision to both sides running on the new split),
-and two rings the front reads for the metrics: each side's last RING_SIZE steps (measured and predicted
+the mixed fallback's hand-over counters (`num_handed_prompts_held`), and two rings the front reads for the metrics: each side's last RING_SIZE steps (measured and predicted
 time, ladder entry) and the last RING_SIZE decision-to-new-split times.
 """
 
@@ -60,7 +60,12 @@ class Policy(enum.IntEnum):
     MAX_INDEX_PLUS_ONE = 10  # highest allowed entry + 1 (0: no upper bound)
     TTFT_TARGET_US = 11  # SLO targets pushed at run time (the cluster controller's); 0: the config's
     TPOT_TARGET_US = 12
-    NUM_SLOTS = 13
+    # the mixed fallback's hand-over counters, each written by one process only and never decreasing
+    # (`StateBlock.num_handed_prompts_held`)
+    PROMPTS_HANDED_OVER = 13  # prompts the prefill worker handed to the decode worker, in total (prefill)
+    HANDED_PROMPTS_DONE = 14  # of those, prefilled (promoted to decode's running set) or aborted there (decode)
+    HANDED_PROMPTS_DROPPED = 15  # of those, dropped by the front in transit: finished or aborted meanwhile (front)
+    NUM_SLOTS = 16
 
 
 RING_SIZE = 64
@@ -184,6 +189,20 @@ class StateBlock:
         lo, hi = int(self.policy[Policy.MIN_INDEX]), int(self.policy[Policy.MAX_INDEX_PLUS_ONE]) - 1
         index = max(index, lo)
         return min(index, hi) if hi >= 0 else index
+
+    def count_handed_prompts(self, slot: Policy, num: int = 1) -> None:
+        """Add `num` to one of the hand-over counters (PROMPTS_HANDED_OVER, HANDED_PROMPTS_DONE,
+        HANDED_PROMPTS_DROPPED); only the process named beside the slot writes it."""
+        if num:
+            self.policy[slot] += num
+
+    def num_handed_prompts_held(self) -> int:
+        """Prompts the mixed fallback handed to the decode worker that it has not finished prefilling: held there
+        (possibly prefilled part-way) or still in transit through the front. The prefill worker writes the total
+        itself, so its reading is never below the truth (the others' counters only lag); 0 means none."""
+        p = self.policy
+        return int(p[Policy.PROMPTS_HANDED_OVER]) - int(p[Policy.HANDED_PROMPTS_DONE]) \
+            - int(p[Policy.HANDED_PROMPTS_DROPPED])
 
     def record_switch_done(self) -> int | None:
         """Both sides run on the requested entry now (called by the side that acked last): the

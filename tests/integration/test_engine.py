@@ -232,6 +232,45 @@ def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf
                for d in decisions)
 
 
+def _generate_within(engine: LLMEngine, prompts, params, timeout_s: float):
+    """`engine.generate`, failing the test instead of hanging when the engine stops scheduling (a stall)."""
+    import threading
+
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.setdefault("results", engine.generate(prompts, params)),
+                              daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if "results" not in done:
+        pytest.fail(f"generate did not finish within {timeout_s} s: {engine.stats()}")
+    return done["results"]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_mixed_fallback_on_a_small_pool_finishes_with_the_tokens(async_scheduling, hf_root, hf_greedy):
+    """The mixed fallback going on and off on a pool that holds one request at a time: prompts handed to the
+    decode side (part-way ones too), preempted ones back through prefill. Every request ends with HF's tokens,
+    every block comes back, and every prompt handed over left the decode side's hands (the prefill side plans
+    nothing while any is held there, so the two sides never each hold a prompt part-way)."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    prompts = [list(range(100 + 7 * i, 100 + 7 * i + n)) for i, n in enumerate([30, 22, 26, 30])]
+    expected = _hf_greedy(hf_greedy, folder, prompts, 20)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    # each request needs up to 13 blocks of 4 (30 + 20 tokens); the pool has 16
+    config = EngineConfig(model=folder, num_kv_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=8,
+                          kv_watermark=0.0, split_policy="slo", mixed_fallback_tokens=24, mixed_chunk_tokens=8,
+                          async_scheduling=async_scheduling)
+    with LLMEngine(config) as engine:
+        results = _generate_within(engine, prompts, params, timeout_s=60)
+        stats = engine.stats()
+        assert stats.num_free_kv_blocks == 16
+    assert [r.token_ids for r in results] == expected
+    policy = stats.extra["policy"]
+    assert policy["prompts_handed_over"] > 0  # the fallback ran
+    assert policy["prompts_handed_over"] == policy["handed_prompts_done"] + policy["handed_prompts_dropped"]
+    assert stats.num_preemptions > 0
+
+
 def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     """The hybrid worker's step log: every prompt token and every decode token appears in exactly one
     step row, and a row's phase says what it held."""

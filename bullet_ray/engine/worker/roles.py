@@ -2,6 +2,20 @@
 
 Each role plans its batches and turns collected steps into messages; `WorkerBase.step` launches and
 collects them (asynchronously when the config says so: the host learns a step's tokens one step late).
+
+Progress on a full KV pool (bullet). Blocks are held by the decode worker's running sequences (they grow, or
+the youngest is preempted to the prefill queue's front with its blocks freed: they never wait), by steps in
+flight and sequences in transit (they soon free or pass them on), and by prompts prefilled part-way, which
+hold theirs while they wait for their next chunk. A queue of such prompts moves once every block in use is
+its own (`PrefillScheduler`: its head takes the watermark and the KV of prompts behind it). Under the mixed
+fallback there are two such queues, the prefill worker's and the decode worker's handed-over `prompts`, and
+each could hold a prompt part-way and wait for the other's blocks forever. So at most one of them may: the
+prefill worker plans nothing while the decode worker still holds (or is being sent) prompts the fallback
+handed it (`StateBlock.num_handed_prompts_held`, exact from the prefill side's view or above the truth, never
+below). A hand-over empties the prefill queue, and the prefill queue takes blocks only while that count is 0,
+so whenever the decode side's `prompts` hold blocks the prefill queue holds none, and the one queue that
+holds part-way prompts moves by its own rule. The decode side's `prompts` take only those hand-overs;
+prefilled sequences join its running set.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ from bullet_ray.engine.scheduler.chunked import ChunkedScheduler, promote, promp
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.state_block import Side
+from bullet_ray.engine.state_block import Policy, Side
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.policy_link import (
     FirstTokenLog,
@@ -200,6 +214,8 @@ class PrefillWorker(SideWorker):
                 self._hand_over_prompts()
         if self.partitioner.current.prefill_sms == 0:
             return []  # the whole-GPU entry is decode's: wait (taking messages) until decode gives SMs back
+        if self.res.state.num_handed_prompts_held() > 0:
+            return []  # decode still prefills prompts the mixed fallback handed it: wait for them (module docstring)
         batch = self.scheduler.schedule()
         if self.decider is not None:
             self.decider.wait_to_grow(batch)  # a long step may wait for decode's ack of a bigger prefill side
@@ -220,7 +236,8 @@ class PrefillWorker(SideWorker):
         self.first_tokens.forget([s.request_id for s in seqs])
         assert self.decider is not None
         self.decider.note_prompts_handed_over()
-        self.conn.send(StepOutputs(self.role, handoffs=[s.to_wire() for s in seqs], sent_s=time.time()))
+        self.res.state.count_handed_prompts(Policy.PROMPTS_HANDED_OVER, len(seqs))  # before they can arrive
+        self.conn.send(StepOutputs(self.role, prompts_handed_over=[s.to_wire() for s in seqs], sent_s=time.time()))
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
         """A long batch runs layer-wise: the split may move between its layer groups (collected synchronously
@@ -261,7 +278,8 @@ class PrefillWorker(SideWorker):
 class DecodeWorker(SideWorker):
     """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it its queued prompts
     (with what is computed so far): it then runs chunked-prefill steps, its decode rows first and the token
-    budget filled with chunks of those prompts in least-slack order, until they are done."""
+    budget filled with chunks of those prompts in least-slack order, until they are done; the prefill worker
+    plans nothing until each has left `prompts` (promoted or aborted: HANDED_PROMPTS_DONE, module docstring)."""
 
     role = "decode"
     side = Side.DECODE
@@ -278,10 +296,12 @@ class DecodeWorker(SideWorker):
         return self.prompts.num_reclaimed  # its preemptions travel to the front as `preempted`
 
     def handle(self, msg: Any) -> None:
+        """A prompt the mixed fallback hands over joins `prompts`; a prefilled sequence joins the running set
+        (its one uncomputed token is its sampled one: it may be preempted there, never waits in a queue)."""
         if not isinstance(msg, Handoff):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
         seq = Sequence.from_wire(msg.seq)
-        if seq.num_uncomputed_tokens > 0:  # a prompt to prefill here (mixed fallback)
+        if msg.is_prompt:
             self.prompts.add(seq)
         else:
             self.scheduler.add(seq)
@@ -298,7 +318,11 @@ class DecodeWorker(SideWorker):
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             # missing: already finished or preempted (the front handles both)
-            seq = self.scheduler.abort(rid) or self.prompts.abort(rid)
+            seq = self.scheduler.abort(rid)
+            if seq is None:
+                seq = self.prompts.abort(rid)
+                if seq is not None:  # a handed-over prompt leaves this side's hands
+                    self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
             if seq is not None:
                 seq.finish_reason = "abort"
 
@@ -328,7 +352,8 @@ class DecodeWorker(SideWorker):
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)
         if len(self.prompts):
-            promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step on
+            promoted = promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step
+            self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE, len(promoted))
 
     def _take_preempted(self) -> list[Any]:
         """Wires of the preempted sequences whose last token the host knows (the rest wait a step)."""

@@ -351,6 +351,7 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
                                     key=lambda p: p["rate_rps"])
             mine["goodput"] = {n: goodput([(p["rate_rps"], p["summary"]["slo"][n]["attainment"])
                                            for p in mine["points"]], n).to_dict() for n in names}
+            mine["error"] = mine.get("error") or entry.get("error")  # a failed later sweep stays visible
         doc.setdefault("runs", []).extend(other.get("runs", []))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(doc, indent=1))

@@ -164,7 +164,7 @@ class DecodeGraphs:
         kwargs = {"q_data_type": be.kv_cache.dtype, "kv_data_type": be.kv_cache.dtype, "sm_scale": be.scale}
         try:
             be.fence.plan(*args, **kwargs, **options)
-        except RuntimeError as e:
+        except Exception as e:  # noqa: BLE001 - flashinfer's refusal (a tvm-ffi error); a second failure raises
             if "fixed_split_size" not in options:
                 raise
             # the bucket cannot take a split (its partial outputs outgrow the workspace, or more chunks than its
@@ -179,9 +179,10 @@ class DecodeGraphs:
         """The plan options a bucket's steps may take, each captured at start (None: the backend's default for
         rows of one page): from `decode_split_kv_rows` rows on a step plans either without a split or with a
         balanced one (`decode_plan_options`), two graphs."""
-        limit = self.backend.decode_split_kv_rows
-        if not getattr(self.backend, "decode_tensor_cores", False) or not limit or b < limit:
-            return [None]
+        be = self.backend
+        limit = be.decode_split_kv_rows
+        if not getattr(be, "decode_tensor_cores", False) or not limit or b < limit or be.split_chunk_cap(b) <= b:
+            return [None]  # no split here, or none that fits (every row takes a chunk; a split needs one more)
         return [{"disable_split_kv": True}, {"fixed_split_size": 1}]
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

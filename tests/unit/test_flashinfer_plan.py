@@ -105,7 +105,7 @@ def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every
     with pytest.raises(ValueError, match="BULLET_RAY_DECODE_SPLIT_KV"):
         default_decode_split_kv_rows()
     backend = _backend()
-    backend.num_heads, backend.num_kv_heads, backend.num_sms = 32, 8, 132
+    backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.num_sms = 32, 8, 128, 132
     alike, skewed = [80] * 32, [80] * 31 + [400]
     assert backend.decode_plan_options(alike * 10) == {}  # limit None: flashinfer's own
     backend.decode_split_kv_rows = 24
@@ -139,10 +139,17 @@ def test_balanced_split_evens_out_the_longest_rows_within_the_graph_grid():
         MIN_SPLIT_PAGES,
         balanced_kv_chunk_pages,
         graph_grid_chunks,
+        workspace_chunks,
     )
 
     assert graph_grid_chunks(8, 32, 8, 132) == 33 and graph_grid_chunks(64, 32, 8, 132) == 79
     assert graph_grid_chunks(1024, 32, 8, 132) == 256 + 1023
+    assert graph_grid_chunks(64, 64, 1, 132) == 264  # one KV head: 2 x SMs CTAs
+    assert graph_grid_chunks(512, 64, 1, 132) == 512 + 511  # a group of 64 packs into 64-row tiles: one per row
+    # the split's partial outputs: half of the 256 MB workspace, one float32 query tile of every KV head a chunk
+    assert workspace_chunks(32, 8, 128) == (128 << 20) // (8 * 16 * 128 * 4) == 2048
+    assert workspace_chunks(32, 32, 128) == 512  # multi-head: a 16-row tile of every head
+    assert balanced_kv_chunk_pages([2000] + [1] * 600, 32, 132, 600) is None  # not even unsplit rows fit
     assert balanced_kv_chunk_pages([], 8, 132) is None
     assert balanced_kv_chunk_pages([100] * 64, 8, 132) is None  # alike: nothing to even out
     assert balanced_kv_chunk_pages([3, 4, 40], 8, 132) == MIN_SPLIT_PAGES  # small batch: the floor
@@ -162,3 +169,24 @@ def test_balanced_split_evens_out_the_longest_rows_within_the_graph_grid():
                 if chunk > MIN_SPLIT_PAGES:  # the smallest chunk that fits, once past the fair share
                     share = -(-sum(pages) * 8 // 264)
                     assert chunk == share or sum(-(-p // (chunk - 1)) for p in pages) > limit
+
+
+def test_split_chunk_caps_and_the_graph_variants_a_bucket_captures():
+    """A backend's cap on a balanced split's chunks is the workspace's, and for a graph bucket also its padded
+    grid's; a bucket captures a split variant only where a split can fit (more chunks than rows) and the rule
+    applies (tensor-core kernel, rows >= the limit)."""
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    backend = _backend()
+    backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.num_sms = 32, 32, 128, 132
+    backend.decode_split_kv_rows = 24
+    assert backend.split_chunk_cap() == 512 and backend.split_chunk_cap(64) == 64 // 16 + 63  # ragged worst case
+    graphs = object.__new__(DecodeGraphs)  # the variants need the backend only
+    graphs.backend = backend
+    assert graphs.plan_variants(16) == [None]  # under the limit: flashinfer's own split
+    assert graphs.plan_variants(256) == [{"disable_split_kv": True}, {"fixed_split_size": 1}]
+    assert graphs.plan_variants(512) == [None]  # the workspace holds 512 chunks: no room to split 512 rows
+    backend.decode_split_kv_rows = 0
+    assert graphs.plan_variants(256) == [None]
+    backend.decode_split_kv_rows, backend.decode_tensor_cores = 24, False
+    assert graphs.plan_variants(256) == [None]

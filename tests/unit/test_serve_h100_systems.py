@@ -135,10 +135,14 @@ def test_merge_joins_the_rates_of_a_system_swept_in_two_calls(tmp_path):
 
     for name, points in (("low", {8.0: 1.0, 40.0: 0.95}), ("high", {40.0: 0.1, 48.0: 0.8, 56.0: 0.7})):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "compare.json").write_text(json.dumps(doc(points)))
+        made = doc(points)
+        if name == "high":
+            made["systems"]["bullet-slo-relaxed"]["error"] = "rate 64: server died"
+        (tmp_path / name / "compare.json").write_text(json.dumps(made))
     merged = merge([tmp_path / "low" / "compare.json", tmp_path / "high" / "compare.json"], tmp_path / "out")
     entry = merged["systems"]["bullet-slo-relaxed"]
     assert [p["rate_rps"] for p in entry["points"]] == [8.0, 40.0, 48.0, 56.0]
     assert entry["points"][1]["summary"]["slo"]["relaxed"]["attainment"] == 0.95  # the first file's 40
     assert entry["goodput"]["relaxed"]["measured_rps"] == 40.0  # no longer ">= 40": 48 missed
     assert 40.0 < entry["goodput"]["relaxed"]["interpolated_rps"] < 48.0
+    assert entry["error"] == "rate 64: server died"  # the later call's failure is not hidden

@@ -89,18 +89,33 @@ SPLIT_KV_MAX_ROWS = 24
 # the smallest KV chunk a balanced split makes (pages of 16 tokens: 256 tokens), so a chunk's partial output and
 # its merge stay small next to the KV it reads
 MIN_SPLIT_PAGES = 16
-# CTAs flashinfer's FA2 planner gives each SM (its `num_blocks_per_sm`), and the query tile of a decode row's
-# packed heads (FA2DetermineCtaTileQ for <= 16 packed rows)
-_CTAS_PER_SM, _DECODE_CTA_TILE_Q = 2, 16
+# CTAs flashinfer's FA2 planner gives each SM (its `num_blocks_per_sm`)
+_CTAS_PER_SM = 2
+# of the shared workspace, what a split's partial outputs may take (the rest: indices, LSE, the prefill kernel's)
+_SPLIT_WORKSPACE_SHARE = 0.5
+
+
+def _decode_cta_tile_q(group: int) -> int:
+    """The query tile of decode rows whose `group` query heads share a KV head (flashinfer's FA2DetermineCtaTileQ
+    for a packed length of `group`: 16 up to 16 rows, 64 up to 64, else 128)."""
+    return 16 if group <= 16 else (64 if group <= 64 else 128)
 
 
 def graph_grid_chunks(num_rows: int, num_heads: int, num_kv_heads: int, num_sms: int) -> int:
     """How many (row, KV chunk) work items the tensor-core decode plan of a `num_rows`-row CUDA-graph bucket
     holds: flashinfer pads its grid to max(2 x SMs / KV heads, query tiles of the ragged worst case) and a plan
-    whose chunks exceed it fails; from ~33 rows that is about 1.25 x the rows."""
+    whose chunks exceed it fails; from ~33 rows that is about 1.25 x the rows (GQA groups up to 16)."""
     group = max(1, num_heads // max(1, num_kv_heads))
-    tiles = -(-num_rows * group // _DECODE_CTA_TILE_Q) + num_rows - 1
+    tiles = -(-num_rows * group // _decode_cta_tile_q(group)) + num_rows - 1
     return max(_CTAS_PER_SM * num_sms // max(1, num_kv_heads), tiles)
+
+
+def workspace_chunks(num_heads: int, num_kv_heads: int, head_dim: int, workspace_bytes: int = WORKSPACE_BYTES) -> int:
+    """How many KV chunks a split decode plan may have before its partial outputs (float32, one query tile of
+    every KV head per chunk) outgrow their share of the workspace; a split that needs more goes without."""
+    group = max(1, num_heads // max(1, num_kv_heads))
+    per_chunk = max(1, num_kv_heads) * _decode_cta_tile_q(group) * head_dim * 4
+    return int(workspace_bytes * _SPLIT_WORKSPACE_SHARE) // per_chunk
 
 
 def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: int,
@@ -109,12 +124,13 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
 
     flashinfer's tensor-core decode runs one CTA per (row, KV head) and from ~33 rows splits no row's KV (its
     planner fills 2 x SMs CTAs and stops), so in a served batch (a few rows of 4-14k context beside many of
-    ~1k) the longest rows' CTAs run on after the others are done: the kernel read the KV at 0.56-0.72 of the
-    copy bandwidth at 32-128 such rows against 0.81-0.87 with every row alike
+    ~1k) the longest rows' CTAs run on after the others are done: the kernel read the KV at 0.57-0.72 of the
+    copy bandwidth at 32-64 such rows against 0.81-0.87 with every row alike
     (benchmarks/results/decode_attention_skew_h100). The chunk is the batch's fair share of one CTA slot (its
-    pages x KV heads over 2 x SMs, at least MIN_SPLIT_PAGES), grown until the chunks fit `max_chunks` (a CUDA
-    graph's padded grid, `graph_grid_chunks`; None: an eager plan, no limit). None when no row is longer than
-    one and a half chunks: nothing to even out."""
+    pages x KV heads over 2 x SMs, at least MIN_SPLIT_PAGES), grown until the chunks fit `max_chunks`
+    (`FlashInferBackend.split_chunk_cap`: what the workspace and a CUDA graph's padded grid hold; None: no
+    limit). None when no row is longer than one and a half chunks (nothing to even out), or when not even
+    unsplit rows fit."""
     if not pages:
         return None
     longest = max(pages)
@@ -128,7 +144,7 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
             return int((-(-rows // c)).sum()) <= max_chunks
 
         if not fits(longest):
-            return None  # not even unsplit rows fit (cannot happen for a bucket's own plan)
+            return None  # not even unsplit rows fit
         low, high = chunk, longest
         while low < high:  # the smallest chunk from the fair share up whose pieces fit the grid
             mid = (low + high) // 2
@@ -145,7 +161,8 @@ def default_decode_split_kv_rows() -> int | None:
     "auto" (default: SPLIT_KV_MAX_ROWS), "1" (flashinfer's split at any batch: None) or "0" (never split: 0).
     flashinfer's own plan splits differently in CUDA-graph mode (always, chunks from the padded grid) and
     eagerly (from the real lengths), so graph and eager decode of a long row can round differently where it
-    splits (benchmarks/gpu/decode_split_check.py measures both); a balanced split is the same in both."""
+    splits (benchmarks/gpu/decode_split_check.py measures both); a balanced split is the same in both unless the
+    graph's grid makes its chunk larger."""
     value = os.environ.get("BULLET_RAY_DECODE_SPLIT_KV", "auto")
     if value not in ("auto", "0", "1"):
         raise ValueError(f"BULLET_RAY_DECODE_SPLIT_KV must be auto, 0 or 1, got {value!r}")
@@ -235,10 +252,16 @@ class FlashInferBackend(AttentionBackend):
             return {}
         chunk = None
         if limit > 0:
-            cap = None if graph_rows is None else graph_grid_chunks(graph_rows, self.num_heads, self.num_kv_heads,
-                                                                    self.num_sms)
-            chunk = balanced_kv_chunk_pages(pages, self.num_kv_heads, self.num_sms, cap)
+            chunk = balanced_kv_chunk_pages(pages, self.num_kv_heads, self.num_sms, self.split_chunk_cap(graph_rows))
         return {"disable_split_kv": True} if chunk is None else {"fixed_split_size": chunk}
+
+    def split_chunk_cap(self, graph_rows: int | None = None) -> int:
+        """The most KV chunks a balanced split may make: what the workspace holds (`workspace_chunks`) and, for a
+        CUDA graph's bucket of `graph_rows`, what its padded grid holds (`graph_grid_chunks`)."""
+        cap = workspace_chunks(self.num_heads, self.num_kv_heads, self.head_dim)
+        if graph_rows is not None:
+            cap = min(cap, graph_grid_chunks(graph_rows, self.num_heads, self.num_kv_heads, self.num_sms))
+        return cap
 
     def _plan_decode(self, num_blocks: list[int], kv_indices: torch.Tensor, last_page_len: list[int], bs: int) -> None:
         dtype = self.kv_cache.dtype

@@ -131,6 +131,17 @@ class TwoSides:
                     self.decode.handle(Handoff(seq.to_wire()))  # prefilled: on to decode
         return ran
 
+    def run_until_finished(self, num: int, rounds: int = 50) -> None:
+        """Rounds without the fallback until `num` requests finished; fails after 3 rounds in a row that ran
+        nothing (a stall), with what each queue holds."""
+        idle = 0
+        for _ in range(rounds):
+            idle = 0 if self.round(is_mixed=False) else idle + 1
+            assert idle < 3, self.holdings()
+            if self.num_finished == num:
+                break
+        assert self.num_finished == num and self.blocks.num_free == self.blocks.num_blocks
+
     def _deliver(self) -> None:
         """The front: the prefill worker's hand-overs to decode, decode's preempted sequences back to prefill."""
         for msg in self.prefill.conn.sent:
@@ -156,13 +167,7 @@ def test_both_sides_holding_a_prompt_part_way_do_not_block_each_other():
     assert sides.round(is_mixed=True)  # A handed over; decode prefills its first chunk
     assert len(sides.decode.prompts) == 1 and len(sides.decode.prompts.waiting[0].block_ids) == 2
     sides.add("B", 12, 2)
-    idle = 0
-    for _ in range(50):
-        idle = 0 if sides.round(is_mixed=False) else idle + 1
-        assert idle < 3, sides.holdings()
-        if sides.num_finished == 2:
-            break
-    assert sides.num_finished == 2 and sides.blocks.num_free == 8
+    sides.run_until_finished(2)
     assert sides.prefill.res.state.num_handed_prompts_held() == 0
 
 
@@ -174,13 +179,7 @@ def test_a_prefilled_sequence_waiting_for_a_block_on_decode_does_not_block_a_pro
     sides = TwoSides(num_blocks=8, block_size=2, budget=16, chunk_tokens=16)
     sides.add("A", 4, 3)
     sides.add("B", 14, 2)
-    idle = 0
-    for _ in range(50):
-        idle = 0 if sides.round(is_mixed=False) else idle + 1
-        assert idle < 3, sides.holdings()
-        if sides.num_finished == 2:
-            break
-    assert sides.num_finished == 2 and sides.blocks.num_free == 8
+    sides.run_until_finished(2)
     assert sides.prefill.scheduler.num_reclaimed == 1  # B's KV went to A; B recomputed
 
 

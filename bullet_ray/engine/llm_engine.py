@@ -415,6 +415,12 @@ class LLMEngine(EngineClient):
                 self.state.count_handed_prompts(Policy.HANDED_PROMPTS_DROPPED)
             return
         self._send("decode", Handoff(wire, is_prompt))
+        with self._lock:
+            aborted = wire.request_id not in self._requests
+        if aborted:
+            # an abort between the relabel and the send went to decode ahead of the hand-off and missed it:
+            # abort again behind it (decode ignores an abort of a request it does not hold)
+            self._send("decode", AbortRequests([wire.request_id]))
 
     def _on_preempted(self, wire: Any) -> None:
         with self._lock:

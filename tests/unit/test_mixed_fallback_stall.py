@@ -10,9 +10,11 @@ and wait for each other's blocks forever.
 from __future__ import annotations
 
 import random
+import threading
 from types import SimpleNamespace
 
-from bullet_ray.engine.messages import AddRequest, Handoff
+from bullet_ray.engine.llm_engine import LLMEngine
+from bullet_ray.engine.messages import AbortRequests, AddRequest, Handoff
 from bullet_ray.engine.sampler import SamplingState
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.scheduler.base import release
@@ -218,10 +220,6 @@ def test_random_small_pools_finish_with_the_mixed_fallback_going_on_and_off():
 def test_prompts_handed_over_are_counted_until_prefilled_aborted_or_dropped_in_transit():
     """The prefill side waits while any prompt it handed over is held on decode or in transit; an abort on the
     decode side and the front dropping a hand-over (its request gone) count as leaving decode's hands."""
-    import threading
-
-    from bullet_ray.engine.llm_engine import LLMEngine
-
     sides = TwoSides(num_blocks=16, block_size=2, budget=4, chunk_tokens=4)
     for rid in ("a", "b", "c"):
         sides.add(rid, 8, 2)
@@ -244,3 +242,34 @@ def test_prompts_handed_over_are_counted_until_prefilled_aborted_or_dropped_in_t
     while state.num_handed_prompts_held():  # "c" is prefilled on decode
         assert sides.round(is_mixed=False)
     assert [item.seq.request_id for item in sides.prefill.plan()] == ["d"]
+
+
+def test_an_abort_racing_a_hand_off_at_the_front_still_reaches_decode():
+    """The front relabels a hand-off's request as on decode under its lock and sends the Handoff after it; an
+    abort in between is sent to decode first and misses there. The front then sends the abort again behind the
+    Handoff, so decode drops the request (and, under the fallback, counts the handed prompt done)."""
+    sides = TwoSides(num_blocks=16, block_size=2, budget=4, chunk_tokens=4)
+    sides.add("a", 8, 2)
+    sides.prefill.decider.is_mixed = True
+    assert sides.prefill.plan() == []
+    state, (msg,) = sides.prefill.res.state, sides.prefill.conn.sent
+    sides.prefill.conn.sent.clear()
+    front = LLMEngine.__new__(LLMEngine)  # only what _on_handoff and abort read
+    front._lock, front.allocator, front.state = threading.Lock(), sides.blocks, state
+    front._requests = {"a": SimpleNamespace(location="prefill", sink=SimpleNamespace(put=lambda out: None),
+                                            make_output=lambda *a, **k: None)}
+    sent: list[tuple[str, object]] = []
+
+    def send(role: str, out: object) -> None:
+        if isinstance(out, Handoff) and "a" in front._requests:
+            front.abort("a")  # the client's abort lands between the relabel and this send: it goes first
+        sent.append((role, out))
+        if isinstance(out, Handoff):
+            sides.decode.handle(out)
+        elif isinstance(out, AbortRequests):
+            sides.decode.abort(out.request_ids)
+
+    front._send = send
+    front._on_handoff(msg.prompts_handed_over[0], is_prompt=True)
+    assert [type(m).__name__ for _, m in sent] == ["AbortRequests", "Handoff", "AbortRequests"]
+    assert len(sides.decode.prompts) == 0 and state.num_handed_prompts_held() == 0

@@ -47,7 +47,7 @@ def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool |
                "paged_kv_indices_buffer": indices.clone(), "paged_kv_last_page_len_buffer": last.clone()} if graph else {}
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD", **KERNELS[kernel], **buffers)
     options: dict[str, Any] = {} if split_kv is True else {"disable_split_kv": True}
-    if split_kv == "balanced":  # the engine's rule from 32 rows: split only the longest rows, into even chunks
+    if split_kv == "balanced":  # the engine's rule (it applies it from SPLIT_KV_MAX_ROWS rows): the longest rows, evenly
         from bullet_ray.engine.attention.flashinfer_backend import balanced_kv_chunk_pages, graph_grid_chunks
 
         sms = torch.cuda.get_device_properties(0).multi_processor_count

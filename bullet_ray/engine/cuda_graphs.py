@@ -37,8 +37,9 @@ max(2 * SMs / KV heads, tiles) CTAs with a valid-block mask, and keeps the KV ch
 the row count in its workspace (copied by each plan), reading qo_indptr from a buffer the wrapper allocates
 once. From `SPLIT_KV_MAX_ROWS` rows a step plans either without a split or with the backend's balanced one
 (`decode_plan_options`: only the longest rows, in chunks that fit the padded grid), so such a bucket has two
-graphs (`plan_variants`), both captured at start; a bucket whose plan refuses a split (its partial outputs
-outgrow the workspace) plans without one from then on (`unsplit_buckets`). The plan's own description is
+graphs (`plan_variants`), both captured at start (only where a split fits the workspace and the grid:
+`split_chunk_cap`); a bucket whose plan still refuses a split plans without one from then on
+(`unsplit_buckets`). The plan's own description is
 still part of the key: should a plan ever come out different, a new graph is captured rather than a stale
 one replayed (`num_captures` counts them).
 

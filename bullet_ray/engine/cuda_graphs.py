@@ -44,7 +44,9 @@ still part of the key: should a plan ever come out different, a new graph is cap
 one replayed (`num_captures` counts them).
 
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
-the ladder index of the worker's side) gets its own set.
+the ladder index of the worker's side) gets its own set. On a partition smaller than the GPU (`partition_sms`,
+set by the decode worker) each bucket is captured twice, with cuBLAS(Lt) aimed at the partition's SMs and
+without, and the faster replay is kept (bullet_ray.engine.gemm_target; `sm_target_choices` records each).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bullet_ray.engine import gemm_target
 from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -126,6 +129,12 @@ class DecodeGraphs:
         self.capture_bytes = 0  # device memory the start-up captures took (allocated by torch)
         self.pool = torch.cuda.graph_pool_handle()
         self._capture_stream = CaptureStream()
+        # SMs of each partition smaller than the GPU (partition_key -> SMs): its buckets are captured with and
+        # without a cuBLAS SM target, the faster kept; (partition_key, bucket) -> (plain ms, targeted ms, kept)
+        self.partition_sms: dict[Any, int] = {}
+        self.tune_sm_target = gemm_target.tuning_enabled()
+        self.device_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.sm_target_choices: dict[tuple[Any, int], tuple[float, float, bool]] = {}
 
     def bucket(self, num_seqs: int) -> int | None:
         """The smallest bucket that holds `num_seqs` sequences; None when the batch is too large for graphs."""
@@ -234,15 +243,60 @@ class DecodeGraphs:
                     plan = self._plan(b, tables, lens, options)
                     key = (partition_key, b, plan)
                     if key not in self.graphs:
-                        self.graphs[key] = self._capture(b)
-                        self.num_captures += 1
+                        sms = self.partition_sms.get(partition_key)
+                        if self.tune_sm_target and sms is not None and sms < self.device_sms:
+                            self.graphs[key] = self._capture_tuned(partition_key, b, sms)
+                        else:
+                            self.graphs[key] = self._capture(b)
+                            self.num_captures += 1
         torch.cuda.synchronize()
         self.capture_s += time.perf_counter() - start
         self.capture_bytes += torch.cuda.memory_allocated() - before
 
+    def _capture_tuned(self, partition_key: Any, b: int, sms: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture bucket b without and with cuBLAS aimed at the partition's `sms`; keep the faster replay.
+        A bucket's later plan variants (the split-KV graph) reuse its first choice (the GEMMs are the same)."""
+        choice = self.sm_target_choices.get((partition_key, b))
+        if choice is not None:
+            if not choice[2]:
+                self.num_captures += 1
+                return self._capture(b)
+            with gemm_target.sm_target(sms, self.device_sms):
+                self.num_captures += 1
+                return self._capture(b)
+        plain = self._capture(b)
+        plain_ms = self._replay_ms(plain[0])
+        with gemm_target.sm_target(sms, self.device_sms):
+            targeted = self._capture(b)
+        targeted_ms = self._replay_ms(targeted[0])
+        self.num_captures += 2
+        keep = gemm_target.keeps_target(plain_ms, targeted_ms)
+        self.sm_target_choices[(partition_key, b)] = (round(plain_ms, 4), round(targeted_ms, 4), keep)
+        return targeted if keep else plain
+
+    def _replay_ms(self, graph: torch.cuda.CUDAGraph, repeats: int = 3) -> float:
+        """Mean device time of a replay on the capture stream (the partition's), after one warm-up."""
+        stream = self._capture_stream.get()
+        with torch.cuda.stream(stream):
+            graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                graph.replay()
+            end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / repeats
+
     def capture_report(self) -> dict[str, Any]:
-        return {"num_graphs": len(self.graphs), "buckets": list(self.buckets), "capture_s": round(self.capture_s, 3),
-                "capture_mb": round(self.capture_bytes / 2**20, 1), "num_captures_serving": self.num_captures_serving}
+        report = {"num_graphs": len(self.graphs), "buckets": list(self.buckets), "capture_s": round(self.capture_s, 3),
+                  "capture_mb": round(self.capture_bytes / 2**20, 1),
+                  "num_captures_serving": self.num_captures_serving}
+        if self.sm_target_choices:
+            kept = [(p, t) for p, t, k in self.sm_target_choices.values() if k]
+            report["sm_target"] = {"tuned": len(self.sm_target_choices), "kept": len(kept),
+                                   "kept_speedup_median": round(float(np.median([p / t for p, t in kept])), 3)
+                                   if kept else None}
+        return report
 
     def run(self, partition_key: Any, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata, block_tables: list[list[int]]) -> torch.Tensor | None:

@@ -278,3 +278,49 @@ def test_green_partitions_report_their_sm_counts():
     assert all(e.decode_sms + e.prefill_sms == sms for e in p.ladder)
     assert p.stream(0, "decode") is not None and p.stream(1, "prefill") is not None
     p.close()
+
+
+@pytest.mark.parametrize("keep_target", [True, False])
+def test_decode_graphs_on_a_partition_tune_the_cublas_sm_target_and_equal_eager(monkeypatch, keep_target):
+    """On a 16-SM green partition every bucket is captured with and without cuBLAS aimed at 16 SMs and one is
+    kept (forced here either way): the kept graph gives the eager hidden states on that stream, each choice is
+    recorded with both timings, and PyTorch's BLAS library and SM carveout are back as they were."""
+    from bullet_ray.engine import gemm_target
+    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+    from bullet_ray.gpu.partition import GreenPartitioner
+
+    monkeypatch.setattr(gemm_target, "keeps_target", lambda plain, targeted: keep_target)
+    library, carveout = torch.backends.cuda.preferred_blas_library(), torch._C._get_sm_carveout_experimental()
+    p = GreenPartitioner("decode", 0, [16])
+    try:
+        stream = p.stream(0, "decode")
+        model, cfg = _tiny_model()
+        kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+        backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
+        graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"))
+        graphs.partition_sms = {0: p.ladder[0].decode_sms}
+        assert graphs.tune_sm_target
+        graphs.capture_all(0, stream)
+        assert torch.backends.cuda.preferred_blas_library() == library
+        assert torch._C._get_sm_carveout_experimental() == carveout
+        assert sorted(b for _, b in graphs.sm_target_choices) == list(graphs.buckets)
+        assert all(plain > 0 and targeted > 0 and kept is keep_target
+                   for plain, targeted, kept in graphs.sm_target_choices.values())
+        assert graphs.num_captures == 2 * len(graphs.buckets) and len(graphs.graphs) == len(graphs.buckets)
+        assert graphs.capture_report()["sm_target"]["kept"] == (len(graphs.buckets) if keep_target else 0)
+        seq_lens = [5, 20, 33]
+        md = _metadata([1] * 3, seq_lens)
+        ids, pos = torch.arange(3, 6, device="cuda"), torch.tensor([s - 1 for s in seq_lens], device="cuda")
+        tables = [[0], [1, 2], [3, 4, 5]]
+        saved = kv.clone()
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            backend.begin_batch(md)
+            eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+            kv.copy_(saved)
+            graph = graphs.run(0, ids, pos, md, tables).float()
+        stream.synchronize()
+        assert float((graph - eager).norm() / eager.norm()) < 1e-2
+        assert graphs.num_captures_serving == 0
+    finally:
+        p.close()

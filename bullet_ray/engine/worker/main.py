@@ -88,7 +88,11 @@ class WorkerBase:
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
                               (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
         self.runner.graphs = graphs
-        for index, stream in self._graph_partitions():
+        partitions = self._graph_partitions()
+        if self.partitioner.side == "decode":  # green-context streams: cuBLAS may be told their SMs
+            ladder = self.partitioner.ladder
+            graphs.partition_sms = {i: ladder[i].decode_sms for i, stream in partitions if stream is not None}
+        for index, stream in partitions:
             graphs.capture_all(index, stream)
         graphs.is_serving = True
         self.graph_capture = graphs.capture_report()

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bullet_ray.policy.slo import SloTargets
 
 Schedule = Literal["bullet", "chunked", "static"]
 SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
@@ -107,6 +110,11 @@ class EngineConfig:
     # latency targets of the split policy (ms, > 0); the defaults are DESIGN.md's strict preset
     ttft_target_ms: float = 500.0
     tpot_target_ms: float = 25.0
+    # Bullet's per-prompt-token TTFT target (ms per prompt token, > 0; bullet_ray.bench.slo's bullet-* presets:
+    # ShareGPT 3, Azure code and arXiv 1.5): a request's TTFT target becomes max(ttft_target_ms, this x its
+    # prompt tokens), for the split policy and the engine's SLO metrics; ttft_target_ms stays the floor.
+    # None (default): ttft_target_ms for every request
+    ttft_target_ms_per_prompt_token: float | None = None
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -169,6 +177,9 @@ class EngineConfig:
         for name in ("ttft_target_ms", "tpot_target_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        per_token = self.ttft_target_ms_per_prompt_token
+        if per_token is not None and not per_token > 0:
+            raise ConfigError("ttft_target_ms_per_prompt_token", f"must be > 0 or null (off), got {per_token}")
         if self.profile_start_step < 0:
             raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")
         if self.profile_num_steps < 1:
@@ -207,6 +218,15 @@ class EngineConfig:
         if self.piecewise_graph_tokens is not None:
             return min(self.piecewise_graph_tokens, self.max_num_batched_tokens)
         return self.max_num_batched_tokens if role == "hybrid" else min(2048, self.max_num_batched_tokens)
+
+    def slo_targets(self) -> SloTargets:
+        """The split policy's targets (seconds) from `ttft_target_ms`, `tpot_target_ms` and
+        `ttft_target_ms_per_prompt_token`."""
+        from bullet_ray.policy.slo import SloTargets
+
+        per_token = self.ttft_target_ms_per_prompt_token
+        return SloTargets(self.ttft_target_ms / 1e3, self.tpot_target_ms / 1e3,
+                          None if per_token is None else per_token / 1e3)
 
     def split_settings(self) -> Any:
         """The split rule's SplitSettings from `split_rule`."""

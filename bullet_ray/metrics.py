@@ -20,7 +20,9 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_predicted_decode_step_seconds                    (bullet's own: the performance model's prediction)
     ray_bullet_requests_arrived_total                           (bullet's own: admitted or refused)
     ray_bullet_request_slo_total{slo_met="true|false"}          (bullet's own: both targets met; rate = goodput)
-    ray_bullet_slo_ttft_target_seconds / _tpot_target_seconds   (bullet's own: the targets in force)
+    ray_bullet_slo_ttft_target_seconds / _tpot_target_seconds   (bullet's own: the targets in force; TTFT's is the
+                                                                floor under a per-prompt-token target, which is
+                                                                the engine's ttft_target_ms_per_prompt_token)
     ray_bullet_split_min_decode_sms / _max_decode_sms           (bullet's own: the controller's bounds in force)
     ray_bullet_admission_max_waiting                            (bullet's own: the queue limit in force)
     ray_bullet_step_seconds_{bucket,sum,count}{phase}           (bullet's own: measured step time per side)
@@ -50,6 +52,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bullet_ray.policy.slo import SloTargets
+
 # vLLM's buckets where the meaning is the same
 TTFT_BUCKETS_S = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -68,7 +72,9 @@ class EngineMetrics:
     """Per-engine-replica metrics; a no-op outside a Ray worker."""
 
     def __init__(self, model_name: str, engine_id: str, gpu: str = "cpu", ttft_target_s: float = 0.5,
-                 tpot_target_s: float = 0.025) -> None:
+                 tpot_target_s: float = 0.025, ttft_per_token_s: float | None = None) -> None:
+        """`ttft_per_token_s`: Bullet's per-prompt-token TTFT target (None: off); a request then meets TTFT
+        within max(ttft_target_s, it x its prompt tokens)."""
         from ray.util import metrics as m
 
         tags = {"model_name": model_name, "engine": engine_id, "gpu": gpu}
@@ -101,7 +107,9 @@ class EngineMetrics:
                                        "refused).", tag_keys=TAGS)
         self.slo_total = m.Counter("bullet_request_slo", "Finished requests by whether both the TTFT and the TPOT "
                                    "target were met.", tag_keys=(*TAGS, "slo_met"))
-        self.ttft_target = m.Gauge("bullet_slo_ttft_target_seconds", "TTFT target in force (s).", tag_keys=TAGS)
+        self.ttft_target = m.Gauge("bullet_slo_ttft_target_seconds", "TTFT target in force (s); with a per-prompt-"
+                                   "token target, its floor: a request's is max(this, per-token x prompt tokens).",
+                                   tag_keys=TAGS)
         self.tpot_target = m.Gauge("bullet_slo_tpot_target_seconds", "TPOT target in force (s).", tag_keys=TAGS)
         self.min_decode_sms = m.Gauge("bullet_split_min_decode_sms", "Fewest decode SMs allowed now.", tag_keys=TAGS)
         self.max_decode_sms = m.Gauge("bullet_split_max_decode_sms", "Most decode SMs allowed now.", tag_keys=TAGS)
@@ -124,11 +132,22 @@ class EngineMetrics:
                        self.max_decode_sms, self.max_waiting, self.switch, self.decision_cost, self.success,
                        self.slo_total, self.step, self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
+        self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
         self.set_targets(ttft_target_s, tpot_target_s)
 
+    @property
+    def ttft_target_s(self) -> float:
+        """The TTFT target in force; the floor under a per-prompt-token one."""
+        return self.targets.ttft_s
+
+    @property
+    def tpot_target_s(self) -> float:
+        return self.targets.tpot_s
+
     def set_targets(self, ttft_target_s: float, tpot_target_s: float) -> None:
-        """The SLO targets that attainment is measured against from now on."""
-        self.ttft_target_s, self.tpot_target_s = ttft_target_s, tpot_target_s
+        """The SLO targets that attainment is measured against from now on (a controller's push); the
+        per-prompt-token TTFT target, if any, stays."""
+        self.targets = SloTargets(ttft_target_s, tpot_target_s, self.targets.ttft_per_token_s)
         self.ttft_target.set(ttft_target_s)
         self.tpot_target.set(tpot_target_s)
 
@@ -150,16 +169,20 @@ class EngineMetrics:
     def generated(self, num_tokens: int) -> None:
         self.generation_tokens.inc(num_tokens)
 
-    def finished(self, reason: str, e2e_s: float, ttft_s: float | None = None, num_output_tokens: int = 0) -> None:
+    def finished(self, reason: str, e2e_s: float, ttft_s: float | None = None, num_output_tokens: int = 0,
+                 num_prompt_tokens: int = 0) -> None:
         self.e2e.observe(e2e_s)
         self.success.inc(1, tags={"finished_reason": reason})
         if ttft_s is not None:
-            self.slo_total.inc(1, tags={"slo_met": str(self.meets_slo(ttft_s, e2e_s, num_output_tokens)).lower()})
+            is_met = self.meets_slo(ttft_s, e2e_s, num_output_tokens, num_prompt_tokens)
+            self.slo_total.inc(1, tags={"slo_met": str(is_met).lower()})
 
-    def meets_slo(self, ttft_s: float, e2e_s: float, num_output_tokens: int) -> bool:
-        """Both targets met: TTFT, and TPOT = (e2e - TTFT) / (tokens - 1) (DistServe's attainment)."""
+    def meets_slo(self, ttft_s: float, e2e_s: float, num_output_tokens: int, num_prompt_tokens: int = 0) -> bool:
+        """Both targets met: TTFT (max(the floor, per-token target x `num_prompt_tokens`) when a per-token
+        target is set; 0 prompt tokens: the floor), and TPOT = (e2e - TTFT) / (tokens - 1) (DistServe's
+        attainment)."""
         tpot_s = (e2e_s - ttft_s) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
-        return ttft_s <= self.ttft_target_s and tpot_s <= self.tpot_target_s
+        return ttft_s <= self.targets.ttft_target_s(num_prompt_tokens) and tpot_s <= self.targets.tpot_s
 
     def rejected(self) -> None:
         self.rejected_total.inc(1)

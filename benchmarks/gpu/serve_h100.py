@@ -20,8 +20,12 @@ predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bulle
 split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-mixed<tokens> (bullet-slo
 with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
 prompts in chunks inside its steps: engine.mixed_fallback_tokens),
-bullet-slo-relaxed (bullet-slo whose split policy aims at the relaxed preset, 1,000 ms / 50 ms, instead of the
-strict one: an SLO-aware schedule is told the SLO it serves; score it under relaxed only), chunked-<budget>
+bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
+bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
+and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
+it under that preset only: relaxed sets 1,000 ms / 50 ms; a per-prompt-token preset sets
+engine.ttft_target_ms_per_prompt_token to its ms per token, ttft_target_ms to one token's worth of it, so that a
+request's target is its ms per token x prompt tokens, and its TPOT target), chunked-<budget>
 (one worker, vLLM/SGLang-style hybrid batches of <budget> tokens), and vllm: `vllm serve` (0.24.0 on the GPU
 machine, installed apart from Ray and flashinfer in $VLLM_SITE) with dummy Llama-3.1-8B weights, its defaults
 but prefix caching off (this project has no prefix cache yet), driven by the same client with the same
@@ -61,7 +65,7 @@ import yaml
 from benchmarks import direct_ingress, report
 from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, wait_ready
 from benchmarks.serve_bench import BenchConfig, run_benchmark
-from benchmarks.slo import parse_slo
+from benchmarks.slo import PRESETS, parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
 from benchmarks.vllm_metrics import VllmMetricsProbe
 
@@ -97,9 +101,27 @@ def parse_system(system: str) -> tuple[str, str, bool]:
     return name, scheduling, len(engine) < len(suffixes)
 
 
+def preset_targets(name: str) -> dict[str, float] | None:
+    """The engine's SLO targets for system bullet-slo-<preset>, <preset> an SLO preset of bullet_ray.bench.slo
+    other than strict (the engine's default targets already); None when `name` is not one (bullet-slo-late100,
+    bullet-slo-m2). A fixed-TTFT preset sets ttft_target_ms; a per-prompt-token one sets
+    ttft_target_ms_per_prompt_token to its ms per token and ttft_target_ms, the floor, to one token's worth, so
+    that max(floor, ms per token x prompt tokens) is the preset's target for every prompt."""
+    preset = name.removeprefix("bullet-slo-")
+    if preset == name or preset == "strict" or preset not in PRESETS:
+        return None
+    slo = PRESETS[preset]
+    targets = {"tpot_target_ms": slo.tpot_s * 1e3}
+    if slo.ttft_s is not None:
+        return {"ttft_target_ms": slo.ttft_s * 1e3, **targets}
+    assert slo.ttft_ms_per_prompt_token is not None  # an SLO sets exactly one of the two
+    per_token = slo.ttft_ms_per_prompt_token
+    return {"ttft_target_ms": per_token, "ttft_target_ms_per_prompt_token": per_token, **targets}
+
+
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
-    (aimed at the relaxed preset for "bullet-slo-relaxed"), and with schedule chunked and the token budget
+    (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
     session), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
@@ -118,13 +140,12 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
-    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-relaxed") or name.startswith(
+    targets = preset_targets(name)
+    if name in ("bullet-slo", "bullet-slo-m2") or targets is not None or name.startswith(
             ("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
-        if name == "bullet-slo-relaxed":  # ... but the relaxed one here, the bench's own preset
-            relaxed = parse_slo("relaxed")
-            assert relaxed.ttft_s is not None
-            engine["ttft_target_ms"], engine["tpot_target_ms"] = relaxed.ttft_s * 1e3, relaxed.tpot_s * 1e3
+        if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
+            engine.update(targets)
         if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
         groups = name.removeprefix("bullet-slo-lw") if name.startswith("bullet-slo-lw") else ""
@@ -148,8 +169,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif name != "bullet":
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
+            presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-mixed<tokens>|"
-                             f"-m2|-relaxed], "
+                             f"-m2|-<SLO preset: {presets}>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -374,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
                              "prefill side plans <ms> before its step in flight ends), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
-                             "rule), bullet-slo-relaxed (targets 1,000 / 50 ms), chunked-<tokens>, static[-<tokens>], "
+                             "rule), bullet-slo-<preset> (aimed at an SLO preset but strict: "
+                             f"{', '.join(p for p in PRESETS if p != 'strict')}), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
                              "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "

@@ -11,8 +11,9 @@ from bullet_ray.errors import ConfigError
 class SloTargets:
     ttft_s: float = 0.5  # time to first token (the strict preset: 0.5 s; relaxed: 1 s)
     tpot_s: float = 0.025  # time per output token after the first (strict 25 ms; relaxed 50 ms)
-    # Bullet's per-prompt-token TTFT (ShareGPT 3 ms, Azure code 1.5 ms): when set, a request's TTFT target is
-    # max(ttft_s, ttft_per_token_s x prompt tokens)
+    # Bullet's per-prompt-token TTFT (ShareGPT 3 ms, Azure code 1.5 ms; EngineConfig's
+    # ttft_target_ms_per_prompt_token): when set, a request's TTFT target is max(ttft_s, ttft_per_token_s x prompt
+    # tokens), ttft_s its floor
     ttft_per_token_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -21,7 +22,8 @@ class SloTargets:
         if not self.tpot_s > 0:
             raise ConfigError("tpot_target_ms", f"must be > 0, got {self.tpot_s * 1e3:g}")
         if self.ttft_per_token_s is not None and not self.ttft_per_token_s > 0:
-            raise ConfigError("ttft_per_token_ms", f"must be > 0 or null, got {self.ttft_per_token_s * 1e3:g}")
+            raise ConfigError("ttft_target_ms_per_prompt_token",
+                              f"must be > 0 or null, got {self.ttft_per_token_s * 1e3:g}")
 
     def ttft_target_s(self, num_prompt_tokens: int) -> float:
         if self.ttft_per_token_s is None:

@@ -59,8 +59,13 @@ class EngineArgs(BaseModel):
                                               "null: off (it has not paid on the H100: serve_h100_m2n)")
     mixed_chunk_tokens: int = Field(2048, ge=1, description="token budget of a decode step in the mixed "
                                     "fallback (decode rows and prompt chunks)")
-    ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy (ms)")
+    ttft_target_ms: float = Field(500.0, gt=0, description="TTFT target of the split policy and the SLO "
+                                                          "metrics (ms; the floor under a per-prompt-token one)")
     tpot_target_ms: float = Field(25.0, gt=0, description="TPOT target of the split policy (ms)")
+    ttft_target_ms_per_prompt_token: float | None = Field(
+        None, gt=0, description="Bullet's per-prompt-token TTFT target (ms per prompt token; its presets: ShareGPT "
+                                "3, Azure code and arXiv 1.5): a request's TTFT target is max(ttft_target_ms, this "
+                                "x its prompt tokens), for the split policy and the SLO metrics; null: off")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

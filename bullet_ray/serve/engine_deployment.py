@@ -63,8 +63,9 @@ class EngineReplica:
                 gpu_id = str(uuids.pop())
         from bullet_ray.metrics import EngineMetrics
 
-        self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id, gpu_id, self.cfg.engine.ttft_target_ms / 1e3,
-                                     self.cfg.engine.tpot_target_ms / 1e3)
+        targets = self.cfg.engine.to_engine_config().slo_targets()
+        self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id, gpu_id, targets.ttft_s, targets.tpot_s,
+                                     targets.ttft_per_token_s)
         self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,
                                            self.cfg.admission_margin, self.cfg.retry_after_s,
                                            self.cfg.admission_tpot_s)
@@ -193,7 +194,8 @@ class EngineReplica:
                     last_token_s = now
                     self.metrics.generated(len(out.token_ids_delta))
                 if out.finished:
-                    self.metrics.finished(out.finish_reason or "stop", now - start, ttft_s, out.num_output_tokens)
+                    self.metrics.finished(out.finish_reason or "stop", now - start, ttft_s, out.num_output_tokens,
+                                          out.num_prompt_tokens)
                 yield out
         except InvalidSamplingParams as e:
             yield GenerateError(400, str(e), "invalid_request_error", e.field)

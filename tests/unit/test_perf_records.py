@@ -45,6 +45,24 @@ def test_metrics_take_step_records_outside_ray():
                            "switch_s": [0.0004]})
 
 
+def test_slo_metric_judges_ttft_against_the_per_prompt_token_target():
+    """With a per-prompt-token TTFT target a request meets TTFT within max(floor, per-token x its prompt tokens);
+    a controller's push moves the floor and keeps the per-token part; without one, the fixed target judges."""
+    per_token = EngineMetrics("m", "e", ttft_target_s=0.5, tpot_target_s=0.2, ttft_per_token_s=0.0015)
+    tpot_ok = 10 * 0.1  # e2e = TTFT + 10 more tokens at 100 ms each
+    assert per_token.meets_slo(1.4, 1.4 + tpot_ok, 11, num_prompt_tokens=1000)  # target 1.5 s
+    assert not per_token.meets_slo(1.6, 1.6 + tpot_ok, 11, num_prompt_tokens=1000)
+    assert per_token.meets_slo(0.45, 0.45 + tpot_ok, 11, num_prompt_tokens=100)  # 0.15 s x tokens: the floor's 0.5
+    assert not per_token.meets_slo(0.55, 0.55 + tpot_ok, 11, num_prompt_tokens=100)
+    assert not per_token.meets_slo(1.4, 1.4 + 10 * 0.3, 11, num_prompt_tokens=1000)  # TPOT 300 ms > 200 ms
+    per_token.set_targets(0.1, 0.2)
+    assert per_token.targets.ttft_per_token_s == 0.0015 and per_token.ttft_target_s == 0.1
+    assert per_token.meets_slo(0.12, 0.12 + tpot_ok, 11, num_prompt_tokens=100)  # now max(0.1, 0.15)
+    fixed = EngineMetrics("m", "e", ttft_target_s=0.5, tpot_target_s=0.2)
+    assert not fixed.meets_slo(1.4, 1.4 + tpot_ok, 11, num_prompt_tokens=1000)
+    fixed.finished("stop", 1.4 + tpot_ok, 1.4, 11, num_prompt_tokens=1000)  # Ray's counters: no-ops here
+
+
 def test_plot_steps_reads_a_log(tmp_path: Path):
     log = tmp_path / "steps.jsonl"
     lines = [{"kind": "decision", "t": 0.0, "index": 0, "reason": "only_prefill", "switch": True,

@@ -7,9 +7,12 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from bullet_ray.engine.worker.policy_link import SplitDecider, shape_of
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.perf.kernels import StepShape
+from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.state import QueuedRequest
 
 PRESETS = Path(__file__).resolve().parents[2] / "bullet_ray" / "models" / "presets"
@@ -49,7 +52,6 @@ def test_pushed_targets_and_bounds_reach_the_decider(tmp_path: Path):
     """The controller's push (engine front -> state block) changes what the prefill worker's decision aims at
     and which ladder entries it may choose."""
     from bullet_ray.engine.state_block import StateBlock
-    from bullet_ray.policy.slo import SloTargets
 
     block = StateBlock.create(str(tmp_path / "state"))
     try:
@@ -65,6 +67,14 @@ def test_pushed_targets_and_bounds_reach_the_decider(tmp_path: Path):
         assert (decider.policy.targets.ttft_s, decider.policy.targets.tpot_s) == (1.0, 0.05)
         assert decider.policy.rule.targets is decider.policy.targets
         assert [block.clamp_to_bounds(i) for i in (0, 3, 9)] == [2, 3, 4]
+        # a push replaces the floor and the TPOT target; the config's per-prompt-token TTFT stays
+        rule = SimpleNamespace(targets=SloTargets(0.0015, 0.2, ttft_per_token_s=0.0015))
+        decider.policy = SimpleNamespace(targets=rule.targets, rule=rule)
+        decider._follow_pushed_targets()
+        assert decider.policy.targets == SloTargets(1.0, 0.05, ttft_per_token_s=0.0015)
+        assert decider.policy.rule.targets is decider.policy.targets
+        assert decider.policy.targets.ttft_target_s(500) == 1.0  # the pushed floor
+        assert decider.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)  # the per-token part
     finally:
         block.close()
 
@@ -151,5 +161,50 @@ def test_handed_over_prompts_in_least_slack_order():
     model = SimpleNamespace(predict_prefill_s=lambda tokens, *args: tokens * 1e-4)  # 1,000 tokens: 0.1 s
     waiting = [seq("late-old", 500, 3.0), seq("roomy", 1000, 0.1), seq("late-new", 500, 1.0),
                seq("tight", 500, 0.4), seq("started", 800, 0.05, computed=400)]
-    order = order_by_slack(waiting, model, sms=132, targets=(0.5, 0.025))  # type: ignore[arg-type]
+    order = order_by_slack(waiting, model, sms=132, targets=SloTargets(0.5, 0.025))  # type: ignore[arg-type]
     assert [s.request_id for s in order] == ["started", "tight", "roomy", "late-old", "late-new"]
+
+
+def test_handed_over_prompts_aim_at_per_prompt_token_targets():
+    """With Bullet's per-prompt-token TTFT (1.5 ms a token, floor one token's: the bullet-azure-code preset as
+    serve_h100's bullet-slo-bullet-azure-code sets it) a short prompt whose budget is nearly spent goes before a
+    long one that arrived first and still has seconds; with the per-token target off every prompt is already
+    late against the 1.5 ms floor and they keep their arrival order."""
+    import time
+
+    from bullet_ray.engine.worker.policy_link import order_by_slack
+
+    now = time.time()
+
+    def seq(rid: str, tokens: int, waited_s: float) -> SimpleNamespace:
+        return SimpleNamespace(request_id=rid, num_tokens=tokens, arrival_s=now - waited_s, num_computed_tokens=0)
+
+    model = SimpleNamespace(predict_prefill_s=lambda tokens, *args: tokens * 1e-4)  # 1,000 tokens: 0.1 s
+    # targets with the per-token part: long 6 s (slack 4.6 s), mid 1.5 s (0.9 s), short 0.3 s (0.03 s)
+    waiting = [seq("long", 4000, 1.0), seq("mid", 1000, 0.5), seq("short", 200, 0.25)]
+    per_token = SloTargets(0.0015, 0.2, ttft_per_token_s=0.0015)
+    order = order_by_slack(waiting, model, sms=132, targets=per_token)  # type: ignore[arg-type]
+    assert [s.request_id for s in order] == ["short", "mid", "long"]
+    fixed = SloTargets(0.0015, 0.2)
+    order = order_by_slack(waiting, model, sms=132, targets=fixed)  # type: ignore[arg-type]
+    assert [s.request_id for s in order] == ["long", "mid", "short"]
+
+
+def test_the_decider_aims_at_the_configs_per_prompt_token_target():
+    """SplitDecider's policy (and its split rule) get EngineConfig's targets in seconds, the per-token part
+    included; without it, none."""
+    from bullet_ray.config import EngineConfig
+
+    ladder = [SimpleNamespace(decode_sms=d, prefill_sms=132 - d) for d in (16, 32, 66)]
+
+    def decider(cfg: EngineConfig) -> SplitDecider:
+        worker = SimpleNamespace(config=cfg, partitioner=SimpleNamespace(ladder=ladder, whole_index=None),
+                                 res=SimpleNamespace(state=None))
+        return SplitDecider(worker, SimpleNamespace(), SimpleNamespace())  # type: ignore[arg-type]
+
+    on = decider(EngineConfig(model="dummy:tiny-llama", ttft_target_ms=1.5, tpot_target_ms=200.0,
+                              ttft_target_ms_per_prompt_token=1.5))
+    assert on.policy.targets == SloTargets(0.0015, 0.2, ttft_per_token_s=0.0015)
+    assert on.policy.rule.targets is on.policy.targets and on.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)
+    off = decider(EngineConfig(model="dummy:tiny-llama"))
+    assert off.policy.targets == SloTargets(0.5, 0.025) and off.policy.targets.ttft_target_s(2000) == 0.5

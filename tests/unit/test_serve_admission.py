@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,6 +89,18 @@ def test_replica_answers_429_until_reconfigured():
     assert stats["num_rejected_total"] == 1 and stats["num_requests_total"] == 2
     assert replica.record_routing_stats() == {"predicted_ttft_s": 2.0, "num_waiting": 0, "num_running": 0,
                                               "kv_usage": 0.0}
+
+
+def test_replica_counts_slo_met_against_the_per_prompt_token_ttft():
+    """The replica judges a finished request with its prompt's tokens: a first token after 60 ms meets
+    max(1 ms, 20 ms x 10 prompt tokens) but not max(1 ms, 20 ms x 1 token)."""
+    cfg = BulletAppConfig(engine={"model": "mock", "ttft_target_ms": 1.0, "ttft_target_ms_per_prompt_token": 20.0})
+    replica = EngineReplica(cfg.model_dump(), mock_engine_factory(first_token_delay_s=0.06))
+    counted: list[str] = []
+    replica.metrics.slo_total = SimpleNamespace(inc=lambda n, tags: counted.append(tags["slo_met"]))
+    _run(replica, " ".join(["w"] * 10), 1)
+    _run(replica, "w", 1)
+    assert counted == ["true", "false"]
 
 
 def test_replica_maps_engine_errors_to_http_statuses():

@@ -78,6 +78,30 @@ def test_split_rule_settings_reach_the_policy_or_name_the_field():
         EngineConfig(model="dummy:tiny-llama", split_rule={"aim": 1.5})
 
 
+def test_per_prompt_token_ttft_target_validates_and_reaches_the_engine_config():
+    """`ttft_target_ms_per_prompt_token`: > 0 or null, in EngineConfig (a ConfigError naming it) and at the YAML
+    edge (a pydantic error naming it); set in a deployment's engine args it reaches EngineConfig and the policy's
+    SloTargets (in seconds, ttft_target_ms the floor)."""
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+    from bullet_ray.serve.config import EngineArgs
+
+    assert EngineConfig(model="dummy:tiny-llama").ttft_target_ms_per_prompt_token is None
+    for bad in (0.0, -1.5):
+        with pytest.raises(ConfigError, match="ttft_target_ms_per_prompt_token: must be > 0"):
+            EngineConfig(model="dummy:tiny-llama", ttft_target_ms_per_prompt_token=bad)
+        with pytest.raises(ValidationError, match="ttft_target_ms_per_prompt_token"):
+            build_app({"engine": {"ttft_target_ms_per_prompt_token": bad}})
+    args = BulletAppConfig(engine={"ttft_target_ms": 1.5, "tpot_target_ms": 200.0,
+                                   "ttft_target_ms_per_prompt_token": 1.5}).engine
+    cfg = args.to_engine_config()
+    assert (cfg.ttft_target_ms, cfg.tpot_target_ms, cfg.ttft_target_ms_per_prompt_token) == (1.5, 200.0, 1.5)
+    targets = cfg.slo_targets()
+    assert (targets.ttft_s, targets.tpot_s, targets.ttft_per_token_s) == (0.0015, 0.2, 0.0015)
+    assert targets.ttft_target_s(1000) == pytest.approx(1.5)
+    assert EngineArgs().to_engine_config().slo_targets().ttft_per_token_s is None
+
+
 def test_kuberay_service_embeds_a_valid_serve_config():
     with open(os.path.join(DEPLOY, "kuberay", "rayservice.yaml")) as f:
         service = yaml.safe_load(f)

@@ -33,6 +33,7 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
     assert (relaxed["split_policy"], relaxed["ttft_target_ms"], relaxed["tpot_target_ms"]) == ("slo", 1000.0, 50.0)
     assert "ttft_target_ms" not in slo and relaxed["step_log_path"].endswith("bullet-slo-relaxed-steps.jsonl")
+    assert "ttft_target_ms_per_prompt_token" not in relaxed
     chunked = _engine(system_yaml("chunked-2048", tmp_path))
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
     assert "piecewise_graph_tokens" not in chunked
@@ -42,7 +43,28 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert old["piecewise_graph_tokens"] == 1024 and old["step_log_path"].endswith("chunked-2048+pw1024-steps.jsonl")
 
 
-@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "fancy", "bullet+fast", "chunked-2048+pwx"])
+def test_per_prompt_token_presets_reach_the_engine_config(tmp_path):
+    """bullet-slo-<preset> for Bullet's per-prompt-token presets: the per-token target, a floor of one token's
+    worth (a request's target is then 1.5 ms x its prompt tokens, as the bench scores it), the preset's TPOT; and
+    the YAML's engine args are a valid engine config."""
+    from bullet_ray.serve.config import EngineArgs
+
+    azure = _engine(system_yaml("bullet-slo-bullet-azure-code", tmp_path))
+    assert (azure["split_policy"], azure["ttft_target_ms"], azure["ttft_target_ms_per_prompt_token"],
+            azure["tpot_target_ms"]) == ("slo", 1.5, 1.5, 200.0)
+    assert azure["step_log_path"].endswith("bullet-slo-bullet-azure-code-steps.jsonl")
+    targets = EngineArgs(**azure).to_engine_config().slo_targets()
+    assert targets.ttft_target_s(1) == pytest.approx(0.0015) and targets.ttft_target_s(4000) == pytest.approx(6.0)
+    sharegpt = _engine(system_yaml("bullet-slo-bullet-sharegpt+direct", tmp_path))
+    assert (sharegpt["ttft_target_ms"], sharegpt["ttft_target_ms_per_prompt_token"], sharegpt["tpot_target_ms"]) \
+        == (3.0, 3.0, 150.0)
+    # the other families are not taken for presets
+    late = _engine(system_yaml("bullet-slo-late100", tmp_path))
+    assert late["prefill_plan_lead_ms"] == 100 and "ttft_target_ms" not in late
+
+
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "fancy", "bullet+fast",
+                                  "chunked-2048+pwx", "bullet-slo-foo", "bullet-slo-strict", "bullet-slo-bullet"])
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):
         system_yaml(name, tmp_path)

@@ -28,6 +28,7 @@ from bullet_ray.engine.messages import Wake
 from bullet_ray.engine.state_block import Field, Side, StateBlock
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
+from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason, StepState
 
 logger = logging.getLogger(__name__)
@@ -199,7 +200,6 @@ class StepRecorder:
 class SplitDecider:
     def __init__(self, worker: Any, model: PerfModel, recorder: StepRecorder) -> None:
         from bullet_ray.policy.bullet import BulletPolicy
-        from bullet_ray.policy.slo import SloTargets
 
         cfg = worker.config
         ladder = [e for e in worker.partitioner.ladder if e.prefill_sms > 0]  # the policy's: no whole-GPU entry
@@ -212,7 +212,7 @@ class SplitDecider:
         self.mixed_index = whole if whole is not None else self.top_index
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
-                                   SloTargets(cfg.ttft_target_ms / 1e3, cfg.tpot_target_ms / 1e3),
+                                   cfg.slo_targets(),
                                    token_cap=cfg.max_num_batched_tokens, settings=cfg.split_settings())
         self.model = model
         self._seen_decode_step = -1
@@ -283,11 +283,10 @@ class SplitDecider:
 
     # the decision -----------------------------------------------------------------------------------
     def _follow_pushed_targets(self) -> None:
-        """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's."""
-        pushed = self.state.slo_targets()
+        """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's floor and TPOT target."""
         targets = self.policy.targets
-        if pushed is not None and pushed != (targets.ttft_s, targets.tpot_s):
-            new = dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])
+        new = with_pushed(targets, self.state.slo_targets())
+        if new != targets:
             self.policy.targets = self.policy.rule.targets = new
 
     def update_mixed(self, state: StepState) -> bool:
@@ -395,13 +394,21 @@ def queued_requests(seqs: Any, now: float) -> list[QueuedRequest]:
             for s in seqs]
 
 
-def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: tuple[float, float]) -> list[Any]:
+def with_pushed(targets: SloTargets, pushed: tuple[float, float] | None) -> SloTargets:
+    """`targets` with the (ttft_s, tpot_s) a controller pushed (StateBlock.slo_targets; None: none pushed) in
+    place of its floor and TPOT target; the per-prompt-token TTFT, which a push does not carry, is kept."""
+    if pushed is None or pushed == (targets.ttft_s, targets.tpot_s):
+        return targets
+    return dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])
+
+
+def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: SloTargets) -> list[Any]:
     """Sequences waiting for prefill (`Sequence`s) in the policy's least-slack order (bullet_ray.policy.ordering):
-    those that can still meet the TTFT target first, least slack first; the late ones after, oldest first; a
-    prompt already started stays first. `sms`: where their prefill runs; `targets`: (ttft_s, tpot_s). Used by
-    the decode side for the prompts the mixed fallback hands it, so that a burst does not all wait alike."""
+    those that can still meet their TTFT target (`targets.ttft_target_s` of their prompt) first, least slack
+    first; the late ones after, oldest first; a prompt already started stays first. `sms`: where their prefill
+    runs. Used by the decode side for the prompts the mixed fallback hands it, so that a burst does not all wait
+    alike."""
     from bullet_ray.policy.ordering import least_slack_order
-    from bullet_ray.policy.slo import SloTargets
 
     by_id = {s.request_id: s for s in waiting}
     queue = queued_requests(waiting, time.time())
@@ -409,7 +416,7 @@ def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: tuple[floa
     def own(r: QueuedRequest) -> float:
         return model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms)
 
-    return [by_id[r.request_id] for r in least_slack_order(queue, own, SloTargets(*targets))]
+    return [by_id[r.request_id] for r in least_slack_order(queue, own, targets)]
 
 
 def is_policy_on(worker: Any) -> bool:

@@ -42,6 +42,7 @@ from bullet_ray.engine.worker.policy_link import (
     is_policy_on,
     make_perf_model,
     order_by_slack,
+    with_pushed,
 )
 
 # how often the prefill worker's `wait_to_plan` looks at the step in flight while no message comes
@@ -342,8 +343,7 @@ class DecodeWorker(SideWorker):
     def _order_prompts(self) -> None:
         """The handed-over prompts in the policy's least-slack order before they are chunked (first come, first
         served made a whole burst wait alike: benchmarks/results/serve_h100_m2n)."""
-        pushed = self.res.state.slo_targets()
-        targets = pushed or (self.config.ttft_target_ms / 1e3, self.config.tpot_target_ms / 1e3)
+        targets = with_pushed(self.config.slo_targets(), self.res.state.slo_targets())  # per-token part kept
         ordered = order_by_slack(self.prompts.waiting, self.recorder.model, self.partitioner.current.decode_sms,
                                  targets)
         self.prompts.waiting.clear()

@@ -41,7 +41,7 @@ graphs (`plan_variants`), both captured at start (only where a split fits the wo
 `split_chunk_cap`); a bucket whose plan still refuses a split plans without one from then on
 (`unsplit_buckets`). The plan's own description is
 still part of the key: should a plan ever come out different, a new graph is captured rather than a stale
-one replayed (`num_captures` counts them).
+one replayed (`num_captures` counts every capture, a tuned bucket's discarded one too).
 
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
 the ladder index of the worker's side) gets its own set. On a partition smaller than the GPU (`partition_sms`,
@@ -256,23 +256,33 @@ class DecodeGraphs:
     def _capture_tuned(self, partition_key: Any, b: int, sms: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture bucket b without and with cuBLAS aimed at the partition's `sms`; keep the faster replay.
         A bucket's later plan variants (the split-KV graph) reuse its first choice (the GEMMs are the same)."""
-        choice = self.sm_target_choices.get((partition_key, b))
-        if choice is not None:
-            if not choice[2]:
-                self.num_captures += 1
-                return self._capture(b)
-            with gemm_target.sm_target(sms, self.device_sms):
-                self.num_captures += 1
-                return self._capture(b)
+        if (partition_key, b) in self.sm_target_choices:
+            self.num_captures += 1
+            return self._capture_as_chosen(partition_key, b)
         plain = self._capture(b)
         plain_ms = self._replay_ms(plain[0])
-        with gemm_target.sm_target(sms, self.device_sms):
-            targeted = self._capture(b)
+        self.num_captures += 1
+        try:
+            with gemm_target.sm_target(sms, self.device_sms):
+                targeted = self._capture(b)
+        except Exception:  # noqa: BLE001 - a cuBLASLt capture this model cannot take: the plain graph serves
+            logger.warning("decode graph with cuBLAS's SM target failed (partition %s, bucket %d): kept the plain one",
+                           partition_key, b, exc_info=True)
+            self.sm_target_choices[(partition_key, b)] = (round(plain_ms, 4), float("nan"), False)
+            return plain
         targeted_ms = self._replay_ms(targeted[0])
-        self.num_captures += 2
+        self.num_captures += 1
         keep = gemm_target.keeps_target(plain_ms, targeted_ms)
         self.sm_target_choices[(partition_key, b)] = (round(plain_ms, 4), round(targeted_ms, 4), keep)
         return targeted if keep else plain
+
+    def _capture_as_chosen(self, partition_key: Any, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture bucket b the way this partition's tuning chose for it (no choice: plain); never re-timed."""
+        choice = self.sm_target_choices.get((partition_key, b))
+        if choice is None or not choice[2]:
+            return self._capture(b)
+        with gemm_target.sm_target(self.partition_sms[partition_key], self.device_sms):
+            return self._capture(b)
 
     def _replay_ms(self, graph: torch.cuda.CUDAGraph, repeats: int = 3) -> float:
         """Mean device time of a replay on the capture stream (the partition's), after one warm-up."""
@@ -315,7 +325,7 @@ class DecodeGraphs:
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
         key = (partition_key, b, plan)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(b)
+            self.graphs[key] = self._capture_as_chosen(partition_key, b)
             self.num_captures += 1
             if self.is_serving:
                 self.num_captures_serving += 1

@@ -9,27 +9,42 @@ On the H100 (benchmarks/results/sm_target_h100/, eager steps of dummy Llama-3.1-
 partition (0.70-1.01x), so only decode graphs use it. A graph keeps the kernels it was captured with, so the
 decode worker captures each bucket of a partition twice, with and without the target, times a few
 replays of each and keeps the faster (`DecodeGraphs._capture_tuned`). `BULLET_RAY_GEMM_SM_TARGET=0` turns
-the tuning off (every graph captured as before).
+the tuning off (every graph captured as before); so does a PyTorch without the SM carveout (before 2.7).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 from collections.abc import Iterator
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 # a target must beat the plain capture by this much to be kept: replays vary by ~1%
 MARGIN = 0.02
+_ON, _OFF = ("tune", "1"), ("0", "off")
 
 
 def tuning_enabled() -> bool:
-    """BULLET_RAY_GEMM_SM_TARGET: "tune" (default) or "0" (off)."""
+    """BULLET_RAY_GEMM_SM_TARGET: "tune" or "1" (default: tune), "0" or "off"; off also where this PyTorch
+    has no SM carveout (logged once)."""
     value = os.environ.get("BULLET_RAY_GEMM_SM_TARGET", "tune")
-    if value not in ("tune", "0"):
-        raise ValueError(f"BULLET_RAY_GEMM_SM_TARGET must be tune or 0, got {value!r}")
-    return value == "tune"
+    if value not in _ON + _OFF:
+        raise ValueError(f"BULLET_RAY_GEMM_SM_TARGET must be one of {', '.join(_ON + _OFF)}, got {value!r}")
+    return value in _ON and _torch_has_carveout()
+
+
+@functools.cache
+def _torch_has_carveout() -> bool:
+    if hasattr(torch._C, "_set_sm_carveout_experimental"):
+        return True
+    logger.warning("torch %s has no SM carveout (PyTorch >= 2.7): decode graphs are not tuned for cuBLAS's SM "
+                   "target", torch.__version__)
+    return False
 
 
 @contextlib.contextmanager
@@ -40,9 +55,9 @@ def sm_target(sms: int, device_sms: int) -> Iterator[None]:
         raise ValueError(f"an SM target needs 0 < sms < {device_sms}, got {sms}")
     library = torch.backends.cuda.preferred_blas_library()
     carveout = torch._C._get_sm_carveout_experimental()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    torch._C._set_sm_carveout_experimental(device_sms - sms)
     try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        torch._C._set_sm_carveout_experimental(device_sms - sms)
         yield
     finally:
         torch._C._set_sm_carveout_experimental(carveout)

@@ -314,6 +314,7 @@ def test_decode_graphs_on_a_partition_tune_the_cublas_sm_target_and_equal_eager(
         ids, pos = torch.arange(3, 6, device="cuda"), torch.tensor([s - 1 for s in seq_lens], device="cuda")
         tables = [[0], [1, 2], [3, 4, 5]]
         saved = kv.clone()
+        graphs.is_serving = True
         with torch.inference_mode(), torch.cuda.stream(stream):
             backend.begin_batch(md)
             eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
@@ -321,6 +322,6 @@ def test_decode_graphs_on_a_partition_tune_the_cublas_sm_target_and_equal_eager(
             graph = graphs.run(0, ids, pos, md, tables).float()
         stream.synchronize()
         assert float((graph - eager).norm() / eager.norm()) < 1e-2
-        assert graphs.num_captures_serving == 0
+        assert graphs.num_captures_serving == 0 and graphs.num_captures == 2 * len(graphs.buckets)
     finally:
         p.close()

@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STARTUP_TIMEOUT_S = 300
-EXIT_TIMEOUT_S = 60
+# how long `serve run` may take to exit: in two clean-clone CI runs on the 2-core machine (2026-11-26) the Ctrl-C case
+# took longer than 60 s while it exits in seconds alone and in a local full run; the cause is not found, and a
+# failure now prints the log's tail
+EXIT_TIMEOUT_S = 120
 
 
 def _config(path, http_port: int) -> None:
@@ -96,7 +99,11 @@ def test_stopping_serve_run_releases_the_engine(tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
-        proc.wait(EXIT_TIMEOUT_S)
+        try:
+            proc.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"serve run still running {EXIT_TIMEOUT_S} s after {how}; its log ends:\n"
+                        + log_path.read_text()[-4000:])
         stream.join(EXIT_TIMEOUT_S)
         assert outcome and outcome[-1] in ("closed", "cut"), outcome
         assert wait_for(engine.is_gone, EXIT_TIMEOUT_S, 0.5), (engine, os.listdir(engine.path)

@@ -46,6 +46,7 @@ class EngineReplica:
         from bullet_ray.serve.workers import RayActorLauncher
 
         self.cfg = BulletAppConfig(**app_config)
+        engine_config = self.cfg.engine.to_engine_config()
         self.replica_id = _replica_id()
         gpu_id = "cpu"
         if engine_factory is not None:  # tests pass a mock engine that implements EngineClient
@@ -53,7 +54,7 @@ class EngineReplica:
         else:
             launcher = (RayActorLauncher(self.cfg.accelerator, self.cfg.worker_num_cpus, env=self._mps_env())
                         if self.cfg.worker_launcher == "ray" else ProcessLauncher())
-            self.engine = LLMEngine(self.cfg.engine.to_engine_config(), launcher=launcher,
+            self.engine = LLMEngine(engine_config, launcher=launcher,
                                     served_model_name=self.cfg.model_name)
             if isinstance(launcher, RayActorLauncher) and self.cfg.engine.device.startswith("cuda"):
                 placed = launcher.describe()
@@ -63,7 +64,7 @@ class EngineReplica:
                 gpu_id = str(uuids.pop())
         from bullet_ray.metrics import EngineMetrics
 
-        targets = self.cfg.engine.to_engine_config().slo_targets()
+        targets = engine_config.slo_targets()
         self.metrics = EngineMetrics(self.cfg.model_name, self.replica_id, gpu_id, targets.ttft_s, targets.tpot_s,
                                      targets.ttft_per_token_s)
         self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,

@@ -33,7 +33,7 @@ KERNELS: dict[str, dict[str, Any]] = {"cuda_core": {"use_tensor_cores": False},
                                       "tc_fa3": {"use_tensor_cores": True, "backend": "fa3"}}
 
 
-def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool | str, graph: bool, q: torch.Tensor,
+def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool | str | int, graph: bool, q: torch.Tensor,
                 lens: list[int], page_order: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
     """Median ms of one layer's decode attention over rows of context `lens` (8 runs per repeat; `graph`: the
     wrapper in CUDA-graph mode, the 8 runs captured once and replayed, as the engine's decode graphs run it)."""
@@ -47,6 +47,8 @@ def time_kernel(flashinfer: Any, kv: torch.Tensor, kernel: str, split_kv: bool |
                "paged_kv_indices_buffer": indices.clone(), "paged_kv_last_page_len_buffer": last.clone()} if graph else {}
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD", **KERNELS[kernel], **buffers)
     options: dict[str, Any] = {} if split_kv is True else {"disable_split_kv": True}
+    if not isinstance(split_kv, bool) and isinstance(split_kv, int):  # a fixed KV chunk of this many pages
+        options = {"fixed_split_size": split_kv}
     if split_kv == "balanced":  # the engine's rule (it applies it from SPLIT_KV_MAX_ROWS rows): the longest rows, evenly
         from bullet_ray.engine.attention.flashinfer_backend import balanced_kv_chunk_pages, graph_grid_chunks
 
@@ -111,6 +113,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--balanced", action="store_true",
                         help="also time the engine's balanced split (tc_fa2: fixed KV chunks for the longest rows)")
+    parser.add_argument("--split-pages", default="",
+                        help="also time tc_fa2 with these fixed KV chunks (pages, comma-separated), e.g. 4,8,16")
     parser.add_argument("--out-name", default="decode_attention", help="the saved JSON's name (without .json)")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs()
@@ -127,9 +131,10 @@ def main() -> None:
         kv_bytes = sum(lens) * KV_HEADS * DIM * 2 * 2
         ref = None
         q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-        splits: tuple[bool | str, ...] = (True, False, "balanced") if args.balanced else (True, False)
+        splits: tuple[bool | str | int, ...] = (True, False, "balanced") if args.balanced else (True, False)
+        splits += tuple(int(p) for p in args.split_pages.split(",") if p)
         for kernel, split_kv, graph in itertools.product(args.kernels.split(","), splits, (False, True)):
-            if split_kv == "balanced" and kernel != "tc_fa2":
+            if (split_kv == "balanced" or not isinstance(split_kv, bool)) and kernel != "tc_fa2":
                 continue
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "max_ctx": max(lens), "kernel": kernel,
                                    "split_kv": split_kv, "graph": graph}

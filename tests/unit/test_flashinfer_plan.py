@@ -89,14 +89,14 @@ def test_decode_tensor_cores_default_follows_the_gqa_group_and_the_environment(m
 
 
 def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every_decode_plan(monkeypatch):
-    """By default a tensor-core decode plan of 24 rows or more is split by the balanced rule (only its longest
+    """By default a tensor-core decode plan of 16 rows or more is split by the balanced rule (only its longest
     rows; none when the rows are alike), eager here and DecodeGraphs' through the same `decode_plan_options`
     with its bucket; BULLET_RAY_DECODE_SPLIT_KV=1 leaves every plan to flashinfer, =0 splits none; the
     CUDA-core kernel takes no such option."""
     from bullet_ray.engine.attention.flashinfer_backend import SPLIT_KV_MAX_ROWS, default_decode_split_kv_rows
 
     monkeypatch.delenv("BULLET_RAY_DECODE_SPLIT_KV", raising=False)
-    assert default_decode_split_kv_rows() == SPLIT_KV_MAX_ROWS == 24
+    assert default_decode_split_kv_rows() == SPLIT_KV_MAX_ROWS == 16
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "1")
     assert default_decode_split_kv_rows() is None
     monkeypatch.setenv("BULLET_RAY_DECODE_SPLIT_KV", "0")

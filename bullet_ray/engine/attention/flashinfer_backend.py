@@ -82,8 +82,10 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
 # 4k: 4.5x slower); with rows drawn from the conversation trace, as served, flashinfer's split was 2x faster than
 # none at 8-16 rows and the balanced one beat both from 24 rows (24: 64 us a layer vs 72-86; 32-64: 0.74-0.82 of
 # the copy bandwidth vs 0.59-0.77; 128 rows with one of 14k: 0.86 vs 0.66) and equalled no split where no row
-# stands out
-SPLIT_KV_MAX_ROWS = 24
+# stands out. From 16 rows since the fifteenth session (benchmarks/results/lease_m2s): 16 rows x 8 KV heads already
+# fill the GPU's SMs once, and with rows alike flashinfer's split then cost 18% (16 x 1k: 37.7 us a layer vs 32.0
+# unsplit); at 8 rows (64 CTAs) its split still pays (16.6 vs 21.9 us), so the limit stays above that
+SPLIT_KV_MAX_ROWS = 16
 
 
 # the smallest KV chunk a balanced split makes (pages of 16 tokens: 256 tokens), so a chunk's partial output and

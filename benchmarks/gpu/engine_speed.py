@@ -101,6 +101,9 @@ def main() -> int:
                                           "gb_per_s": round(read / (ms / 1e3) / 1e9), "bw_frac": round(read / (ms / 1e3) / 1e9 / bw, 3)}
             print(bs, ctx, decode[f"bs{bs}_ctx{ctx}"])
     graphs_result = decode_with_graphs(runner, cfg, num_blocks, capacity, weight_bytes, kv_per_token, bw)
+    # the same graphs with padding rows writing row 0's slot, row 0 last (two scatters a layer): the path before
+    # the pool's scratch block, timed in the same run
+    row0_last = decode_with_graphs(runner, cfg, num_blocks, capacity, weight_bytes, kv_per_token, bw, scratch=False)
     try:
         kernels = decode_kernel_breakdown(runner, 64, 1024)
     except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic; keep the figures without it
@@ -124,12 +127,15 @@ def main() -> int:
     save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
                                    "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
                                    "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
-                                   "decode_cuda_graphs": graphs_result, "decode_kernels_bs64_ctx1024": kernels,
+                                   "decode_cuda_graphs": graphs_result, "decode_cuda_graphs_row0_last": row0_last,
+                                   "decode_kernels_bs64_ctx1024": kernels,
                                    **steps,
                                    "transformers_generate": hf,
                                    "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
                                             "'decode_cuda_graphs': the same decode step replayed as a CUDA graph "
-                                            "(ms: one step at a time, host plan included; pipelined_ms: "
+                                            "(padding rows write the pool's scratch block; "
+                                            "'decode_cuda_graphs_row0_last': row 0's slot, row 0 written last; "
+                                            "ms: one step at a time, host plan included; pipelined_ms: "
                                             "back to back, host planning overlapped with the GPU); "
                                             "decode steps include the lm_head and the graph's host-side plan"})
     print(f"GEMM {peak:.0f} TFLOP/s, copy {bw:.0f} GB/s")
@@ -141,17 +147,22 @@ def main() -> int:
             print(f"decode {k:>14}: graphs {v['ms']:7.3f} ms {v['gb_per_s']:>5} GB/s ({v['bw_frac']:.3f}), "
                   f"pipelined {v['pipelined_ms']:7.3f} ms ({v['pipelined_bw_frac']:.3f}); "
                   f"eager {e.get('ms', float('nan')):7.3f} ms")
+            r = row0_last.get(k, {})
+            print(f"{'':>22}row 0 last: {r.get('ms', float('nan')):7.3f} ms ({r.get('bw_frac', float('nan')):.3f}), "
+                  f"pipelined {r.get('pipelined_ms', float('nan')):7.3f} ms ({r.get('pipelined_bw_frac', float('nan')):.3f})")
     print("transformers", hf)
     return 0
 
 
 @torch.inference_mode()
 def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes: int, kv_per_token: int,
-                       bw: float) -> dict:
+                       bw: float, scratch: bool = True) -> dict:
+    """Decode steps through DecodeGraphs; with `scratch` padding rows write the pool's last block (as a KVPool's
+    scratch block: the batches below leave it free), else row 0's slot with row 0 written last."""
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(runner.model, runner.backend, BLOCK, 256, (4096 + 2 * BLOCK) // BLOCK + 1,
-                          torch.device("cuda"))
+                          torch.device("cuda"), scratch_slot=(num_blocks - 1) * BLOCK if scratch else None)
     out = {}
     for bs in (1, 16, 64, 256):
         for ctx in (1024, 4096):

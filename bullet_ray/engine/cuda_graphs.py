@@ -7,10 +7,12 @@ decode-only steps use the same graphs.
 
 A decode step is hundreds of small kernels; replaying a captured graph removes their launch cost. A batch
 is padded up to its bucket (`BUCKETS`, up to the first one >= max_num_seqs). Padding rows repeat the batch's
-first sequence's token, position and slot: they touch no other sequence's blocks, and their outputs are
-dropped. Each attends over ONE token of that sequence (the first slot of its last page, `padded_rows`), so
-from the second layer on its K/V differ from row 0's while going to row 0's slot: inside a graph of more
-than one row row 0's K/V are written after the other rows' (one more small kernel per layer,
+first sequence's token and position and read no other sequence's blocks; their outputs are dropped. Each
+attends over ONE token of that sequence (the first slot of its last page, `padded_rows`), so from the second
+layer on its K/V differ from row 0's. They write them to the pool's scratch slot (`scratch_slot`: a block
+the allocator never hands out, `KVPool.scratch_slot`), one scatter per layer for the whole batch. Without a
+scratch slot (a pool made outside KVPool) they write row 0's slot, and inside a graph of more than one row
+row 0's K/V are written after the other rows' (one more small kernel per layer,
 `flashinfer_backend.store_first_row_last`), since in one scatter it is undefined which of the duplicate
 writes stays, and row 0 could read, and keep in the cache, a padding row's K/V for its own token: the
 cause of the graph-vs-eager failures with tensor-core decode in the sixth session, and on the H100 on
@@ -90,8 +92,8 @@ class CaptureStream:
 def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[list[list[int]], list[int]]:
     """The page lists and lengths of a bucket-b batch: the real rows, then padding rows that each see one
     token (the first slot of the first row's last page: written, since that page holds the row's tokens
-    from its first slot on). Padding rows write row 0's slot; row 0's own write is issued last (module
-    docstring)."""
+    from its first slot on). Padding rows write the scratch slot, or row 0's, whose own write is then issued
+    last (module docstring)."""
     pad = b - len(tables)
     return list(tables) + [tables[0][-1:]] * pad, list(seq_lens) + [1] * pad
 
@@ -104,12 +106,16 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: Any, backend: Any, block_size: int, max_num_seqs: int, max_blocks_per_seq: int,
-                 device: torch.device) -> None:
+                 device: torch.device, scratch_slot: int | None = None) -> None:
+        """`scratch_slot`: a slot of the KV pool no sequence owns (`KVPool.scratch_slot`), where padding rows
+        write their K/V: one scatter per layer. None: they write row 0's slot, and row 0 writes after them (a
+        second scatter per layer: `store_first_row_last`)."""
         import flashinfer
 
         self._flashinfer = flashinfer
         self.model, self.backend = model, backend
         self.block_size = block_size
+        self.scratch_slot = scratch_slot
         self.buckets = graph_buckets(max(1, max_num_seqs))
         self.max_batch = self.buckets[-1]
         n, dev = self.max_batch, device
@@ -205,7 +211,8 @@ class DecodeGraphs:
         saved = be.decode
         be.decode = self._wrapper(b)
         be._is_decode = True
-        be.first_row_writes_last = b > 1  # padding rows write row 0's slot: row 0's K/V must win
+        # padding rows write row 0's slot unless there is a scratch slot: then row 0's K/V must win
+        be.first_row_writes_last = b > 1 and self.scratch_slot is None
         try:
             stream = self._capture_stream.get()
             ctx = AttentionContext(be, md)
@@ -318,10 +325,13 @@ class DecodeGraphs:
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slots[:n].copy_(metadata.slot_mapping, non_blocking=True)
-        if b > n:  # padding rows repeat row 0's token, position and slot
+        if b > n:  # padding rows repeat row 0's token and position; their K/V go to the scratch slot (or row 0's)
             self.input_ids[n:b].copy_(self.input_ids[:1].expand(b - n))
             self.positions[n:b].copy_(self.positions[:1].expand(b - n))
-            self.slots[n:b].copy_(self.slots[:1].expand(b - n))
+            if self.scratch_slot is None:
+                self.slots[n:b].copy_(self.slots[:1].expand(b - n))
+            else:
+                self.slots[n:b].fill_(self.scratch_slot)
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
         key = (partition_key, b, plan)
         if key not in self.graphs:

@@ -2,7 +2,9 @@
 
 Layout: kv_cache[layer] = [num_blocks, 2, block_size, num_kv_heads, head_dim] (see attention/base.py).
 The pool lives in a `TensorArena`, so the prefill and decode workers map the same memory (shared memory
-on CPU, CUDA IPC on GPU); the `BlockAllocator` lives in shared host memory beside it.
+on CPU, CUDA IPC on GPU); the `BlockAllocator` lives in shared host memory beside it. One block past the
+allocator's (`KVPool.scratch_slot`) is never handed out: a decode CUDA graph's padding rows write their K/V
+there (bullet_ray.engine.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_
     return num_layers * 2 * block_size * num_kv_heads * head_dim * element
 
 
+# blocks of the pool past the allocator's: the scratch block (`KVPool.scratch_slot`)
+SCRATCH_BLOCKS = 1
+
+
 class KVPool:
     """The KV tensor and its allocator, created by one worker and attached by the other."""
 
@@ -44,8 +50,8 @@ class KVPool:
     @classmethod
     def create(cls, *, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
                dtype: torch.dtype, device: str, runtime_dir: str) -> KVPool:
-        shape = (num_layers, num_blocks, 2, block_size, num_kv_heads, head_dim)
-        nbytes = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype) * num_blocks
+        shape = (num_layers, num_blocks + SCRATCH_BLOCKS, 2, block_size, num_kv_heads, head_dim)
+        nbytes = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype) * (num_blocks + SCRATCH_BLOCKS)
         arena = TensorArena.create(nbytes + 512, device, os.path.join(runtime_dir, "kv_pool"))
         cache, spec = arena.allocate(shape, dtype)
         cache.zero_()
@@ -62,7 +68,13 @@ class KVPool:
 
     @property
     def num_blocks(self) -> int:
+        """Blocks the allocator hands out (the scratch block not counted)."""
         return self.allocator.num_blocks
+
+    @property
+    def scratch_slot(self) -> int:
+        """The first slot of the block past the allocator's: written by nobody's sequence, read by no plan."""
+        return self.allocator.num_blocks * self.block_size
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold num_tokens tokens."""

@@ -112,13 +112,15 @@ def _tiny_model(num_layers=2):
     return model, cfg
 
 
+@pytest.mark.parametrize("scratch", [False, True])
 @pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("seq_lens", [[5, 20, 33], [17], [40, 1, 300, 64, 9],
                                       [1 + (37 * i) % 45 for i in range(300)]])  # past 256 rows: the 320 bucket
-def test_graph_decode_equals_eager(seq_lens, tensor_cores):
+def test_graph_decode_equals_eager(seq_lens, tensor_cores, scratch):
     """Graph replay (batch padded to its bucket) gives the eager hidden states and writes the same KV (each
-    row's new token in every layer too: the padding rows share row 0's slot); padding rows touch no block
-    outside the batch. With either decode kernel (CUDA-core, tensor-core), up to the offline buckets past 256."""
+    row's new token in every layer too), whether the padding rows write row 0's slot (row 0 last) or a scratch
+    block's (the pool's last block here, as KVPool keeps one); padding rows touch no other block outside the
+    batch. With either decode kernel (CUDA-core, tensor-core), up to the offline buckets past 256."""
     from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
@@ -127,7 +129,8 @@ def test_graph_decode_equals_eager(seq_lens, tensor_cores):
     num_blocks = max(64, sum((s + 15) // 16 for s in seq_lens) + 8)
     kv = torch.randn(cfg.num_hidden_layers, num_blocks, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
-    graphs = DecodeGraphs(model, backend, 16, max(8, n), 32, torch.device("cuda"))
+    graphs = DecodeGraphs(model, backend, 16, max(8, n), 32, torch.device("cuda"),
+                          scratch_slot=(num_blocks - 1) * 16 if scratch else None)
     md = _metadata([1] * n, seq_lens)
     ids = torch.arange(3, 3 + n, device="cuda")
     pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
@@ -146,7 +149,9 @@ def test_graph_decode_equals_eager(seq_lens, tensor_cores):
             assert graph.shape == eager.shape
             rel = float((graph - eager).norm() / eager.norm())
             assert rel < 1e-2, f"relative difference {rel:.4f}"
-    assert torch.equal(kv[:, nxt:], saved[:, nxt:])  # blocks outside the batch untouched
+    assert torch.equal(kv[:, nxt:num_blocks - 1], saved[:, nxt:num_blocks - 1])  # blocks outside the batch untouched
+    padded = graphs.bucket(n) > n
+    assert torch.equal(kv[:, -1], saved[:, -1]) == (not (scratch and padded))  # the scratch block: padding only
     assert float((kv.float() - eager_kv.float()).norm() / eager_kv.float().norm()) < 1e-2
     for i, s in enumerate(seq_lens):  # every row's new K/V in every layer, row 0's against the padding rows'
         block, off = tables[i][(s - 1) // 16], (s - 1) % 16

@@ -57,3 +57,22 @@ def test_second_process_sees_and_changes_the_same_free_list(allocator):
     allocator.free(theirs)  # blocks taken by one process are freed by the other
     assert allocator.num_free == 6
 
+
+
+def test_the_kv_pool_keeps_a_scratch_block_no_sequence_gets(tmp_path):
+    """A KVPool's tensor has one block more than its allocator hands out: a decode graph's padding rows write
+    there (`scratch_slot`, its first slot), and no allocation ever returns it."""
+    import torch
+
+    from bullet_ray.engine.kv_pool import KVPool
+
+    pool = KVPool.create(num_layers=2, num_kv_heads=1, head_dim=4, num_blocks=6, block_size=4, dtype=torch.float32,
+                         device="cpu", runtime_dir=str(tmp_path))
+    try:
+        assert pool.num_blocks == 6 and pool.kv_cache.shape[1] == 7
+        assert pool.scratch_slot == 6 * 4
+        ids = pool.allocator.allocate(6)
+        assert ids is not None and sorted(ids) == list(range(6))  # every block but the scratch one
+        assert pool.allocator.allocate(1) is None
+    finally:
+        pool.close()

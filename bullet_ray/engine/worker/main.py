@@ -86,7 +86,8 @@ class WorkerBase:
 
         bs = self.config.block_size
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
-                              (self.res.handles.max_model_len + bs - 1) // bs, self.res.device)
+                              (self.res.handles.max_model_len + bs - 1) // bs, self.res.device,
+                              scratch_slot=self.res.kv_pool.scratch_slot)
         self.runner.graphs = graphs
         partitions = self._graph_partitions()
         if self.partitioner.side == "decode":  # green-context streams: cuBLAS may be told their SMs

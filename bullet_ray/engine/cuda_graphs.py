@@ -211,7 +211,7 @@ class DecodeGraphs:
         saved = be.decode
         be.decode = self._wrapper(b)
         be._is_decode = True
-        # padding rows write row 0's slot unless there is a scratch slot: then row 0's K/V must win
+        # no scratch slot: padding rows write row 0's slot, so row 0 writes last
         be.first_row_writes_last = b > 1 and self.scratch_slot is None
         try:
             stream = self._capture_stream.get()
@@ -242,7 +242,7 @@ class DecodeGraphs:
             for b in self.buckets:
                 self.input_ids[:b].zero_()
                 self.positions[:b].zero_()
-                self.slots[:b].zero_()
+                self.slots[:b].fill_(self.scratch_slot or 0)  # the dummy K/V: the scratch block, else block 0
                 for options in self.plan_variants(b):
                     # a split variant: row 0 over two pages (block 0 twice) in chunks of one page
                     tables, lens = ([[0, 0]] + [[0]] * (b - 1), [self.block_size + 1] + [1] * (b - 1)) \

@@ -1,6 +1,6 @@
 """The paged KV pool: one tensor of KV blocks for every layer, plus the shared free list of blocks.
 
-Layout: kv_cache[layer] = [num_blocks, 2, block_size, num_kv_heads, head_dim] (see attention/base.py).
+Layout: kv_cache[layer] = [num_blocks + 1, 2, block_size, num_kv_heads, head_dim] (see attention/base.py).
 The pool lives in a `TensorArena`, so the prefill and decode workers map the same memory (shared memory
 on CPU, CUDA IPC on GPU); the `BlockAllocator` lives in shared host memory beside it. One block past the
 allocator's (`KVPool.scratch_slot`) is never handed out: a decode CUDA graph's padding rows write their K/V

@@ -122,7 +122,8 @@ class Bench:
         else:
             num_blocks = 4096
         self.num_blocks = num_blocks
-        self.kv = torch.empty(cfg.num_hidden_layers, num_blocks, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
+        # one block past num_blocks: the decode graphs' scratch block, as the engine's KVPool keeps one
+        self.kv = torch.empty(cfg.num_hidden_layers, num_blocks + 1, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
                               dtype=self.dtype, device=device)
         self.kv.normal_(0.0, 0.1)  # in place: the pool is most of the free memory; never time on zeros
         backend = "flashinfer" if device.startswith("cuda") else "torch"
@@ -133,7 +134,7 @@ class Bench:
             from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.model, be, bs, max_batch, (max_len + bs - 1) // bs,
-                                              torch.device(device))
+                                              torch.device(device), scratch_slot=num_blocks * bs)
 
     @property
     def capacity_tokens(self) -> int:

@@ -74,5 +74,10 @@ def test_the_kv_pool_keeps_a_scratch_block_no_sequence_gets(tmp_path):
         ids = pool.allocator.allocate(6)
         assert ids is not None and sorted(ids) == list(range(6))  # every block but the scratch one
         assert pool.allocator.allocate(1) is None
+        attached = KVPool.attach(pool.export())  # what the second worker maps: the same tensor, the same slot
+        try:
+            assert attached.kv_cache.shape == pool.kv_cache.shape and attached.scratch_slot == pool.scratch_slot
+        finally:
+            attached.allocator.close()
     finally:
         pool.close()

@@ -108,8 +108,12 @@ def test_decode_split_kv_follows_the_batch_and_the_environment_and_reaches_every
     backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.num_sms = 32, 8, 128, 132
     alike, skewed = [80] * 32, [80] * 31 + [400]
     assert backend.decode_plan_options(alike * 10) == {}  # limit None: flashinfer's own
-    backend.decode_split_kv_rows = 24
-    assert backend.decode_plan_options([400] + [80] * 15) == {}  # under the limit: flashinfer's own
+    backend.decode_split_kv_rows = SPLIT_KV_MAX_ROWS
+    assert backend.decode_plan_options([400] + [80] * 14) == {}  # under the limit: flashinfer's own
+    # 16 rows alike (Llama-3.1-8B x 1k on 132 SMs): no split, eagerly and in the bucket of 16; one long row: split
+    assert backend.decode_plan_options([64] * 16) == backend.decode_plan_options([65] * 16, graph_rows=16) \
+        == {"disable_split_kv": True}
+    assert "fixed_split_size" in backend.decode_plan_options([64] * 15 + [445], graph_rows=16)
     assert backend.decode_plan_options(alike) == backend.decode_plan_options(alike * 10) == {"disable_split_kv": True}
     chunk = backend.decode_plan_options(skewed)["fixed_split_size"]  # eager: the fair share, 32 x 80 + 320 pages
     assert chunk == -(-(31 * 80 + 400) * 8 // 264)

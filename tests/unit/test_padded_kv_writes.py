@@ -1,4 +1,4 @@
-"""A decode graph's padding rows write row 0's slot (cuda_graphs.padded_rows); from the second layer on their
+"""Without a scratch slot a decode graph's padding rows write row 0's slot (cuda_graphs.padded_rows); from the second layer on their
 K/V differ from row 0's, so row 0's must be the write that stays (`store_first_row_last`)."""
 
 from __future__ import annotations

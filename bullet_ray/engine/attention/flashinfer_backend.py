@@ -29,8 +29,9 @@ the CUDA-core kernel took 10.4 of the step's ~55 ms of kernel time, reading the 
 tensor-core kernel is 2-11% faster there. Decode-graph replays with padding rows did not match eager under
 it on the GPU (sixth session); the cause was not the kernel's plan (in CUDA-graph mode it depends on the
 batch size alone) but the padding rows' K/V writes into row 0's slot, which from the second layer on differ
-from row 0's (one scatter leaves either, under either kernel: `store_first_row_last` now writes row 0
-last inside decode graphs). Since that fix the GPU graph tests pass with both kernels, and offline (300
+from row 0's (one scatter leaves either, under either kernel: `store_first_row_last` wrote row 0 last
+inside decode graphs; since the fifteenth session padding rows write the KV pool's scratch block instead,
+and row 0 last only where a pool has none). Since that fix the GPU graph tests pass with both kernels, and offline (300
 Azure-conversation requests, chunked-2048, alternating runs on one H100) the tensor-core kernel serves
 15.36 / 15.32 req/s against 14.14 / 14.15 (benchmarks/results/decode_tc_on_h100). So it is the default
 where a KV head serves >= 4 query heads (Llama-3.1-8B: 32 / 8), as in SGLang; `BULLET_RAY_DECODE_TENSOR_CORES=1` /
@@ -82,9 +83,11 @@ def default_decode_tensor_cores(num_heads: int = 1, num_kv_heads: int = 1) -> bo
 # 4k: 4.5x slower); with rows drawn from the conversation trace, as served, flashinfer's split was 2x faster than
 # none at 8-16 rows and the balanced one beat both from 24 rows (24: 64 us a layer vs 72-86; 32-64: 0.74-0.82 of
 # the copy bandwidth vs 0.59-0.77; 128 rows with one of 14k: 0.86 vs 0.66) and equalled no split where no row
-# stands out. From 16 rows since the fifteenth session (benchmarks/results/lease_m2s): 16 rows x 8 KV heads already
-# fill the GPU's SMs once, and with rows alike flashinfer's split then cost 18% (16 x 1k: 37.7 us a layer vs 32.0
-# unsplit); at 8 rows (64 CTAs) its split still pays (16.6 vs 21.9 us), so the limit stays above that
+# stands out. From 16 rows since the fifteenth session (benchmarks/results/lease_m2s, lease_m2s2): 16 rows x 8 KV
+# heads already fill the GPU's SMs once, and with rows alike flashinfer's split then cost 18% (16 x 1k: 37.7 us a
+# layer vs 32.0 unsplit, which the balanced rule picks for rows alike); on served lengths the balanced split equals
+# or beats flashinfer's at 12-24 rows; at 8 rows alike (64 CTAs) flashinfer's split still pays (16.6 vs 21.9 us),
+# so the limit stays above that
 SPLIT_KV_MAX_ROWS = 16
 
 
@@ -131,11 +134,14 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
     (benchmarks/results/decode_attention_skew_h100). The chunk is the batch's fair share of one CTA slot (its
     pages x KV heads over 2 x SMs, at least MIN_SPLIT_PAGES), grown until the chunks fit `max_chunks`
     (`FlashInferBackend.split_chunk_cap`: what the workspace and a CUDA graph's padded grid hold; None: no
-    limit). None when no row is longer than one and a half chunks (nothing to even out), or when not even
-    unsplit rows fit."""
+    limit). None when no row is longer than one and a half chunks or than one and a half times the batch's
+    mean (nothing to even out: with 16 rows alike the chunk is half a row, and splitting every row in two read
+    the KV slower than no split, benchmarks/results/lease_m2s), or when not even unsplit rows fit."""
     if not pages:
         return None
     longest = max(pages)
+    if longest * 2 * len(pages) <= 3 * sum(pages):
+        return None  # no row stands out
     chunk = max(MIN_SPLIT_PAGES, -(-sum(pages) * num_kv_heads // (_CTAS_PER_SM * max(1, num_sms))))
     if longest * 2 <= chunk * 3:
         return None
@@ -176,8 +182,8 @@ class FlashInferBackend(AttentionBackend):
     # a mixed batch's leading decode rows through the decode kernel (False: every row through the prefill
     # kernel, as before; benchmarks/gpu/mixed_attention.py compares the two)
     split_mixed_batches = True
-    # on while cuda_graphs.DecodeGraphs captures a bucket of more than one row: its padding rows share row
-    # 0's slot, and row 0's K/V are written after the others' (`store_first_row_last`)
+    # on while cuda_graphs.DecodeGraphs without a scratch slot captures a bucket of more than one row: its
+    # padding rows share row 0's slot, and row 0's K/V are written after the others' (`store_first_row_last`)
     first_row_writes_last = False
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -357,7 +363,7 @@ class PlanFence:
 def store_first_row_last(rows: torch.Tensor, kv_rows: torch.Tensor, kv: torch.Tensor) -> None:
     """Write K/V rows `kv` [tokens, 2, kv_heads, head_dim] at `kv_rows` [tokens, 2], the first token's last.
 
-    A decode graph's padding rows (cuda_graphs.padded_rows) repeat row 0's slot, but from the second layer on
+    Without a scratch slot a decode graph's padding rows (cuda_graphs.padded_rows) repeat row 0's slot, but from the second layer on
     their K/V differ from row 0's (they attend over one token, row 0 over its context). In one `index_put_`
     duplicate indices leave either value (undefined which): row 0 could read, and keep in the cache, a
     padding row's K/V for its own token. Rows 1.. first, then row 0 alone: row 0's K/V stay. Rows 1.. hold

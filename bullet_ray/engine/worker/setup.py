@@ -11,7 +11,7 @@ import torch
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.attention.base import get_backend_class
-from bullet_ray.engine.kv_pool import KVPool, KVPoolHandle, kv_bytes_per_block
+from bullet_ray.engine.kv_pool import SCRATCH_BLOCKS, KVPool, KVPoolHandle, kv_bytes_per_block
 from bullet_ray.engine.shared_memory import TensorArena
 from bullet_ray.engine.state_block import StateBlock, StateBlockHandle
 from bullet_ray.engine.weights import WeightsHandle, allocate_shared_weights, attach_weights
@@ -60,7 +60,7 @@ def _num_blocks(config: EngineConfig, model_config: Any, dtype: torch.dtype) -> 
         return config.num_kv_blocks
     per_block = kv_bytes_per_block(model_config.num_hidden_layers, model_config.num_key_value_heads,
                                    model_config.head_dim, config.block_size, dtype)
-    return max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block)
+    return max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block - SCRATCH_BLOCKS)  # the pool adds it
 
 
 def _make_backend(config: EngineConfig, model_config: Any, kv_pool: KVPool) -> Any:

@@ -242,7 +242,8 @@ class DecodeGraphs:
             for b in self.buckets:
                 self.input_ids[:b].zero_()
                 self.positions[:b].zero_()
-                self.slots[:b].fill_(self.scratch_slot or 0)  # the dummy K/V: the scratch block, else block 0
+                # the dummy K/V: the scratch block, else block 0
+                self.slots[:b].fill_(0 if self.scratch_slot is None else self.scratch_slot)
                 for options in self.plan_variants(b):
                     # a split variant: row 0 over two pages (block 0 twice) in chunks of one page
                     tables, lens = ([[0, 0]] + [[0]] * (b - 1), [self.block_size + 1] + [1] * (b - 1)) \

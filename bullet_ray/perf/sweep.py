@@ -100,6 +100,7 @@ class Bench:
         import torch
 
         from bullet_ray.engine.attention.base import get_backend_class
+        from bullet_ray.engine.kv_pool import SCRATCH_BLOCKS
         from bullet_ray.engine.runner import ModelRunner
         from bullet_ray.engine.sampler import Sampler
         from bullet_ray.models.loader import load_model
@@ -122,8 +123,8 @@ class Bench:
         else:
             num_blocks = 4096
         self.num_blocks = num_blocks
-        # one block past num_blocks: the decode graphs' scratch block, as the engine's KVPool keeps one
-        self.kv = torch.empty(cfg.num_hidden_layers, num_blocks + 1, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
+        # past num_blocks: the decode graphs' scratch block, as the engine's KVPool keeps one
+        self.kv = torch.empty(cfg.num_hidden_layers, num_blocks + SCRATCH_BLOCKS, 2, bs, cfg.num_key_value_heads, cfg.head_dim,
                               dtype=self.dtype, device=device)
         self.kv.normal_(0.0, 0.1)  # in place: the pool is most of the free memory; never time on zeros
         backend = "flashinfer" if device.startswith("cuda") else "torch"

@@ -31,7 +31,8 @@ it on the GPU (sixth session); the cause was not the kernel's plan (in CUDA-grap
 batch size alone) but the padding rows' K/V writes into row 0's slot, which from the second layer on differ
 from row 0's (one scatter leaves either, under either kernel: `store_first_row_last` wrote row 0 last
 inside decode graphs; since the fifteenth session padding rows write the KV pool's scratch block instead,
-and row 0 last only where a pool has none). Since that fix the GPU graph tests pass with both kernels, and offline (300
+and row 0 last only where a pool has none). Since that fix the GPU graph tests pass with both kernels, and
+offline (300
 Azure-conversation requests, chunked-2048, alternating runs on one H100) the tensor-core kernel serves
 15.36 / 15.32 req/s against 14.14 / 14.15 (benchmarks/results/decode_tc_on_h100). So it is the default
 where a KV head serves >= 4 query heads (Llama-3.1-8B: 32 / 8), as in SGLang; `BULLET_RAY_DECODE_TENSOR_CORES=1` /
@@ -363,8 +364,8 @@ class PlanFence:
 def store_first_row_last(rows: torch.Tensor, kv_rows: torch.Tensor, kv: torch.Tensor) -> None:
     """Write K/V rows `kv` [tokens, 2, kv_heads, head_dim] at `kv_rows` [tokens, 2], the first token's last.
 
-    Without a scratch slot a decode graph's padding rows (cuda_graphs.padded_rows) repeat row 0's slot, but from the second layer on
-    their K/V differ from row 0's (they attend over one token, row 0 over its context). In one `index_put_`
+    Without a scratch slot a decode graph's padding rows (cuda_graphs.padded_rows) repeat row 0's slot, but
+    from the second layer on their K/V differ from row 0's (they attend over one token, row 0 over its context). In one `index_put_`
     duplicate indices leave either value (undefined which): row 0 could read, and keep in the cache, a
     padding row's K/V for its own token. Rows 1.. first, then row 0 alone: row 0's K/V stay. Rows 1.. hold
     no other duplicates (real rows have slots of their own, padding rows only row 0's)."""

@@ -42,6 +42,14 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
+def _tokens_per_request(mean: float | None) -> float | None:
+    """A window's mean tokens per request, or None when it has no reading. Every counted request has at least
+    one prompt token and finishes with at least one output token, so a mean below one says the token counter
+    lagged the request counter in the export (they are flushed by different processes), not that requests
+    were empty: a forecast fed that 0 would see no demand until the lengths caught up."""
+    return None if mean is None or mean < 1.0 else mean
+
+
 class PrometheusReader:
     """PromQL against `url` (http://host:port) over a `window_s` rate window."""
 
@@ -88,7 +96,8 @@ class PrometheusReader:
             q = f"histogram_quantile(0.9, sum by (engine, le) (rate({P}{name}_bucket{self.selector}[{self.window}])))"
             for labels, value in self.query(q):
                 by_engine[labels.get("engine", "")][field] = value
-        return ClusterReading(time.time(), LoadSample(rate, prompt, output), attainment, _engines(by_engine))
+        return ClusterReading(time.time(), LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
+                              attainment, _engines(by_engine))
 
 
 def _engines(by_engine: dict[str, dict[str, float]]) -> tuple[EngineObservation, ...]:
@@ -180,7 +189,8 @@ class NodeExporterReader:
                 value_q = histogram_quantile(0.9, b)
                 if value_q is not None:
                     by_engine[engine][field] = value_q
-        return ClusterReading(now, LoadSample(rate, prompt, output), attainment, _engines(by_engine))
+        return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
+                              attainment, _engines(by_engine))
 
 
 def ray_node_endpoints() -> list[str]:

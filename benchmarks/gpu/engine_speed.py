@@ -193,6 +193,7 @@ def decode_with_graphs(runner, cfg, num_blocks: int, capacity: int, weight_bytes
                                        "graph_vs_eager_rel_diff": rel}
             print("graphs", bs, ctx, out[f"bs{bs}_ctx{ctx}"], flush=True)
     out["num_graph_captures"] = graphs.num_captures
+    out["num_plans"], out["num_plans_reused"] = graphs.num_plans, graphs.num_plans_reused  # flashinfer plans skipped
     return out
 
 

@@ -43,7 +43,10 @@ graphs (`plan_variants`), both captured at start (only where a split fits the wo
 `split_chunk_cap`); a bucket whose plan still refuses a split plans without one from then on
 (`unsplit_buckets`). The plan's own description is
 still part of the key: should a plan ever come out different, a new graph is captured rather than a stale
-one replayed (`num_captures` counts every capture, a tuned bucket's discarded one too).
+one replayed (`num_captures` counts every capture, a tuned bucket's discarded one too). A step's page tables
+reach the graph's buffers in one copy from pinned staging memory, and flashinfer's plan runs again only when its
+work list can differ from the bucket's last one (`plan_key`): never, for an unsplit tensor-core bucket, so in
+one-step-at-a-time decoding the host does not spend each step re-planning a schedule it already holds.
 
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
 the ladder index of the worker's side) gets its own set. On a partition smaller than the GPU (`partition_sms`,
@@ -89,6 +92,51 @@ class CaptureStream:
         return stream
 
 
+STAGING_SLOTS = 3  # pinned staging buffers in turn: the host plans at most one step ahead of the GPU
+
+
+class MetaLayout:
+    """Where a decode graph's page tables sit in one int32 buffer of `size` elements: indptr [max_batch + 1],
+    last-page lengths [max_batch] and page indices [max_indices], each from a 64-element (256-byte) boundary."""
+
+    ALIGN = 64
+
+    def __init__(self, max_batch: int, max_indices: int) -> None:
+        self.max_batch = max_batch
+        self.last_at = _round_up(max_batch + 1, self.ALIGN)
+        self.indices_at = _round_up(self.last_at + max_batch, self.ALIGN)
+        self.size = self.indices_at + max_indices
+
+    def views(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indptr, last-page lengths, page indices) views of `buf`."""
+        return (buf[:self.max_batch + 1], buf[self.last_at:self.last_at + self.max_batch], buf[self.indices_at:])
+
+
+def _round_up(x: int, to: int) -> int:
+    return (x + to - 1) // to * to
+
+
+def _record() -> Any:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def plan_key(options: dict[str, Any], counts: list[int], tensor_cores: bool) -> tuple[Any, ...]:
+    """What a graph bucket's decode plan (flashinfer's work list) depends on, given its `options` and each
+    row's page count: two steps with equal keys get equal plans, so the second reuses the first's.
+
+    flashinfer 0.7.2's tensor-core plan (`PrefillSplitQOKVIndptr`) reads the query indptr (one token a row)
+    and the page indptr, never the last-page lengths or the page indices (the kernel reads those from the
+    wrapper's buffers as it runs); without a split every row is one work item whatever its length, so an
+    unsplit plan depends on the bucket alone. A split (balanced or flashinfer's own) and the CUDA-core
+    kernel's plan (which ignores `disable_split_kv`) depend on the page counts too."""
+    opts = tuple(sorted(options.items()))
+    if tensor_cores and options.get("disable_split_kv"):
+        return (opts,)
+    return (opts, tuple(counts))
+
+
 def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[list[list[int]], list[int]]:
     """The page lists and lengths of a bucket-b batch: the real rows, then padding rows that each see one
     token (the first slot of the first row's last page: written, since that page holds the row's tokens
@@ -122,9 +170,19 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
         self.slots = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.indptr = torch.zeros(n + 1, dtype=torch.int32, device=dev)
-        self.indices = torch.zeros(n * max_blocks_per_seq, dtype=torch.int32, device=dev)
-        self.last_len = torch.ones(n, dtype=torch.int32, device=dev)
+        # the wrappers' page tables in ONE device buffer (indptr, last-page lengths, page indices at aligned
+        # offsets), filled by one copy a step from a ring of pinned staging buffers laid out the same way
+        self._layout = MetaLayout(n, n * max_blocks_per_seq)
+        self._meta = torch.zeros(self._layout.size, dtype=torch.int32, device=dev)
+        self.indptr, self.last_len, self.indices = self._layout.views(self._meta)
+        self.last_len.fill_(1)
+        self._staging = [torch.zeros(self._layout.size, dtype=torch.int32).pin_memory() for _ in range(STAGING_SLOTS)]
+        self._staged: list[Any] = [None] * STAGING_SLOTS  # the event after each slot's last copy
+        self._next_slot = 0
+        # per bucket: (what its plan's work list depends on, the plan's description) of the wrapper's last plan
+        self._last_plan: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        self.num_plans = 0  # flashinfer plans made
+        self.num_plans_reused = 0  # steps whose plan was the bucket's last one (flashinfer's plan skipped)
         self.wrappers: dict[int, Any] = {}
         self.unsplit_buckets: set[int] = set()  # buckets whose plan refused a balanced split (`_plan`)
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -161,23 +219,27 @@ class DecodeGraphs:
         (`decode_plan_options`: e.g. a balanced split) unless `options` are given; returns the plan's
         description.
 
-        Nothing here waits for the GPU: the page indices go to the graph's buffer by an asynchronous copy
-        from pinned memory, indptr and last-page lengths stay on the host (flashinfer copies them the same
-        way), so this step is planned while the previous one still runs."""
+        The page tables (indptr, last-page lengths, page indices) go to the graph's buffers in one asynchronous
+        copy from a pinned staging buffer; flashinfer's plan (its work list, copied to the wrapper's own
+        workspace) runs only when it can come out different from the wrapper's last one (`plan_key`): a step
+        of an unsplit tensor-core bucket, or of a split one whose rows span the same page counts, reuses it.
+        Nothing here waits for the GPU, so this step is planned while the previous one still runs."""
         rows, lens = padded_rows(tables, seq_lens, b)
         counts = [len(r) for r in rows]
-        indptr = np.zeros(b + 1, dtype=np.int32)
-        np.cumsum(counts, out=indptr[1:])
-        total = int(indptr[-1])
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
-        last = (np.asarray(lens, dtype=np.int32) - 1) % self.block_size + 1
         be, wrapper = self.backend, self._wrapper(b)
         if options is None:
             options = {"disable_split_kv": True} if b in self.unsplit_buckets else be.decode_plan_options(counts, graph_rows=b)
-        self.indices[:total].copy_(torch.from_numpy(flat).pin_memory(), non_blocking=True)
-        args = (wrapper, torch.from_numpy(indptr).pin_memory(), self.indices[:total], torch.from_numpy(last).pin_memory(),
-                be.num_heads, be.num_kv_heads, be.head_dim, self.block_size)
+        indptr, last, total = self._stage(b, rows, lens, counts)
+        key = plan_key(options, counts, getattr(be, "decode_tensor_cores", False))
+        last_plan = self._last_plan.get(b)
+        if last_plan is not None and last_plan[0] == key:
+            self.num_plans_reused += 1
+            return last_plan[1]
+        args = (wrapper, indptr, self.indices[:total], last, be.num_heads, be.num_kv_heads, be.head_dim,
+                self.block_size)
         kwargs = {"q_data_type": be.kv_cache.dtype, "kv_data_type": be.kv_cache.dtype, "sm_scale": be.scale}
+        self._last_plan.pop(b, None)  # a failed plan leaves the wrapper's workspace unknown
+        self.num_plans += 1
         try:
             be.fence.plan(*args, **kwargs, **options)
         except Exception as e:  # noqa: BLE001 - flashinfer's refusal (a tvm-ffi error); a second failure raises
@@ -187,9 +249,36 @@ class DecodeGraphs:
             # padded grid): its steps go without one from now on
             logger.warning("decode graphs: bucket %d plans without split-KV (%s)", b, str(e).splitlines()[0][:160])
             self.unsplit_buckets.add(b)
-            be.fence.plan(*args, **kwargs, disable_split_kv=True)
+            options = {"disable_split_kv": True}
+            key = plan_key(options, counts, getattr(be, "decode_tensor_cores", False))
+            be.fence.plan(*args, **kwargs, **options)
+        self._staged[(self._next_slot - 1) % STAGING_SLOTS] = _record()  # flashinfer's copies read the slot too
         info = getattr(wrapper, "_plan_info", None)
-        return tuple(int(x) for x in info) if info is not None else ()
+        plan = tuple(int(x) for x in info) if info is not None else ()
+        self._last_plan[b] = (key, plan)
+        return plan
+
+    def _stage(self, b: int, rows: list[list[int]], lens: list[int],
+               counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Copy a bucket-b batch's page tables to the graph's buffers (one copy from the next pinned staging
+        slot, once the GPU has taken that slot's previous copy); returns the slot's pinned indptr and
+        last-page lengths (what flashinfer's plan reads on the host) and the number of page indices."""
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % STAGING_SLOTS
+        if self._staged[slot] is not None:
+            self._staged[slot].synchronize()
+        host = self._staging[slot]
+        indptr_h, last_h, indices_h = self._layout.views(host)
+        view = indptr_h[:b + 1].numpy()
+        view[0] = 0
+        np.cumsum(counts, out=view[1:])
+        total = int(view[-1])
+        last_h[:b].numpy()[:] = (np.asarray(lens, dtype=np.int32) - 1) % self.block_size + 1
+        indices_h[:total].numpy()[:] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
+        end = self._layout.indices_at + total
+        self._meta[:end].copy_(host[:end], non_blocking=True)
+        self._staged[slot] = _record()
+        return indptr_h[:b + 1], last_h[:b], total
 
     def plan_variants(self, b: int) -> list[dict[str, Any] | None]:
         """The plan options a bucket's steps may take, each captured at start (None: the backend's default for

@@ -237,6 +237,54 @@ def test_graph_is_reused_across_context_lengths(tensor_cores):
     assert graphs.num_captures == 1
 
 
+@pytest.mark.parametrize("scratch", [False, True])
+def test_reused_decode_plans_equal_eager_between_buckets(scratch):
+    """Tensor-core decode graphs skip flashinfer's plan where it cannot change (`plan_key`): 16 rows alike (the
+    unsplit plan) grow over 20 steps, crossing page boundaries, with a step of 3 rows (another bucket, which
+    rewrites the shared page-table buffers) and a split batch of 16 (the same bucket's other plan) between them;
+    every replay equals eager, and most steps reuse their bucket's last plan."""
+    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.cuda_graphs import DecodeGraphs
+
+    model, cfg = _tiny_model()
+    num_blocks = 256
+    kv = torch.randn(cfg.num_hidden_layers, num_blocks, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=True)
+    graphs = DecodeGraphs(model, backend, 16, 16, 64, torch.device("cuda"),
+                          scratch_slot=(num_blocks - 1) * 16 if scratch else None)
+    graphs.capture_all(0)
+    graphs.is_serving = True
+
+    def step(lens):
+        n = len(lens)
+        md = _metadata([1] * n, lens)
+        tables, nxt = [], 0
+        for s in lens:
+            tables.append(list(range(nxt, nxt + (s + 15) // 16)))
+            nxt += len(tables[-1])
+        ids = torch.arange(5, 5 + n, device="cuda")
+        pos = torch.tensor([s - 1 for s in lens], device="cuda")
+        saved = kv.clone()
+        backend.begin_batch(md)
+        eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+        kv.copy_(saved)
+        graph = graphs.run(0, ids, pos, md, tables).float()
+        rel = float((graph - eager).norm() / eager.norm())
+        assert rel < 1e-2, f"{n} rows at {lens[:3]}...: relative difference {rel:.4f}"
+
+    with torch.inference_mode():
+        before = graphs.num_plans
+        for t in range(20):
+            step([10 + t + (i % 2) * 16 for i in range(16)])  # rows of 1-3 pages, none standing out: unsplit
+            if t == 7:
+                step([30, 3, 200])  # the 4 bucket
+            if t == 13:
+                step([40] * 15 + [700])  # one row stands out: the 16 bucket's split plan
+    assert graphs.num_captures_serving == 0
+    assert graphs.num_plans_reused >= 17  # the unsplit 16 bucket planned again only after the split step
+    assert graphs.num_plans - before <= 4
+
+
 def test_fused_kernels_match_the_pytorch_layers():
     """RMSNorm, SiLU-and-mul and rotary through flashinfer equal the layers' own PyTorch code."""
     import os

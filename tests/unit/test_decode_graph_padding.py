@@ -47,3 +47,32 @@ def test_piecewise_limit_holds_the_budget_on_one_partition():
     set_ = EngineConfig(model="dummy:tiny-llama", device="cpu", max_num_batched_tokens=8192, piecewise_graph_tokens=4096)
     assert set_.piecewise_limit("hybrid") == 4096 == set_.piecewise_limit("prefill")
     assert EngineConfig(model="dummy:tiny-llama", device="cpu", piecewise_graph_tokens=0).piecewise_limit("hybrid") == 0
+
+
+def test_plan_key_reuses_unsplit_tensor_core_plans_and_keys_the_rest_by_page_counts():
+    from bullet_ray.engine.cuda_graphs import plan_key
+
+    unsplit = {"disable_split_kv": True}
+    # tensor cores without a split: one work item a row whatever its length, the same plan every step
+    assert plan_key(unsplit, [1, 2, 3], True) == plan_key(unsplit, [7, 9, 40], True)
+    # a split (balanced or flashinfer's own), or the CUDA-core kernel (which ignores disable_split_kv): page counts
+    split = {"fixed_split_size": 4}
+    assert plan_key(split, [1, 2, 3], True) == plan_key(split, [1, 2, 3], True)
+    assert plan_key(split, [1, 2, 3], True) != plan_key(split, [1, 2, 4], True)
+    assert plan_key({}, [1, 2], True) != plan_key({}, [1, 3], True)
+    assert plan_key(unsplit, [1, 2], False) != plan_key(unsplit, [1, 3], False)
+    assert plan_key(unsplit, [1, 2], True) != plan_key(split, [1, 2], True)  # the options are part of it
+
+
+def test_meta_layout_puts_each_table_on_an_aligned_offset_without_overlap():
+    import torch
+
+    from bullet_ray.engine.cuda_graphs import MetaLayout
+
+    layout = MetaLayout(256, 256 * 33)
+    buf = torch.arange(layout.size, dtype=torch.int32)
+    indptr, last, indices = layout.views(buf)
+    assert (indptr.numel(), last.numel(), indices.numel()) == (257, 256, 256 * 33)
+    starts = [int(v[0]) for v in (indptr, last, indices)]
+    assert all(s % MetaLayout.ALIGN == 0 for s in starts)
+    assert starts[0] + 257 <= starts[1] and starts[1] + 256 <= starts[2] and starts[2] + 256 * 33 == layout.size

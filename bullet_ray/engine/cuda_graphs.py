@@ -60,6 +60,7 @@ import contextlib
 import itertools
 import logging
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,25 @@ class MetaLayout:
 
 def _round_up(x: int, to: int) -> int:
     return (x + to - 1) // to * to
+
+
+def _page_lock(owner: object, tensors: list[torch.Tensor]) -> None:
+    """Page-lock `tensors` (host memory) with cudaHostRegister, for as long as `owner` lives. Not torch's
+    pinned memory (`pin_memory`): its caching allocator records an event on every stream a block was copied on
+    when the block is freed, and that aborts the process when the stream's green context was destroyed
+    first (a partition closed before the graphs are dropped)."""
+    cudart = torch.cuda.cudart()
+    for t in tensors:
+        err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1)  # cudaHostRegisterPortable
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed ({err}) for {t.numel() * t.element_size()} bytes")
+    weakref.finalize(owner, _page_unlock, tensors)
+
+
+def _page_unlock(tensors: list[torch.Tensor]) -> None:
+    cudart = torch.cuda.cudart()
+    for t in tensors:
+        cudart.cudaHostUnregister(t.data_ptr())
 
 
 def _record() -> Any:
@@ -176,7 +196,8 @@ class DecodeGraphs:
         self._meta = torch.zeros(self._layout.size, dtype=torch.int32, device=dev)
         self.indptr, self.last_len, self.indices = self._layout.views(self._meta)
         self.last_len.fill_(1)
-        self._staging = [torch.zeros(self._layout.size, dtype=torch.int32).pin_memory() for _ in range(STAGING_SLOTS)]
+        self._staging = [torch.zeros(self._layout.size, dtype=torch.int32) for _ in range(STAGING_SLOTS)]
+        _page_lock(self, self._staging)
         self._staged: list[Any] = [None] * STAGING_SLOTS  # the event after each slot's last copy
         self._next_slot = 0
         # per bucket: (what its plan's work list depends on, the plan's description) of the wrapper's last plan

@@ -1,7 +1,9 @@
 """Admission control of one engine replica: when to answer 429 instead of queueing a new request.
 
 An engine refuses a request when its queue (requests without a first token) is full, when the
-engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin, or when
+engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin (with Bullet's
+per-prompt-token targets, `admission_ttft_ms_per_prompt_token`, the target of THIS request: max(admission_ttft_s,
+that x its prompt tokens), so a long prompt is not refused for a wait its own target allows), or when
 its decoding side's recent wall time per step (the TPOT its running requests get now) exceeds the TPOT target by
 more than the margin. Without the TPOT bound, a TTFT bound alone admitted 1.6x the sustainable rate on the
 H100 (benchmarks/results/overload_h100.json: prompts were prefilled in time, then every admitted request
@@ -29,6 +31,7 @@ class AdmissionSettings:
     admission_margin: float = 0.0
     retry_after_s: int = 1
     admission_tpot_s: float | None = None
+    admission_ttft_ms_per_prompt_token: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_waiting_per_engine < 1:
@@ -37,6 +40,9 @@ class AdmissionSettings:
             raise ConfigError("admission_ttft_s", f"must be > 0 or null, got {self.admission_ttft_s}")
         if self.admission_tpot_s is not None and self.admission_tpot_s <= 0:
             raise ConfigError("admission_tpot_s", f"must be > 0 or null, got {self.admission_tpot_s}")
+        per_token = self.admission_ttft_ms_per_prompt_token
+        if per_token is not None and not per_token > 0:
+            raise ConfigError("admission_ttft_ms_per_prompt_token", f"must be > 0 or null, got {per_token}")
         if self.admission_margin < 0:
             raise ConfigError("admission_margin", f"must be >= 0, got {self.admission_margin}")
         if self.retry_after_s < 1:
@@ -50,14 +56,27 @@ class AdmissionSettings:
             raise ConfigError(unknown[0], f"not a runtime-tunable setting; known: {sorted(known)}")
         return dataclasses.replace(self, **user_config)
 
-    def refusal(self, stats: EngineStats) -> str | None:
-        """Why a request arriving now must be refused, or None to admit it."""
+    @property
+    def needs_prompt_tokens(self) -> bool:
+        """Whether `refusal` wants the request's prompt length (a per-prompt-token TTFT bound is set)."""
+        return self.admission_ttft_ms_per_prompt_token is not None
+
+    def ttft_bound_s(self, num_prompt_tokens: int | None = None) -> float | None:
+        """The TTFT a request of `num_prompt_tokens` may be predicted before it is refused (margin included):
+        max(admission_ttft_s, admission_ttft_ms_per_prompt_token x its prompt tokens); None: no TTFT bound (none
+        set, or only a per-token one and the length unknown)."""
+        targets = [] if self.admission_ttft_s is None else [self.admission_ttft_s]
+        if self.admission_ttft_ms_per_prompt_token is not None and num_prompt_tokens is not None:
+            targets.append(self.admission_ttft_ms_per_prompt_token / 1e3 * num_prompt_tokens)
+        return max(targets) * (1.0 + self.admission_margin) if targets else None
+
+    def refusal(self, stats: EngineStats, num_prompt_tokens: int | None = None) -> str | None:
+        """Why a request (of `num_prompt_tokens`, where known) arriving now must be refused, or None to admit it."""
         if stats.num_waiting >= self.max_waiting_per_engine:
             return f"{stats.num_waiting} requests waiting, limit {self.max_waiting_per_engine}"
-        if self.admission_ttft_s is not None and stats.predicted_ttft_s is not None:
-            bound_s = self.admission_ttft_s * (1.0 + self.admission_margin)
-            if stats.predicted_ttft_s > bound_s:
-                return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
+        bound_s = self.ttft_bound_s(num_prompt_tokens)
+        if bound_s is not None and stats.predicted_ttft_s is not None and stats.predicted_ttft_s > bound_s:
+            return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
         if self.admission_tpot_s is not None and stats.recent_decode_step_s is not None:
             bound_s = self.admission_tpot_s * (1.0 + self.admission_margin)
             if stats.recent_decode_step_s > bound_s:

@@ -69,7 +69,7 @@ class EngineReplica:
                                      targets.ttft_per_token_s)
         self.admission = AdmissionSettings(self.cfg.max_waiting_per_engine, self.cfg.admission_ttft_s,
                                            self.cfg.admission_margin, self.cfg.retry_after_s,
-                                           self.cfg.admission_tpot_s)
+                                           self.cfg.admission_tpot_s, self.cfg.admission_ttft_ms_per_prompt_token)
         self.num_requests_total = 0
         self.num_rejected_total = 0
 
@@ -108,7 +108,8 @@ class EngineReplica:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs (the deployment's user_config): max_waiting_per_engine, admission_ttft_s,
-        admission_tpot_s, admission_margin, retry_after_s. Unknown keys are an error naming them."""
+        admission_tpot_s, admission_ttft_ms_per_prompt_token, admission_margin, retry_after_s. Unknown keys are an
+        error naming them."""
         self.admission = self.admission.updated(user_config)
         logger.info("admission settings now %s", self.admission)
 
@@ -166,23 +167,41 @@ class EngineReplica:
         return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
                                                   tokenize=True, return_dict=False))
 
+    def _token_ids(self, prompt: str | list[int]) -> str | list[int]:
+        """A text prompt as the engine's tokenizer encodes it (what the engine would do itself), so its length is
+        known here; left as text where the engine has no tokenizer."""
+        tokenizer = self.engine.tokenizer
+        if isinstance(prompt, str) and tokenizer is not None:
+            return list(tokenizer.encode(prompt))
+        return prompt
+
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput | GenerateError]:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
         params: SamplingParams = request["params"]
         self.num_requests_total += 1
         self.metrics.arrived()
-        refusal = self.admission.refusal(self.engine.stats())
+        start = time.monotonic()
+        prompt: str | list[int] | None = None
+        num_prompt_tokens: int | None = None
+        if self.admission.needs_prompt_tokens:  # a per-prompt-token TTFT bound: the length decides
+            try:
+                prompt = self._token_ids(self._prompt(request))
+            except InvalidRequest as e:
+                yield GenerateError(400, str(e), "invalid_request_error", e.field)
+                return
+            num_prompt_tokens = len(prompt) if isinstance(prompt, list) else None
+        refusal = self.admission.refusal(self.engine.stats(), num_prompt_tokens)
         if refusal is not None:
             self.num_rejected_total += 1
             self.metrics.rejected()
             yield GenerateError(429, f"every engine is saturated ({refusal}); retry later", "rate_limit_error",
                                 retry_after_s=self.admission.retry_after_s)
             return
-        start = time.monotonic()
         last_token_s: float | None = None
         ttft_s: float | None = None
         try:
-            prompt = self._prompt(request)
+            if prompt is None:
+                prompt = self._prompt(request)
             stream = self.engine.stream_async(prompt, params, request.get("request_id") or uuid.uuid4().hex)
             async for out in stream:
                 now = time.monotonic()

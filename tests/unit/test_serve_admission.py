@@ -127,3 +127,38 @@ def test_mock_engine_holds_kv_blocks_per_token_and_frees_them_on_abort():
     assert asyncio.run(go()) == (3, 8, "abort")
     outs = engine.generate(["x y"], SamplingParams(max_tokens=3))
     assert outs[0].token_ids == [2, 3, 4] and outs[0].text == " t2 t3 t4"
+
+
+def test_per_prompt_token_ttft_bound_follows_the_requests_length():
+    """Bullet's per-token targets: a request's bound is max(admission_ttft_s, ms per token x its prompt tokens)."""
+    settings = AdmissionSettings(4, admission_ttft_s=0.5, admission_ttft_ms_per_prompt_token=2.0, admission_margin=0.1)
+    assert settings.needs_prompt_tokens and not AdmissionSettings(4, admission_ttft_s=0.5).needs_prompt_tokens
+    assert settings.ttft_bound_s(100) == pytest.approx(0.5 * 1.1)  # 0.2 s per-token target: the floor holds
+    assert settings.ttft_bound_s(1000) == pytest.approx(2.0 * 1.1)
+    assert settings.ttft_bound_s(None) == pytest.approx(0.5 * 1.1)  # length unknown: the fixed bound
+    assert AdmissionSettings(4, admission_ttft_ms_per_prompt_token=2.0).ttft_bound_s(None) is None
+    assert "over the bound 0.550 s" in settings.refusal(_stats(0, 1.0), 100)
+    assert settings.refusal(_stats(0, 1.0), 1000) is None  # a long prompt may wait what its target allows
+    with pytest.raises(ConfigError, match="admission_ttft_ms_per_prompt_token"):
+        AdmissionSettings(4, admission_ttft_ms_per_prompt_token=0.0)
+    assert settings.updated({"admission_ttft_ms_per_prompt_token": 3.0}).ttft_bound_s(1000) == pytest.approx(3.3)
+
+
+class _WordTokenizer:
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        return [7] * len(text.split())
+
+
+def test_replica_counts_the_prompt_before_a_per_token_admission_decision():
+    """With a per-prompt-token bound the replica tokenizes first: at a predicted TTFT of 2 s and a 1 s floor
+    with 100 ms per token, a 5-word prompt (bound 1 s) gets 429 and a 30-word one (bound 3 s) is served."""
+    cfg = BulletAppConfig(engine={"model": "mock"}, admission_ttft_s=1.0, admission_ttft_ms_per_prompt_token=100.0)
+    replica = EngineReplica(cfg.model_dump(), mock_engine_factory(predicted_ttft_s=2.0, tokenizer=_WordTokenizer()))
+    [refused] = _run(replica, " ".join(["w"] * 5), 2)
+    assert isinstance(refused, GenerateError) and refused.status == 429 and "bound 1.000 s" in refused.message
+    outs = _run(replica, " ".join(["w"] * 30), 2)
+    assert not isinstance(outs[0], GenerateError) and outs[-1].finish_reason == "length"
+    assert outs[-1].num_prompt_tokens == 30
+    assert replica.stats()["num_rejected_total"] == 1

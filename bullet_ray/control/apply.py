@@ -6,7 +6,7 @@ decides the split clamps to; engines without an SM split, such as the mock engin
 -> the replica's attainment metric and target gauges (the split decider in the prefill worker keeps the
 targets it started with: moving them at run time needs two more state-block slots);
 admission -> the replica's AdmissionSettings, starting from the ones it had before the first decision (so
-leaving `shed` mode restores them). What is in force is exported as gauges and returned.
+leaving `shed` mode restores them; an operator's runtime change, `reconfigure_admission`, changes those too). What is in force is exported as gauges and returned.
 """
 
 from __future__ import annotations
@@ -54,3 +54,12 @@ def apply_decision(replica: Any, decision: dict[str, Any]) -> dict[str, Any]:
             "node_id": node_id,
             "decode_sms_bounds": bounds, "ttft_target_s": ttft_s, "tpot_target_s": tpot_s,
             "admission": dataclasses.asdict(replica.admission)}
+
+
+def reconfigure_admission(replica: Any, user_config: dict[str, Any]) -> None:
+    """An operator's runtime admission change (the deployment's user_config): in force now, and the base the
+    controller's next decisions start from, so a decision does not undo it."""
+    replica.admission = replica.admission.updated(user_config)
+    base = getattr(replica, "_admission_before_control", None)
+    if base is not None:
+        replica._admission_before_control = base.updated(user_config)

@@ -79,8 +79,10 @@ class LoadSample:
     """What was measured over the last interval."""
 
     rate_rps: float  # requests arriving per second (admitted or not)
-    mean_prompt_tokens: float | None  # of requests that got a first token; None when none did
-    mean_output_tokens: float | None  # of requests that finished; None when none did
+    # of requests that got a first token / that finished; None when none did, or when the token counter lagged
+    # (a mean below one token: control.readings)
+    mean_prompt_tokens: float | None
+    mean_output_tokens: float | None
 
 
 @dataclass(frozen=True)

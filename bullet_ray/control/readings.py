@@ -44,9 +44,10 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 def _tokens_per_request(mean: float | None) -> float | None:
     """A window's mean tokens per request, or None when it has no reading. Every counted request has at least
-    one prompt token and finishes with at least one output token, so a mean below one says the token counter
-    lagged the request counter in the export (they are flushed by different processes), not that requests
-    were empty: a forecast fed that 0 would see no demand until the lengths caught up."""
+    one prompt token and nearly every finished one at least one output token (an aborted one may have none), so
+    a mean below one says the token counter lagged the request counter in the export (they are flushed by
+    different processes), not that requests were empty: a forecast fed that 0 would see no demand until the
+    lengths caught up. A counter that lags only in part still reads low; the forecast's smoothing absorbs it."""
     return None if mean is None or mean < 1.0 else mean
 
 

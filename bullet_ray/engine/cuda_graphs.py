@@ -29,8 +29,8 @@ between them, 47.7 ms median for 359 sequences at 1.25k context against ~33 ms f
 the decode graphs' bandwidth (benchmarks/results/serve_h100_m2j/offline_launch.txt). A worker captures only
 the buckets up to its `max_num_seqs` (serving configs run 256).
 
-flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers that `plan` refills before
-each replay, with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
+flashinfer's decode wrapper runs in CUDA-graph mode with fixed index buffers refilled before each replay
+(`_stage`), with the backend's kernel (CUDA-core, or tensor-core with `decode_tensor_cores`). In that mode
 the launch shape depends on the batch size alone, not on the context lengths, for either kernel, so one
 graph per bucket serves every step: the CUDA-core kernel's plan pads its grid to a fixed size; the
 tensor-core one (flashinfer 0.7.2's prefill plan, `PrefillSplitQOKVIndptr`) splits the KV as it chooses
@@ -93,7 +93,9 @@ class CaptureStream:
         return stream
 
 
-STAGING_SLOTS = 3  # pinned staging buffers in turn: the host plans at most one step ahead of the GPU
+# page-locked staging buffers used in turn; a slot is rewritten only once its last copy ran (its event), so
+# the host may run up to STAGING_SLOTS - 1 steps ahead of the GPU without waiting
+STAGING_SLOTS = 3
 
 
 class MetaLayout:
@@ -123,14 +125,22 @@ def _page_lock(owner: object, tensors: list[torch.Tensor]) -> None:
     when the block is freed, and that aborts the process when the stream's green context was destroyed
     first (a partition closed before the graphs are dropped)."""
     cudart = torch.cuda.cudart()
-    for t in tensors:
+    for i, t in enumerate(tensors):
         err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1)  # cudaHostRegisterPortable
         if int(err) != 0:
+            _page_unlock(tensors[:i], [])
             raise RuntimeError(f"cudaHostRegister failed ({err}) for {t.numel() * t.element_size()} bytes")
-    weakref.finalize(owner, _page_unlock, tensors)
+    weakref.finalize(owner, _page_unlock, tensors, getattr(owner, "_staged", []))
 
 
-def _page_unlock(tensors: list[torch.Tensor]) -> None:
+def _page_unlock(tensors: list[torch.Tensor], pending: list[Any]) -> None:
+    """Unregister `tensors` once the copies still queued from them (`pending` events) have run."""
+    for event in pending:
+        if event is not None:
+            try:
+                event.synchronize()
+            except Exception:  # noqa: BLE001 - a context already gone: nothing of it is still queued
+                pass
     cudart = torch.cuda.cudart()
     for t in tensors:
         cudart.cudaHostUnregister(t.data_ptr())
@@ -142,7 +152,8 @@ def _record() -> Any:
     return event
 
 
-def plan_key(options: dict[str, Any], counts: list[int], tensor_cores: bool) -> tuple[Any, ...]:
+def plan_key(options: dict[str, Any], counts: list[int], tensor_cores: bool,
+             backend: str = "fa2") -> tuple[Any, ...] | None:
     """What a graph bucket's decode plan (flashinfer's work list) depends on, given its `options` and each
     row's page count: two steps with equal keys get equal plans, so the second reuses the first's.
 
@@ -150,7 +161,11 @@ def plan_key(options: dict[str, Any], counts: list[int], tensor_cores: bool) -> 
     and the page indptr, never the last-page lengths or the page indices (the kernel reads those from the
     wrapper's buffers as it runs); without a split every row is one work item whatever its length, so an
     unsplit plan depends on the bucket alone. A split (balanced or flashinfer's own) and the CUDA-core
-    kernel's plan (which ignores `disable_split_kv`) depend on the page counts too."""
+    kernel's plan (which ignores `disable_split_kv`) depend on the page counts too. None (re-plan every step)
+    for a tensor-core wrapper on another backend than fa2: fa3's plan reads the KV lengths in tokens (fp8 KV
+    would pick it), which the last-page lengths change every step."""
+    if tensor_cores and backend != "fa2":
+        return None
     opts = tuple(sorted(options.items()))
     if tensor_cores and options.get("disable_split_kv"):
         return (opts,)
@@ -195,10 +210,9 @@ class DecodeGraphs:
         self._layout = MetaLayout(n, n * max_blocks_per_seq)
         self._meta = torch.zeros(self._layout.size, dtype=torch.int32, device=dev)
         self.indptr, self.last_len, self.indices = self._layout.views(self._meta)
-        self.last_len.fill_(1)
         self._staging = [torch.zeros(self._layout.size, dtype=torch.int32) for _ in range(STAGING_SLOTS)]
-        _page_lock(self, self._staging)
         self._staged: list[Any] = [None] * STAGING_SLOTS  # the event after each slot's last copy
+        _page_lock(self, self._staging)
         self._next_slot = 0
         # per bucket: (what its plan's work list depends on, the plan's description) of the wrapper's last plan
         self._last_plan: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
@@ -244,16 +258,17 @@ class DecodeGraphs:
         copy from a pinned staging buffer; flashinfer's plan (its work list, copied to the wrapper's own
         workspace) runs only when it can come out different from the wrapper's last one (`plan_key`): a step
         of an unsplit tensor-core bucket, or of a split one whose rows span the same page counts, reuses it.
-        Nothing here waits for the GPU, so this step is planned while the previous one still runs."""
+        Nothing here waits for the GPU but a staging slot whose copy of two steps ago has not run yet (and
+        flashinfer's plan fence), so this step is planned while the previous one still runs."""
         rows, lens = padded_rows(tables, seq_lens, b)
         counts = [len(r) for r in rows]
         be, wrapper = self.backend, self._wrapper(b)
         if options is None:
             options = {"disable_split_kv": True} if b in self.unsplit_buckets else be.decode_plan_options(counts, graph_rows=b)
         indptr, last, total = self._stage(b, rows, lens, counts)
-        key = plan_key(options, counts, getattr(be, "decode_tensor_cores", False))
+        key = plan_key(options, counts, wrapper.use_tensor_cores, getattr(wrapper, "_backend", "fa2"))
         last_plan = self._last_plan.get(b)
-        if last_plan is not None and last_plan[0] == key:
+        if key is not None and last_plan is not None and last_plan[0] == key:
             self.num_plans_reused += 1
             return last_plan[1]
         args = (wrapper, indptr, self.indices[:total], last, be.num_heads, be.num_kv_heads, be.head_dim,
@@ -271,12 +286,14 @@ class DecodeGraphs:
             logger.warning("decode graphs: bucket %d plans without split-KV (%s)", b, str(e).splitlines()[0][:160])
             self.unsplit_buckets.add(b)
             options = {"disable_split_kv": True}
-            key = plan_key(options, counts, getattr(be, "decode_tensor_cores", False))
+            key = plan_key(options, counts, wrapper.use_tensor_cores, getattr(wrapper, "_backend", "fa2"))
+            self.num_plans += 1
             be.fence.plan(*args, **kwargs, **options)
         self._staged[(self._next_slot - 1) % STAGING_SLOTS] = _record()  # flashinfer's copies read the slot too
         info = getattr(wrapper, "_plan_info", None)
         plan = tuple(int(x) for x in info) if info is not None else ()
-        self._last_plan[b] = (key, plan)
+        if key is not None:
+            self._last_plan[b] = (key, plan)
         return plan
 
     def _stage(self, b: int, rows: list[list[int]], lens: list[int],

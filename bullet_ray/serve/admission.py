@@ -58,8 +58,17 @@ class AdmissionSettings:
 
     @property
     def needs_prompt_tokens(self) -> bool:
-        """Whether `refusal` wants the request's prompt length (a per-prompt-token TTFT bound is set)."""
+        """Whether `refusal` may want the request's prompt length (a per-prompt-token TTFT bound is set)."""
         return self.admission_ttft_ms_per_prompt_token is not None
+
+    def length_decides(self, stats: EngineStats) -> bool:
+        """Whether the request's prompt length can change `refusal`'s answer now: a per-token bound is set, no
+        other check refuses already (queue, TPOT) and the predicted TTFT is over the fixed bound (under it a
+        request is admitted whatever its length). Tokenizing is then worth it; otherwise it is skipped."""
+        if not self.needs_prompt_tokens or stats.predicted_ttft_s is None:
+            return False
+        fixed = self.ttft_bound_s(None)
+        return (fixed is None or stats.predicted_ttft_s > fixed) and self._other_refusal(stats) is None
 
     def ttft_bound_s(self, num_prompt_tokens: int | None = None) -> float | None:
         """The TTFT a request of `num_prompt_tokens` may be predicted before it is refused (margin included):
@@ -71,12 +80,19 @@ class AdmissionSettings:
         return max(targets) * (1.0 + self.admission_margin) if targets else None
 
     def refusal(self, stats: EngineStats, num_prompt_tokens: int | None = None) -> str | None:
-        """Why a request (of `num_prompt_tokens`, where known) arriving now must be refused, or None to admit it."""
+        """Why a request (of `num_prompt_tokens`, where known) arriving now must be refused, or None to admit it.
+        Note the engine's predicted TTFT is that of a request of typical length arriving now, not of this one:
+        with a per-token bound it is compared with this request's target."""
+        bound_s = self.ttft_bound_s(num_prompt_tokens)
+        if stats.num_waiting < self.max_waiting_per_engine and bound_s is not None \
+                and stats.predicted_ttft_s is not None and stats.predicted_ttft_s > bound_s:
+            return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
+        return self._other_refusal(stats)
+
+    def _other_refusal(self, stats: EngineStats) -> str | None:
+        """The checks that need no prompt length: the queue, the decode step time."""
         if stats.num_waiting >= self.max_waiting_per_engine:
             return f"{stats.num_waiting} requests waiting, limit {self.max_waiting_per_engine}"
-        bound_s = self.ttft_bound_s(num_prompt_tokens)
-        if bound_s is not None and stats.predicted_ttft_s is not None and stats.predicted_ttft_s > bound_s:
-            return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
         if self.admission_tpot_s is not None and stats.recent_decode_step_s is not None:
             bound_s = self.admission_tpot_s * (1.0 + self.admission_margin)
             if stats.recent_decode_step_s > bound_s:

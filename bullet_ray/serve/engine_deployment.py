@@ -110,7 +110,9 @@ class EngineReplica:
         """Runtime knobs (the deployment's user_config): max_waiting_per_engine, admission_ttft_s,
         admission_tpot_s, admission_ttft_ms_per_prompt_token, admission_margin, retry_after_s. Unknown keys are an
         error naming them."""
-        self.admission = self.admission.updated(user_config)
+        from bullet_ray.control.apply import reconfigure_admission
+
+        reconfigure_admission(self, user_config)  # the controller's later decisions keep it
         logger.info("admission settings now %s", self.admission)
 
     def apply_policy(self, decision: dict[str, Any]) -> dict[str, Any]:
@@ -183,14 +185,15 @@ class EngineReplica:
         start = time.monotonic()
         prompt: str | list[int] | None = None
         num_prompt_tokens: int | None = None
-        if self.admission.needs_prompt_tokens:  # a per-prompt-token TTFT bound: the length decides
+        stats = self.engine.stats()
+        if self.admission.length_decides(stats):  # a per-prompt-token TTFT bound the prompt's length can move
             try:
                 prompt = self._token_ids(self._prompt(request))
             except InvalidRequest as e:
                 yield GenerateError(400, str(e), "invalid_request_error", e.field)
                 return
             num_prompt_tokens = len(prompt) if isinstance(prompt, list) else None
-        refusal = self.admission.refusal(self.engine.stats(), num_prompt_tokens)
+        refusal = self.admission.refusal(stats, num_prompt_tokens)
         if refusal is not None:
             self.num_rejected_total += 1
             self.metrics.rejected()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 
 from bullet_ray.control import autoscale
-from bullet_ray.control.apply import apply_decision
+from bullet_ray.control.apply import apply_decision, reconfigure_admission
 from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.decide import ControllerInputs, ControllerState, EngineObservation, decide
 from bullet_ray.control.forecast import LoadForecast, LoadSample
@@ -49,6 +49,17 @@ def test_bounds_targets_and_admission_reach_the_engine_and_shedding_is_undone():
     assert r.admission.max_waiting_per_engine == 4 and r.admission.admission_ttft_s == 0.8
     apply_decision(r, decision(rate=1.0))
     assert r.admission == AdmissionSettings(64)
+
+
+def test_an_operators_runtime_admission_change_outlives_the_controllers_decisions():
+    r = replica(FakeEngine())
+    apply_decision(r, decision(rate=1.0))
+    reconfigure_admission(r, {"admission_ttft_ms_per_prompt_token": 1.5, "max_waiting_per_engine": 32})
+    assert r.admission.admission_ttft_ms_per_prompt_token == 1.5
+    apply_decision(r, decision(rate=20.0, shed_max_waiting=4))  # shedding overrides the queue, keeps the rest
+    assert r.admission.max_waiting_per_engine == 4 and r.admission.admission_ttft_ms_per_prompt_token == 1.5
+    apply_decision(r, decision(rate=1.0))  # back to the operator's settings, not the ones before the change
+    assert r.admission == AdmissionSettings(32, admission_ttft_ms_per_prompt_token=1.5)
 
 
 def test_engines_without_a_split_and_other_nodes_decisions():

@@ -281,7 +281,8 @@ def test_reused_decode_plans_equal_eager_between_buckets(scratch):
             if t == 13:
                 step([40] * 15 + [700])  # one row stands out: the 16 bucket's split plan
     assert graphs.num_captures_serving == 0
-    assert graphs.num_plans_reused >= 17  # the unsplit 16 bucket planned again only after the split step
+    # the unsplit 16 bucket plans at t=0 (capture_all left it on its split plan) and after the split step only
+    assert graphs.num_plans_reused >= 17
     assert graphs.num_plans - before <= 4
 
 

@@ -62,6 +62,9 @@ def test_plan_key_reuses_unsplit_tensor_core_plans_and_keys_the_rest_by_page_cou
     assert plan_key({}, [1, 2], True) != plan_key({}, [1, 3], True)
     assert plan_key(unsplit, [1, 2], False) != plan_key(unsplit, [1, 3], False)
     assert plan_key(unsplit, [1, 2], True) != plan_key(split, [1, 2], True)  # the options are part of it
+    # a tensor-core wrapper off fa2 (fa3's plan reads the lengths in tokens): never reused
+    assert plan_key(unsplit, [1, 2], True, "fa3") is None and plan_key(unsplit, [1, 2], True, "auto") is None
+    assert plan_key(unsplit, [1, 2], False, "auto") is not None  # the CUDA-core kernel: keyed by page counts
 
 
 def test_meta_layout_puts_each_table_on_an_aligned_offset_without_overlap():

@@ -162,3 +162,30 @@ def test_replica_counts_the_prompt_before_a_per_token_admission_decision():
     assert not isinstance(outs[0], GenerateError) and outs[-1].finish_reason == "length"
     assert outs[-1].num_prompt_tokens == 30
     assert replica.stats()["num_rejected_total"] == 1
+
+
+def test_the_prompt_is_counted_only_when_its_length_can_change_the_answer():
+    settings = AdmissionSettings(4, admission_ttft_s=1.0, admission_ttft_ms_per_prompt_token=100.0,
+                                 admission_tpot_s=0.025)
+    assert settings.length_decides(_stats(0, 2.0))  # over the fixed bound: a long prompt may still be admitted
+    assert not settings.length_decides(_stats(0, 0.5))  # under it: admitted whatever the length
+    assert not settings.length_decides(_stats(4, 2.0))  # the queue refuses anyway
+    assert not settings.length_decides(EngineStats(0, 40, 10, 10, predicted_ttft_s=2.0, recent_decode_step_s=0.03))
+    assert not settings.length_decides(_stats(0, None))  # no prediction: no TTFT bound applies
+    assert not AdmissionSettings(4, admission_ttft_s=1.0).length_decides(_stats(0, 2.0))  # no per-token bound
+    assert AdmissionSettings(4, admission_ttft_ms_per_prompt_token=100.0).length_decides(_stats(0, 0.01))
+
+
+def test_a_bad_chat_request_is_a_400_whether_or_not_admission_counts_its_prompt():
+    cfg = BulletAppConfig(engine={"model": "mock"}, admission_ttft_s=1.0, admission_ttft_ms_per_prompt_token=100.0)
+    for predicted in (2.0, 0.5):  # counted before the decision / left to the engine
+        replica = EngineReplica(cfg.model_dump(), mock_engine_factory(predicted_ttft_s=predicted,
+                                                                      tokenizer=_WordTokenizer()))
+
+        async def go(replica=replica) -> list:
+            return [o async for o in replica.generate({"messages": [{"role": "user", "content": "hi"}],
+                                                       "params": SamplingParams(max_tokens=2)})]
+
+        [err] = asyncio.run(go())
+        assert isinstance(err, GenerateError) and (err.status, err.param) == (400, "messages")
+        assert replica.stats()["num_rejected_total"] == 0

@@ -208,11 +208,32 @@ def test_balanced_split_decode_equals_the_unsplit_plan_in_graphs_and_eagerly():
     assert graphs.num_captures_serving == 0 and not graphs.unsplit_buckets
 
 
+def _graph_vs_eager(model, backend, graphs, kv, lens, partition_key=0) -> float:
+    """One decode step of rows at `lens` (pages numbered from 0, row after row) eagerly, then through `graphs`
+    from the same KV: the relative difference of the hidden states."""
+    from bullet_ray.engine.attention.base import AttentionContext
+
+    n = len(lens)
+    md = _metadata([1] * n, lens)
+    tables, nxt = [], 0
+    for s in lens:
+        tables.append(list(range(nxt, nxt + (s + 15) // 16)))
+        nxt += len(tables[-1])
+    ids = torch.arange(5, 5 + n, device="cuda")
+    pos = torch.tensor([s - 1 for s in lens], device="cuda")
+    saved = kv.clone()
+    backend.begin_batch(md)
+    eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+    kv.copy_(saved)
+    graph = graphs.run(partition_key, ids, pos, md, tables).float()
+    return float((graph - eager).norm() / eager.norm())
+
+
 @pytest.mark.parametrize("tensor_cores", [False, True])
 def test_graph_is_reused_across_context_lengths(tensor_cores):
     """One graph per bucket serves growing contexts (in graph mode either decode kernel's plan depends on
     the batch size alone); every replay equals eager."""
-    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.attention.base import get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model()
@@ -221,19 +242,7 @@ def test_graph_is_reused_across_context_lengths(tensor_cores):
     graphs = DecodeGraphs(model, backend, 16, 4, 64, torch.device("cuda"))
     with torch.inference_mode():
         for lens in ([10, 30, 3], [90, 200, 17], [400, 31, 900]):
-            md = _metadata([1] * 3, lens)
-            tables, nxt = [], 0
-            for s in lens:
-                tables.append(list(range(nxt, nxt + (s + 15) // 16)))
-                nxt += len(tables[-1])
-            ids = torch.tensor([5, 6, 7], device="cuda")
-            pos = torch.tensor([s - 1 for s in lens], device="cuda")
-            saved = kv.clone()
-            backend.begin_batch(md)
-            eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
-            kv.copy_(saved)
-            graph = graphs.run(1, ids, pos, md, tables).float()
-            assert float((graph - eager).norm() / eager.norm()) < 1e-2
+            assert _graph_vs_eager(model, backend, graphs, kv, lens, partition_key=1) < 1e-2
     assert graphs.num_captures == 1
 
 
@@ -243,7 +252,7 @@ def test_reused_decode_plans_equal_eager_between_buckets(scratch):
     unsplit plan) grow over 20 steps, crossing page boundaries, with a step of 3 rows (another bucket, which
     rewrites the shared page-table buffers) and a split batch of 16 (the same bucket's other plan) between them;
     every replay equals eager, and most steps reuse their bucket's last plan."""
-    from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
+    from bullet_ray.engine.attention.base import get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model()
@@ -256,21 +265,8 @@ def test_reused_decode_plans_equal_eager_between_buckets(scratch):
     graphs.is_serving = True
 
     def step(lens):
-        n = len(lens)
-        md = _metadata([1] * n, lens)
-        tables, nxt = [], 0
-        for s in lens:
-            tables.append(list(range(nxt, nxt + (s + 15) // 16)))
-            nxt += len(tables[-1])
-        ids = torch.arange(5, 5 + n, device="cuda")
-        pos = torch.tensor([s - 1 for s in lens], device="cuda")
-        saved = kv.clone()
-        backend.begin_batch(md)
-        eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
-        kv.copy_(saved)
-        graph = graphs.run(0, ids, pos, md, tables).float()
-        rel = float((graph - eager).norm() / eager.norm())
-        assert rel < 1e-2, f"{n} rows at {lens[:3]}...: relative difference {rel:.4f}"
+        rel = _graph_vs_eager(model, backend, graphs, kv, lens)
+        assert rel < 1e-2, f"{len(lens)} rows at {lens[:3]}...: relative difference {rel:.4f}"
 
     with torch.inference_mode():
         before = graphs.num_plans

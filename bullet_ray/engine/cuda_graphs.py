@@ -119,8 +119,9 @@ def _round_up(x: int, to: int) -> int:
     return (x + to - 1) // to * to
 
 
-def _page_lock(owner: object, tensors: list[torch.Tensor]) -> None:
-    """Page-lock `tensors` (host memory) with cudaHostRegister, for as long as `owner` lives. Not torch's
+def _page_lock(owner: object, tensors: list[torch.Tensor], pending: list[Any]) -> None:
+    """Page-lock `tensors` (host memory) with cudaHostRegister, for as long as `owner` lives (then unregistered
+    once the copies `pending` holds the events of have run). Not torch's
     pinned memory (`pin_memory`): its caching allocator records an event on every stream a block was copied on
     when the block is freed, and that aborts the process when the stream's green context was destroyed
     first (a partition closed before the graphs are dropped)."""
@@ -130,7 +131,7 @@ def _page_lock(owner: object, tensors: list[torch.Tensor]) -> None:
         if int(err) != 0:
             _page_unlock(tensors[:i], [])
             raise RuntimeError(f"cudaHostRegister failed ({err}) for {t.numel() * t.element_size()} bytes")
-    weakref.finalize(owner, _page_unlock, tensors, getattr(owner, "_staged", []))
+    weakref.finalize(owner, _page_unlock, tensors, pending)
 
 
 def _page_unlock(tensors: list[torch.Tensor], pending: list[Any]) -> None:
@@ -212,7 +213,7 @@ class DecodeGraphs:
         self.indptr, self.last_len, self.indices = self._layout.views(self._meta)
         self._staging = [torch.zeros(self._layout.size, dtype=torch.int32) for _ in range(STAGING_SLOTS)]
         self._staged: list[Any] = [None] * STAGING_SLOTS  # the event after each slot's last copy
-        _page_lock(self, self._staging)
+        _page_lock(self, self._staging, self._staged)
         self._next_slot = 0
         # per bucket: (what its plan's work list depends on, the plan's description) of the wrapper's last plan
         self._last_plan: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}

@@ -122,7 +122,8 @@ class BulletAppConfig(BaseModel):
     admission_ttft_ms_per_prompt_token: float | None = Field(
         None, gt=0, description="admission under Bullet's per-prompt-token TTFT targets: a request's TTFT bound is "
                                 "max(admission_ttft_s, this x its prompt tokens / 1000) x (1 + admission_margin) "
-                                "(the replica counts the prompt's tokens before deciding); null: off. "
+                                "(the replica counts the prompt's tokens first when that length can change "
+                                "the answer); null: off. "
                                 "Runtime-tunable")
     admission_tpot_s: float | None = Field(
         None, gt=0, description="admission: answer 429 while the engine's recent decode step time (the TPOT its "

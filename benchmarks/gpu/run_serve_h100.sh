@@ -34,6 +34,11 @@ if [ ! -f /tmp/vsite/.installed ] && [ -n "$(ls /tmp/whv 2>/dev/null)" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/whv/*.whl || exit 5
   touch /tmp/vsite/.installed
 fi
+# a part staged on a machine that was since given back (idle > 30 s between stage calls) leaves a wheel out:
+# say so now instead of letting every system time out waiting for replicas that cannot import it
+python3 -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('flashinfer', 'ray', 'tvm_ffi')))" \
+  || { echo "missing wheels in /tmp/site (flashinfer, ray, tvm_ffi): restage every .carry part back to back"; \
+       rm -f /tmp/site/.installed; exit 6; }
 make -s -C native >/dev/null || exit 4
 [ -f /tmp/.jit_warm ] || { timeout 300 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3; touch /tmp/.jit_warm; }
 if [ "$mode" = py ]; then

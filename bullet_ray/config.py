@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 Schedule = Literal["bullet", "chunked", "static"]
 SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
@@ -93,6 +94,14 @@ class EngineConfig:
     # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own;
     # opt-in until a serving run measures it
     prefill_plan_lead_ms: float | None = None
+    # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint" (default):
+    # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that
+    # ack, so the two sides' SMs never overlap; a switch then waits for a whole step of the shrinking side
+    # (the H100 serving runs: p50 43-81 ms, p99 220-630 ms). "overlap": each side moves at its next launch
+    # without waiting for the other (its next step waits on its own last one, on the new SMs): the growing
+    # side takes its new SMs at once and shares them with the other side's step in flight until that ends.
+    # Opt-in until an H100 run measures it
+    split_switch: str = "disjoint"
     # the bullet schedule's fallback to chunked prefill under overload (split_policy slo): once this many
     # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
     # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget
@@ -165,6 +174,8 @@ class EngineConfig:
         if self.prefill_layer_group_min_tokens < 1:
             raise ConfigError("prefill_layer_group_min_tokens",
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
+        if self.split_switch not in SPLIT_SWITCHES:
+            raise ConfigError("split_switch", f"unknown split switch {self.split_switch!r}; choose disjoint or overlap")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
             raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:

@@ -17,7 +17,9 @@ deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves st
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-m2 (bullet-slo with the
-split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-mixed<tokens> (bullet-slo
+split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-overlap (bullet-slo whose
+split switches let each side move at its next launch without waiting for the other: engine.split_switch
+overlap), bullet-slo-mixed<tokens> (bullet-slo
 with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
 prompts in chunks inside its steps: engine.mixed_fallback_tokens),
 bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
@@ -141,13 +143,15 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
-    if name in ("bullet-slo", "bullet-slo-m2") or targets is not None or name.startswith(
+    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap") or targets is not None or name.startswith(
             ("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
             engine.update(targets)
         if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
+        if name == "bullet-slo-overlap":  # each side moves to a new split at its next launch (docs/policy.md)
+            engine["split_switch"] = "overlap"
         groups = name.removeprefix("bullet-slo-lw") if name.startswith("bullet-slo-lw") else ""
         if groups:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
             if not groups.isdigit() or int(groups) < 2:
@@ -171,7 +175,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-mixed<tokens>|"
-                             f"-m2|-<SLO preset: {presets}>], "
+                             f"-m2|-overlap|-<SLO preset: {presets}>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -396,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
                              "prefill side plans <ms> before its step in flight ends), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
-                             "rule), bullet-slo-<preset> (aimed at an SLO preset but strict: "
+                             "rule), bullet-slo-overlap (split switches without waiting for the other side), "
+                             "bullet-slo-<preset> (aimed at an SLO preset but strict: "
                              f"{', '.join(p for p in PRESETS if p != 'strict')}), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "

@@ -21,6 +21,12 @@ The controller publishes a request only when the previous one has settled (`requ
 otherwise; ask again later): the two sides then act on the same target, and at most one of them grows.
 A request written while another is in flight (by a controller that bypasses `request`) still never
 deadlocks: the growing rule is checked against the other side's acked partition, not its target.
+
+Overlap mode (`overlap=True`, engine `split_switch: overlap`): no growing rule. Each side acks at its next
+step boundary, without finishing its step in flight (its next launch waits on it, on the new SMs), so the
+growing side takes its new SMs at once and shares them with the other side's last step on its old partition
+until that step ends. A switch then takes until both sides' next launches, not a step of the shrinking side
+followed by the growing side's next boundary; the price is that brief sharing.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ class _Entry(Protocol):
 class SplitSwitch:
     """The protocol over shared slots; one instance per process (controller, prefill, decode)."""
 
-    def __init__(self, slots: np.ndarray, ladder: Sequence[_Entry], sm_count: int | None = None) -> None:
+    def __init__(self, slots: np.ndarray, ladder: Sequence[_Entry], sm_count: int | None = None,
+                 overlap: bool = False) -> None:
         if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or slots.ndim != 1 \
                 or slots.size < NUM_SWITCH_SLOTS or not slots.flags.writeable:
             raise ConfigError("switch_slots", f"need a writable 1-d int64 numpy array of >= {NUM_SWITCH_SLOTS} "
@@ -59,6 +66,7 @@ class SplitSwitch:
         self.ladder = list(ladder)
         # the GPU's SMs: every entry splits all of them (decode + prefill)
         self.sm_count = sm_count if sm_count is not None else max(e.decode_sms + e.prefill_sms for e in self.ladder)
+        self.overlap = overlap  # the growing side does not wait for the shrinking side's ack (module docstring)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self.ladder):
@@ -108,16 +116,23 @@ class SplitSwitch:
         e = self.ladder[index]
         return e.prefill_sms if side == "prefill" else e.decode_sms
 
+    def must_finish_step(self, side: str) -> bool:
+        """Whether `side` must finish its work in flight before it acks: a request it has not acked is pending,
+        and not in overlap mode. (Only a shrinking side's promise needs it; a growing side finishes too, as
+        measured on the H100 before overlap mode: the disjoint default is left as it ran.)"""
+        return not self.overlap and int(self.slots[REQUESTED]) != int(self.slots[self._slot(side)])
+
     def maybe_switch(self, side: str) -> int | None:
-        """At `side`'s step boundary (its earlier work finished): the new ladder index if this side switches
-        now (it has acked it), else None (nothing requested, or the other side must shrink first)."""
+        """At `side`'s step boundary (its earlier work finished, unless in overlap mode): the new ladder index
+        if this side switches now (it has acked it), else None (nothing requested, or the other side must
+        shrink first)."""
         mine_slot = self._slot(side)
         other = "decode" if side == "prefill" else "prefill"
         target, mine = int(self.slots[REQUESTED]), int(self.slots[mine_slot])
         if target == mine or not 0 <= target < len(self.ladder):
             return None  # nothing to do, or a request this ladder cannot serve
         new_sms = self._sms(side, target)
-        if new_sms > self._sms(side, mine):
+        if new_sms > self._sms(side, mine) and not self.overlap:
             other_sms = self._sms(other, int(self.slots[self._slot(other)]))
             if new_sms + other_sms > self.sm_count:
                 return None  # growing onto SMs the other side still holds: wait for it to shrink

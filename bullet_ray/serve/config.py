@@ -52,6 +52,11 @@ class EngineArgs(BaseModel):
     prefill_plan_lead_ms: float | None = Field(None, ge=0, description="the prefill worker plans its next batch "
                                                "this long (ms) before the step in flight is predicted to end, "
                                                "taking arrivals meanwhile; null: at once (opt-in, unmeasured)")
+    split_switch: Literal["disjoint", "overlap"] = Field(
+        "disjoint", description="how the two sides move to a new SM split: disjoint (the shrinking side finishes "
+                                "its step in flight first, the growing side waits for it: their SMs never "
+                                "overlap), overlap (each side moves at its next launch; the growing side shares "
+                                "its new SMs with the other's step in flight; opt-in, unmeasured)")
     mixed_fallback_tokens: int | None = Field(None, ge=1, description="bullet with split_policy slo: once this "
                                               "many prompt tokens wait while decode runs, the decode worker "
                                               "takes the queued prompts in chunks into its steps (chunked "

@@ -153,17 +153,21 @@ def test_prompts_chunked_part_way_do_not_stall_a_small_pool(schedule, hf_root, h
     assert [r.token_ids for r in results] == expected
 
 
-def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
+@pytest.mark.parametrize("split_switch,async_scheduling", [("disjoint", None), ("overlap", True)])
+def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, split_switch,
+                                                           async_scheduling):
     """The bullet schedule with the model-driven split policy (forced on for CPU, where partitions change
     nothing): the prefill worker decides at its step boundaries, both workers follow, every step is
-    predicted and recorded, and the tokens stay HF's."""
+    predicted and recorded, and the tokens stay HF's; in overlap mode too, where a side moves with a step
+    still in flight (launching ahead)."""
     folder = _hf_folder("tiny-llama", hf_root)
     expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     log = tmp_path / "steps.jsonl"
     # a TPOT target no CPU step meets: whenever both sides are busy, decode must get the most SMs
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
-                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log))
+                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log),
+                          split_switch=split_switch, async_scheduling=async_scheduling)
     with LLMEngine(config) as engine:
         results = engine.generate(PROMPTS, params)
         deadline = time.monotonic() + 10  # the last switch settles at the workers' next loop
@@ -190,6 +194,7 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
             assert d["index"] == top and d["reason"] == "to_decode"
     switched = [r for r in records if r["kind"] == "switch"]  # one per switch both sides completed
     assert switched and all(0 < r["decision_to_split_us"] < 5_000_000 for r in switched)
+    assert all(r["overlap"] == (split_switch == "overlap") for r in switched)
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"prefill", "decode"}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)

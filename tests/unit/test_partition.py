@@ -171,6 +171,45 @@ def test_a_request_overwritten_mid_switch_never_deadlocks_or_overlaps():
     assert sw.is_settled()
 
 
+def test_overlap_switch_lets_the_growing_side_move_first():
+    """split_switch overlap: no side waits for the other; the request settles once both have acked."""
+    sw = SplitSwitch(np.zeros(4, dtype=np.int64), LADDER, overlap=True)
+    sw.reset(1)
+    assert sw.request(2)  # decode grows 64 -> 112 while prefill still acks 68: they share 44 SMs a while
+    assert sw.maybe_switch("decode") == 2 and not sw.is_settled()
+    assert not sw.request(0)  # the next request still waits for this one to settle
+    assert sw.maybe_switch("prefill") == 2 and sw.is_settled()
+    assert sw.request(0)  # prefill grows first this time
+    assert sw.maybe_switch("prefill") == 0 and sw.maybe_switch("prefill") is None
+    assert sw.maybe_switch("decode") == 0 and sw.is_settled()
+    assert list(sw.slots) == [0, 0, 0, 2]
+
+
+def test_overlap_switch_settles_every_request_under_concurrent_polling_threads():
+    sw = SplitSwitch(np.zeros(4, dtype=np.int64), LADDER, overlap=True)
+    sw.reset(0)
+    stop = threading.Event()
+    counts: list[int] = []
+
+    def poll(side: str) -> None:
+        mine, n = SplitSwitch(sw.slots, LADDER, overlap=True), 0
+        while not stop.is_set():
+            n += mine.maybe_switch(side) is not None
+        counts.append(n)
+
+    threads = [threading.Thread(target=poll, args=(side,)) for side in ("prefill", "decode")]
+    for t in threads:
+        t.start()
+    rng = random.Random(1)
+    targets = [rng.randrange(3) for _ in range(60)]
+    _drive(sw, targets)
+    stop.set()
+    for t in threads:
+        t.join()
+    moves = sum(a != b for a, b in zip([0, *targets], targets))
+    assert sw.is_settled() and sw.requested() == targets[-1] and counts == [moves, moves]
+
+
 def test_switch_rejects_bad_slots_and_sides():
     with pytest.raises(ConfigError, match="int64"):
         SplitSwitch(np.zeros(4, dtype=np.int32), LADDER)

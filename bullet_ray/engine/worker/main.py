@@ -69,7 +69,8 @@ class WorkerBase:
         from bullet_ray.gpu.partition import SplitSwitch
 
         # the split is requested through the shared state block; this side follows at step boundaries
-        self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder)
+        self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder,
+                                  overlap=self.config.split_switch == "overlap")
         if spec.attach is None:
             self.switch.reset(self.partitioner.current_index)
         uses_graphs = self.config.is_gpu and not self.config.enforce_eager \
@@ -147,10 +148,11 @@ class WorkerBase:
         return partitioner
 
     def follow_split(self) -> None:
-        """At a step boundary: move to the requested ladder entry when the protocol lets this side."""
+        """At a step boundary: move to the requested ladder entry when the protocol lets this side. In overlap
+        mode the step in flight keeps running on the old partition (`launch` orders the next one after it)."""
         if self.partitioner.side == "both":
             return
-        if self.inflight is not None and self.switch.requested() != self.switch.current(self.partitioner.side):
+        if self.inflight is not None and self.switch.must_finish_step(self.partitioner.side):
             self._finish_inflight()  # the ack promises this side's SMs are free: no step of ours still runs
         index = self.switch.maybe_switch(self.partitioner.side)
         if index is not None:
@@ -334,8 +336,11 @@ class WorkerBase:
             self.handle(msg)
 
     def publish(self, num_seqs: int, num_tokens: int, num_context_tokens: int, started_s: float,
-                num_queued: int) -> None:
+                num_queued: int, split_index: int | None = None) -> None:
+        """This side's row after a collected step; `split_index`: the ladder entry the step ran on (default:
+        the current one; in overlap mode the side may have moved on since the launch)."""
+        index = self.partitioner.current_index if split_index is None else split_index
         self.res.state.publish(self.side, num_seqs=num_seqs, num_tokens=num_tokens,
                                num_context_tokens=num_context_tokens,
                                step_time_us=int((time.perf_counter() - started_s) * 1e6),
-                               num_queued=num_queued, split_index=self.partitioner.current_index)
+                               num_queued=num_queued, split_index=index)

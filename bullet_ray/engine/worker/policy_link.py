@@ -140,40 +140,42 @@ class StepRecorder:
         self.phase = "prefill" if self.side is Side.PREFILL else "decode"
         self.log = StepLog(worker.config.step_log_path)
 
-    def _sms(self) -> int:
-        entry = self.worker.partitioner.current
+    def _sms(self, index: int) -> int:
+        entry = self.worker.partitioner.ladder[index]
         return entry.prefill_sms if self.side is Side.PREFILL else entry.decode_sms
 
     def other_busy(self) -> bool:
         other = Side.DECODE if self.side is Side.PREFILL else Side.PREFILL
         return bool(self.state.rows[int(other)][Field.IS_ACTIVE])
 
-    def predict(self, batch: list[Any]) -> tuple[StepShape, float, bool]:
-        """(shape, predicted seconds, other side busy) of a planned batch; a decode side's step with prompt
-        chunks (mixed fallback) is predicted as a prefill step of all its tokens on the decode SMs."""
+    def predict(self, batch: list[Any]) -> tuple[StepShape, float, bool, int]:
+        """(shape, predicted seconds, other side busy, ladder index) of a planned batch, on the entry this side
+        runs on now (where it launches); a decode side's step with prompt chunks (mixed fallback) is
+        predicted as a prefill step of all its tokens on the decode SMs."""
         mixed = self.side is Side.DECODE and any(item.num_new_tokens > 1 for item in batch)
         shape = shape_of(batch, "prefill" if mixed else self.phase)
         busy = self.other_busy()
-        return shape, self.model.predict(shape, self._sms(), busy, self.worker.partitioner.current_index).seconds, busy
+        index = self.worker.partitioner.current_index
+        return shape, self.model.predict(shape, self._sms(index), busy, index).seconds, busy, index
 
-    def record(self, shape: StepShape, predicted_s: float, other_busy: bool, started_s: float, num_queued: int,
-               queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
+    def record(self, shape: StepShape, predicted_s: float, other_busy: bool, index: int, started_s: float,
+               num_queued: int, queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
                gpu_time_s: float | None = None, host_timings_ms: dict[str, float] | None = None,
                graphs: str | None = None) -> None:
-        """After the step ran: annotate the row (then the worker's `publish` bumps STEP), learn, log.
+        """After the step ran on ladder entry `index`: annotate the row (then the worker's `publish` bumps STEP),
+        learn, log.
 
         The measured time is the step's device time where there is one (CUDA events around the step):
         the host's clock from launch to collect also counts host gaps, and with asynchronous scheduling
         it can miss most of a step the device finished while the host was busy elsewhere."""
         host_s = time.perf_counter() - started_s
         measured_s = gpu_time_s if gpu_time_s is not None else host_s
-        index = self.worker.partitioner.current_index
         self.state.annotate(self.side, predicted_step_us=int(predicted_s * 1e6), queued_tokens=queued_tokens,
                             is_active=is_active)
-        self.model.observe(shape, self._sms(), other_busy, index, measured_s)
+        self.model.observe(shape, self._sms(index), other_busy, index, measured_s)
         self._pending = (measured_s, predicted_s, index)
         if self.log.enabled:
-            entry = self.worker.partitioner.current
+            entry = self.worker.partitioner.ladder[index]
             self.log.write(
                 "step", side=self.side.name.lower(),
                 phase="mixed" if self.side is Side.DECODE and shape.phase == "prefill" else shape.phase,
@@ -191,7 +193,8 @@ class StepRecorder:
 
     def log_switch(self, latency_us: int, index: int) -> None:
         """A switch both sides completed: the time from the decision to both running on `index`."""
-        self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower())
+        self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower(),
+                       overlap=self.worker.switch.overlap)
 
     def log_decision(self, record: dict[str, Any]) -> None:
         self.log.write("decision", **record)

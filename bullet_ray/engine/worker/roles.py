@@ -105,7 +105,7 @@ class SideWorker(WorkerBase):
         super().__init__(*args)
         model, self.perf_source = make_perf_model(self)
         self.recorder = StepRecorder(self, model)
-        self._next_record: tuple[Any, float, bool] | None = None  # the planned batch's prediction
+        self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
 
     def follow_split(self) -> None:
         before = self.partitioner.current_index
@@ -131,15 +131,15 @@ class SideWorker(WorkerBase):
         return batch
 
     def after_launch(self, step: Any) -> None:
-        step.perf_record = self._next_record  # (shape, predicted seconds, other side busy)
+        step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
                      queued_tokens: int) -> None:
         """Record the collected step (measured vs predicted, online correction) and publish its row."""
-        shape, predicted, busy = step.perf_record
-        self.recorder.record(shape, predicted, busy, started, num_queued, queued_tokens, self.has_work(),
+        shape, predicted, busy, index = step.perf_record
+        self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
                              step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs)
-        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued)
+        self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued, index)
         self.recorder.after_publish()
 
 

@@ -537,9 +537,13 @@ class LLMEngine(EngineClient):
             queued_tokens = sum(len(s.prompt_token_ids) for s in self._requests.values()
                                 if s.location in ("prefill", "hybrid") and s.first_token_s is None)
             predicted_ttft = self._prefill_time.predict_ttft(queued_tokens)
+            typical_tokens: int | None = self._prefill_time.typical_prompt_tokens()
+            per_token = self._prefill_time.seconds_per_token()
         policy = self.state.read_policy()
         if self.config.uses_split_policy and policy["predicted_ttft_us"] > 0:
             predicted_ttft = policy["predicted_ttft_us"] / 1e6  # the performance model's, from the prefill worker
+            typical_tokens = policy["predicted_ttft_tokens"] or None
+            per_token = policy["predicted_ttft_ns_per_token"] / 1e9 if policy["predicted_ttft_ns_per_token"] else None
         waiting = sum(1 for loc in located if loc in ("prefill", "hybrid"))
         decode_row = self.state.read(Side.DECODE)
         if self.config.is_disaggregated:  # prefilled but without a decode slot yet (max_num_seqs), or handed
@@ -560,7 +564,8 @@ class LLMEngine(EngineClient):
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions + sum(self._worker_recomputes.values()),
-                           predicted_ttft_s=predicted_ttft,
+                           predicted_ttft_s=predicted_ttft, predicted_ttft_prompt_tokens=typical_tokens,
+                           ttft_per_prompt_token_s=per_token,
                            recent_decode_step_s=recent_decode_step, extra=extra)
 
     def _observe_decode_step(self, row: dict[str, Any], is_decoding: bool) -> float | None:

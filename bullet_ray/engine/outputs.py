@@ -84,13 +84,25 @@ class EngineStats:
     num_free_kv_blocks: int
     # sequences sent back for recompute so far: preempted while running, or a waiting prompt's KV released
     num_preemptions: int = 0
-    # predicted TTFT (s) of a request arriving now; None until the policy has a model
+    # predicted TTFT (s) of a request of typical length (`predicted_ttft_prompt_tokens`) arriving now; None until
+    # the policy has a model
     predicted_ttft_s: float | None = None
+    predicted_ttft_prompt_tokens: int | None = None
+    # how much longer that TTFT is per prompt token more (s); None: unknown (then the typical one stands for all)
+    ttft_per_prompt_token_s: float | None = None
     # the decoding side's recent wall time per step (s; averaged over the windows between stats() calls:
     # what a running request's TPOT is now); None while nothing decodes
     recent_decode_step_s: float | None = None
     # per-side figures of the last step (see the shared state block)
     extra: dict = field(default_factory=dict)
+
+    def predicted_ttft_for(self, num_prompt_tokens: int | None) -> float | None:
+        """Predicted TTFT of a request of `num_prompt_tokens` arriving now: the typical request's, moved by the
+        per-token part for its length (never below 0); the typical one where either is unknown."""
+        typical, per_token = self.predicted_ttft_prompt_tokens, self.ttft_per_prompt_token_s
+        if self.predicted_ttft_s is None or num_prompt_tokens is None or typical is None or per_token is None:
+            return self.predicted_ttft_s
+        return max(0.0, self.predicted_ttft_s + (num_prompt_tokens - typical) * per_token)
 
     @property
     def kv_usage(self) -> float:

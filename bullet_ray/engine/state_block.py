@@ -65,7 +65,9 @@ class Policy(enum.IntEnum):
     PROMPTS_HANDED_OVER = 13  # prompts the prefill worker handed to the decode worker, in total (prefill)
     HANDED_PROMPTS_DONE = 14  # of those, prefilled (promoted to decode's running set) or aborted there (decode)
     HANDED_PROMPTS_DROPPED = 15  # of those, dropped by the front in transit: finished or aborted meanwhile (front)
-    NUM_SLOTS = 16
+    PREDICTED_TTFT_TOKENS = 16  # the prompt length PREDICTED_TTFT_US is for
+    PREDICTED_TTFT_NS_PER_TOKEN = 17  # how much longer it is per prompt token more (ns), 0: unknown
+    NUM_SLOTS = 18
 
 
 RING_SIZE = 64
@@ -157,14 +159,18 @@ class StateBlock:
         return step, [tuple(int(v) for v in ring[s % RING_SIZE]) for s in range(first, step)]  # type: ignore[misc]
 
     def record_decision(self, index: int, reason: int, cost_us: int, predicted_ttft_us: int,
-                        is_switch: bool) -> None:
-        """A split decision (by the deciding side); `is_switch`: it asked for a new entry."""
+                        is_switch: bool, predicted_ttft_tokens: int = 0, predicted_ttft_ns_per_token: int = 0) -> None:
+        """A split decision (by the deciding side); `is_switch`: it asked for a new entry. The predicted TTFT is
+        that of a request of `predicted_ttft_tokens` arriving now, longer by `predicted_ttft_ns_per_token` per
+        prompt token more (0: unknown)."""
         p, now = self.policy, time.monotonic_ns() // 1000
         p[Policy.DECISION_US] = now
         p[Policy.DECISION_INDEX] = index
         p[Policy.DECISION_REASON] = reason
         p[Policy.DECISION_COST_US] = cost_us
         p[Policy.PREDICTED_TTFT_US] = predicted_ttft_us
+        p[Policy.PREDICTED_TTFT_TOKENS] = predicted_ttft_tokens
+        p[Policy.PREDICTED_TTFT_NS_PER_TOKEN] = predicted_ttft_ns_per_token
         if is_switch:
             p[Policy.PENDING_SWITCH_US] = now
         p[Policy.NUM_DECISIONS] += 1

@@ -109,3 +109,11 @@ class BulletPolicy:
         if rest:
             t += self.model.predict_prefill_s(rest, rest, sms, busy, index=index)
         return t
+
+    def ttft_per_prompt_token_s(self, state: StepState) -> float:
+        """How much longer `predict_new_ttft_s` gets per prompt token more: a full batch's prefill time per
+        token on the current split (admission scales the typical request's prediction to a given prompt)."""
+        index = state.current_index
+        cap = max(1, self.token_cap)
+        return self.model.predict_prefill_s(cap, cap, self.rule.prefill_sms(index), state.decode.num_seqs > 0,
+                                            index=index) / cap

@@ -47,6 +47,16 @@ class PrefillTimeModel:
                 return intercept, slope
         return 0.0, mean_y / mean_x  # one step size so far (or a fit with no meaning): time per token
 
+    def seconds_per_token(self) -> float | None:
+        """How much longer `predict_ttft` gets per prompt token more (a full step's share of the per-step time
+        included); None before any step was seen."""
+        coef = self.coefficients()
+        return None if coef is None else coef[1] + coef[0] / self.budget
+
+    def typical_prompt_tokens(self) -> int:
+        """The prompt length `predict_ttft` assumes by default (the average prompt so far, at least 1)."""
+        return max(1, round(self._prompt_tokens_ema or 1))
+
     def predict_ttft(self, queued_tokens: int, new_tokens: int | None = None) -> float | None:
         """Seconds until a request of `new_tokens` (default: the average prompt) arriving now gets its first
         token, with `queued_tokens` of earlier prompts still to prefill; None before any step was seen."""
@@ -55,6 +65,6 @@ class PrefillTimeModel:
             return None
         per_step, per_token = coef
         if new_tokens is None:
-            new_tokens = round(self._prompt_tokens_ema or 1)
+            new_tokens = self.typical_prompt_tokens()
         total = max(0, queued_tokens) + max(1, new_tokens)
         return math.ceil(total / self.budget) * per_step + total * per_token

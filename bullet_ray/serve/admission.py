@@ -2,8 +2,10 @@
 
 An engine refuses a request when its queue (requests without a first token) is full, when the
 engine's predicted TTFT of a request arriving now exceeds the TTFT target by more than the margin (with Bullet's
-per-prompt-token targets, `admission_ttft_ms_per_prompt_token`, the target of THIS request: max(admission_ttft_s,
-that x its prompt tokens), so a long prompt is not refused for a wait its own target allows), or when
+per-prompt-token targets, `admission_ttft_ms_per_prompt_token`, the prediction and the target of THIS request:
+the engine's prediction for a typical prompt moved by its per-token part to this prompt's length, against
+max(admission_ttft_s, that x its prompt tokens), so a long prompt is not refused for a wait its own target allows
+and a short one not for a long prompt's prefill), or when
 its decoding side's recent wall time per step (the TPOT its running requests get now) exceeds the TPOT target by
 more than the margin. Without the TPOT bound, a TTFT bound alone admitted 1.6x the sustainable rate on the
 H100 (benchmarks/results/overload_h100.json: prompts were prefilled in time, then every admitted request
@@ -15,11 +17,15 @@ the best engine was saturated. Pure Python, unit-tested without Ray.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from bullet_ray.engine.outputs import EngineStats
 from bullet_ray.errors import ConfigError
+
+# a prompt length past any context, where `length_decides` reads which way a long prompt's answer goes
+_PROBE_FAR_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,20 @@ class AdmissionSettings:
 
     def length_decides(self, stats: EngineStats) -> bool:
         """Whether the request's prompt length can change `refusal`'s answer now: a per-token bound is set, no
-        other check refuses already (queue, TPOT) and the predicted TTFT is over the fixed bound (under it a
-        request is admitted whatever its length). Tokenizing is then worth it; otherwise it is skipped."""
-        if not self.needs_prompt_tokens or stats.predicted_ttft_s is None:
+        other check refuses already (queue, TPOT), and some prompt lengths would be refused and others not.
+        Tokenizing is then worth it; otherwise it is skipped. The prediction grows linearly with the length
+        and the bound is max(fixed, per-token x length): their difference is concave in the length, so the
+        lengths refused form one interval and its ends show at 1, on either side of the bound's kink, or far
+        out (`_PROBE_FAR_TOKENS`)."""
+        if not self.needs_prompt_tokens or stats.predicted_ttft_s is None or self._other_refusal(stats) is not None:
             return False
-        fixed = self.ttft_bound_s(None)
-        return (fixed is None or stats.predicted_ttft_s > fixed) and self._other_refusal(stats) is None
+        per_token_s = self.admission_ttft_ms_per_prompt_token / 1e3  # type: ignore[operator]
+        probes = [1, _PROBE_FAR_TOKENS]
+        if self.admission_ttft_s is not None:
+            kink = self.admission_ttft_s / per_token_s
+            probes += [max(1, math.floor(kink)), max(1, math.ceil(kink))]
+        answers = {self._over_ttft_bound(stats, n) for n in probes}
+        return len(answers) > 1
 
     def ttft_bound_s(self, num_prompt_tokens: int | None = None) -> float | None:
         """The TTFT a request of `num_prompt_tokens` may be predicted before it is refused (margin included):
@@ -81,13 +95,16 @@ class AdmissionSettings:
 
     def refusal(self, stats: EngineStats, num_prompt_tokens: int | None = None) -> str | None:
         """Why a request (of `num_prompt_tokens`, where known) arriving now must be refused, or None to admit it.
-        Note the engine's predicted TTFT is that of a request of typical length arriving now, not of this one:
-        with a per-token bound it is compared with this request's target."""
-        bound_s = self.ttft_bound_s(num_prompt_tokens)
-        if stats.num_waiting < self.max_waiting_per_engine and bound_s is not None \
-                and stats.predicted_ttft_s is not None and stats.predicted_ttft_s > bound_s:
-            return f"predicted TTFT {stats.predicted_ttft_s:.3f} s over the bound {bound_s:.3f} s"
+        With the length known, the engine's prediction for it (`EngineStats.predicted_ttft_for`) meets its bound;
+        without it, the prediction for a typical prompt meets the fixed bound."""
+        if stats.num_waiting < self.max_waiting_per_engine and self._over_ttft_bound(stats, num_prompt_tokens):
+            predicted, bound_s = stats.predicted_ttft_for(num_prompt_tokens), self.ttft_bound_s(num_prompt_tokens)
+            return f"predicted TTFT {predicted:.3f} s over the bound {bound_s:.3f} s"
         return self._other_refusal(stats)
+
+    def _over_ttft_bound(self, stats: EngineStats, num_prompt_tokens: int | None) -> bool:
+        bound_s, predicted = self.ttft_bound_s(num_prompt_tokens), stats.predicted_ttft_for(num_prompt_tokens)
+        return bound_s is not None and predicted is not None and predicted > bound_s
 
     def _other_refusal(self, stats: EngineStats) -> str | None:
         """The checks that need no prompt length: the queue, the decode step time."""

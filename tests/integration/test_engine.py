@@ -184,6 +184,11 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert 0 < policy["last_switch_us"] < 5_000_000
     # admission and the router read the model's predicted TTFT, published by the prefill worker
     assert stats.predicted_ttft_s == pytest.approx(policy["predicted_ttft_us"] / 1e6) and stats.predicted_ttft_s > 0
+    # ... for a typical prompt, and how it grows per prompt token (admission moves it to a request's length)
+    assert stats.predicted_ttft_prompt_tokens == policy["predicted_ttft_tokens"] > 0
+    assert policy["predicted_ttft_ns_per_token"] > 0
+    assert stats.ttft_per_prompt_token_s == pytest.approx(policy["predicted_ttft_ns_per_token"] / 1e9)
+    assert stats.predicted_ttft_for(stats.predicted_ttft_prompt_tokens) == stats.predicted_ttft_s
     records = [json.loads(line) for line in log.read_text().splitlines()]
     first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
     assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)

@@ -173,7 +173,36 @@ def test_the_prompt_is_counted_only_when_its_length_can_change_the_answer():
     assert not settings.length_decides(EngineStats(0, 40, 10, 10, predicted_ttft_s=2.0, recent_decode_step_s=0.03))
     assert not settings.length_decides(_stats(0, None))  # no prediction: no TTFT bound applies
     assert not AdmissionSettings(4, admission_ttft_s=1.0).length_decides(_stats(0, 2.0))  # no per-token bound
-    assert AdmissionSettings(4, admission_ttft_ms_per_prompt_token=100.0).length_decides(_stats(0, 0.01))
+    per_token_only = AdmissionSettings(4, admission_ttft_ms_per_prompt_token=100.0)
+    assert per_token_only.length_decides(_stats(0, 0.3))  # 1-2 tokens refused (bound 0.1-0.2 s), 3 and up admitted
+    assert not per_token_only.length_decides(_stats(0, 0.01))  # under even one token's bound: every length admitted
+
+
+def _sized(ttft_s: float, typical: int, per_token_s: float) -> EngineStats:
+    return EngineStats(0, 0, 10, 10, predicted_ttft_s=ttft_s, predicted_ttft_prompt_tokens=typical,
+                       ttft_per_prompt_token_s=per_token_s)
+
+
+def test_the_prediction_follows_the_requests_length():
+    """The engine predicts 2 s for its typical 1,000-token prompt, 1 ms per token more or less: a 10-token prompt
+    is predicted 1.01 s, a 3,000-token one 4 s; bounds: 1 s floor, 2 ms per token (margin 0)."""
+    stats = _sized(2.0, 1000, 0.001)
+    assert stats.predicted_ttft_for(10) == pytest.approx(1.01) and stats.predicted_ttft_for(3000) == pytest.approx(4.0)
+    assert stats.predicted_ttft_for(None) == 2.0 and _stats(0, 2.0).predicted_ttft_for(10) == 2.0  # typical only
+    assert _sized(0.5, 1000, 0.001).predicted_ttft_for(1) == 0.0  # never below zero
+    settings = AdmissionSettings(4, admission_ttft_s=1.0, admission_ttft_ms_per_prompt_token=2.0)
+    assert "predicted TTFT 1.010 s over the bound 1.000 s" in settings.refusal(stats, 10)
+    assert settings.refusal(stats, 3000) is None  # 4 s predicted, 6 s allowed
+    assert "predicted TTFT 1.600 s over the bound 1.200 s" in settings.refusal(stats, 600)
+    assert settings.length_decides(stats)
+
+
+def test_length_decides_when_some_lengths_are_refused_and_others_not():
+    settings = AdmissionSettings(4, admission_ttft_s=1.0, admission_ttft_ms_per_prompt_token=1.0)
+    assert not settings.length_decides(_sized(0.5, 1000, 0.0001))  # far under at every length
+    assert not settings.length_decides(_sized(5.0, 100, 0.002))  # over at every length (2 ms > 1 ms per token)
+    assert settings.length_decides(_sized(5.0, 100, 0.0005))  # long prompts' bound outgrows the prediction
+    assert settings.length_decides(_sized(0.5, 1000, 0.002))  # short admitted, long refused
 
 
 def test_a_bad_chat_request_is_a_400_whether_or_not_admission_counts_its_prompt():

@@ -19,6 +19,9 @@ def test_fit_recovers_step_and_token_costs():
     assert a == pytest.approx(0.004) and b == pytest.approx(2e-5)
     # 1000 queued + 100 new tokens = 1100 tokens in ceil(1100 / 512) = 3 steps
     assert model.predict_ttft(1000, 100) == pytest.approx(3 * 0.004 + 1100 * 2e-5)
+    # per prompt token more: its own cost and a full step's share of the per-step cost
+    assert model.seconds_per_token() == pytest.approx(2e-5 + 0.004 / 512)
+    assert PrefillTimeModel(budget=512).seconds_per_token() is None
 
 
 def test_a_repeated_step_counter_is_one_sample():
@@ -35,4 +38,5 @@ def test_one_step_size_uses_time_per_token_and_the_average_prompt():
     for n in (100, 100, 100):
         model.observe_prompt(n)
     assert model.predict_ttft(0) == pytest.approx(100 * 1e-4)
+    assert model.typical_prompt_tokens() == 100 and PrefillTimeModel(budget=8).typical_prompt_tokens() == 1
     assert model.predict_ttft(300) == pytest.approx(400 * 1e-4)

@@ -340,8 +340,9 @@ class SplitDecider:
         index, is_switch = self._request_split(out.split.index)
         avg = round(sum(self._prompt_tokens) / len(self._prompt_tokens)) if self._prompt_tokens else 512
         ttft = self.policy.predict_new_ttft_s(state, avg)
+        per_token_ns = int(self.policy.ttft_per_prompt_token_s(state) * 1e9)
         self.state.record_decision(index, REASONS.index(out.split.reason), int(out.decision_s * 1e6),
-                                   int(ttft * 1e6), bool(is_switch))
+                                   int(ttft * 1e6), bool(is_switch), avg, per_token_ns)
         if is_switch or out.split.reason is SplitReason.BALANCE:
             self.recorder.log_decision({
                 "index": index, "reason": out.split.reason.value, "switch": bool(is_switch),

@@ -194,6 +194,7 @@ class EngineMetrics:
         extra = getattr(stats, "extra", None) or {}
         split = extra.get("split")
         if split:
+            # the entries each side acked; in overlap mode (split_switch) they may briefly sum past the GPU's SMs
             self.decode_sms.set(split["decode_sms_now"])
             self.prefill_sms.set(split["prefill_sms_now"])
         decode = extra.get("decode")

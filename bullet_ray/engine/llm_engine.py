@@ -499,7 +499,8 @@ class LLMEngine(EngineClient):
 
     def drain_step_records(self) -> dict[str, Any]:
         """Per-step records since the last call (at most the state block's ring per side; older ones are
-        dropped): {"prefill"/"decode": [(measured_s, predicted_s, ladder index)], "switch_s": [...]} for the
+        dropped): {"prefill"/"decode": [(measured_s, predicted_s, ladder index, -1 across a switch)], "switch_s":
+        [...]} for the
         metrics (predicted vs measured step time, decision-to-new-split time)."""
         out: dict[str, Any] = {}
         with self._lock:

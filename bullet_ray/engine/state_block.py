@@ -35,7 +35,7 @@ class Field(enum.IntEnum):
     NUM_TOKENS = 2  # tokens computed in the last step
     NUM_CONTEXT_TOKENS = 3  # sum of context lengths attended over in the last step
     STEP_TIME_US = 4  # wall time of the last step
-    SPLIT_INDEX = 5  # ladder entry this side runs on now
+    SPLIT_INDEX = 5  # ladder entry this side's last published step ran on (launched on, with layer groups)
     NUM_QUEUED = 6  # sequences this side holds but did not run (waiting / preempted)
     HEARTBEAT_US = 7  # monotonic clock at the last write
     PREDICTED_STEP_US = 8  # the performance model's prediction of the last step (0: none)
@@ -147,7 +147,8 @@ class StateBlock:
         self.rows[int(side)][Field.IS_ACTIVE] = 0
 
     def record_ring(self, side: Side, measured_us: int, predicted_us: int, split_index: int) -> None:
-        """Enter the step `publish` just recorded (STEP already counts it) into `side`'s ring."""
+        """Enter the step `publish` just recorded (STEP already counts it) into `side`'s ring; `split_index` -1:
+        a step across a switch, on no one entry (`StepRecorder.record`)."""
         step = int(self.rows[int(side)][Field.STEP])
         self.steps[int(side), (step - 1) % RING_SIZE] = (measured_us, predicted_us, split_index)
 

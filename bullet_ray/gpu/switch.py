@@ -116,19 +116,21 @@ class SplitSwitch:
         e = self.ladder[index]
         return e.prefill_sms if side == "prefill" else e.decode_sms
 
-    def must_finish_step(self, side: str) -> bool:
-        """Whether `side` must finish its work in flight before it acks: a request it has not acked is pending,
-        and not in overlap mode. (Only a shrinking side's promise needs it; a growing side finishes too, as
-        measured on the H100 before overlap mode: the disjoint default is left as it ran.)"""
-        return not self.overlap and int(self.slots[REQUESTED]) != int(self.slots[self._slot(side)])
+    def must_finish_step(self, side: str, target: int) -> bool:
+        """Whether `side` must finish its work in flight before it acks `target` (read once with `requested`,
+        then passed here and to `maybe_switch`): it has not acked it yet, and not in overlap mode. (Only a
+        shrinking side's promise needs it; a growing side finishes too, as measured on the H100 before overlap
+        mode: the disjoint default is left as it ran.)"""
+        return not self.overlap and target != int(self.slots[self._slot(side)])
 
-    def maybe_switch(self, side: str) -> int | None:
+    def maybe_switch(self, side: str, target: int | None = None) -> int | None:
         """At `side`'s step boundary (its earlier work finished, unless in overlap mode): the new ladder index
         if this side switches now (it has acked it), else None (nothing requested, or the other side must
-        shrink first)."""
+        shrink first). `target`: the request as read before this side finished its step (default: now)."""
         mine_slot = self._slot(side)
         other = "decode" if side == "prefill" else "prefill"
-        target, mine = int(self.slots[REQUESTED]), int(self.slots[mine_slot])
+        target = int(self.slots[REQUESTED]) if target is None else target
+        mine = int(self.slots[mine_slot])
         if target == mine or not 0 <= target < len(self.ladder):
             return None  # nothing to do, or a request this ladder cannot serve
         new_sms = self._sms(side, target)

@@ -204,6 +204,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert {r["side"] for r in steps} == {"prefill", "decode"}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)
     assert sum(r["num_tokens"] for r in steps if r["side"] == "prefill") == sum(len(p) for p in PROMPTS)
+    if split_switch == "disjoint":  # every step collected before its side moved: each ran on one entry
+        assert not any(r["across_switch"] for r in steps)
     assert drained["decode"] and all(m > 0 and p > 0 for m, p, _ in drained["decode"])
     assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])
 

@@ -51,9 +51,9 @@ def test_a_side_collects_its_step_before_it_moves_only_when_disjoint(overlap: bo
     assert decode.switch.is_settled()
 
 
-def test_overlap_mode_records_a_step_against_the_entry_it_ran_on(tmp_path):
-    """A step planned on entry 1, collected after the side moved to entry 0: the model learns it, the ring and
-    the published row carry it, as entry 1's."""
+def test_a_step_is_recorded_against_the_entry_it_ran_on_and_not_learned_across_a_switch(tmp_path):
+    """A step planned and launched on entry 1 is logged, ringed and published as entry 1's after its side moved
+    to entry 0; one that ran on a single entry teaches the model, one across a switch does not (ring index -1)."""
     from bullet_ray.engine.state_block import Field, Side, StateBlock
     from bullet_ray.engine.worker.policy_link import StepRecorder
     from bullet_ray.perf.kernels import StepShape
@@ -67,16 +67,81 @@ def test_overlap_mode_records_a_step_against_the_entry_it_ran_on(tmp_path):
                                  config=SimpleNamespace(step_log_path=None))
         recorder = StepRecorder(worker, model)  # type: ignore[arg-type]
         partitioner.select(0)  # the side moved on since the launch on entry 1
-        recorder.record(StepShape.decode(4, 400), 0.010, False, 1, 0.0, 0, 0, True, gpu_time_s=0.012)
-        block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=12_000,
-                      num_queued=0, split_index=1)
-        recorder.after_publish()
-        assert observed == [(partitioner.ladder[1].decode_sms, 1)]
+        for across in (False, True):
+            recorder.record(StepShape.decode(4, 400), 0.010, False, 1, 0.0, 0, 0, True, gpu_time_s=0.012,
+                            across_switch=across)
+            block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=12_000,
+                          num_queued=0, split_index=1)
+            recorder.after_publish()
+        assert observed == [(partitioner.ladder[1].decode_sms, 1)]  # the first step only
         _, entries = block.recent_steps(Side.DECODE, 0)
-        assert entries == [(12_000, 10_000, 1)]
+        assert entries == [(12_000, 10_000, 1), (12_000, 10_000, -1)]
         assert block.rows[int(Side.DECODE)][Field.SPLIT_INDEX] == 1
     finally:
         block.close()
+
+
+@pytest.mark.parametrize("launched_on,now,unsettled,across", [(1, 1, False, False), (1, 0, False, True),
+                                                               (1, 1, True, True)])
+def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, across):
+    from bullet_ray.engine.worker.roles import SideWorker
+
+    calls: dict[str, tuple] = {}
+    fake = SimpleNamespace(
+        partitioner=SimpleNamespace(current_index=now), has_work=lambda: True,
+        recorder=SimpleNamespace(record=lambda *a, **k: calls.update(record=(a, k)),
+                                 after_publish=lambda: None),
+        publish=lambda *a: calls.update(publish=a))
+    step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled,
+                           num_layer_groups=1, gpu_time_s=0.01, host_ms=lambda: {}, graphs=None, batch=[1, 2])
+    result = SimpleNamespace(num_tokens=2, num_context_tokens=20)
+    SideWorker.publish_step(fake, step, 0.0, result, 0, 0)  # type: ignore[arg-type]
+    args, kwargs = calls["record"]
+    assert args[3] == launched_on and kwargs["across_switch"] is across
+    assert calls["publish"][-1] == launched_on  # the row names the entry the step ran on
+
+
+class _Stream:
+    def __init__(self, name: str) -> None:
+        self.name, self.waited_on = name, []
+
+    def wait_event(self, event) -> None:
+        self.waited_on.append(event)
+
+
+class _Launcher(WorkerBase):
+    """`WorkerBase.launch` over a partitioner whose entries have distinct streams (green contexts' stand-ins)."""
+
+    def __init__(self) -> None:  # no engine resources
+        self.streams = [_Stream("entry0"), _Stream("entry1")]
+        self.partitioner = SimpleNamespace(side="decode", current_index=1,
+                                           current_stream=lambda side: self.streams[self.partitioner.current_index])
+        self.runner = SimpleNamespace(graph_key=None, launch=lambda *a: SimpleNamespace(sampled=[]))
+        self.allocator = SimpleNamespace(on_launch=lambda: None)
+        self.awaiting: dict = {}
+        self.inflight = None
+        self._last_stream = None
+
+
+@pytest.mark.parametrize("moved,in_flight,waits", [(True, True, True), (True, False, False), (False, True, False)])
+def test_a_step_on_a_new_partition_waits_for_the_step_still_in_flight(monkeypatch, moved, in_flight, waits):
+    """After a switch with a step in flight (overlap mode), the next step's stream waits on that step's end
+    event: it reads the step's sampled ids and KV; with no step in flight, or on the same stream, it does not."""
+    import contextlib
+
+    import bullet_ray.engine.worker.main as main
+
+    monkeypatch.setattr(main.torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    worker = _Launcher()
+    worker.launch([])  # the first step, on entry 1
+    done = object()
+    worker.inflight = SimpleNamespace(done=done) if in_flight else None
+    if moved:
+        worker.partitioner.current_index = 0
+    worker.launch([])
+    new = worker.streams[worker.partitioner.current_index]
+    assert new.waited_on == ([done] if waits else []) and worker._last_stream is new
+    assert worker.runner.graph_key == worker.partitioner.current_index  # graphs of the partition it runs on
 
 
 def test_split_switch_setting_is_checked_and_passed_through():
@@ -90,3 +155,19 @@ def test_split_switch_setting_is_checked_and_passed_through():
         EngineConfig(split_switch="sideways")
     with pytest.raises(ValueError, match="split_switch"):
         EngineArgs(split_switch="sideways")
+
+
+@pytest.mark.parametrize("requested,follows", [(0, True), (1, False)])
+def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(requested, follows):
+    """Between layer groups the prefill side follows a new split, except onto the mixed fallback's whole-GPU
+    entry (no prefill SMs, no prefill stream): its step finishes on its SMs first."""
+    from bullet_ray.engine.worker.roles import PrefillWorker
+    from bullet_ray.gpu.partition import LadderEntry
+
+    followed: list[bool] = []
+    fake = SimpleNamespace(decider=None, switch=SimpleNamespace(requested=lambda: requested),
+                           partitioner=SimpleNamespace(ladder=[LadderEntry(0, 64, 68), LadderEntry(1, 132, 0)],
+                                                       side="prefill", current_stream=lambda side: "stream"),
+                           follow_split=lambda: followed.append(True))
+    assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]
+    assert followed == ([True] if follows else [])

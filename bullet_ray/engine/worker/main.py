@@ -152,9 +152,10 @@ class WorkerBase:
         mode the step in flight keeps running on the old partition (`launch` orders the next one after it)."""
         if self.partitioner.side == "both":
             return
-        if self.inflight is not None and self.switch.must_finish_step(self.partitioner.side):
+        side, target = self.partitioner.side, self.switch.requested()  # one read: the ack is for what was finished
+        if self.inflight is not None and self.switch.must_finish_step(side, target):
             self._finish_inflight()  # the ack promises this side's SMs are free: no step of ours still runs
-        index = self.switch.maybe_switch(self.partitioner.side)
+        index = self.switch.maybe_switch(side, target)
         if index is not None:
             self.partitioner.select(index)
 

@@ -161,19 +161,22 @@ class StepRecorder:
     def record(self, shape: StepShape, predicted_s: float, other_busy: bool, index: int, started_s: float,
                num_queued: int, queued_tokens: int, is_active: bool, num_layer_groups: int = 1,
                gpu_time_s: float | None = None, host_timings_ms: dict[str, float] | None = None,
-               graphs: str | None = None) -> None:
+               graphs: str | None = None, across_switch: bool = False) -> None:
         """After the step ran on ladder entry `index`: annotate the row (then the worker's `publish` bumps STEP),
         learn, log.
 
         The measured time is the step's device time where there is one (CUDA events around the step):
         the host's clock from launch to collect also counts host gaps, and with asynchronous scheduling
-        it can miss most of a step the device finished while the host was busy elsewhere."""
+        it can miss most of a step the device finished while the host was busy elsewhere. A step
+        `across_switch` (it ran on more than one entry, or beside the other side's step on shared SMs) is
+        logged but neither learned from nor entered into the ring under an entry (index -1 there)."""
         host_s = time.perf_counter() - started_s
         measured_s = gpu_time_s if gpu_time_s is not None else host_s
         self.state.annotate(self.side, predicted_step_us=int(predicted_s * 1e6), queued_tokens=queued_tokens,
                             is_active=is_active)
-        self.model.observe(shape, self._sms(index), other_busy, index, measured_s)
-        self._pending = (measured_s, predicted_s, index)
+        if not across_switch:
+            self.model.observe(shape, self._sms(index), other_busy, index, measured_s)
+        self._pending = (measured_s, predicted_s, -1 if across_switch else index)
         if self.log.enabled:
             entry = self.worker.partitioner.ladder[index]
             self.log.write(
@@ -184,7 +187,8 @@ class StepRecorder:
                 num_attention_pairs=shape.num_attention_pairs, split_index=index, decode_sms=entry.decode_sms,
                 prefill_sms=entry.prefill_sms, other_busy=other_busy, num_queued=num_queued,
                 predicted_ms=round(predicted_s * 1e3, 4), measured_ms=round(measured_s * 1e3, 4),
-                host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, graphs=graphs, **(host_timings_ms or {}))
+                host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, graphs=graphs,
+                across_switch=across_switch, **(host_timings_ms or {}))
 
     def after_publish(self) -> None:
         """Enter the step just published into the ring (STEP counts it now)."""

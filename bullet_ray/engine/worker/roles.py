@@ -132,13 +132,19 @@ class SideWorker(WorkerBase):
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
+        # in overlap mode a step launched before the other side followed a switch may share SMs with it
+        step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
                      queued_tokens: int) -> None:
-        """Record the collected step (measured vs predicted, online correction) and publish its row."""
+        """Record the collected step (measured vs predicted, online correction) and publish its row. A step
+        across a switch (this side moved while it ran: layer groups, or overlap mode; or, in overlap mode,
+        launched before the other side followed) ran on no one entry alone: the model does not learn from it."""
         shape, predicted, busy, index = step.perf_record
+        across = index != self.partitioner.current_index or bool(getattr(step, "launched_unsettled", False))
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs)
+                             step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
+                             across_switch=across)
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued, index)
         self.recorder.after_publish()
 
@@ -250,10 +256,13 @@ class PrefillWorker(SideWorker):
 
     def _between_layer_groups(self) -> Any:
         """A step boundary inside a layer-wise prefill (its groups so far have finished): decide the split
-        again and follow it; returns the stream the next group launches on."""
+        again and follow it; returns the stream the next group launches on. An entry without prefill SMs (the
+        mixed fallback's whole-GPU entry) is followed only after the step: its groups need SMs to finish on."""
         if self.decider is not None:
             self.decider.decide()
-        self.follow_split()
+        ladder, want = self.partitioner.ladder, self.switch.requested()
+        if not (0 <= want < len(ladder) and ladder[want].prefill_sms == 0):
+            self.follow_split()
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         self._last_stream = stream
         return stream

@@ -7,9 +7,9 @@ Run: python -m pytest tests/gpu/test_layerwise_gpu.py -q
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from tests.gpu.logged_run import run_logged
 
 pytestmark = pytest.mark.gpu
 
@@ -18,21 +18,9 @@ MIN_TOKENS = 256
 
 
 def _run(tmp_path, num_groups: int):
-    from bullet_ray.config import EngineConfig
-    from bullet_ray.engine.llm_engine import LLMEngine
-    from bullet_ray.engine.sampling_params import SamplingParams
-
-    log = tmp_path / f"steps-{num_groups}.jsonl"
-    config = EngineConfig(model="dummy:smollm2-135m", device="cuda", schedule="bullet", split_policy="slo",
-                          kv_cache_memory_gb=1.0, max_num_seqs=16, max_num_batched_tokens=2048,
-                          prefill_layer_groups=num_groups, prefill_layer_group_min_tokens=MIN_TOKENS,
-                          step_log_path=str(log))
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    with LLMEngine(config) as engine:
-        tokens = [o.token_ids for o in engine.generate(PROMPTS, params)]
-        stats = engine.stats()
-        assert stats.num_free_kv_blocks == stats.num_kv_blocks
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    tokens, records, _ = run_logged(tmp_path / f"steps-{num_groups}.jsonl", PROMPTS, 32, schedule="bullet",
+                                    split_policy="slo", max_num_batched_tokens=2048, prefill_layer_groups=num_groups,
+                                    prefill_layer_group_min_tokens=MIN_TOKENS)
     return tokens, [r for r in records if r["kind"] == "step" and r["side"] == "prefill"]
 
 

@@ -9,9 +9,9 @@ Run: python -m pytest tests/gpu/test_mixed_fallback_gpu.py -q
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from tests.gpu.logged_run import run_logged
 
 pytestmark = pytest.mark.gpu
 
@@ -21,19 +21,8 @@ PROMPTS = [[(7 * i + 13 * j) % 40000 + 100 for j in range(n)] for i, n in
 
 def _run(tmp_path, schedule: str, **extra):
     """(greedy tokens, step-log records, the engine's stats after the run)."""
-    from bullet_ray.config import EngineConfig
-    from bullet_ray.engine.llm_engine import LLMEngine
-    from bullet_ray.engine.sampling_params import SamplingParams
-
-    log = tmp_path / f"steps-{schedule}.jsonl"
-    config = EngineConfig(model="dummy:smollm2-135m", device="cuda", schedule=schedule, kv_cache_memory_gb=1.0,
-                          max_num_seqs=16, max_num_batched_tokens=1024, step_log_path=str(log), **extra)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    with LLMEngine(config) as engine:
-        tokens = [o.token_ids for o in engine.generate(PROMPTS, params)]
-        stats = engine.stats()
-        assert stats.num_free_kv_blocks == stats.num_kv_blocks
-    return tokens, [json.loads(line) for line in log.read_text().splitlines()], stats
+    return run_logged(tmp_path / f"steps-{schedule}.jsonl", PROMPTS, 32, schedule=schedule,
+                      max_num_batched_tokens=1024, **extra)
 
 
 def test_mixed_fallback_on_gpu_agrees_with_chunked(tmp_path):

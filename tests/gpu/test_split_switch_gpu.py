@@ -8,9 +8,9 @@ Run: python -m pytest tests/gpu/test_split_switch_gpu.py -q
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from tests.gpu.logged_run import run_logged
 
 pytestmark = pytest.mark.gpu
 
@@ -18,23 +18,11 @@ PROMPTS = [[(11 * i + 5 * j) % 40000 + 100 for j in range(n)] for i, n in enumer
 
 
 def _run(tmp_path, split_switch: str):
-    from bullet_ray.config import EngineConfig
-    from bullet_ray.engine.llm_engine import LLMEngine
-    from bullet_ray.engine.sampling_params import SamplingParams
-
-    log = tmp_path / f"steps-{split_switch}.jsonl"
     # a TPOT target no step meets: whenever both sides are busy the policy moves SMs to decode, and back to
     # prefill when decode idles: switches throughout
-    config = EngineConfig(model="dummy:smollm2-135m", device="cuda", schedule="bullet", split_policy="slo",
-                          kv_cache_memory_gb=1.0, max_num_seqs=16, max_num_batched_tokens=1024,
-                          tpot_target_ms=1e-3, split_switch=split_switch, async_scheduling=True,
-                          step_log_path=str(log))
-    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    with LLMEngine(config) as engine:
-        tokens = [o.token_ids for o in engine.generate(PROMPTS, params)]
-        stats = engine.stats()
-        assert stats.num_free_kv_blocks == stats.num_kv_blocks
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    tokens, records, _ = run_logged(tmp_path / f"steps-{split_switch}.jsonl", PROMPTS, 48, schedule="bullet",
+                                    split_policy="slo", max_num_batched_tokens=1024, tpot_target_ms=1e-3,
+                                    split_switch=split_switch, async_scheduling=True)
     return tokens, [r for r in records if r["kind"] == "switch"], [r for r in records if r["kind"] == "step"]
 
 

@@ -89,6 +89,7 @@ class TwoSides:
         d.conn, d.res, d.inflight, d.preempted, d._num_without_slot = Outbox(), SimpleNamespace(state=state), None, [], 0
         d.predicted, d._next_record = _identity, None
         d._order_prompts = lambda: None  # first come, first served here (the real order needs the model)
+        p.switch = d.switch = SimpleNamespace(overlap=False)  # the disjoint protocol (after_launch reads it)
         self.prefill, self.decode = p, d
         self.num_finished = 0
 

@@ -267,7 +267,8 @@ class DecodeGraphs:
         if options is None:
             options = {"disable_split_kv": True} if b in self.unsplit_buckets else be.decode_plan_options(counts, graph_rows=b)
         indptr, last, total = self._stage(b, rows, lens, counts)
-        key = plan_key(options, counts, wrapper.use_tensor_cores, getattr(wrapper, "_backend", "fa2"))
+        kernel = (wrapper.use_tensor_cores, getattr(wrapper, "_backend", "fa2"))  # what plan_key reads of it
+        key = plan_key(options, counts, *kernel)
         last_plan = self._last_plan.get(b)
         if key is not None and last_plan is not None and last_plan[0] == key:
             self.num_plans_reused += 1
@@ -287,7 +288,7 @@ class DecodeGraphs:
             logger.warning("decode graphs: bucket %d plans without split-KV (%s)", b, str(e).splitlines()[0][:160])
             self.unsplit_buckets.add(b)
             options = {"disable_split_kv": True}
-            key = plan_key(options, counts, wrapper.use_tensor_cores, getattr(wrapper, "_backend", "fa2"))
+            key = plan_key(options, counts, *kernel)
             self.num_plans += 1
             be.fence.plan(*args, **kwargs, **options)
         self._staged[(self._next_slot - 1) % STAGING_SLOTS] = _record()  # flashinfer's copies read the slot too

@@ -81,7 +81,7 @@ class AdmissionSettings:
         if self.admission_ttft_s is not None:
             kink = self.admission_ttft_s / per_token_s
             probes += [max(1, math.floor(kink)), max(1, math.ceil(kink))]
-        answers = {self._over_ttft_bound(stats, n) for n in probes}
+        answers = {self._ttft_over_bound(stats, n) is None for n in probes}
         return len(answers) > 1
 
     def ttft_bound_s(self, num_prompt_tokens: int | None = None) -> float | None:
@@ -97,14 +97,15 @@ class AdmissionSettings:
         """Why a request (of `num_prompt_tokens`, where known) arriving now must be refused, or None to admit it.
         With the length known, the engine's prediction for it (`EngineStats.predicted_ttft_for`) meets its bound;
         without it, the prediction for a typical prompt meets the fixed bound."""
-        if stats.num_waiting < self.max_waiting_per_engine and self._over_ttft_bound(stats, num_prompt_tokens):
-            predicted, bound_s = stats.predicted_ttft_for(num_prompt_tokens), self.ttft_bound_s(num_prompt_tokens)
-            return f"predicted TTFT {predicted:.3f} s over the bound {bound_s:.3f} s"
+        over = self._ttft_over_bound(stats, num_prompt_tokens)
+        if stats.num_waiting < self.max_waiting_per_engine and over is not None:
+            return f"predicted TTFT {over[0]:.3f} s over the bound {over[1]:.3f} s"
         return self._other_refusal(stats)
 
-    def _over_ttft_bound(self, stats: EngineStats, num_prompt_tokens: int | None) -> bool:
+    def _ttft_over_bound(self, stats: EngineStats, num_prompt_tokens: int | None) -> tuple[float, float] | None:
+        """(predicted TTFT, bound) of a request of `num_prompt_tokens` when the prediction is over the bound."""
         bound_s, predicted = self.ttft_bound_s(num_prompt_tokens), stats.predicted_ttft_for(num_prompt_tokens)
-        return bound_s is not None and predicted is not None and predicted > bound_s
+        return (predicted, bound_s) if bound_s is not None and predicted is not None and predicted > bound_s else None
 
     def _other_refusal(self, stats: EngineStats) -> str | None:
         """The checks that need no prompt length: the queue, the decode step time."""

@@ -132,7 +132,6 @@ class SideWorker(WorkerBase):
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
-        # in overlap mode a step launched before the other side followed a switch may share SMs with it
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
@@ -141,7 +140,7 @@ class SideWorker(WorkerBase):
         across a switch (this side moved while it ran: layer groups, or overlap mode; or, in overlap mode,
         launched before the other side followed) ran on no one entry alone: the model does not learn from it."""
         shape, predicted, busy, index = step.perf_record
-        across = index != self.partitioner.current_index or bool(getattr(step, "launched_unsettled", False))
+        across = index != self.partitioner.current_index or step.launched_unsettled
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
                              step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
                              across_switch=across)

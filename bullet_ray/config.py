@@ -94,14 +94,15 @@ class EngineConfig:
     # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own;
     # opt-in until a serving run measures it
     prefill_plan_lead_ms: float | None = None
-    # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint" (default):
+    # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint":
     # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that
     # ack, so the two sides' SMs never overlap; a switch then waits for a whole step of the shrinking side
     # (the H100 serving runs: p50 43-81 ms, p99 220-630 ms). "overlap": each side moves at its next launch
     # without waiting for the other (its next step waits on its own last one, on the new SMs): the growing
     # side takes its new SMs at once and shares them with the other side's step in flight until that ends.
-    # Opt-in until an H100 run measures it
-    split_switch: str = "disjoint"
+    # "overlap" is the default since the H100 A/B of the eighteenth session (benchmarks/results/serve_h100_m2v/): switch p50
+    # 7.1 ms / p99 20 ms against disjoint's 24 / 411 ms, goodput alike
+    split_switch: str = "overlap"
     # the bullet schedule's fallback to chunked prefill under overload (split_policy slo): once this many
     # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
     # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget

@@ -19,7 +19,8 @@ bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> bef
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-m2 (bullet-slo with the
 split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-overlap (bullet-slo whose
 split switches let each side move at its next launch without waiting for the other: engine.split_switch
-overlap), bullet-slo-mixed<tokens> (bullet-slo
+overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
+gives up SMs only after its step in flight, the growing side waits for it), bullet-slo-mixed<tokens> (bullet-slo
 with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
 prompts in chunks inside its steps: engine.mixed_fallback_tokens),
 bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
@@ -143,15 +144,17 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     elif scheduling:
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
-    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap") or targets is not None or name.startswith(
-            ("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
+    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
+            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
             engine.update(targets)
         if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
         if name == "bullet-slo-overlap":  # each side moves to a new split at its next launch (docs/policy.md)
-            engine["split_switch"] = "overlap"
+            engine["split_switch"] = "overlap"  # the default since the eighteenth session; named for the A/B
+        if name == "bullet-slo-disjoint":  # the shrinking side finishes its step in flight before it acks
+            engine["split_switch"] = "disjoint"
         groups = name.removeprefix("bullet-slo-lw") if name.startswith("bullet-slo-lw") else ""
         if groups:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
             if not groups.isdigit() or int(groups) < 2:

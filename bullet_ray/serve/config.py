@@ -53,11 +53,11 @@ class EngineArgs(BaseModel):
                                                "this long (ms) before the step in flight is predicted to end, "
                                                "taking arrivals meanwhile; null: at once (opt-in, unmeasured)")
     split_switch: Literal["disjoint", "overlap"] = Field(
-        "disjoint", description="how the two sides move to a new SM split: disjoint (the shrinking side finishes "
-                                "its step in flight first, the growing side waits for it: their SMs never "
-                                "overlap), overlap (each side moves at its next launch; the growing side shares "
-                                "its new SMs with the other's step in flight; opt-in, unmeasured); applies to "
-                                "every split request, the slo policy's and a manual request_split")
+        "overlap", description="how the two sides move to a new SM split: overlap (the default: each side moves "
+                               "at its next launch; the growing side shares its new SMs with the other's step in "
+                               "flight), disjoint (the shrinking side finishes its step in flight first, the "
+                               "growing side waits for it: their SMs never overlap, switches take a step longer); "
+                               "applies to every split request, the slo policy's and a manual request_split")
     mixed_fallback_tokens: int | None = Field(None, ge=1, description="bullet with split_policy slo: once this "
                                               "many prompt tokens wait while decode runs, the decode worker "
                                               "takes the queued prompts in chunks into its steps (chunked "

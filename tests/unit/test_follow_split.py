@@ -149,8 +149,9 @@ def test_split_switch_setting_is_checked_and_passed_through():
     from bullet_ray.errors import ConfigError
     from bullet_ray.serve.config import EngineArgs
 
-    assert EngineConfig().split_switch == "disjoint"
-    assert EngineArgs(split_switch="overlap").to_engine_config().split_switch == "overlap"
+    assert EngineConfig().split_switch == "overlap"  # the default since the H100 A/B (serve_h100_m2v)
+    assert EngineArgs().to_engine_config().split_switch == "overlap"
+    assert EngineArgs(split_switch="disjoint").to_engine_config().split_switch == "disjoint"
     with pytest.raises(ConfigError, match="split_switch.*'sideways'"):
         EngineConfig(split_switch="sideways")
     with pytest.raises(ValueError, match="split_switch"):

@@ -32,6 +32,8 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest"} and m2["split_policy"] == "slo"
     overlap = _engine(system_yaml("bullet-slo-overlap+direct", tmp_path))
     assert (overlap["split_policy"], overlap["split_switch"]) == ("slo", "overlap") and "split_switch" not in slo
+    disjoint = _engine(system_yaml("bullet-slo-disjoint+direct", tmp_path))
+    assert (disjoint["split_policy"], disjoint["split_switch"]) == ("slo", "disjoint")
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
     assert (relaxed["split_policy"], relaxed["ttft_target_ms"], relaxed["tpot_target_ms"]) == ("slo", 1000.0, 50.0)
     assert "ttft_target_ms" not in slo and relaxed["step_log_path"].endswith("bullet-slo-relaxed-steps.jsonl")

@@ -209,7 +209,10 @@ class LLMEngine(EngineClient):
         return self._max_model_len
 
     # submission -------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """A prompt as the token ids the engine runs: text through the model's tokenizer, ids checked against the
+        vocabulary; InvalidRequest (naming the field) for an empty prompt, an id out of range, or text without
+        a tokenizer. The Serve replica calls it too where it needs a prompt's length before submitting it."""
         if isinstance(prompt, str):
             if self._tokenizer is None:
                 raise InvalidRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
@@ -227,7 +230,7 @@ class LLMEngine(EngineClient):
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
         self.check_health()
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_ids(prompt)
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "

@@ -45,6 +45,11 @@ class EngineClient(abc.ABC):
         """Longest prompt + output in tokens."""
 
     @abc.abstractmethod
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids the engine would run for `prompt` (text through its tokenizer); `InvalidRequest`
+        where `stream` would raise it for the prompt alone (empty, an id outside the vocabulary)."""
+
+    @abc.abstractmethod
     def stream(self, prompt: Prompt, params: SamplingParams,
                request_id: str | None = None) -> Iterator[RequestOutput]:
         """Submit and iterate the outputs synchronously."""

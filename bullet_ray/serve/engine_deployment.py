@@ -169,14 +169,6 @@ class EngineReplica:
         return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
                                                   tokenize=True, return_dict=False))
 
-    def _token_ids(self, prompt: str | list[int]) -> str | list[int]:
-        """A text prompt as the engine's tokenizer encodes it (what the engine would do itself), so its length is
-        known here; left as text where the engine has no tokenizer."""
-        tokenizer = self.engine.tokenizer
-        if isinstance(prompt, str) and tokenizer is not None:
-            return list(tokenizer.encode(prompt))
-        return prompt
-
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput | GenerateError]:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
         params: SamplingParams = request["params"]
@@ -188,11 +180,11 @@ class EngineReplica:
         stats = self.engine.stats()
         if self.admission.length_decides(stats):  # a per-prompt-token TTFT bound the prompt's length can move
             try:
-                prompt = self._token_ids(self._prompt(request))
+                ids = self.engine.prompt_ids(self._prompt(request))
             except InvalidRequest as e:
                 yield GenerateError(400, str(e), "invalid_request_error", e.field)
                 return
-            num_prompt_tokens = len(prompt) if isinstance(prompt, list) else None
+            prompt, num_prompt_tokens = ids, len(ids)
         refusal = self.admission.refusal(stats, num_prompt_tokens)
         if refusal is not None:
             self.num_rejected_total += 1

@@ -66,7 +66,7 @@ class MockEngine(EngineClient):
     def max_model_len(self) -> int:
         return self._max_model_len
 
-    def token_ids(self, prompt: Prompt) -> list[int]:
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids as this engine counts them."""
         if isinstance(prompt, str):
             if self._tokenizer is not None:
@@ -94,7 +94,7 @@ class MockEngine(EngineClient):
     # EngineClient ---------------------------------------------------------------------------------
     async def stream_async(self, prompt: Prompt, params: SamplingParams,
                            request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        ids = self.token_ids(prompt)
+        ids = self.prompt_ids(prompt)
         if not ids:
             raise InvalidRequest("the prompt is empty", "prompt")
         if len(ids) + params.max_tokens > self._max_model_len:
@@ -141,7 +141,7 @@ class MockEngine(EngineClient):
         for prompt, p in zip(prompts, per_prompt):
             outs = list(self.stream(prompt, p))
             token_ids = [t for o in outs for t in o.token_ids_delta]
-            results.append(CompletionOutput(outs[-1].request_id, self.token_ids(prompt), token_ids,
+            results.append(CompletionOutput(outs[-1].request_id, self.prompt_ids(prompt), token_ids,
                                             "".join(o.text_delta for o in outs), outs[-1].finish_reason or "length"))
         return results
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from bullet_ray.bench.slo import attainment, goodput, parse_slo
 
-_NAME = re.compile(r"^(?P<system>.+)-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
+RUN_FILE_NAME = re.compile(r"^(?P<system>.+)-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
 
 
 def load_run(path: str | Path) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
     """{system: {rate: [request records]}} from a runs folder."""
     out: dict[str, dict[float, list[Any]]] = defaultdict(dict)
     for path in sorted(folder.iterdir()):
-        m = _NAME.match(path.name)
+        m = RUN_FILE_NAME.match(path.name)
         if not m:
             continue
         doc = load_run(path)

@@ -41,7 +41,8 @@ class Field(enum.IntEnum):
     PREDICTED_STEP_US = 8  # the performance model's prediction of the last step (0: none)
     QUEUED_TOKENS = 9  # prompt tokens this side holds but did not run yet
     IS_ACTIVE = 10  # 1 while this side has work (it will step again), else 0
-    NUM_FIELDS = 11
+    INFLIGHT_INDEX = 11  # ladder entry of this side's oldest launched, uncollected step + 1 (0: none in flight)
+    NUM_FIELDS = 12
 
 
 class Policy(enum.IntEnum):
@@ -141,6 +142,15 @@ class StateBlock:
         row[Field.PREDICTED_STEP_US] = predicted_step_us
         row[Field.QUEUED_TOKENS] = queued_tokens
         row[Field.IS_ACTIVE] = int(is_active)
+
+    def set_inflight_index(self, side: Side, index: int | None) -> None:
+        """The ladder entry `side`'s oldest launched, not yet collected step runs on (None: nothing in flight)."""
+        self.rows[int(side)][Field.INFLIGHT_INDEX] = 0 if index is None else index + 1
+
+    def inflight_index(self, side: Side) -> int | None:
+        """What `set_inflight_index` last wrote for `side`."""
+        value = int(self.rows[int(side)][Field.INFLIGHT_INDEX])
+        return value - 1 if value > 0 else None
 
     def mark_idle(self, side: Side) -> None:
         """`side` has no work left (nothing queued, nothing in flight) since its last published step."""

@@ -91,7 +91,8 @@ class SmPartitioner(abc.ABC):
       except a whole-GPU entry (decode every SM, prefill none) a worker may append (`add_whole_gpu_entry`).
     - `stream(i, side)` is where `side` launches work while on entry i (None: the current stream); a
       process gets streams only for the side(s) it was made for.
-    - `select(i)` is called at a step boundary, after the side's earlier work finished; it returns True
+    - `select(i)` is called at a step boundary (disjoint switch: after the side's earlier work finished;
+      overlap switch: with it possibly still running, the next launch waiting on it); it returns True
       when the hardware partition changes, False when the backend cannot switch (mps, none).
     - `close()` releases streams and contexts; the partitioner is unusable afterwards.
     """

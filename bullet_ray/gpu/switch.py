@@ -1,4 +1,5 @@
-"""The split-switch protocol: move both sides to another ladder entry without their SMs ever overlapping.
+"""The split-switch protocol: move both sides to another ladder entry, in one of two modes: disjoint (their SMs
+never overlap) or overlap (neither side waits; the engine's default, `split_switch: overlap`).
 
 State: a writable numpy int64 array of >= 4 slots shared by the controller (engine front) and the two
 workers (the engine hands in a view of its shared-memory state block):
@@ -8,7 +9,8 @@ workers (the engine hands in a view of its shared-memory state block):
     slot 2  DECODE_ACK   ladder index the decode side runs on now
     slot 3  EPOCH        incremented by every request (for logs and metrics)
 
-Rules. Each side calls `maybe_switch(side)` at its step boundary, after the work it launched on its
+Disjoint mode (`overlap=False`, engine `split_switch: disjoint`). Each side calls `maybe_switch(side)` at its
+step boundary, after the work it launched on its
 current partition has finished (a worker synchronizes its stream at the end of a step to read the
 sampled tokens, so that holds). A side whose partition shrinks (or stays) switches at once and acks.
 A side whose partition grows switches only when its new SMs are free: when its new SM count plus the
@@ -22,11 +24,13 @@ otherwise; ask again later): the two sides then act on the same target, and at m
 A request written while another is in flight (by a controller that bypasses `request`) still never
 deadlocks: the growing rule is checked against the other side's acked partition, not its target.
 
-Overlap mode (`overlap=True`, engine `split_switch: overlap`): no growing rule. Each side acks at its next
+Overlap mode (`overlap=True`, engine `split_switch: overlap`, its default since the H100 A/B in
+benchmarks/results/serve_h100_m2v): no growing rule. Each side acks at its next
 step boundary, without finishing its step in flight (its next launch waits on it, on the new SMs), so the
 growing side takes its new SMs at once and shares them with the other side's last step on its old partition
 until that step ends. A switch then takes until both sides' next launches, not a step of the shrinking side
-followed by the growing side's next boundary; the price is that brief sharing.
+followed by the growing side's next boundary; the price is that brief sharing (the steps that run beside the
+other side's step on another entry are flagged `across_switch` and not learned from: engine/worker/roles.py).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class _Entry(Protocol):
 
 
 class SplitSwitch:
-    """The protocol over shared slots; one instance per process (controller, prefill, decode)."""
+    """The protocol over shared slots; one instance per process (controller, prefill, decode). `overlap` defaults
+    to False here (the protocol's strict form); the engine passes its `split_switch` setting (default overlap)."""
 
     def __init__(self, slots: np.ndarray, ladder: Sequence[_Entry], sm_count: int | None = None,
                  overlap: bool = False) -> None:
@@ -119,8 +124,8 @@ class SplitSwitch:
     def must_finish_step(self, side: str, target: int) -> bool:
         """Whether `side` must finish its work in flight before it acks `target` (read once with `requested`,
         then passed here and to `maybe_switch`): it has not acked it yet, and not in overlap mode. (Only a
-        shrinking side's promise needs it; a growing side finishes too, as measured on the H100 before overlap
-        mode: the disjoint default is left as it ran.)"""
+        shrinking side's promise needs it; a growing side finishes too, as the disjoint mode ran on the H100
+        before overlap mode existed.)"""
         return not self.overlap and target != int(self.slots[self._slot(side)])
 
     def maybe_switch(self, side: str, target: int | None = None) -> int | None:

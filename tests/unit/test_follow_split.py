@@ -81,9 +81,12 @@ def test_a_step_is_recorded_against_the_entry_it_ran_on_and_not_learned_across_a
         block.close()
 
 
-@pytest.mark.parametrize("launched_on,now,unsettled,across", [(1, 1, False, False), (1, 0, False, True),
-                                                               (1, 1, True, True)])
-def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, across):
+@pytest.mark.parametrize("launched_on,now,unsettled,beside,across", [
+    (1, 1, False, (False, False), False), (1, 0, False, (False, False), True), (1, 1, True, (False, False), True),
+    (1, 1, False, (True, False), True), (1, 1, False, (False, True), True)])
+def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, beside, across):
+    """Across: the side moved since the launch, or launched before the switch settled, or the other side had a
+    step in flight on another entry at the launch (beside[0]) or at the collect (beside[1])."""
     from bullet_ray.engine.worker.roles import SideWorker
 
     calls: dict[str, tuple] = {}
@@ -91,14 +94,77 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
         partitioner=SimpleNamespace(current_index=now), has_work=lambda: True,
         recorder=SimpleNamespace(record=lambda *a, **k: calls.update(record=(a, k)),
                                  after_publish=lambda: None),
-        publish=lambda *a: calls.update(publish=a))
+        publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1])
     step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled,
-                           num_layer_groups=1, gpu_time_s=0.01, host_ms=lambda: {}, graphs=None, batch=[1, 2])
+                           beside_other_entry=beside[0], num_layer_groups=1, gpu_time_s=0.01, host_ms=lambda: {},
+                           graphs=None, batch=[1, 2])
     result = SimpleNamespace(num_tokens=2, num_context_tokens=20)
     SideWorker.publish_step(fake, step, 0.0, result, 0, 0)  # type: ignore[arg-type]
     args, kwargs = calls["record"]
     assert args[3] == launched_on and kwargs["across_switch"] is across
     assert calls["publish"][-1] == launched_on  # the row names the entry the step ran on
+
+
+def _recording_side(side, block):
+    """A SideWorker with only what `after_launch` and `collect` touch: the state block, a switch, a step in
+    flight (`WorkerBase.collect` stubbed to return the step)."""
+    from bullet_ray.engine.worker.main import WorkerBase
+    from bullet_ray.engine.worker.roles import SideWorker
+
+    class Side_(SideWorker):
+        def __init__(self) -> None:  # no engine resources
+            self.res = SimpleNamespace(state=block)
+            self.side = side
+            self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True)
+            self.inflight = None
+            self._next_record = None
+
+    worker = Side_()
+    worker.launch_on = lambda index: _launched(worker, index)
+    return worker, WorkerBase
+
+
+def _launched(worker, index):
+    """What `WorkerBase.step` does around a launch: predict, launch, `after_launch`, then the new step is in
+    flight (the previous one, if any, still uncollected)."""
+    worker._next_record = ("shape", 0.01, True, index)
+    step = SimpleNamespace(perf_record=None)
+    worker.after_launch(step)
+    return step
+
+
+def test_a_step_beside_the_other_sides_step_on_another_entry_is_flagged(tmp_path, monkeypatch):
+    """Overlap mode, decode grows from entry 1 to 2 while prefill's last step on entry 1 still runs: decode's
+    first step on entry 2 shares SMs with it and is flagged; once prefill collected that step, decode's next step
+    on entry 2 is clean. Each side publishes the entry of its oldest uncollected step, and clears it."""
+    from bullet_ray.engine.state_block import Side, StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        prefill, base = _recording_side(Side.PREFILL, block)
+        decode, _ = _recording_side(Side.DECODE, block)
+        monkeypatch.setattr(base, "collect", lambda self, step: "result")
+        old = prefill.launch_on(1)  # prefill's step on the old entry, in flight
+        prefill.inflight = old
+        assert block.inflight_index(Side.PREFILL) == 1
+        first = decode.launch_on(2)  # decode moved to entry 2 (overlap: it did not wait)
+        assert first.beside_other_entry and decode._other_runs_elsewhere(first)
+        decode.inflight = first
+        assert block.inflight_index(Side.DECODE) == 2
+        prefill.inflight = None
+        assert prefill.collect(old) == "result" and block.inflight_index(Side.PREFILL) is None
+        assert not decode._other_runs_elsewhere(first)  # at its collect prefill runs nothing: flagged at launch
+        second = decode.launch_on(2)
+        assert not second.beside_other_entry
+        assert block.inflight_index(Side.DECODE) == 2  # `first` is still the oldest uncollected
+        decode.inflight = second
+        decode.collect(first)  # the worker swapped `second` in before collecting `first`
+        assert block.inflight_index(Side.DECODE) == 2
+        decode.inflight = None
+        decode.collect(second)
+        assert block.inflight_index(Side.DECODE) is None
+    finally:
+        block.close()
 
 
 class _Stream:

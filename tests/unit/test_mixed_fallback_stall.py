@@ -26,12 +26,14 @@ from tests.unit.test_schedulers import FakeBlocks
 
 
 class FakeState:
-    """The state block's policy slots (the hand-over counters live there)."""
+    """The state block's policy slots (the hand-over counters live there) and its rows (the entry of each side's
+    oldest step in flight)."""
 
     def __init__(self) -> None:
-        from bullet_ray.engine.state_block import Policy
+        from bullet_ray.engine.state_block import Field, Policy
 
         self.policy = [0] * int(Policy.NUM_SLOTS)
+        self.rows = [[0] * int(Field.NUM_FIELDS) for _ in range(2)]
 
     def __getattr__(self, name: str):
         from bullet_ray.engine.state_block import StateBlock
@@ -81,6 +83,7 @@ class TwoSides:
         p.partitioner = SimpleNamespace(current=SimpleNamespace(prefill_sms=1))
         p.first_tokens = SimpleNamespace(scheduled=lambda batch: None, forget=lambda ids: None)
         p.follow_split = p._finish_inflight = lambda: None
+        p.inflight = None
         p.predicted, p._next_record = _identity, None
         d = DecodeWorker.__new__(DecodeWorker)
         d.config = SimpleNamespace(mixed_chunk_tokens=chunk_tokens, max_num_seqs=8)

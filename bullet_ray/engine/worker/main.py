@@ -315,6 +315,8 @@ class WorkerBase:
             if timeout:
                 self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
                 self.on_idle()
+                if self.has_work():  # e.g. a split requested while it marked itself idle: the requester saw
+                    timeout = 0.0    # it active and sent no wake, so it must not sleep on its messages
             while not self.is_stopped and self.conn.poll(timeout):
                 self.dispatch(self.conn.recv())
                 timeout = 0.0

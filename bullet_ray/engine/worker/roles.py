@@ -133,14 +133,40 @@ class SideWorker(WorkerBase):
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
+        step.beside_other_entry = self._other_runs_elsewhere(step)
+        # `self.inflight` is still the previous step here: the oldest uncollected one is it, else this one
+        self._publish_inflight(self.inflight if self.inflight is not None else step)
+
+    def collect(self, step: Any) -> Any:
+        result = super().collect(step)
+        # `self.inflight` is the next step if one was launched ahead (else None, or still `step` itself)
+        self._publish_inflight(self.inflight if self.inflight is not step else None)
+        return result
+
+    def _publish_inflight(self, oldest: Any) -> None:
+        """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing)."""
+        record = getattr(oldest, "perf_record", None) if oldest is not None else None
+        self.res.state.set_inflight_index(self.side, record[3] if record is not None else None)
+
+    def _other_runs_elsewhere(self, step: Any) -> bool:
+        """Whether the other side has a step in flight on another ladder entry than `step`'s: after an overlap
+        switch the side that moved first shares SMs with the other's last step on the old entry until it ends."""
+        record = step.perf_record
+        if record is None:
+            return False
+        other = self.res.state.inflight_index(Side.DECODE if self.side is Side.PREFILL else Side.PREFILL)
+        return other is not None and other != record[3]
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
                      queued_tokens: int) -> None:
         """Record the collected step (measured vs predicted, online correction) and publish its row. A step
-        across a switch (this side moved while it ran: layer groups, or overlap mode; or, in overlap mode,
-        launched before the other side followed) ran on no one entry alone: the model does not learn from it."""
+        across a switch ran on no one entry alone, and the model does not learn from it: this side moved while
+        it ran (layer groups, or overlap mode), or, in overlap mode, it was launched before the other side
+        followed, or the other side had a step in flight on another entry at its launch or its collect (the
+        SMs that changed hands ran both)."""
         shape, predicted, busy, index = step.perf_record
-        across = index != self.partitioner.current_index or step.launched_unsettled
+        across = index != self.partitioner.current_index or step.launched_unsettled or step.beside_other_entry \
+            or self._other_runs_elsewhere(step)
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
                              step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
                              across_switch=across)

@@ -464,8 +464,9 @@ class LLMEngine(EngineClient):
         side that shrinks first). `split_indexes()` shows where each side is."""
         from bullet_ray.gpu.partition import EPOCH, REQUESTED
 
-        if index < 0:
-            raise InvalidRequest(f"split index {index} must be >= 0", "split_index")
+        if not 0 <= index < len(self.ladder_decode_sms):  # an entry past the ladder would never be acked
+            raise InvalidRequest(f"split index {index} is outside the ladder [0, {len(self.ladder_decode_sms) - 1}]",
+                                 "split_index")
         self.state.switch[REQUESTED] = index
         self.state.switch[EPOCH] += 1
         self.num_split_requests += 1
@@ -484,9 +485,10 @@ class LLMEngine(EngineClient):
         counts = self.ladder_decode_sms
         inside = [i for i, c in enumerate(counts) if (min_decode_sms is None or c >= min_decode_sms)
                   and (max_decode_sms is None or c <= max_decode_sms)]
-        if not inside:
+        ordinary = [i for i, c in enumerate(counts) if c < self.sm_count]  # not the mixed fallback's whole GPU
+        if not any(i in ordinary for i in inside):  # nothing inside, or only the whole GPU: prefill would starve
             bound = max_decode_sms if max_decode_sms is not None else min_decode_sms
-            inside = [min(range(len(counts)), key=lambda i: abs(counts[i] - (bound or 0)))]
+            inside = [min(ordinary, key=lambda i: abs(counts[i] - (bound or 0)))]
         self._split_bounds = (inside[0], inside[-1])
         self.state.set_split_bounds(inside[0], inside[-1])  # the deciding worker keeps its choice inside
         if self.config.is_disaggregated:

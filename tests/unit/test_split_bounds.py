@@ -1,0 +1,46 @@
+"""The engine front's split controls on a fake front (no workers): a manual split request must name a ladder
+entry (one past the ladder would never be acked, and no later request could settle), and the cluster
+controller's bounds never leave the policy only the mixed fallback's whole-GPU entry (prefill would starve)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bullet_ray.engine.llm_engine import LLMEngine
+from bullet_ray.errors import InvalidRequest
+from bullet_ray.gpu.partition import default_ladder
+
+
+def _front(mixed: bool) -> SimpleNamespace:
+    ladder = default_ladder(132) + ([132] if mixed else [])  # 16, 24, ..., 112 (+ the whole GPU)
+    bounds: list[tuple[int, int]] = []
+    state = SimpleNamespace(set_split_bounds=lambda lo, hi: bounds.append((lo, hi)), switch=[0, 0, 0, 0])
+    front = SimpleNamespace(ladder_decode_sms=ladder, sm_count=132, state=state, bounds=bounds,
+                            config=SimpleNamespace(is_disaggregated=False), num_split_requests=0,
+                            _wake_workers=lambda: None)
+    return front
+
+
+@pytest.mark.parametrize("index", [-1, 13, 14])
+def test_a_split_request_outside_the_ladder_is_refused(index):
+    front = _front(mixed=True)  # 14 entries: 0..13, the last the whole GPU
+    if index == 13:
+        LLMEngine.request_split(front, index)  # the whole-GPU entry is a ladder entry: allowed by hand
+        assert front.state.switch[0] == 13 and front.num_split_requests == 1
+        return
+    with pytest.raises(InvalidRequest, match="split index") as e:
+        LLMEngine.request_split(front, index)
+    assert e.value.field == "split_index" and front.num_split_requests == 0
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_bounds_that_hold_only_the_whole_gpu_keep_the_nearest_ordinary_entry(mixed):
+    front = _front(mixed)
+    top = len(default_ladder(132)) - 1  # 112 decode SMs
+    assert LLMEngine.set_split_bounds(front, 120, None) == (top, top)
+    assert LLMEngine.set_split_bounds(front, 24, 40) == (1, 3)
+    # no upper bound: the whole-GPU entry stays allowed beside ordinary ones (the fallback may still use it)
+    assert LLMEngine.set_split_bounds(front, 100, None) == (top - 1, top + 1 if mixed else top)
+    assert front.bounds[-1] == (top - 1, top + 1 if mixed else top)

@@ -12,8 +12,12 @@ time, ladder entry) and the last RING_SIZE decision-to-new-split times.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +107,7 @@ class StateBlock:
         self.policy: np.ndarray = arena.view(policy).numpy()
         self.steps: np.ndarray = arena.view(steps).numpy()
         self.switches: np.ndarray = arena.view(switches).numpy()
+        self._lock_fd: int | None = None  # the backing file, opened for `flock` at the first switch completed
 
     @classmethod
     def create(cls, path: str) -> StateBlock:
@@ -221,9 +226,28 @@ class StateBlock:
         return int(p[Policy.PROMPTS_HANDED_OVER]) - int(p[Policy.HANDED_PROMPTS_DONE]) \
             - int(p[Policy.HANDED_PROMPTS_DROPPED])
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive lock across processes (flock on the block's backing file), for a check-then-write that two
+        processes may run at once."""
+        if self._lock_fd is None:
+            path = self._arena.handle.path
+            assert path is not None  # a state block is always a CPU arena with a backing file
+            self._lock_fd = os.open(path, os.O_RDWR)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
     def record_switch_done(self) -> int | None:
         """Both sides run on the requested entry now (called by the side that acked last): the
-        decision-to-new-split time in microseconds, or None if no decision was pending."""
+        decision-to-new-split time in microseconds, or None if no decision was pending. When both sides ack
+        within microseconds each may see the switch settled and call this: the lock lets only the first count it."""
+        with self._locked():
+            return self._record_switch_done()
+
+    def _record_switch_done(self) -> int | None:
         p = self.policy
         pending = int(p[Policy.PENDING_SWITCH_US])
         if pending == 0:
@@ -250,4 +274,7 @@ class StateBlock:
         return {f.name.lower(): int(row[f]) for f in Field if f is not Field.NUM_FIELDS}
 
     def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self._arena.close()

@@ -39,6 +39,40 @@ def test_step_ring_keeps_the_last_steps_in_order(tmp_path: Path):
         block.close()
 
 
+def test_a_switch_completed_by_both_sides_at_once_is_counted_once(tmp_path: Path):
+    """Both sides may see a switch settled and call record_switch_done together: the check-then-write runs under
+    a lock across processes (flock on the block's file; each attached block opens its own), so the second
+    caller waits for the first and finds nothing pending."""
+    import threading
+    import time
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    other = StateBlock.attach(block.export())  # what the other worker process holds
+    try:
+        block.record_decision(5, 2, 80, 250_000, is_switch=True)
+        holding, release = threading.Event(), threading.Event()
+        first: list = []
+
+        def first_side() -> None:
+            with block._locked():  # the first side is inside its check-then-write
+                holding.set()
+                release.wait(5)
+                first.append(block._record_switch_done())
+
+        thread = threading.Thread(target=first_side)
+        thread.start()
+        holding.wait(5)
+        threading.Timer(0.2, release.set).start()
+        started = time.monotonic()
+        assert other.record_switch_done() is None  # waited for the first, then nothing was pending
+        assert time.monotonic() - started >= 0.15
+        thread.join(5)
+        assert first[0] is not None and block.read_policy()["num_switches"] == 1
+    finally:
+        other.close()
+        block.close()
+
+
 def test_metrics_take_step_records_outside_ray():
     metrics = EngineMetrics("m", "e")  # Ray's metrics are no-ops outside a Ray worker
     metrics.observe_steps({"prefill": [(0.05, 0.045, 0)], "decode": [(0.02, 0.021, 6), (0.0, 0.0, 6)],

@@ -131,3 +131,45 @@ def test_split_request_is_followed_by_both_workers(engine):
     engine.generate([_chat(engine, "Hi")], SamplingParams(temperature=0.0, max_tokens=4))
     assert engine.stats().extra["decode"]["split_index"] == target
     engine.request_split(start["requested"])
+
+
+def test_splits_requested_throughout_a_generation_keep_the_tokens(engine):
+    """Manual split requests every few milliseconds while both workers run (overlap switch, the default): each
+    side follows at its step boundaries with steps in flight, and the greedy tokens are the ones of a run
+    without switches; every KV block comes back and the switches are counted."""
+    import threading
+
+    prompts = [_chat(engine, text) for text in ("Name three rivers.", "What is 2 + 2?", "Say hello in French.")]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    start = engine.split_indexes()["requested"]
+    quiet = [o.token_ids for o in engine.generate(prompts, params)]
+    stop = threading.Event()
+    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    num_entries = len(engine.ladder_decode_sms)
+
+    def keep_switching() -> None:
+        i = 0
+        while not stop.is_set():
+            engine.request_split(i % num_entries)
+            i += 1
+            where = engine.split_indexes()
+            seen["prefill"].add(where["prefill"])
+            seen["decode"].add(where["decode"])
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=keep_switching)
+    thread.start()
+    try:
+        busy = [o.token_ids for o in engine.generate(prompts, params)]
+    finally:
+        stop.set()
+        thread.join(5)
+    assert busy == quiet
+    engine.request_split(start)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and set(engine.split_indexes().values()) != {start}:
+        time.sleep(0.05)
+    assert set(engine.split_indexes().values()) == {start}
+    assert len(seen["prefill"]) > 1 and len(seen["decode"]) > 1  # both sides moved while generating
+    time.sleep(0.2)
+    assert engine.stats().num_free_kv_blocks == engine.stats().num_kv_blocks

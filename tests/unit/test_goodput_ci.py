@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from benchmarks.goodput_ci import build_parser, main, run
 from bullet_ray.bench.result import RequestRecord
 from bullet_ray.bench.slo import PRESETS, attainment, goodput
+from tests.unit.test_rescore import write_run_doc
 
 RATES = (8, 16, 24, 32)
 
@@ -31,12 +31,7 @@ def _write_sweep(folder, system, attainments, num_requests=150, gz=True):
         records = [_request(i, i < num_met) for i in range(num_requests)]
         doc = {"config": {"label": system, "workload": {"rate_rps": float(rate)}}, "summary": {},
                "requests": [r.to_dict() for r in records]}
-        path = runs / f"{system}-rate{rate}.json{'.gz' if gz else ''}"
-        if gz:
-            with gzip.open(path, "wt") as f:
-                json.dump(doc, f)
-        else:
-            path.write_text(json.dumps(doc))
+        write_run_doc(runs / f"{system}-rate{rate}.json{'.gz' if gz else ''}", doc, gz)
 
 
 def _run(folder, *extra):

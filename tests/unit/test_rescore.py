@@ -8,14 +8,18 @@ import json
 from benchmarks.rescore import load_runs, markdown, rescore
 
 
-def _write(folder, system, rate, requests, gz=False):
-    doc = {"config": {"workload": {"rate_rps": rate}}, "requests": requests}
-    path = folder / f"{system}-rate{rate:g}.json{'.gz' if gz else ''}"
+def write_run_doc(path, doc, gz):
+    """A run file as serve_h100 saves it: JSON, gzipped when `gz` (the name carries the suffix)."""
     if gz:
         with gzip.open(path, "wt") as f:
             json.dump(doc, f)
     else:
         path.write_text(json.dumps(doc))
+
+
+def _write(folder, system, rate, requests, gz=False):
+    doc = {"config": {"workload": {"rate_rps": rate}}, "requests": requests}
+    write_run_doc(folder / f"{system}-rate{rate:g}.json{'.gz' if gz else ''}", doc, gz)
 
 
 def _req(ttft_s, tpot_s, prompt_tokens=1000, success=True):

@@ -107,7 +107,8 @@ class StateBlock:
         self.policy: np.ndarray = arena.view(policy).numpy()
         self.steps: np.ndarray = arena.view(steps).numpy()
         self.switches: np.ndarray = arena.view(switches).numpy()
-        self._lock_fd: int | None = None  # the backing file, opened for `flock` at the first switch completed
+        # the backing file, for `flock` (opened now: the owner unlinks it when it closes, maybe before our last use)
+        self._lock_fd: int | None = os.open(arena.handle.path, os.O_RDWR) if arena.handle.path else None
 
     @classmethod
     def create(cls, path: str) -> StateBlock:
@@ -188,7 +189,8 @@ class StateBlock:
         p[Policy.PREDICTED_TTFT_TOKENS] = predicted_ttft_tokens
         p[Policy.PREDICTED_TTFT_NS_PER_TOKEN] = predicted_ttft_ns_per_token
         if is_switch:
-            p[Policy.PENDING_SWITCH_US] = now
+            with self._locked():  # not between another side's read of the last pending switch and its clear
+                p[Policy.PENDING_SWITCH_US] = now
         p[Policy.NUM_DECISIONS] += 1
 
     def set_split_bounds(self, min_index: int, max_index: int) -> None:
@@ -230,10 +232,7 @@ class StateBlock:
     def _locked(self) -> Iterator[None]:
         """An exclusive lock across processes (flock on the block's backing file), for a check-then-write that two
         processes may run at once."""
-        if self._lock_fd is None:
-            path = self._arena.handle.path
-            assert path is not None  # a state block is always a CPU arena with a backing file
-            self._lock_fd = os.open(path, os.O_RDWR)
+        assert self._lock_fd is not None, "a state block is a CPU arena with a backing file"
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
             yield

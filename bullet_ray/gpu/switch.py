@@ -105,6 +105,17 @@ class SplitSwitch:
         """The ladder index last asked for."""
         return int(self.slots[REQUESTED])
 
+    def epoch(self) -> int:
+        """Requests made so far (a step that sees it change between its launch and its collect ran while the
+        split was asked to move)."""
+        return int(self.slots[EPOCH])
+
+    def shares_sms(self, side: str, index: int, other_index: int) -> bool:
+        """Whether `side` on entry `index` and the other side on `other_index` hold SMs in common (the groups
+        are nested, so that is: their counts overflow the GPU)."""
+        other = "decode" if side == "prefill" else "prefill"
+        return self._sms(side, index) + self._sms(other, other_index) > self.sm_count
+
     def current(self, side: str) -> int:
         """The ladder index `side` ("prefill" or "decode") has acked."""
         return int(self.slots[self._slot(side)])

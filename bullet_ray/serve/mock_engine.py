@@ -67,12 +67,16 @@ class MockEngine(EngineClient):
         return self._max_model_len
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids as this engine counts them."""
+        """The prompt's token ids as this engine counts them (one per word without a tokenizer); InvalidRequest
+        for an empty prompt, as the real engine."""
         if isinstance(prompt, str):
-            if self._tokenizer is not None:
-                return list(self._tokenizer.encode(prompt))
-            return list(range(len(prompt.split())))
-        return list(prompt)
+            ids = list(self._tokenizer.encode(prompt)) if self._tokenizer is not None \
+                else list(range(len(prompt.split())))
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        return ids
 
     # KV accounting -------------------------------------------------------------------------------
     def _grow(self, req: _MockRequest, num_tokens: int) -> bool:
@@ -95,8 +99,6 @@ class MockEngine(EngineClient):
     async def stream_async(self, prompt: Prompt, params: SamplingParams,
                            request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         ids = self.prompt_ids(prompt)
-        if not ids:
-            raise InvalidRequest("the prompt is empty", "prompt")
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                  f"maximum context length {self._max_model_len}", "max_tokens",

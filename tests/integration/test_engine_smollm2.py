@@ -147,7 +147,15 @@ def test_splits_requested_throughout_a_generation_keep_the_tokens(engine):
     seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
     num_entries = len(engine.ladder_decode_sms)
 
+    errors: list[BaseException] = []
+
     def keep_switching() -> None:
+        try:
+            _switch_until(stop)
+        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(e)
+
+    def _switch_until(stop: threading.Event) -> None:
         i = 0
         while not stop.is_set():
             engine.request_split(i % num_entries)
@@ -164,12 +172,15 @@ def test_splits_requested_throughout_a_generation_keep_the_tokens(engine):
     finally:
         stop.set()
         thread.join(5)
+    assert not thread.is_alive() and not errors
     assert busy == quiet
     engine.request_split(start)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and set(engine.split_indexes().values()) != {start}:
         time.sleep(0.05)
     assert set(engine.split_indexes().values()) == {start}
-    assert len(seen["prefill"]) > 1 and len(seen["decode"]) > 1  # both sides moved while generating
-    time.sleep(0.2)
+    assert len(seen["prefill"]) > 1 and len(seen["decode"]) > 1  # both sides moved while it generated
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and engine.stats().num_free_kv_blocks != engine.stats().num_kv_blocks:
+        time.sleep(0.05)
     assert engine.stats().num_free_kv_blocks == engine.stats().num_kv_blocks

@@ -81,12 +81,16 @@ def test_a_step_is_recorded_against_the_entry_it_ran_on_and_not_learned_across_a
         block.close()
 
 
-@pytest.mark.parametrize("launched_on,now,unsettled,beside,across", [
-    (1, 1, False, (False, False), False), (1, 0, False, (False, False), True), (1, 1, True, (False, False), True),
-    (1, 1, False, (True, False), True), (1, 1, False, (False, True), True)])
-def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, beside, across):
+@pytest.mark.parametrize("launched_on,now,unsettled,beside,epochs,overlap,across", [
+    (1, 1, False, (False, False), (3, 3), True, False), (1, 0, False, (False, False), (3, 3), True, True),
+    (1, 1, True, (False, False), (3, 3), True, True), (1, 1, False, (True, False), (3, 3), True, True),
+    (1, 1, False, (False, True), (3, 3), True, True), (1, 1, False, (False, False), (3, 4), True, True),
+    (1, 1, False, (False, False), (3, 4), False, False)])
+def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, beside, epochs, overlap, across):
     """Across: the side moved since the launch, or launched before the switch settled, or the other side had a
-    step in flight on another entry at the launch (beside[0]) or at the collect (beside[1])."""
+    step in flight on another entry sharing its SMs at the launch (beside[0]) or at the collect (beside[1]), or,
+    in overlap mode, a switch was requested while it ran (epochs: at launch, at collect; in disjoint mode a side
+    finishes its step before it moves, so a request meanwhile leaves the step clean)."""
     from bullet_ray.engine.worker.roles import SideWorker
 
     calls: dict[str, tuple] = {}
@@ -94,10 +98,11 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
         partitioner=SimpleNamespace(current_index=now), has_work=lambda: True,
         recorder=SimpleNamespace(record=lambda *a, **k: calls.update(record=(a, k)),
                                  after_publish=lambda: None),
-        publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1])
+        publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1],
+        switch=SimpleNamespace(overlap=overlap, epoch=lambda: epochs[1]))
     step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled,
-                           beside_other_entry=beside[0], num_layer_groups=1, gpu_time_s=0.01, host_ms=lambda: {},
-                           graphs=None, batch=[1, 2])
+                           beside_other_entry=beside[0], launch_epoch=epochs[0], num_layer_groups=1, gpu_time_s=0.01,
+                           host_ms=lambda: {}, graphs=None, batch=[1, 2])
     result = SimpleNamespace(num_tokens=2, num_context_tokens=20)
     SideWorker.publish_step(fake, step, 0.0, result, 0, 0)  # type: ignore[arg-type]
     args, kwargs = calls["record"]
@@ -111,15 +116,18 @@ def _recording_side(side, block):
     from bullet_ray.engine.worker.main import WorkerBase
     from bullet_ray.engine.worker.roles import SideWorker
 
-    class Side_(SideWorker):
+    switch = SplitSwitch(np.zeros(4, dtype=np.int64), NonePartitioner("decode").ladder, overlap=True)
+
+    class RecordingSide(SideWorker):
         def __init__(self) -> None:  # no engine resources
             self.res = SimpleNamespace(state=block)
             self.side = side
-            self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True)
+            self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=switch.epoch,
+                                          shares_sms=switch.shares_sms)
             self.inflight = None
             self._next_record = None
 
-    worker = Side_()
+    worker = RecordingSide()
     worker.launch_on = lambda index: _launched(worker, index)
     return worker, WorkerBase
 
@@ -163,6 +171,10 @@ def test_a_step_beside_the_other_sides_step_on_another_entry_is_flagged(tmp_path
         decode.inflight = None
         decode.collect(second)
         assert block.inflight_index(Side.DECODE) is None
+        # the side that shrinks moving first shares no SMs: prefill on entry 2 (100 SMs) beside decode's step on
+        # entry 1 (24 SMs) is clean, decode on entry 2 (32) beside prefill's step on entry 1 (108) is not
+        decode.inflight = decode.launch_on(1)
+        assert not prefill.launch_on(2).beside_other_entry
     finally:
         block.close()
 

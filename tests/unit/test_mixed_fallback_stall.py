@@ -92,7 +92,8 @@ class TwoSides:
         d.conn, d.res, d.inflight, d.preempted, d._num_without_slot = Outbox(), SimpleNamespace(state=state), None, [], 0
         d.predicted, d._next_record = _identity, None
         d._order_prompts = lambda: None  # first come, first served here (the real order needs the model)
-        p.switch = d.switch = SimpleNamespace(overlap=False)  # the disjoint protocol (after_launch reads it)
+        # the disjoint protocol (after_launch reads it; no step here shares SMs with the other side's)
+        p.switch = d.switch = SimpleNamespace(overlap=False, epoch=lambda: 0, shares_sms=lambda *a: False)
         self.prefill, self.decode = p, d
         self.num_finished = 0
 

@@ -133,6 +133,7 @@ class SideWorker(WorkerBase):
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
+        step.launch_epoch = self.switch.epoch()
         step.beside_other_entry = self._other_runs_elsewhere(step)
         # `self.inflight` is still the previous step here: the oldest uncollected one is it, else this one
         self._publish_inflight(self.inflight if self.inflight is not None else step)
@@ -149,24 +150,27 @@ class SideWorker(WorkerBase):
         self.res.state.set_inflight_index(self.side, record[3] if record is not None else None)
 
     def _other_runs_elsewhere(self, step: Any) -> bool:
-        """Whether the other side has a step in flight on another ladder entry than `step`'s: after an overlap
-        switch the side that moved first shares SMs with the other's last step on the old entry until it ends."""
+        """Whether the other side has a step in flight on another ladder entry than `step`'s whose SMs overlap
+        `step`'s: after an overlap switch the side that grew first shares SMs with the other's last step on the
+        old entry until it ends (a side that shrank first shares none: the groups are nested)."""
         record = step.perf_record
         if record is None:
             return False
         other = self.res.state.inflight_index(Side.DECODE if self.side is Side.PREFILL else Side.PREFILL)
-        return other is not None and other != record[3]
+        return other is not None and other != record[3] \
+            and self.switch.shares_sms(self.side.name.lower(), record[3], other)
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
                      queued_tokens: int) -> None:
         """Record the collected step (measured vs predicted, online correction) and publish its row. A step
         across a switch ran on no one entry alone, and the model does not learn from it: this side moved while
         it ran (layer groups, or overlap mode), or, in overlap mode, it was launched before the other side
-        followed, or the other side had a step in flight on another entry at its launch or its collect (the
-        SMs that changed hands ran both)."""
+        followed or a switch was requested while it ran, or the other side had a step in flight on another entry
+        sharing its SMs at its launch or its collect (the SMs that changed hands ran both)."""
         shape, predicted, busy, index = step.perf_record
         across = index != self.partitioner.current_index or step.launched_unsettled or step.beside_other_entry \
-            or self._other_runs_elsewhere(step)
+            or self._other_runs_elsewhere(step) \
+            or (self.switch.overlap and self.switch.epoch() != step.launch_epoch)  # asked to move meanwhile
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
                              step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
                              across_switch=across)

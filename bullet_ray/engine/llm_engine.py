@@ -464,13 +464,18 @@ class LLMEngine(EngineClient):
         side that shrinks first). `split_indexes()` shows where each side is."""
         from bullet_ray.gpu.partition import EPOCH, REQUESTED
 
-        if not 0 <= index < len(self.ladder_decode_sms):  # an entry past the ladder would never be acked
-            raise InvalidRequest(f"split index {index} is outside the ladder [0, {len(self.ladder_decode_sms) - 1}]",
-                                 "split_index")
+        size = self.split_ladder_size()
+        if not 0 <= index < size:  # an entry past a worker's ladder would never be acked
+            raise InvalidRequest(f"split index {index} is outside the ladder [0, {size - 1}]", "split_index")
         self.state.switch[REQUESTED] = index
         self.state.switch[EPOCH] += 1
         self.num_split_requests += 1
         self._wake_workers()
+
+    def split_ladder_size(self) -> int:
+        """Entries a split request may name: the smallest of the workers' ladders (the mps backend's has one)."""
+        sizes = [int(info["ladder_size"]) for info in self.worker_info.values() if "ladder_size" in info]
+        return min(sizes) if sizes else len(self.ladder_decode_sms)
 
     def set_slo_targets(self, ttft_s: float, tpot_s: float) -> None:
         """The TTFT/TPOT targets the split decision aims at from its next step on (the controller's push)."""

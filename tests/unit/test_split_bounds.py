@@ -19,7 +19,8 @@ def _front(mixed: bool) -> SimpleNamespace:
     state = SimpleNamespace(set_split_bounds=lambda lo, hi: bounds.append((lo, hi)), switch=[0, 0, 0, 0])
     front = SimpleNamespace(ladder_decode_sms=ladder, sm_count=132, state=state, bounds=bounds,
                             config=SimpleNamespace(is_disaggregated=False), num_split_requests=0,
-                            _wake_workers=lambda: None)
+                            _wake_workers=lambda: None, worker_info={})
+    front.split_ladder_size = lambda: LLMEngine.split_ladder_size(front)
     return front
 
 
@@ -44,3 +45,16 @@ def test_bounds_that_hold_only_the_whole_gpu_keep_the_nearest_ordinary_entry(mix
     # no upper bound: the whole-GPU entry stays allowed beside ordinary ones (the fallback may still use it)
     assert LLMEngine.set_split_bounds(front, 100, None) == (top - 1, top + 1 if mixed else top)
     assert front.bounds[-1] == (top - 1, top + 1 if mixed else top)
+
+
+def test_a_split_request_names_an_entry_of_every_workers_ladder():
+    """The workers report their ladders' sizes; the mps backend's has one entry (its split is fixed by
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), so no other index could ever be acked."""
+    front = _front(mixed=False)
+    assert LLMEngine.split_ladder_size(front) == len(front.ladder_decode_sms)  # before the workers said
+    front.worker_info = {"prefill": {"ladder_size": 1}, "decode": {"ladder_size": 1}}
+    with pytest.raises(InvalidRequest, match=r"outside the ladder \[0, 0\]"):
+        LLMEngine.request_split(front, 1)
+    LLMEngine.request_split(front, 0)
+    assert front.num_split_requests == 1
+

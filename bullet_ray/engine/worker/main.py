@@ -315,8 +315,9 @@ class WorkerBase:
             if timeout:
                 self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
                 self.on_idle()
-                if self.has_work():  # e.g. a split requested while it marked itself idle: the requester saw
-                    timeout = 0.0    # it active and sent no wake, so it must not sleep on its messages
+                if self.has_work():  # e.g. a split requested while it marked itself idle (the requester saw it
+                    timeout = 0.0    # active and sent no wake): do not sleep on the messages. Two processes'
+                    # stores without a fence leave a window of a few instructions, where the poll's timeout bounds it
             while not self.is_stopped and self.conn.poll(timeout):
                 self.dispatch(self.conn.recv())
                 timeout = 0.0

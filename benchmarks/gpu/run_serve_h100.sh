@@ -49,7 +49,7 @@ else
   NAME=$(echo "$*" | sed 's/^-*//' | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
   timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
     | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
-  cp "$RES"/compare.{json,md,png} "$OUT/" 2>/dev/null
+  cp "$RES"/compare.{json,md,png} "$RES"/goodput_ci.txt "$OUT/" 2>/dev/null
   tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
   (cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "worker-*" -o -path "*/logs/serve/*" \) \
     | tar czf "$OUT/ray_logs_$NAME.tgz" -T -)

@@ -44,6 +44,10 @@ experimental direct ingress: the replica serves HTTP on its own port, 30000 and 
 no longer answers); the sweep goes to the replica's address, read from the Serve controller once the replica
 runs (benchmarks.direct_ingress) and saved in the system's extra["direct_ingress"] (compare.json's top-level
 base_url of that system still says 8000). The "bullet" system's batch and gRPC check runs for plain "bullet" only.
+
+Beside compare.md, goodput_ci.{json,txt}: bootstrap intervals of each goodput and of each pair's ratio, with the
+chance it clears 1, 1.2 and 1.25 (benchmarks.goodput_ci over out/runs/; a merge's folder gets them once its
+runs/ is there: `python -m benchmarks.goodput_ci DIR`).
 """
 
 from __future__ import annotations
@@ -396,6 +400,16 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     return doc
 
 
+def write_intervals(out: Path, slo_names: list[str]) -> None:
+    """goodput_ci.{json,txt} beside compare.md: bootstrap intervals of every system's goodput and of every ratio
+    (benchmarks.goodput_ci), from the run files in out/runs/ (none there, as in a merge's folder: nothing)."""
+    from benchmarks import goodput_ci
+
+    if (out / "runs").is_dir():
+        goodput_ci.main([str(out), "--slo", ",".join(slo_names), "--goal", "1.2,1.25", "--no-progress",
+                         "--out", str(out / "goodput_ci.json")])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
@@ -403,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
                              "prefill side plans <ms> before its step in flight ends), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
-                             "rule), bullet-slo-overlap (split switches without waiting for the other side), "
+                             "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
+                             "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "
                              "bullet-slo-<preset> (aimed at an SLO preset but strict: "
                              f"{', '.join(p for p in PRESETS if p != 'strict')}), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
@@ -433,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.merge:
-        merge(args.merge, args.out)
+        doc = merge(args.merge, args.out)
         print((args.out / "compare.md").read_text())
+        write_intervals(args.out, [slo["name"] for slo in doc["slos"]])
         return 0
 
     pairs = [item.partition("=") for item in args.serve_env]
@@ -455,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["systems"][s.name]["extra"] = s.extra
     (args.out / "compare.json").write_text(json.dumps(doc, indent=1))
     print((args.out / "compare.md").read_text())
+    write_intervals(args.out, args.slo.split(","))
     print(json.dumps(doc["runs"], indent=1))
     return 0
 

@@ -152,3 +152,18 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, field):
     assert main([a.format(**paths) for a in args] + ["--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and field in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_serve_h100_writes_intervals_beside_its_comparison(tmp_path):
+    """After a sweep (or a merge whose folder has runs/), serve_h100 leaves goodput_ci.{json,txt} beside
+    compare.md; a folder without run files gets none."""
+    from benchmarks.gpu.serve_h100 import write_intervals
+
+    write_intervals(tmp_path, ["strict"])
+    assert not (tmp_path / "goodput_ci.json").exists()
+    _write_sweep(tmp_path, "a", [1.0, 1.0, 0.95, 0.5])
+    _write_sweep(tmp_path, "b", [1.0, 0.5, 0.2, 0.1])
+    write_intervals(tmp_path, ["strict"])
+    doc = json.loads((tmp_path / "goodput_ci.json").read_text())
+    assert [(p["a"], p["b"], p["slo"]) for p in doc["pairs"]] == [("a", "b", "strict")]
+    assert doc["goals"] == [1.2, 1.25] and "a / b" in (tmp_path / "goodput_ci.txt").read_text()

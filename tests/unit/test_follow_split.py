@@ -124,19 +124,20 @@ def _recording_side(side, block):
             self.side = side
             self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=switch.epoch,
                                           shares_sms=switch.shares_sms)
+            self.partitioner = SimpleNamespace(current_index=0)
             self.inflight = None
             self._next_record = None
 
     worker = RecordingSide()
-    worker.launch_on = lambda index: _launched(worker, index)
+    worker.launch_on = lambda index, groups=1: _launched(worker, index, groups)
     return worker, WorkerBase
 
 
-def _launched(worker, index):
+def _launched(worker, index, num_layer_groups=1):
     """What `WorkerBase.step` does around a launch: predict, launch, `after_launch`, then the new step is in
     flight (the previous one, if any, still uncollected)."""
     worker._next_record = ("shape", 0.01, True, index)
-    step = SimpleNamespace(perf_record=None)
+    step = SimpleNamespace(perf_record=None, num_layer_groups=num_layer_groups)
     worker.after_launch(step)
     return step
 
@@ -175,6 +176,10 @@ def test_a_step_beside_the_other_sides_step_on_another_entry_is_flagged(tmp_path
         # entry 1 (24 SMs) is clean, decode on entry 2 (32) beside prefill's step on entry 1 (108) is not
         decode.inflight = decode.launch_on(1)
         assert not prefill.launch_on(2).beside_other_entry
+        # a layer-wise step planned on entry 2 whose side moved to 3 between its groups: it runs on 3 now
+        prefill.partitioner.current_index = 3
+        prefill.launch_on(2, groups=4)
+        assert block.inflight_index(Side.PREFILL) == 3
     finally:
         block.close()
 
@@ -240,13 +245,19 @@ def test_split_switch_setting_is_checked_and_passed_through():
 def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(requested, follows):
     """Between layer groups the prefill side follows a new split, except onto the mixed fallback's whole-GPU
     entry (no prefill SMs, no prefill stream): its step finishes on its SMs first."""
+    from bullet_ray.engine.state_block import Side
     from bullet_ray.engine.worker.roles import PrefillWorker
     from bullet_ray.gpu.partition import LadderEntry
 
     followed: list[bool] = []
-    fake = SimpleNamespace(decider=None, switch=SimpleNamespace(requested=lambda: requested),
+    published: list[int | None] = []
+    fake = SimpleNamespace(decider=None, switch=SimpleNamespace(requested=lambda: requested), side=Side.PREFILL,
                            partitioner=SimpleNamespace(ladder=[LadderEntry(0, 64, 68), LadderEntry(1, 132, 0)],
-                                                       side="prefill", current_stream=lambda side: "stream"),
-                           follow_split=lambda: followed.append(True))
+                                                       side="prefill", current_stream=lambda side: "stream",
+                                                       current_index=0),
+                           follow_split=lambda: followed.append(True),
+                           res=SimpleNamespace(state=SimpleNamespace(
+                               set_inflight_index=lambda side, index: published.append(index))))
     assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]
     assert followed == ([True] if follows else [])
+    assert published == ([0] if follows else [])  # where the next groups run, for the other side's step records

@@ -145,9 +145,15 @@ class SideWorker(WorkerBase):
         return result
 
     def _publish_inflight(self, oldest: Any) -> None:
-        """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing)."""
+        """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing). A
+        layer-wise step's last groups run where the side is now, not where it was planned."""
         record = getattr(oldest, "perf_record", None) if oldest is not None else None
-        self.res.state.set_inflight_index(self.side, record[3] if record is not None else None)
+        if record is None:
+            self.res.state.set_inflight_index(self.side, None)
+        elif oldest.num_layer_groups > 1:
+            self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
+        else:
+            self.res.state.set_inflight_index(self.side, record[3])
 
     def _other_runs_elsewhere(self, step: Any) -> bool:
         """Whether the other side has a step in flight on another ladder entry than `step`'s whose SMs overlap
@@ -281,6 +287,7 @@ class PrefillWorker(SideWorker):
         if not self.layer_groups.applies(sum(item.num_new_tokens for item in batch)):
             return super().launch(batch)
         self._finish_inflight()
+        self.res.state.set_inflight_index(self.side, self.partitioner.current_index)  # its first groups run here
         return super().launch(batch, self.layer_groups.num_groups, self._between_layer_groups)
 
     def _between_layer_groups(self) -> Any:
@@ -292,6 +299,7 @@ class PrefillWorker(SideWorker):
         ladder, want = self.partitioner.ladder, self.switch.requested()
         if not (0 <= want < len(ladder) and ladder[want].prefill_sms == 0):
             self.follow_split()
+            self.res.state.set_inflight_index(self.side, self.partitioner.current_index)  # the next groups run here
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         self._last_stream = stream
         return stream

@@ -77,12 +77,15 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
-def _busiest(engines: list[EngineFolder]) -> EngineFolder:
-    """The engine whose decode worker computes the most over half a second: one that holds streams (a
-    burst of streams can all land on one replica)."""
+def _busiest(engines: list[EngineFolder]) -> tuple[EngineFolder, list[float]]:
+    """The engine whose decode worker computes the most over half a second: one that holds streams (a burst of
+    streams can all land on one replica), and every engine's decode CPU seconds over it, for a failure's message
+    (a CI run once saw every stream finish cleanly: either the pick found no streams, or they ended before the
+    kill; these figures tell which)."""
     before = [_cpu_s(e.workers["decode"].pid) for e in engines]
     time.sleep(0.5)
-    return max(zip(engines, before), key=lambda eb: _cpu_s(eb[0].workers["decode"].pid) - eb[1])[0]
+    used = [_cpu_s(e.workers["decode"].pid) - b for e, b in zip(engines, before)]
+    return engines[used.index(max(used))], used
 
 
 def _kill_under_load(url: str, base: str, victim_pid, streams_may_be_cut: bool = False) -> None:
@@ -93,7 +96,7 @@ def _kill_under_load(url: str, base: str, victim_pid, streams_may_be_cut: bool =
     streams = [_stream(url, [5, 6, 7, i]) for i in range(6)]  # the router spreads them, not always evenly
     for s in streams:
         assert s.first_chunk.wait(60)
-    victim = _busiest(engines)
+    victim, cpu_used = _busiest(engines)
     killed_at = time.monotonic()
     os.kill(victim_pid(victim), signal.SIGKILL)
 
@@ -114,7 +117,8 @@ def _kill_under_load(url: str, base: str, victim_pid, streams_may_be_cut: bool =
         assert s.status == 200
         assert s.ended_with_error or s.finish_reason == "length", s
     assert any(s.ended_with_error or s.exception is not None for s in streams), \
-        f"no stream was on the killed engine: {[(s.kind(), s.finish_reason, s.num_chunks) for s in streams]}"
+        f"no stream was on the killed engine: {[(s.kind(), s.finish_reason, s.num_chunks) for s in streams]}; " \
+        f"decode CPU s over the half second before the kill, per engine: {cpu_used}, killed #{engines.index(victim)}"
     for _, status, retry_after in probes:
         # a request running when the engine died is a 503 with Retry-After, never a 200 (no '200-error')
         assert status == 200 or (status in (429, 503) and retry_after is not None), probes

@@ -30,6 +30,10 @@ class Side(enum.IntEnum):
     PREFILL = 0
     DECODE = 1
 
+    @property
+    def other(self) -> Side:
+        return Side.DECODE if self is Side.PREFILL else Side.PREFILL
+
 
 class Field(enum.IntEnum):
     """Columns of a side's row."""

@@ -124,7 +124,7 @@ def _recording_side(side, block):
             self.side = side
             self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=switch.epoch,
                                           shares_sms=switch.shares_sms)
-            self.partitioner = SimpleNamespace(current_index=0)
+            self.partitioner = SimpleNamespace(current_index=0, side=side.name.lower())
             self.inflight = None
             self._next_record = None
 

@@ -145,8 +145,7 @@ class StepRecorder:
         return entry.prefill_sms if self.side is Side.PREFILL else entry.decode_sms
 
     def other_busy(self) -> bool:
-        other = Side.DECODE if self.side is Side.PREFILL else Side.PREFILL
-        return bool(self.state.rows[int(other)][Field.IS_ACTIVE])
+        return bool(self.state.rows[int(self.side.other)][Field.IS_ACTIVE])
 
     def predict(self, batch: list[Any]) -> tuple[StepShape, float, bool, int]:
         """(shape, predicted seconds, other side busy, ladder index) of a planned batch, on the entry this side

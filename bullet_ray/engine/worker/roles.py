@@ -147,7 +147,7 @@ class SideWorker(WorkerBase):
     def _publish_inflight(self, oldest: Any) -> None:
         """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing). A
         layer-wise step's last groups run where the side is now, not where it was planned."""
-        record = getattr(oldest, "perf_record", None) if oldest is not None else None
+        record = oldest.perf_record if oldest is not None else None
         if record is None:
             self.res.state.set_inflight_index(self.side, None)
         elif oldest.num_layer_groups > 1:
@@ -162,9 +162,8 @@ class SideWorker(WorkerBase):
         record = step.perf_record
         if record is None:
             return False
-        other = self.res.state.inflight_index(Side.DECODE if self.side is Side.PREFILL else Side.PREFILL)
-        return other is not None and other != record[3] \
-            and self.switch.shares_sms(self.side.name.lower(), record[3], other)
+        other = self.res.state.inflight_index(self.side.other)
+        return other is not None and other != record[3] and self.switch.shares_sms(self.partitioner.side, record[3], other)
 
     def publish_step(self, step: Any, started: float, result: StepResult, num_queued: int,
                      queued_tokens: int) -> None:

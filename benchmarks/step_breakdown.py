@@ -8,7 +8,10 @@ saves them: benchmarks.vllm_metrics), its engine-side steps; a table then sets p
 prompt, tokens per step and per prompt step, steps per token range) beside vLLM's (steps, tokens per step,
 steps per token range, preemptions, mean queue / prefill / decode time per request). vLLM counts a prompt's
 tokens in the step where its prefill ends, ours in the step that ran them: totals and means compare, a chunked
-prompt's ranges do not.
+prompt's ranges do not. Each system's client-side figures also split the gaps between tokens at `--long-gap-ms`
+(short: decode-only steps; long: a step that carried prompt tokens), and each peer's requests are paired with ours
+(same workload and seed: request i is the same prompt and arrival in both) for the quantiles of its TPOT over
+ours; a second table sets both per rate.
 
     python -m benchmarks.step_breakdown benchmarks/results/serve_h100_m2e/chunked-2048-steps.jsonl.gz \
         --runs benchmarks/results/serve_h100_m2e/runs --system chunked-2048 --rates 8,16,24,32 \
@@ -26,20 +29,62 @@ from benchmarks.plot_steps import during_run, first_token_parts, records
 from benchmarks.rescore import load_run
 from benchmarks.vllm_metrics import steps_by_tokens
 
+# gaps between tokens above this are a step that carried prompt tokens (decode-only steps of an 8B model on an H100
+# take 7-15 ms; a mixed step with a prompt chunk 15-60 ms)
+LONG_GAP_MS = 30.0
+
 # decode batch ranges on both sides of the power-of-two graph bucket boundaries (16 | 32 | 64 | 128 | 256) used
 # until the sixth session; kept so that tables before and after the finer buckets compare
 BATCH_RANGES = ((13, 16), (17, 20), (29, 32), (33, 36), (57, 64), (65, 72), (120, 128), (129, 140))
 
 
-def client_side(run: dict) -> dict:
+def client_side(run: dict, long_gap_ms: float = LONG_GAP_MS) -> dict:
     """What the clients saw at one rate: TPOT p50 (per request), the time between tokens weighted by tokens
     (sum of e2e - TTFT over sum of output tokens - 1: comparable with the engine's batch-weighted step time),
-    TTFT p50, and (where the requests carry their prompt lengths) TTFT fitted as fixed + per-token time."""
+    TTFT p50, (where the requests carry their prompt lengths) TTFT fitted as fixed + per-token time, and (where
+    they carry their gaps between tokens) those gaps split at long_gap_ms (`gap_split`)."""
     done = [r for r in run["requests"] if r["success"] and r["output_tokens"] > 1]
     between = sum(r["e2e_s"] - r["ttft_s"] for r in done) / max(1, sum(r["output_tokens"] - 1 for r in done))
     return {"client_tpot_p50_ms": round(run["summary"]["tpot_ms"]["p50"], 1),
             "client_token_weighted_ms": round(between * 1e3, 1),
-            "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1), **ttft_fit(run)}
+            "client_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"], 1), **ttft_fit(run),
+            **gap_split(done, long_gap_ms)}
+
+
+def gap_split(requests: list[dict], long_gap_ms: float) -> dict:
+    """The gaps between streamed tokens of answered requests, split at long_gap_ms: how many are short (a
+    decode-only step) and their mean, how many are long (a step that carried prompt tokens) and their sum in
+    token-seconds (every running request waits through such a step). Two engines whose short gaps match but
+    whose long gaps sum differently differ in their mixed steps. {} when no request carries its gaps (`itl_s`)."""
+    gaps = [g * 1e3 for r in requests for g in (r.get("itl_s") or [])]
+    if not gaps:
+        return {}
+    short = [g for g in gaps if g <= long_gap_ms]
+    long = [g for g in gaps if g > long_gap_ms]
+    return {"gaps_short": len(short), "gap_short_mean_ms": round(statistics.fmean(short), 2) if short else None,
+            "gaps_long": len(long), "gaps_long_sum_s": round(sum(long) / 1e3, 2)}
+
+
+def paired_tpot(ours: dict, peer: dict) -> dict | None:
+    """Quantiles (p10 / p50 / p90) of peer TPOT / our TPOT over the requests both answered, paired by index:
+    one workload and seed give request i the same prompt, output length and arrival in both runs. None when
+    the runs did not send the same requests (prompt or output lengths differ at an index) or none pairs."""
+    mine = {r["index"]: r for r in ours["requests"] if r.get("index") is not None}
+    ratios = []
+    for r in peer["requests"]:
+        o = mine.get(r["index"]) if r.get("index") is not None else None
+        if o is None:
+            continue
+        if (o.get("prompt_tokens_requested"), o.get("output_tokens_requested")) != \
+                (r.get("prompt_tokens_requested"), r.get("output_tokens_requested")):
+            return None
+        if o["success"] and r["success"] and o.get("tpot_s") and r.get("tpot_s"):
+            ratios.append(r["tpot_s"] / o["tpot_s"])
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
+    return {"pairs": len(ratios), "tpot_ratio_p10": round(q[0], 3), "tpot_ratio_p50": round(statistics.median(ratios), 3),
+            "tpot_ratio_p90": round(q[8], 3)}
 
 
 def ttft_fit(run: dict) -> dict:
@@ -59,7 +104,8 @@ def ttft_fit(run: dict) -> dict:
     return {"client_ttft_fixed_ms": round(my - slope * mx, 1), "client_ttft_ms_per_1k_prompt": round(slope * 1e3, 1)}
 
 
-def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = None) -> dict:
+def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = None,
+             long_gap_ms: float = LONG_GAP_MS) -> dict:
     window = during_run(steps, run)
     firsts = during_run(first_tokens or [], run)
     decode = [s for s in window if s["phase"] == "decode"]
@@ -75,7 +121,8 @@ def per_rate(steps: list[dict], run: dict, first_tokens: list[dict] | None = Non
             "steps_by_tokens": steps_by_tokens([s["num_tokens"] for s in window]),
             "run_s": round(run["summary"]["duration_s"], 2),
             "ms_per_step": round(run["summary"]["duration_s"] * 1e3 / len(window), 1) if window else None,
-            "batch_weighted_step_ms": round(weighted, 1), **client_side(run), **first_token_parts(firsts, run)}
+            "batch_weighted_step_ms": round(weighted, 1), **client_side(run, long_gap_ms),
+            **first_token_parts(firsts, run)}
 
 
 def vllm_engine_side(run: dict) -> dict | None:
@@ -120,6 +167,22 @@ def side_by_side(result: dict) -> str:
     return "\n".join(lines)
 
 
+def gaps_table(result: dict) -> str:
+    """A markdown table per rate: each system's short and long gaps between tokens (`gap_split`) and each peer's
+    TPOT over ours, request by request (`paired_tpot`)."""
+    lines = ["| rate | system | short gaps: n / mean ms | long gaps: n / sum s | TPOT / ours p10 / p50 / p90 |",
+             "|" + "---|" * 5]
+    for rate, ours in result["rates"].items():
+        rows = [(result["system"], ours, None)] + [(peer, by_rate[rate], by_rate[rate].get("paired"))
+                                                   for peer, by_rate in result.get("peers", {}).items()]
+        for name, side, paired in rows:
+            ratio = "-" if paired is None else \
+                f"{paired['tpot_ratio_p10']} / {paired['tpot_ratio_p50']} / {paired['tpot_ratio_p90']}"
+            lines.append(f"| {rate} | {name} | {side.get('gaps_short', '-')} / {side.get('gap_short_mean_ms', '-')} "
+                         f"| {side.get('gaps_long', '-')} / {side.get('gaps_long_sum_s', '-')} | {ratio} |")
+    return "\n".join(lines)
+
+
 def by_batch(steps: list[dict]) -> list[dict]:
     decode = [s for s in steps if s["phase"] == "decode"]
     out = []
@@ -140,25 +203,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default="",
                         help="other systems in --runs (comma-separated) to report client-side, and engine-side "
                              "where the run holds vLLM's metrics (then a table of both sides is printed too)")
+    parser.add_argument("--long-gap-ms", type=float, default=LONG_GAP_MS,
+                        help="gaps between tokens above this count as a step that carried prompt tokens")
     parser.add_argument("--out", help="JSON to write")
     args = parser.parse_args(argv)
     recs = records(args.log)
     steps = [r for r in recs if r.get("kind") == "step"]
     first_tokens = [r for r in recs if r.get("kind") == "first_token"]
     result: dict = {"log": args.log, "system": args.system, "rates": {}, "decode_by_batch": by_batch(steps)}
+    ours: dict[str, dict] = {}
     for rate in args.rates.split(","):
         path = next(Path(args.runs).glob(f"{args.system}-rate{rate}.json*"))
-        result["rates"][rate] = per_rate(steps, load_run(str(path)), first_tokens)
+        ours[rate] = load_run(str(path))
+        result["rates"][rate] = per_rate(steps, ours[rate], first_tokens, args.long_gap_ms)
     for peer in filter(None, args.peers.split(",")):
         result.setdefault("peers", {})[peer] = {}
         for rate in args.rates.split(","):
             run = load_run(str(next(Path(args.runs).glob(f"{peer}-rate{rate}.json*"))))
             engine = vllm_engine_side(run)
-            result["peers"][peer][rate] = {**client_side(run), **({"engine": engine} if engine is not None else {})}
+            paired = paired_tpot(ours[rate], run)
+            result["peers"][peer][rate] = {**client_side(run, args.long_gap_ms),
+                                           **({"engine": engine} if engine is not None else {}),
+                                           **({"paired": paired} if paired is not None else {})}
     text = json.dumps(result, indent=1)
     print(text)
     if any("engine" in by_rate[rate] for by_rate in result.get("peers", {}).values() for rate in by_rate):
         print(side_by_side(result))
+    if result.get("peers"):
+        print(gaps_table(result))
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.step_breakdown import main, per_rate, side_by_side, vllm_engine_side
+from benchmarks.step_breakdown import (
+    gap_split,
+    gaps_table,
+    main,
+    paired_tpot,
+    per_rate,
+    side_by_side,
+    vllm_engine_side,
+)
 from benchmarks.vllm_metrics import steps_by_tokens
 
 
@@ -95,3 +103,43 @@ def test_plot_steps_reads_a_runs_first_tokens(tmp_path: Path):
     parts = first_tokens_of_run(str(log), RUN)
     assert parts["first_tokens"] == 1 and parts["engine_to_worker_ms_p50"] == 40.0
     assert parts["client_minus_engine_ttft_p50_ms"] == 90.0 - 171.0
+
+
+def test_gaps_between_tokens_split_at_the_long_gap():
+    requests = [{"success": True, "output_tokens": 4, "itl_s": [0.010, 0.012, 0.050]},
+                {"success": True, "output_tokens": 3, "itl_s": [0.008, 0.040]},
+                {"success": True, "output_tokens": 2}]  # no gaps recorded: counted nowhere
+    assert gap_split(requests, 30.0) == {"gaps_short": 3, "gap_short_mean_ms": 10.0, "gaps_long": 2,
+                                         "gaps_long_sum_s": 0.09}
+    assert gap_split(requests, 60.0)["gaps_long"] == 0
+    assert gap_split([{"success": True, "output_tokens": 1}], 30.0) == {}
+
+
+def _req(index: int, tpot_s: float | None, prompt: int = 100, success: bool = True) -> dict:
+    return {"index": index, "success": success, "tpot_s": tpot_s, "prompt_tokens_requested": prompt,
+            "output_tokens_requested": 10}
+
+
+def test_peer_tpot_paired_request_by_request():
+    ours = {"requests": [_req(i, 0.020) for i in range(11)] + [_req(11, 0.020)]}
+    # the peer is 10% faster on every request but two: one failed, one without a TPOT; request 99 is not ours
+    peer = {"requests": [_req(i, 0.018) for i in range(10)] + [_req(10, 0.5, success=False), _req(11, None),
+                                                                 _req(99, 0.001)]}
+    paired = paired_tpot(ours, peer)
+    assert paired == {"pairs": 10, "tpot_ratio_p10": 0.9, "tpot_ratio_p50": 0.9, "tpot_ratio_p90": 0.9}
+    spread = paired_tpot(ours, {"requests": [_req(i, 0.002 * (i + 1)) for i in range(10)]})
+    assert spread["tpot_ratio_p50"] == 0.55 and spread["tpot_ratio_p10"] < spread["tpot_ratio_p90"]
+    # another workload (a prompt length differs at an index): no pairing
+    assert paired_tpot(ours, {"requests": [_req(0, 0.02, prompt=101)]}) is None
+    assert paired_tpot(ours, {"requests": []}) is None
+
+
+def test_gaps_table_sets_peers_beside_ours():
+    result = {"system": "chunked", "rates": {"24": {"gaps_short": 5, "gap_short_mean_ms": 10.0, "gaps_long": 2,
+                                                       "gaps_long_sum_s": 0.1}},
+              "peers": {"vllm": {"24": {"gaps_short": 6, "gap_short_mean_ms": 10.5, "gaps_long": 1,
+                                        "gaps_long_sum_s": 0.07,
+                                        "paired": {"pairs": 3, "tpot_ratio_p10": 0.9, "tpot_ratio_p50": 0.95,
+                                                   "tpot_ratio_p90": 1.0}}}}}
+    rows = gaps_table(result).splitlines()[2:]
+    assert rows == ["| 24 | chunked | 5 / 10.0 | 2 / 0.1 | - |", "| 24 | vllm | 6 / 10.5 | 1 / 0.07 | 0.9 / 0.95 / 1.0 |"]

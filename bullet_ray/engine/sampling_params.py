@@ -39,6 +39,9 @@ class SamplingParams:
     seed: int | None = None
     # generated-token budget (>= 1)
     max_tokens: int = 16
+    # max_tokens is the server's default, not the request's: a prompt too long for prompt + default within the
+    # context then gets what the context leaves (as vLLM does) instead of an error
+    max_tokens_is_default: bool = False
     # do not stop at the model's EOS tokens
     ignore_eos: bool = False
     # strings that end generation (at most 16); the matched string is not part of the output text
@@ -126,6 +129,7 @@ class SamplingParams:
             logprobs = (top_logprobs or 0) if logprobs else None
         kwargs: dict[str, Any] = {
             "max_tokens": default_max_tokens if max_tokens is None else max_tokens,
+            "max_tokens_is_default": max_tokens is None,
             "temperature": 1.0 if body.get("temperature") is None else body["temperature"],
             "top_p": 1.0 if body.get("top_p") is None else body["top_p"],
             "seed": body.get("seed"),

@@ -84,6 +84,13 @@ class AdmissionSettings:
         answers = {self._ttft_over_bound(stats, n) is None for n in probes}
         return len(answers) > 1
 
+    def refusal_uncounted(self, stats: EngineStats) -> str | None:
+        """`refusal` for a request whose prompt was not counted because `length_decides` said its length cannot
+        change the answer: with a per-token bound every length then gets the same answer, so a one-token
+        prompt's is theirs (the typical prompt's prediction against the fixed bound alone could refuse what
+        every length's own bound admits, or admit what every one refuses); without one, the typical prompt's."""
+        return self.refusal(stats, 1 if self.needs_prompt_tokens else None)
+
     def ttft_bound_s(self, num_prompt_tokens: int | None = None) -> float | None:
         """The TTFT a request of `num_prompt_tokens` may be predicted before it is refused (margin included):
         max(admission_ttft_s, admission_ttft_ms_per_prompt_token x its prompt tokens); None: no TTFT bound (none

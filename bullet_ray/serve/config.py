@@ -140,7 +140,8 @@ class BulletAppConfig(BaseModel):
                                "fraction")
     max_ongoing_requests: int = Field(256, ge=1, description="Serve's cap of concurrent requests per engine replica")
     retry_after_s: int = Field(1, ge=1, description="Retry-After (s) sent with 429")
-    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none (less where the "
+                                    "prompt leaves less of max_model_len)")
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer tokens; empty: no auth")
     max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413")
     controller: ControllerConfig | None = Field(

@@ -166,8 +166,12 @@ class EngineReplica:
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
-        return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
+        try:
+            return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
+                                                      tokenize=True, return_dict=False))
+        except Exception as e:  # noqa: BLE001 - a template's own checks (jinja2's raise_exception, a bad role)
+            # e.g. a template that wants user and assistant turns to alternate, or has no system role
+            raise InvalidRequest(f"the model's chat template refused these messages: {e}", "messages") from e
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[RequestOutput | GenerateError]:
         """Stream a request's outputs: request = {prompt | messages, params: SamplingParams, request_id}."""
@@ -185,7 +189,8 @@ class EngineReplica:
                 yield GenerateError(400, str(e), "invalid_request_error", e.field)
                 return
             prompt, num_prompt_tokens = ids, len(ids)
-        refusal = self.admission.refusal(stats, num_prompt_tokens)
+        refusal = self.admission.refusal(stats, num_prompt_tokens) if num_prompt_tokens is not None \
+            else self.admission.refusal_uncounted(stats)
         if refusal is not None:
             self.num_rejected_total += 1
             self.metrics.rejected()

@@ -97,10 +97,10 @@ def _prompt_list(prompt: Any) -> list[str | list[int]]:
 
 
 def _usage(streams: ChoiceStreams, prompt_tokens: list[int], completion_tokens: list[int]) -> dict[str, int]:
-    # the prompt is counted once per distinct prompt (n choices of one prompt share it, as OpenAI does)
-    seen: dict[str, int] = {}
-    for req, count in zip(streams.requests, prompt_tokens):
-        seen[repr(req.get("prompt", req.get("messages")))] = count
+    # each prompt is counted once (its n choices share it, as OpenAI does); the same prompt sent twice, twice
+    seen: dict[int, int] = {}
+    for k, (req, count) in enumerate(zip(streams.requests, prompt_tokens)):
+        seen[req.get("prompt_index", k)] = count
     prompt = sum(seen.values())
     completion = sum(completion_tokens)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -245,16 +245,16 @@ class Ingress:
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         self._check_body(request, body)
         prompts = _prompt_list(body.prompt)
-        reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
-                for p in prompts for i in range(body.n)]
+        reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex, "prompt_index": j}
+                for j, p in enumerate(prompts) for i in range(body.n)]
         return await self._respond(body, reqs, chat=False)
 
     @fastapi_app.post("/v1/chat/completions", dependencies=_KEYED)
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._check_body(request, body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex}
-                for i in range(body.n)]
+        reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex,
+                 "prompt_index": 0} for i in range(body.n)]
         return await self._respond(body, reqs, chat=True)
 
     # gRPC: Serve's gRPC proxy calls the method named after the RPC ---------------------------------
@@ -323,6 +323,9 @@ class Ingress:
         n = len(streams.requests)
         prompt_tokens, completion_tokens = [0] * n, [0] * n
         text_offsets = [0] * n
+        # logprobs of updates without text (half a character, text held back as a possible stop string's start):
+        # they go out with the choice's next chunk, so every token's logprob reaches the client
+        held: list[list[Any]] = [[] for _ in range(n)]
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name}
@@ -333,9 +336,13 @@ class Ingress:
                                                      "finish_reason": None, "logprobs": None}]})
             async for i, out in streams.merged():
                 prompt_tokens[i], completion_tokens[i] = out.num_prompt_tokens, out.num_output_tokens
+                wants_logprobs = streams.requests[i]["params"].logprobs is not None
                 if not out.text_delta and not out.finished:
+                    if wants_logprobs:
+                        held[i] += out.logprobs_delta or []
                     continue
-                lp = out.logprobs_delta if streams.requests[i]["params"].logprobs is not None else None
+                lp = held[i] + (out.logprobs_delta or []) if wants_logprobs else None
+                held[i] = []
                 token_texts = await self._token_texts(_token_ids(lp)) if lp else {}
                 if chat:
                     choice: dict[str, Any] = {"index": i, "delta": {"content": out.text_delta} if out.text_delta else {},

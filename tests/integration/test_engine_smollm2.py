@@ -116,6 +116,11 @@ def test_bad_requests_raise_typed_errors(engine):
     with pytest.raises(InvalidRequest) as err:
         next(engine.stream([1, 2, 3], SamplingParams(max_tokens=engine.max_model_len)))
     assert err.value.code == "context_length_exceeded"
+    # no max_tokens in the request: the server's default shrinks to what the context leaves, as in vLLM
+    near_full = [1] * (engine.max_model_len - 3)
+    default = SamplingParams.from_openai({"temperature": 0, "ignore_eos": True}, default_max_tokens=256)
+    [out] = engine.generate([near_full], default)
+    assert len(out.token_ids) == 3 and out.finish_reason == "length"
 
 
 def test_split_request_is_followed_by_both_workers(engine):

@@ -56,6 +56,15 @@ def test_streamed_and_whole_completions_carry_the_engine_tokens(colo):
         assert "".join(t for i, t in pieces if i == index) == " t3 t4 t5 t6"
 
 
+def test_usage_counts_each_prompt_once_and_a_repeated_prompt_twice(colo):
+    """n choices of one prompt share its count (as OpenAI counts); the same prompt sent twice counts twice."""
+    body = {"model": "mock", "prompt": ["a b c", "a b c"], "max_tokens": 4, "n": 2}
+    r = httpx.post(f"{colo}/v1/completions", json=body, headers=HEADERS, timeout=30)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 4
+    assert r.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 16, "total_tokens": 22}
+
+
 def test_api_key_and_bad_input_get_openai_errors(colo):
     r = httpx.post(f"{colo}/v1/completions", json={"model": "mock", "prompt": "a", "max_tokens": 2}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

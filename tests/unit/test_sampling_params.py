@@ -77,6 +77,11 @@ def test_absent_or_null_fields_take_openai_defaults():
     p = SamplingParams.from_openai({"temperature": None, "top_p": None, "stop": None, "seed": None})
     assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.seed, p.logprobs) == (16, 1.0, 1.0, (), None, None)
     assert SamplingParams.from_openai({}, default_max_tokens=64).max_tokens == 64
+    # the server's default may shrink to the context a long prompt leaves; a requested limit never does
+    assert SamplingParams.from_openai({}).max_tokens_is_default
+    assert not SamplingParams.from_openai({"max_tokens": 16}).max_tokens_is_default
+    assert not SamplingParams.from_openai({"max_completion_tokens": 8}).max_tokens_is_default
+    assert not SamplingParams(max_tokens=16).max_tokens_is_default
 
 
 @pytest.mark.parametrize("body,field", [

@@ -144,6 +144,57 @@ def test_per_prompt_token_ttft_bound_follows_the_requests_length():
     assert settings.updated({"admission_ttft_ms_per_prompt_token": 3.0}).ttft_bound_s(1000) == pytest.approx(3.3)
 
 
+def test_uncounted_prompt_gets_the_answer_every_length_gets():
+    """When no length can change the answer (`length_decides` is False) the replica skips counting; the answer
+    is then every length's, not the typical prompt's against the fixed bound alone."""
+    # the typical 1,000-token prompt predicted 1.0 s, 1 ms per token more or less; bounds max(0.5 s, 2 ms x tokens):
+    # every length is admitted (1 token: ~0.0 s <= 0.5; 1,000: 1.0 <= 2.0; longer: 1 ms/token under 2 ms/token)
+    stats = EngineStats(0, 0, 10, 10, predicted_ttft_s=1.0, predicted_ttft_prompt_tokens=1000,
+                        ttft_per_prompt_token_s=0.001)
+    admit_all = AdmissionSettings(64, admission_ttft_s=0.5, admission_ttft_ms_per_prompt_token=2.0, admission_margin=0.0)
+    assert not admit_all.length_decides(stats)
+    assert all(admit_all.refusal(stats, n) is None for n in (1, 250, 1000, 10**6))
+    assert admit_all.refusal(stats) is not None  # the typical prompt against 0.5 s alone: what used to answer
+    assert admit_all.refusal_uncounted(stats) is None
+    # a 5 s backlog at 2 ms per token against a bound of 1.5 ms per token only: every length is refused
+    backlog = EngineStats(0, 0, 10, 10, predicted_ttft_s=5.0, predicted_ttft_prompt_tokens=1000,
+                          ttft_per_prompt_token_s=0.002)
+    refuse_all = AdmissionSettings(64, admission_ttft_ms_per_prompt_token=1.5, admission_margin=0.0)
+    assert not refuse_all.length_decides(backlog)
+    assert all(refuse_all.refusal(backlog, n) is not None for n in (1, 1000, 10**6))
+    assert refuse_all.refusal(backlog) is None  # no fixed bound: the typical prompt's check admitted it
+    assert "predicted TTFT" in refuse_all.refusal_uncounted(backlog)
+    # without a per-token bound nothing changes: the typical prompt against the fixed bound
+    fixed = AdmissionSettings(64, admission_ttft_s=0.5)
+    assert fixed.refusal_uncounted(stats) == fixed.refusal(stats) is not None
+    full = AdmissionSettings(2, admission_ttft_s=0.5, admission_ttft_ms_per_prompt_token=2.0)
+    assert "2 requests waiting" in full.refusal_uncounted(EngineStats(2, 0, 10, 10, predicted_ttft_s=1.0))
+
+
+class _AlternatingTemplate:
+    """A chat template with its own checks (Llama-2 / Mistral style: user and assistant turns alternate)."""
+    chat_template = "{% if ... %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+
+    def apply_chat_template(self, messages: list[dict], **_: object) -> list[int]:
+        if any(a["role"] == b["role"] for a, b in zip(messages, messages[1:])):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+        return [7] * len(messages)
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400_naming_them():
+    replica = EngineReplica(BulletAppConfig(engine={"model": "mock"}).model_dump(),
+                            mock_engine_factory(tokenizer=_AlternatingTemplate()))
+
+    async def go(messages: list[dict]) -> list:
+        return [o async for o in replica.generate({"messages": messages, "params": SamplingParams(max_tokens=2)})]
+
+    [refused] = asyncio.run(go([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]))
+    assert isinstance(refused, GenerateError) and (refused.status, refused.param) == (400, "messages")
+    assert "must alternate" in refused.message
+    served = asyncio.run(go([{"role": "user", "content": "a"}]))
+    assert served[-1].finished and served[-1].num_output_tokens == 2
+
+
 class _WordTokenizer:
     chat_template = None
 

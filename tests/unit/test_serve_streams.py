@@ -121,3 +121,40 @@ def test_a_stream_that_ends_before_its_finished_output_is_a_503(num_choices):
     with pytest.raises(ApiError) as e:
         asyncio.run(_collect(_Cut(), num_choices))
     assert e.value.status == 503 and e.value.retry_after_s == 1
+
+
+def test_streamed_logprobs_of_updates_without_text_go_out_with_the_next_chunk():
+    """An update with no text yet (half a character, a held-back stop-string prefix) still carries its token's
+    logprob: the SSE stream sends it with the choice's next chunk, so every token has one."""
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.outputs import TokenLogprob
+    from bullet_ray.serve.ingress import Ingress
+
+    def out(token: int, text: str, finished: bool = False) -> RequestOutput:
+        return RequestOutput(request_id="r0", token_ids_delta=[token], text_delta=text,
+                             logprobs_delta=[TokenLogprob(token, -0.1 * token)], num_prompt_tokens=4,
+                             num_output_tokens=token, finished=finished, finish_reason="length" if finished else None)
+
+    class _TextlessFirst(_Engine):
+        async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+            for item in (out(1, ""), out(2, "ab"), out(3, ""), out(4, "c", finished=True)):
+                await asyncio.sleep(0)
+                yield item
+
+    async def texts(ids: set[int]) -> dict[int, str]:
+        return {t: f"<{t}>" for t in ids}
+
+    async def go() -> list[str]:
+        params = SimpleNamespace(logprobs=0)
+        streams = ChoiceStreams(LocalHandle(_TextlessFirst()), [{"request_id": "r0", "params": params}], 1)
+        await streams.start()
+        fake = SimpleNamespace(cfg=SimpleNamespace(model_name="m"), _token_texts=texts)
+        return [chunk async for chunk in Ingress.func_or_class._sse_stream(fake, streams, "id", False, False)]
+
+    import json
+
+    chunks = [json.loads(c.removeprefix("data: ").strip()) for c in asyncio.run(go()) if "[DONE]" not in c]
+    texts_sent = [c["choices"][0]["text"] for c in chunks]
+    logprobs = [lp for c in chunks for lp in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert texts_sent == ["ab", "c"] and logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])

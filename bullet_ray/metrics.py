@@ -30,9 +30,11 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_step_prediction_error_{bucket,sum,count}{phase}  (bullet's own: |predicted - measured| / measured)
     ray_bullet_split_switch_seconds_{bucket,sum,count}          (bullet's own: split decision -> both sides on it)
     ray_bullet_split_decision_seconds                           (bullet's own: what the last decision cost)
+    ray_bullet_graph_captures_serving                           (bullet's own: CUDA graphs captured after start;
+                                                                every one is captured at start, so 0)
 
 The step series come from the workers' per-step records in the state block (LLMEngine.drain_step_records:
-at most its ring's last 64 steps per side between two metric updates, so they sample a busy engine).
+at most its ring's last 63 steps per side between two metric updates, so they sample a busy engine).
 
 The cluster controller (tags app) and node agents (tags node, gpu) export:
 
@@ -125,12 +127,14 @@ class EngineMetrics:
                                   boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
         self.decision_cost = m.Gauge("bullet_split_decision_seconds", "Time the last split decision took (s).",
                                      tag_keys=TAGS)
+        self.captures_serving = m.Gauge("bullet_graph_captures_serving", "CUDA graphs the engine's workers captured "
+                                        "after start (0: every graph was captured at start).", tag_keys=TAGS)
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
-                       self.max_decode_sms, self.max_waiting, self.switch, self.decision_cost, self.success,
-                       self.slo_total, self.step, self.step_predicted, self.step_error):
+                       self.max_decode_sms, self.max_waiting, self.switch, self.decision_cost, self.captures_serving,
+                       self.success, self.slo_total, self.step, self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
         self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
         self.set_targets(ttft_target_s, tpot_target_s)
@@ -204,6 +208,8 @@ class EngineMetrics:
                 self.predicted_decode_step.set(decode["predicted_step_us"] / 1e6)
         if stats.predicted_ttft_s is not None:
             self.predicted_ttft.set(stats.predicted_ttft_s)
+        if "num_graph_captures_serving" in extra:
+            self.captures_serving.set(extra["num_graph_captures_serving"])
         policy = extra.get("policy")
         if policy and policy.get("num_decisions", 0) > 0:
             self.decision_cost.set(policy["decision_cost_us"] / 1e6)

@@ -44,6 +44,7 @@ class Panel:
     targets: tuple[Target, ...]
     unit: str = "short"
     gpu_only: bool = False  # NVML readings: no data on a CPU-only deployment
+    after_switch: bool = False  # data only once the split has moved (a steady engine may not switch)
     extra: dict = field(default_factory=dict)
 
 
@@ -108,6 +109,18 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                       "predicted {{engine}}")), "s"),
         Panel("Predicted TTFT", "Predicted time to first token of a request arriving now (router and admission use "
               "it).", (Target(f"max by (engine) (ray_bullet_predicted_ttft_seconds{{{SEL}}})", "{{engine}}"),), "s"),
+        Panel("Step Prediction Error", "|predicted - measured| / measured step time of each side, median and p90 "
+              "over the window: how well the performance model knows the GPU (issue 12's goal: 10% / 25%).",
+              tuple(Target(f"histogram_quantile({q}, sum by (le, phase) "
+                           f"(rate(ray_bullet_step_prediction_error_bucket{{{SEL}}}[{RI}])))", f"p{int(q * 100)} {{{{phase}}}}")
+                    for q in (0.5, 0.9)), "percentunit"),
+        Panel("Split Switch Time", "From a split decision to both sides running on the new split, p50 and p99 over "
+              "the switches of the last 5 minutes (a steady load may not switch for minutes).",
+              tuple(Target(f"histogram_quantile({q}, sum by (le) (increase(ray_bullet_split_switch_seconds_bucket"
+                           f"{{{SEL}}}[5m])))", f"p{int(q * 100)}") for q in (0.5, 0.99)), "s", after_switch=True),
+        Panel("CUDA Graphs Captured While Serving", "Graphs each engine's workers captured after start: every one "
+              "is captured at start, so anything above 0 is a step shape the start-up missed (and a stall).",
+              (Target(f"max by (engine) (ray_bullet_graph_captures_serving{{{SEL}}})", "{{engine}}"),)),
     )),
     ("Controller", (
         Panel("Controller Decisions", "Decisions per minute by admission mode (queue: budget covers demand; shed: "

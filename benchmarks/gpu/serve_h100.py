@@ -81,6 +81,9 @@ REPO = Path(__file__).resolve().parents[2]
 BASE_URL = "http://127.0.0.1:8000"
 VLLM_URL = "http://127.0.0.1:8001"
 GPU_YAML = REPO / "deploy" / "gpu.yaml"
+# where a local Ray cluster lists its nodes' metrics export ports (deploy/prometheus.yml reads it too)
+RAY_METRICS_DISCOVERY = Path("/tmp/ray/prom_metrics_service_discovery.json")
+CAPTURES_METRIC = "ray_bullet_graph_captures_serving"
 
 
 def _sh(cmd: str, timeout_s: float = 60) -> str:
@@ -229,9 +232,40 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                     system.extra[attempt] = serve_check(system.base_url, system.extra["check_requests"],
                                                         system.extra["check_prompt_tokens"])
             yield
+            system.extra["graph_captures_serving"] = graph_captures_serving()
         finally:
             _stop(proc, idle_gib)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)
+
+
+def graph_captures_serving(discovery: Path = RAY_METRICS_DISCOVERY, timeout_s: float = 5.0) -> int | None:
+    """CUDA graphs the engines captured after start (`ray_bullet_graph_captures_serving`, summed over the
+    engines) as every node of the local Ray cluster last exported it (Ray exports every ~10 s, so a capture in
+    the sweep's last seconds may not be in it yet); issue 12 wants 0. None when no node's port answered or none
+    exported the gauge."""
+    import urllib.request
+
+    try:
+        groups = json.loads(discovery.read_text())
+    except (OSError, ValueError):
+        return None
+    texts = []
+    for target in (t for group in groups for t in group.get("targets", [])):
+        try:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=timeout_s) as resp:
+                texts.append(resp.read().decode())
+        except OSError:
+            continue
+    return captures_in("\n".join(texts))
+
+
+def captures_in(text: str) -> int | None:
+    """The sum of CAPTURES_METRIC's samples in a Prometheus text page; None when it holds none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name == CAPTURES_METRIC]
+    return int(sum(values)) if values else None
 
 
 def _wait_generates(base_url: str, timeout_s: float) -> None:

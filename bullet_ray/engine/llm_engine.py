@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import queue
@@ -231,6 +232,8 @@ class LLMEngine(EngineClient):
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
         self.check_health()
         ids = self.prompt_ids(prompt)
+        if params.max_tokens_is_default and len(ids) < self._max_model_len < len(ids) + params.max_tokens:
+            params = dataclasses.replace(params, max_tokens=self._max_model_len - len(ids))  # what the context leaves
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
@@ -461,14 +464,12 @@ class LLMEngine(EngineClient):
     # SM split ---------------------------------------------------------------------------------------
     def request_split(self, index: int) -> None:
         """Ask both workers to move to ladder entry `index`; each follows at its next step boundary (the
-        side that shrinks first). `split_indexes()` shows where each side is."""
-        from bullet_ray.gpu.partition import EPOCH, REQUESTED
-
+        side that shrinks first). `split_indexes()` shows where each side is. A move is timed until both sides
+        run on it, as the policy's switches are (the `bullet_split_switch_seconds` metric)."""
         size = self.split_ladder_size()
         if not 0 <= index < size:  # an entry past a worker's ladder would never be acked
             raise InvalidRequest(f"split index {index} is outside the ladder [0, {size - 1}]", "split_index")
-        self.state.switch[REQUESTED] = index
-        self.state.switch[EPOCH] += 1
+        self.state.request_switch(index)
         self.num_split_requests += 1
         self._wake_workers()
 
@@ -486,11 +487,13 @@ class LLMEngine(EngineClient):
     def set_split_bounds(self, min_decode_sms: int | None, max_decode_sms: int | None) -> tuple[int, int]:
         """Keep decode's SMs within [min_decode_sms, max_decode_sms] (None: unbounded; the cluster controller's
         bounds): the split policy chooses only ladder entries inside, and a split outside moves now. Bounds
-        that hold no entry keep the one nearest to them. Returns the allowed ladder index range."""
-        counts = self.ladder_decode_sms
+        that hold no entry keep the one nearest to them. Only entries every worker's ladder has count (the mps
+        backend's has one): the deciding worker would fail on any other. Returns the allowed ladder index range."""
+        counts = self.ladder_decode_sms[:self.split_ladder_size()]
         inside = [i for i, c in enumerate(counts) if (min_decode_sms is None or c >= min_decode_sms)
                   and (max_decode_sms is None or c <= max_decode_sms)]
-        ordinary = [i for i, c in enumerate(counts) if c < self.sm_count]  # not the mixed fallback's whole GPU
+        # not the mixed fallback's whole GPU (a one-entry ladder has nothing else)
+        ordinary = [i for i, c in enumerate(counts) if c < self.sm_count] or list(range(len(counts)))
         if not any(i in ordinary for i in inside):  # nothing inside, or only the whole GPU: prefill would starve
             bound = max_decode_sms if max_decode_sms is not None else min_decode_sms
             inside = [min(ordinary, key=lambda i: abs(counts[i] - (bound or 0)))]

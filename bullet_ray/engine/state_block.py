@@ -86,6 +86,7 @@ STEP_RING_FIELDS = 3  # measured_us, predicted_us, split index
 # the SM-split switch protocol's slots (bullet_ray.gpu.partition.SplitSwitch reads these):
 # requested index, prefill acked index, decode acked index, epoch
 NUM_SWITCH_SLOTS = 4
+_REQUESTED, _PREFILL_ACK, _DECODE_ACK, _EPOCH = range(NUM_SWITCH_SLOTS)  # as bullet_ray.gpu.switch names them
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class StateBlock:
 
     def annotate(self, side: Side, *, predicted_step_us: int, queued_tokens: int, is_active: bool) -> None:
         """The policy's extras of the step `publish` is about to record (call it first: `publish` bumps
-        STEP last, so a reader that sees the new STEP sees these too); the step also enters the ring."""
+        STEP last, so a reader that sees the new STEP sees these too; `record_ring` the same way)."""
         row = self.rows[int(side)]
         row[Field.PREDICTED_STEP_US] = predicted_step_us
         row[Field.QUEUED_TOKENS] = queued_tokens
@@ -167,15 +168,17 @@ class StateBlock:
         self.rows[int(side)][Field.IS_ACTIVE] = 0
 
     def record_ring(self, side: Side, measured_us: int, predicted_us: int, split_index: int) -> None:
-        """Enter the step `publish` just recorded (STEP already counts it) into `side`'s ring; `split_index` -1:
-        a step across a switch, on no one entry (`StepRecorder.record`)."""
+        """Enter the step `publish` is about to record (STEP does not count it yet) into `side`'s ring, so a
+        reader that sees the new STEP finds its entry; `split_index` -1: a step across a switch, on no one entry
+        (`StepRecorder.record`)."""
         step = int(self.rows[int(side)][Field.STEP])
-        self.steps[int(side), (step - 1) % RING_SIZE] = (measured_us, predicted_us, split_index)
+        self.steps[int(side), step % RING_SIZE] = (measured_us, predicted_us, split_index)
 
     def recent_steps(self, side: Side, after_step: int) -> tuple[int, list[tuple[int, int, int]]]:
-        """(`side`'s step count now, its ring entries for steps after `after_step`, at most RING_SIZE)."""
+        """(`side`'s step count now, its ring entries for steps after `after_step`, at most RING_SIZE - 1: the
+        oldest slot may already hold the next step, entered before its count is published)."""
         step = int(self.rows[int(side)][Field.STEP])
-        first = max(after_step, step - RING_SIZE)
+        first = max(after_step, step - RING_SIZE + 1)
         ring = self.steps[int(side)].copy()
         return step, [tuple(int(v) for v in ring[s % RING_SIZE]) for s in range(first, step)]  # type: ignore[misc]
 
@@ -196,6 +199,20 @@ class StateBlock:
             with self._locked():  # not between another side's read of the last pending switch and its clear
                 p[Policy.PENDING_SWITCH_US] = now
         p[Policy.NUM_DECISIONS] += 1
+
+    def request_switch(self, index: int) -> bool:
+        """A split switch asked for outside the policy's decisions (the engine front's `request_split`: by hand,
+        or to move inside the controller's bounds): the requested entry, the epoch and, where a side has to move,
+        the switch's start (timed like a decision's until both sides run on it) written together under the lock,
+        so a switch that settles meanwhile cannot take this one's start. Returns whether a side has to move."""
+        sw = self.switch
+        with self._locked():
+            moves = not int(sw[_REQUESTED]) == int(sw[_PREFILL_ACK]) == int(sw[_DECODE_ACK]) == index
+            sw[_REQUESTED] = index
+            sw[_EPOCH] += 1
+            if moves:
+                self.policy[Policy.PENDING_SWITCH_US] = time.monotonic_ns() // 1000
+        return moves
 
     def set_split_bounds(self, min_index: int, max_index: int) -> None:
         """The ladder entries the deciding side may choose (inclusive), set by the engine front."""
@@ -251,10 +268,10 @@ class StateBlock:
             return self._record_switch_done()
 
     def _record_switch_done(self) -> int | None:
-        p = self.policy
+        p, sw = self.policy, self.switch
         pending = int(p[Policy.PENDING_SWITCH_US])
-        if pending == 0:
-            return None
+        if pending == 0 or not int(sw[_REQUESTED]) == int(sw[_PREFILL_ACK]) == int(sw[_DECODE_ACK]):
+            return None  # none pending, or a newer request came after the caller saw the switch settle
         p[Policy.PENDING_SWITCH_US] = 0
         latency = time.monotonic_ns() // 1000 - pending
         self.switches[int(p[Policy.NUM_SWITCHES]) % RING_SIZE] = latency

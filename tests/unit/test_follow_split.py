@@ -70,9 +70,9 @@ def test_a_step_is_recorded_against_the_entry_it_ran_on_and_not_learned_across_a
         for across in (False, True):
             recorder.record(StepShape.decode(4, 400), 0.010, False, 1, 0.0, 0, 0, True, gpu_time_s=0.012,
                             across_switch=across)
+            recorder.enter_ring()
             block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=12_000,
                           num_queued=0, split_index=1)
-            recorder.after_publish()
         assert observed == [(partitioner.ladder[1].decode_sms, 1)]  # the first step only
         _, entries = block.recent_steps(Side.DECODE, 0)
         assert entries == [(12_000, 10_000, 1), (12_000, 10_000, -1)]
@@ -97,7 +97,7 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
     fake = SimpleNamespace(
         partitioner=SimpleNamespace(current_index=now), has_work=lambda: True,
         recorder=SimpleNamespace(record=lambda *a, **k: calls.update(record=(a, k)),
-                                 after_publish=lambda: None),
+                                 enter_ring=lambda: None),
         publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1],
         switch=SimpleNamespace(overlap=overlap, epoch=lambda: epochs[1]))
     step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled,
@@ -255,9 +255,9 @@ def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(re
                            partitioner=SimpleNamespace(ladder=[LadderEntry(0, 64, 68), LadderEntry(1, 132, 0)],
                                                        side="prefill", current_stream=lambda side: "stream",
                                                        current_index=0),
-                           follow_split=lambda: followed.append(True),
+                           follow_split=lambda target: followed.append(target == requested),
                            res=SimpleNamespace(state=SimpleNamespace(
                                set_inflight_index=lambda side, index: published.append(index))))
     assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]
-    assert followed == ([True] if follows else [])
+    assert followed == ([True] if follows else [])  # follows the entry it checked, not a later read
     assert published == ([0] if follows else [])  # where the next groups run, for the other side's step records

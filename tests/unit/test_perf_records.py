@@ -16,12 +16,15 @@ def test_step_ring_keeps_the_last_steps_in_order(tmp_path: Path):
     try:
         for i in range(RING_SIZE + 10):
             block.annotate(Side.DECODE, predicted_step_us=100 + i, queued_tokens=0, is_active=True)
+            block.record_ring(Side.DECODE, 200 + i, 100 + i, 3)  # before publish counts the step
+            if i == 0:  # entered, not yet counted: no reader sees it
+                assert block.recent_steps(Side.DECODE, 0) == (0, [])
             block.publish(Side.DECODE, num_seqs=4, num_tokens=4, num_context_tokens=400, step_time_us=200 + i,
                           num_queued=0, split_index=3)
-            block.record_ring(Side.DECODE, 200 + i, 100 + i, 3)
         step, entries = block.recent_steps(Side.DECODE, 0)
-        assert step == RING_SIZE + 10 and len(entries) == RING_SIZE  # the oldest 10 were overwritten
-        assert entries[0] == (210, 110, 3) and entries[-1] == (200 + RING_SIZE + 9, 100 + RING_SIZE + 9, 3)
+        # the oldest 10 were overwritten, and the oldest slot left is the next step's (entered before its count)
+        assert step == RING_SIZE + 10 and len(entries) == RING_SIZE - 1
+        assert entries[0] == (211, 111, 3) and entries[-1] == (200 + RING_SIZE + 9, 100 + RING_SIZE + 9, 3)
         assert block.recent_steps(Side.DECODE, step - 2)[1] == entries[-2:]
         assert block.read(Side.DECODE)["is_active"] == 1
         assert block.recent_steps(Side.PREFILL, 0) == (0, [])
@@ -33,6 +36,14 @@ def test_step_ring_keeps_the_last_steps_in_order(tmp_path: Path):
         assert block.record_switch_done() is None  # nothing pending any more
         n, switches = block.recent_switches(0)
         assert n == 1 and switches == [latency]
+        # the front's request_split (by hand, or into the controller's bounds): timed where a side must move
+        assert block.request_switch(2)
+        assert block.record_switch_done() is None  # not settled: the sides have not acked entry 2 yet
+        block.switch[1] = block.switch[2] = 2  # both sides acked
+        by_hand = block.record_switch_done()
+        assert by_hand is not None and block.recent_switches(0) == (2, [latency, by_hand])
+        assert not block.request_switch(2)  # both run on 2 already: nothing to time
+        assert block.read_policy()["pending_switch_us"] == 0
         policy = block.read_policy()
         assert policy["decision_index"] == 5 and policy["predicted_ttft_us"] == 250_000
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from benchmarks.gpu import serve_h100
 from benchmarks.gpu.serve_h100 import GPU_YAML, parse_system, system_yaml
 
 
@@ -172,3 +173,19 @@ def test_merge_joins_the_rates_of_a_system_swept_in_two_calls(tmp_path):
     assert entry["goodput"]["relaxed"]["measured_rps"] == 40.0  # no longer ">= 40": 48 missed
     assert 40.0 < entry["goodput"]["relaxed"]["interpolated_rps"] < 48.0
     assert entry["error"] == "rate 64: server died"  # the later call's failure is not hidden
+
+
+def test_graph_captures_read_from_the_nodes_metrics_pages(tmp_path):
+    """serve_h100 records the engines' CUDA graphs captured after start (issue 12: none) from Ray's exporters."""
+    page = ("# HELP ray_bullet_graph_captures_serving CUDA graphs captured after start.\n"
+            "# TYPE ray_bullet_graph_captures_serving gauge\n"
+            'ray_bullet_graph_captures_serving{engine="a",model_name="m"} 0.0\n'
+            'ray_bullet_graph_captures_serving{engine="b",model_name="m"} 2.0\n'
+            "# TYPE ray_bullet_num_requests_waiting gauge\n"
+            'ray_bullet_num_requests_waiting{engine="a",model_name="m"} 7.0\n')
+    assert serve_h100.captures_in(page) == 2
+    assert serve_h100.captures_in("# TYPE other gauge\nother 1.0\n") is None
+    assert serve_h100.graph_captures_serving(tmp_path / "missing.json") is None
+    discovery = tmp_path / "discovery.json"
+    discovery.write_text('[{"labels": {"job": "ray"}, "targets": ["127.0.0.1:9"]}]')  # nothing listens on port 9
+    assert serve_h100.graph_captures_serving(discovery, timeout_s=1.0) is None

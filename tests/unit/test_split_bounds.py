@@ -16,11 +16,19 @@ from bullet_ray.gpu.partition import default_ladder
 def _front(mixed: bool) -> SimpleNamespace:
     ladder = default_ladder(132) + ([132] if mixed else [])  # 16, 24, ..., 112 (+ the whole GPU)
     bounds: list[tuple[int, int]] = []
-    state = SimpleNamespace(set_split_bounds=lambda lo, hi: bounds.append((lo, hi)), switch=[0, 0, 0, 0])
-    front = SimpleNamespace(ladder_decode_sms=ladder, sm_count=132, state=state, bounds=bounds,
+    timed: list[int] = []  # switches the front asked the state block for, by entry
+
+    def request_switch(index: int) -> None:
+        timed.append(index)
+        state.switch[0] = index
+
+    state = SimpleNamespace(set_split_bounds=lambda lo, hi: bounds.append((lo, hi)), switch=[0, 0, 0, 0],
+                            request_switch=request_switch)
+    front = SimpleNamespace(ladder_decode_sms=ladder, sm_count=132, state=state, bounds=bounds, timed=timed,
                             config=SimpleNamespace(is_disaggregated=False), num_split_requests=0,
                             _wake_workers=lambda: None, worker_info={})
     front.split_ladder_size = lambda: LLMEngine.split_ladder_size(front)
+    front.split_indexes = lambda: LLMEngine.split_indexes(front)
     return front
 
 
@@ -30,6 +38,7 @@ def test_a_split_request_outside_the_ladder_is_refused(index):
     if index == 13:
         LLMEngine.request_split(front, index)  # the whole-GPU entry is a ladder entry: allowed by hand
         assert front.state.switch[0] == 13 and front.num_split_requests == 1
+        assert front.timed == [13]
         return
     with pytest.raises(InvalidRequest, match="split index") as e:
         LLMEngine.request_split(front, index)
@@ -56,5 +65,8 @@ def test_a_split_request_names_an_entry_of_every_workers_ladder():
     with pytest.raises(InvalidRequest, match=r"outside the ladder \[0, 0\]"):
         LLMEngine.request_split(front, 1)
     LLMEngine.request_split(front, 0)
-    assert front.num_split_requests == 1
+    assert front.num_split_requests == 1 and front.timed == [0]
+    # the controller's bounds on this front's longer ladder never name an entry past the workers' one
+    assert LLMEngine.set_split_bounds(front, 64, None) == (0, 0)
+    assert front.bounds[-1] == (0, 0)
 

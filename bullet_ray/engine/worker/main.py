@@ -147,12 +147,15 @@ class WorkerBase:
             partitioner.add_whole_gpu_entry()  # the mixed fallback's: decode on every SM
         return partitioner
 
-    def follow_split(self) -> None:
-        """At a step boundary: move to the requested ladder entry when the protocol lets this side. In overlap
-        mode the step in flight keeps running on the old partition (`launch` orders the next one after it)."""
+    def follow_split(self, target: int | None = None) -> None:
+        """At a step boundary: move to the requested ladder entry (`target`: the request the caller already
+        read and checked) when the protocol lets this side. In overlap mode the step in flight keeps running on
+        the old partition (`launch` orders the next one after it)."""
         if self.partitioner.side == "both":
             return
-        side, target = self.partitioner.side, self.switch.requested()  # one read: the ack is for what was finished
+        side = self.partitioner.side
+        if target is None:
+            target = self.switch.requested()  # one read: the ack is for what was finished
         if self.inflight is not None and self.switch.must_finish_step(side, target):
             self._finish_inflight()  # the ack promises this side's SMs are free: no step of ours still runs
         index = self.switch.maybe_switch(side, target)

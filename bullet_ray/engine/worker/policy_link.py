@@ -189,8 +189,9 @@ class StepRecorder:
                 host_ms=round(host_s * 1e3, 4), layer_groups=num_layer_groups, graphs=graphs,
                 across_switch=across_switch, **(host_timings_ms or {}))
 
-    def after_publish(self) -> None:
-        """Enter the step just published into the ring (STEP counts it now)."""
+    def enter_ring(self) -> None:
+        """Enter the step just recorded into the ring, before `publish` counts it (readers of a new STEP find
+        its entry)."""
         measured_s, predicted_s, index = self._pending
         self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
 
@@ -313,7 +314,9 @@ class SplitDecider:
     def _request_split(self, index: int) -> tuple[int, bool]:
         """Ask both sides for ladder entry `index` (moved inside the controller's bounds); returns the entry
         and whether a switch was requested now (False: already there, or the last switch still settling)."""
-        index, switch = self.state.clamp_to_bounds(index), self.worker.switch
+        switch = self.worker.switch
+        # inside the controller's bounds, and never past this worker's ladder (bounds from a longer one)
+        index = min(self.state.clamp_to_bounds(index), len(self.worker.partitioner.ladder) - 1)
         is_switch = index != switch.requested() and switch.request(index)
         if is_switch and not self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE]:
             self.worker.conn.send(Wake())  # an idle decode side waits on its pipe: the front relays this
@@ -375,8 +378,8 @@ class SplitDecider:
             return 0.0
         started = time.perf_counter()
         deadline = started + min(gain, 2 * expected + 0.001)
-        while time.perf_counter() < deadline:
-            worker.follow_split()
+        while time.perf_counter() < deadline and switch.requested() == want:  # a newer request: plan again
+            worker.follow_split(want)  # the entry whose prefill SMs were just weighed, never a later one
             if worker.partitioner.current_index == want:
                 break
             time.sleep(0.0002)

@@ -107,9 +107,9 @@ class SideWorker(WorkerBase):
         self.recorder = StepRecorder(self, model)
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
 
-    def follow_split(self) -> None:
+    def follow_split(self, target: int | None = None) -> None:
         before = self.partitioner.current_index
-        super().follow_split()
+        super().follow_split(target)
         if self.partitioner.current_index != before and self.switch.is_settled():
             latency_us = self.res.state.record_switch_done()  # this side acked last: both run on the new split
             if latency_us is not None:
@@ -179,8 +179,8 @@ class SideWorker(WorkerBase):
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
                              step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
                              across_switch=across)
+        self.recorder.enter_ring()  # before the count: a reader of the new STEP finds the step's entry
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued, index)
-        self.recorder.after_publish()
 
 
 class PrefillWorker(SideWorker):
@@ -297,7 +297,7 @@ class PrefillWorker(SideWorker):
             self.decider.decide()
         ladder, want = self.partitioner.ladder, self.switch.requested()
         if not (0 <= want < len(ladder) and ladder[want].prefill_sms == 0):
-            self.follow_split()
+            self.follow_split(want)  # the entry just checked: a request landing now waits for the next boundary
             self.res.state.set_inflight_index(self.side, self.partitioner.current_index)  # the next groups run here
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         self._last_stream = stream

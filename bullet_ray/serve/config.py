@@ -143,7 +143,8 @@ class BulletAppConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none (less where the "
                                     "prompt leaves less of max_model_len)")
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer tokens; empty: no auth")
-    max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413")
+    max_request_bytes: int = Field(4 << 20, ge=1024, description="larger request bodies get 413 (chunked ones once "
+                                   "past it)")
     controller: ControllerConfig | None = Field(
         None, description="cluster controller (bullet_ray.control): forecasts load, sets engine replicas within a GPU "
                           "budget through Serve's autoscaler, pushes split bounds, SLO targets and admission; "

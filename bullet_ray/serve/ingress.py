@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,6 +46,65 @@ fastapi_app = FastAPI(title="bullet_ray", description="OpenAI-compatible API of 
                       redoc_url=None, openapi_url=None)
 
 
+class BodyLimit:
+    """ASGI middleware: a request body over the app's `state.max_request_bytes` (the Ingress replica sets it from
+    its config) is refused with 413 by its declared Content-Length before it is read, or, where none is declared
+    (a chunked body), as soon as more than that has arrived: never read whole, parsed or tokenized."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        limit = getattr(getattr(scope.get("app"), "state", None), "max_request_bytes", None)
+        if scope["type"] != "http" or limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _too_large(send, f"request body of {int(declared)} bytes exceeds {limit}")
+            return
+        received, started = 0, False
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"request body of more than {limit} bytes (sent without a length)")
+            return message
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except BodyTooLarge as e:  # raised where no handler turned it into a response
+            if not started:
+                await _too_large(send, str(e.detail))
+
+
+class BodyTooLarge(HTTPException):
+    """FastAPI re-raises its own HTTPException while reading a body (anything else becomes a 400), so the app's
+    handler answers it: 413 with an OpenAI-style body."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+
+async def _too_large(send: Any, message: str) -> None:
+    async def no_body() -> dict:
+        return {"type": "http.disconnect"}
+
+    await JSONResponse(error_body(message, "invalid_request_error", 413), status_code=413)({"type": "http"},
+                                                                                           no_body, send)
+
+
+fastapi_app.add_middleware(BodyLimit)
+
+
 def _error_response(e: ApiError) -> JSONResponse:
     headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
     return JSONResponse(error_body(e.message, e.err_type, e.status, e.param), status_code=e.status, headers=headers)
@@ -64,6 +123,13 @@ async def _validation_error(_: Request, e: RequestValidationError) -> JSONRespon
                                    param), status_code=422)
 
 
+@fastapi_app.exception_handler(Exception)
+async def _unexpected_error(_: Request, e: Exception) -> JSONResponse:
+    """Anything no handler above knows: still an OpenAI-style body (a client's SDK parses it), logged here."""
+    logger.exception("unexpected error answering a request")
+    return JSONResponse(error_body(f"internal error ({type(e).__name__}); retry later", "server_error", 500), status_code=500)
+
+
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
@@ -72,7 +138,8 @@ async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
 
 async def _require_api_key(request: Request) -> None:
     """Route dependency: 401 unless the request carries one of the replica's API keys. FastAPI solves it
-    before it validates the body, so a client without a key learns nothing, not even a 422."""
+    before it validates the body's fields, so a client without a key learns nothing of the schema; a body that
+    is not JSON at all is refused (422) before it, since FastAPI parses the JSON first."""
     ingress: Any = serve.get_replica_context().servable_object
     if not is_authorized(request.headers.get("authorization"), ingress.cfg.api_keys):
         raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
@@ -137,6 +204,7 @@ class Ingress:
 
     def __init__(self, engine: Any, app_config: dict[str, Any], engine_factory: Any = None) -> None:
         self.cfg = BulletAppConfig(**app_config)
+        fastapi_app.state.max_request_bytes = self.cfg.max_request_bytes  # BodyLimit's, checked as bodies arrive
         self.local: Any = None
         if engine is None:
             from bullet_ray.serve.engine_deployment import EngineReplica

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import BackPressureError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
 from bullet_ray.engine.outputs import RequestOutput
 from bullet_ray.serve.engine_deployment import GenerateError
@@ -60,7 +60,8 @@ class ChoiceStreams:
             self.cancel()
             raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
                            retry_after_s=self.retry_after_s) from e
-        except RayActorError as e:  # the replica died (killed, or replaced after a crash) before answering
+        except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as e:
+            # the replica died (killed, or replaced after a crash) before answering, or none is up to route to
             self.cancel()
             raise replica_lost(e, self.retry_after_s) from e
         except BaseException:

@@ -24,7 +24,7 @@ def colo(serve_url):
     from bullet_ray.serve.mock_engine import mock_engine_factory
 
     args = {"engine": {"model": "mock"}, "colocate_ingress": True, "max_waiting_per_engine": 2,
-            "api_keys": ["k1"], "engine_num_cpus": 0}
+            "api_keys": ["k1"], "engine_num_cpus": 0, "max_request_bytes": 4096}
     serve.run(build_app(args, mock_engine_factory(token_delay_s=0.01, first_token_delay_s=0.3)), name="colo",
               route_prefix=PREFIX)
     yield f"{serve_url}{PREFIX}"
@@ -63,6 +63,19 @@ def test_usage_counts_each_prompt_once_and_a_repeated_prompt_twice(colo):
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 4
     assert r.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 16, "total_tokens": 22}
+
+
+def test_a_body_over_max_request_bytes_is_a_413_even_without_a_length(colo):
+    """Through Serve: a chunked body (no Content-Length) is cut off once past max_request_bytes."""
+    big = json.dumps({"model": "mock", "prompt": "a " * 4000, "max_tokens": 2}).encode()
+    chunks = iter([big[i:i + 1024] for i in range(0, len(big), 1024)])
+    r = httpx.post(f"{colo}/v1/completions", content=chunks, headers={**HEADERS, "content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == 413 and "4096" in r.json()["error"]["message"]
+    r = httpx.post(f"{colo}/v1/completions", content=big, headers={**HEADERS, "content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413 and f"{len(big)} bytes" in r.json()["error"]["message"]
 
 
 def test_api_key_and_bad_input_get_openai_errors(colo):

@@ -4,6 +4,7 @@ straight from its stream) and for several (one task each into a queue), and that
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -152,9 +153,29 @@ def test_streamed_logprobs_of_updates_without_text_go_out_with_the_next_chunk():
         fake = SimpleNamespace(cfg=SimpleNamespace(model_name="m"), _token_texts=texts)
         return [chunk async for chunk in Ingress.func_or_class._sse_stream(fake, streams, "id", False, False)]
 
-    import json
-
     chunks = [json.loads(c.removeprefix("data: ").strip()) for c in asyncio.run(go()) if "[DONE]" not in c]
     texts_sent = [c["choices"][0]["text"] for c in chunks]
     logprobs = [lp for c in chunks for lp in c["choices"][0]["logprobs"]["token_logprobs"]]
     assert texts_sent == ["ab", "c"] and logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])
+
+
+@pytest.mark.parametrize("failure", ["replica", "deployment", "other"])
+def test_no_replica_to_answer_is_a_503_and_anything_else_an_openai_500(failure):
+    """Serve's 'no replica' errors before the first output are a 503 with Retry-After (as a dead replica is);
+    an error no handler knows still answers with an OpenAI-style body (SDKs parse it), not a plain-text 500."""
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+
+    from bullet_ray.serve.ingress import _unexpected_error
+
+    if failure == "other":
+        response = asyncio.run(_unexpected_error(None, KeyError("boom")))  # type: ignore[arg-type]
+        body = json.loads(response.body)
+        assert response.status_code == 500 and body["error"]["type"] == "server_error"
+        assert "KeyError" in body["error"]["message"]
+        return
+    error = ReplicaUnavailableError("r1") if failure == "replica" else \
+        DeploymentUnavailableError(DeploymentID(name="engine", app_name="app"))
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_collect(_Engine(fail_after=0, failure=error), 1))
+    assert e.value.status == 503 and e.value.retry_after_s == 1

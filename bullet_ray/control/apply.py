@@ -3,8 +3,8 @@
 The replica picks its own entry of the decision (by replica id; the decision's default when it is not
 named), then: split bounds -> `LLMEngine.set_split_bounds` (the state block's bounds, which the worker that
 decides the split clamps to; engines without an SM split, such as the mock engine, skip them); SLO targets
--> the replica's attainment metric and target gauges (the split decider in the prefill worker keeps the
-targets it started with: moving them at run time needs two more state-block slots);
+-> the replica's attainment metric and target gauges, and `LLMEngine.set_slo_targets` (the state block's
+target slots, which the split decider in the prefill worker follows from its next decision on);
 admission -> the replica's AdmissionSettings, starting from the ones it had before the first decision (so
 leaving `shed` mode restores them; an operator's runtime change, `reconfigure_admission`, changes those too). What is in force is exported as gauges and returned.
 """

@@ -60,6 +60,8 @@ class InFlightStep:
     # a bullet side launched it while the other side had a step in flight on another ladder entry
     beside_other_entry: bool = False
     launch_epoch: int = 0  # the split switch's request count when it was launched (bullet sides)
+    # the side moved to another entry while launching it (between a layer-wise prefill's groups): it ran on two
+    moved_while_launching: bool = False
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)

@@ -85,12 +85,13 @@ def test_a_step_is_recorded_against_the_entry_it_ran_on_and_not_learned_across_a
     (1, 1, False, (False, False), (3, 3), True, False), (1, 0, False, (False, False), (3, 3), True, True),
     (1, 1, True, (False, False), (3, 3), True, True), (1, 1, False, (True, False), (3, 3), True, True),
     (1, 1, False, (False, True), (3, 3), True, True), (1, 1, False, (False, False), (3, 4), True, True),
-    (1, 1, False, (False, False), (3, 4), False, False)])
+    (1, 1, False, (False, False), (3, 4), False, False), (1, 1, "moved", (False, False), (3, 3), False, True)])
 def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, beside, epochs, overlap, across):
     """Across: the side moved since the launch, or launched before the switch settled, or the other side had a
     step in flight on another entry sharing its SMs at the launch (beside[0]) or at the collect (beside[1]), or,
     in overlap mode, a switch was requested while it ran (epochs: at launch, at collect; in disjoint mode a side
-    finishes its step before it moves, so a request meanwhile leaves the step clean)."""
+    finishes its step before it moves, so a request meanwhile leaves the step clean), or ("moved") a layer-wise
+    step moved between its groups while it launched, even back to the entry it was planned on."""
     from bullet_ray.engine.worker.roles import SideWorker
 
     calls: dict[str, tuple] = {}
@@ -100,7 +101,8 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
                                  enter_ring=lambda: None),
         publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1],
         switch=SimpleNamespace(overlap=overlap, epoch=lambda: epochs[1]))
-    step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled,
+    step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled is True,
+                           moved_while_launching=unsettled == "moved",
                            beside_other_entry=beside[0], launch_epoch=epochs[0], num_layer_groups=1, gpu_time_s=0.01,
                            host_ms=lambda: {}, graphs=None, batch=[1, 2])
     result = SimpleNamespace(num_tokens=2, num_context_tokens=20)
@@ -124,9 +126,10 @@ def _recording_side(side, block):
             self.side = side
             self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=switch.epoch,
                                           shares_sms=switch.shares_sms)
-            self.partitioner = SimpleNamespace(current_index=0, side=side.name.lower())
+            self.partitioner = SimpleNamespace(current_index=0, side=side.name.lower(), history=[])
             self.inflight = None
             self._next_record = None
+            self._history_at_plan = 0
 
     worker = RecordingSide()
     worker.launch_on = lambda index, groups=1: _launched(worker, index, groups)
@@ -261,3 +264,21 @@ def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(re
     assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]
     assert followed == ([True] if follows else [])  # follows the entry it checked, not a later read
     assert published == ([0] if follows else [])  # where the next groups run, for the other side's step records
+
+
+def test_a_layer_wise_step_that_moved_between_its_groups_and_back_is_flagged(tmp_path):
+    """Planned on entry 1, its groups moved to 2 and back to 1 while it launched: it ran on two entries though it
+    ends where it began; a step whose side did not move meanwhile is clean."""
+    from bullet_ray.engine.state_block import Side, StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        prefill, _ = _recording_side(Side.PREFILL, block)
+        prefill.partitioner.history = [0, 1]  # earlier moves, before this step was planned
+        prefill._history_at_plan = 2
+        prefill.partitioner.history += [2, 1]  # between its layer groups
+        assert _launched(prefill, 1, num_layer_groups=4).moved_while_launching
+        prefill._history_at_plan = len(prefill.partitioner.history)
+        assert not _launched(prefill, 1, num_layer_groups=4).moved_while_launching
+    finally:
+        block.close()

@@ -5,7 +5,7 @@
   enters (measured, predicted, entry) into the block's ring, feeds the online correction, and appends a
   JSONL record when `step_log_path` is set.
 - `SplitDecider` (prefill side, bullet schedule with `split_policy: slo`): at each prefill step boundary,
-  and while prefill idles each time decode publishes a step, builds the `StepState` from its own queue and
+  and while prefill idles at each wake-up (a message, or every 0.5 s), builds the `StepState` from its own queue and
   decode's row, runs `BulletPolicy.step`, reorders its queue and sizes the next batch as planned, asks for
   the chosen split (when the previous switch has settled) and records the decision in the block. The
   decision thus runs where the step state is, not behind a polling thread in the engine front.

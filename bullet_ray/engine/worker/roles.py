@@ -106,6 +106,7 @@ class SideWorker(WorkerBase):
         model, self.perf_source = make_perf_model(self)
         self.recorder = StepRecorder(self, model)
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
+        self._history_at_plan = 0  # len(partitioner.history) when it was planned
 
     def follow_split(self, target: int | None = None) -> None:
         before = self.partitioner.current_index
@@ -128,10 +129,14 @@ class SideWorker(WorkerBase):
     def predicted(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """Predict the planned batch's step time with the performance model (kept until it is launched)."""
         self._next_record = self.recorder.predict(batch) if batch else None
+        self._history_at_plan = len(self.partitioner.history)  # moves from here on: `after_launch` looks
         return batch
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
+        if step.perf_record is not None:  # a layer-wise step that moved between its groups (and maybe back)
+            moves = self.partitioner.history[self._history_at_plan:]
+            step.moved_while_launching = any(i != step.perf_record[3] for i in moves)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
         step.launch_epoch = self.switch.epoch()
         step.beside_other_entry = self._other_runs_elsewhere(step)
@@ -169,11 +174,12 @@ class SideWorker(WorkerBase):
                      queued_tokens: int) -> None:
         """Record the collected step (measured vs predicted, online correction) and publish its row. A step
         across a switch ran on no one entry alone, and the model does not learn from it: this side moved while
-        it ran (layer groups, or overlap mode), or, in overlap mode, it was launched before the other side
+        it ran (layer groups, even back to the entry it was planned on, or overlap mode), or, in overlap mode, it was launched before the other side
         followed or a switch was requested while it ran, or the other side had a step in flight on another entry
         sharing its SMs at its launch or its collect (the SMs that changed hands ran both)."""
         shape, predicted, busy, index = step.perf_record
-        across = index != self.partitioner.current_index or step.launched_unsettled or step.beside_other_entry \
+        across = index != self.partitioner.current_index or step.moved_while_launching or step.launched_unsettled \
+            or step.beside_other_entry \
             or self._other_runs_elsewhere(step) \
             or (self.switch.overlap and self.switch.epoch() != step.launch_epoch)  # asked to move meanwhile
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),

@@ -60,6 +60,10 @@ from bullet_ray.policy.ttft import PrefillTimeModel
 
 logger = logging.getLogger(__name__)
 
+# how long an id finished by the front (abort, stop string) stays refused for a new request: a worker drops its
+# sequence at its next step (or the front, when a hand-off of it arrives), well within this
+RETIRED_ID_HOLD_S = 5.0
+
 
 def _prepare_model_in_subprocess(source: str) -> None:
     """Build the embedded model's cache (GGUF dequantization) in a short-lived process, so no long-lived
@@ -96,6 +100,9 @@ class LLMEngine(EngineClient):
         self._served_name = served_model_name or self.config.model
         self._lock = threading.Lock()
         self._requests: dict[str, RequestState] = {}
+        # ids finished here (abort, stop string) whose sequence a worker may still hold: their reuse within
+        # RETIRED_ID_HOLD_S is refused (a hand-off of the old one would otherwise land in the new request)
+        self._retired_ids: dict[str, float] = {}
         self._dead_reason: str | None = None
         self._is_shut_down = False
         self._is_draining = False  # shutdown() began: new requests are refused
@@ -250,6 +257,9 @@ class LLMEngine(EngineClient):
         with self._lock:
             if rid in self._requests:
                 raise InvalidRequest(f"request id {rid!r} is already running", "request_id")
+            if self._retired_ids.get(rid, 0.0) > time.monotonic():
+                raise InvalidRequest(f"request id {rid!r} was aborted or stopped a moment ago and a worker may still "
+                                     f"hold it; use a new id", "request_id")
             self._requests[rid] = state
             self._prefill_time.observe_prompt(len(ids))
         self._send(target, AddRequest(rid, ids, params, time.time(), self._max_model_len))
@@ -328,6 +338,8 @@ class LLMEngine(EngineClient):
     def abort(self, request_id: str) -> None:
         with self._lock:
             state = self._requests.pop(request_id, None)
+            if state is not None:
+                self._retire(request_id)
         if state is None:
             return
         state.sink.put(state.make_output([], "", None, finish_reason="abort"))
@@ -402,6 +414,8 @@ class LLMEngine(EngineClient):
         if finish is not None:
             with self._lock:
                 self._requests.pop(state.request_id, None)
+                if update.finish_reason is None:
+                    self._retire(state.request_id)
             if update.finish_reason is None:  # finished here (stop string): the worker still holds it
                 self._send(state.location, AbortRequests([state.request_id]))
         if deliveries is not None:
@@ -437,6 +451,17 @@ class LLMEngine(EngineClient):
         if state is not None:
             self._send("prefill", AddRequest(wire.request_id, wire.prompt_token_ids, state.params,
                                              wire.arrival_s, wire.max_model_len, resume=wire))
+            with self._lock:
+                aborted = wire.request_id not in self._requests
+            if aborted:  # an abort between the relabel and the send reached prefill first: abort behind it
+                self._send("prefill", AbortRequests([wire.request_id]))
+
+    def _retire(self, request_id: str) -> None:
+        """(Under the lock.) `request_id` finished here while a worker may still hold its sequence."""
+        now = time.monotonic()
+        if len(self._retired_ids) > 4096:  # keep the map small: drop the ids whose hold is over
+            self._retired_ids = {r: t for r, t in self._retired_ids.items() if t > now}
+        self._retired_ids[request_id] = now + RETIRED_ID_HOLD_S
 
     def _send(self, role: str, msg: Any) -> None:
         try:

@@ -5,9 +5,11 @@ the rest are the next step's input: the whole (remaining) prompt for a prefill, 
 step. After preemption the blocks are freed and `num_computed_tokens` drops to 0: the next prefill
 recomputes prompt + output so far (recompute, as in vLLM) and samples the next token.
 
-Asynchronous scheduling: a token sampled on the device is counted at once (`num_pending_tokens`, at most
-one: the last launched step's) but its id reaches the host one step later; until then the next step reads
-it from the device (the runner gathers it into its input ids) and `output_token_ids` lacks it.
+Asynchronous scheduling: a token sampled on the device is counted at once (`num_pending_tokens`) but its id
+reaches the host one step later; until then the next step reads it from the device (the runner gathers it into
+its input ids) and `output_token_ids` lacks it. Usually at most one is pending (the last launched step's); a
+preempted sequence re-admitted and recomputed in the same plan can hold two (the older step is collected before
+the next plan, so a step's input never needs more than the newest one gathered).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Sequence:
     num_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None
-    # tokens sampled on the device whose ids the host has not learned yet (0 or 1)
+    # tokens sampled on the device whose ids the host has not learned yet (0 or 1; 2 after a same-plan recompute)
     num_pending_tokens: int = 0
 
     @property

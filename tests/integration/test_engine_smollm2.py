@@ -123,6 +123,20 @@ def test_bad_requests_raise_typed_errors(engine):
     assert len(out.token_ids) == 3 and out.finish_reason == "length"
 
 
+def test_an_aborted_id_is_not_reused_while_a_worker_may_hold_it(engine):
+    """A hand-off of the aborted sequence would land in a new request of the same id: its reuse is refused for a
+    few seconds (RETIRED_ID_HOLD_S) with an error naming the field; ids never aborted are unaffected."""
+    stream = engine.stream([5, 6, 7, 8], SamplingParams(max_tokens=64, ignore_eos=True), request_id="reused")
+    next(stream)
+    engine.abort("reused")
+    assert [o.finish_reason for o in stream][-1] == "abort"
+    with pytest.raises(InvalidRequest, match="aborted or stopped") as err:
+        next(engine.stream([5, 6], SamplingParams(max_tokens=2), request_id="reused"))
+    assert err.value.field == "request_id"
+    [out] = list(engine.stream([5, 6], SamplingParams(max_tokens=2), request_id="fresh"))[-1:]
+    assert out.finished
+
+
 def test_split_request_is_followed_by_both_workers(engine):
     start = engine.split_indexes()
     assert start["prefill"] == start["decode"] == start["requested"]

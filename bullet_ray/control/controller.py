@@ -155,6 +155,8 @@ class ClusterController:
         """One decision now (the loop calls it; tests may too). Returns its log record."""
         with self._lock:
             reading = reading or self.reader.read()
+            if reading.is_baseline:  # a reader's first scrape measures nothing: a 0 req/s would seed the trend
+                return {"baseline": True, "time_s": reading.time_s}
             self.forecaster.update(reading.load)
             inputs = ControllerInputs(reading.time_s, reading.engines, reading.load, self.forecaster.forecast(),
                                       self.num_replicas, self._budget(), reading.attainment)

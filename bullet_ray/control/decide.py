@@ -12,7 +12,9 @@ application: arrival rate and length mix) and what it forecast into:
 - **SLO targets**: the configured TTFT/TPOT targets (the engines' split policy and attainment use them);
 - **admission**: `queue` while the budget covers the demand (engines keep their configured queue), `shed`
   when even the whole budget does not: a short queue (`shed_max_waiting`) and refusal of requests whose
-  predicted TTFT misses the target, so admitted requests keep their SLO.
+  predicted TTFT misses the target, so admitted requests keep their SLO; back to `queue` once demand is under
+  `SHED_EXIT` of the budget;
+- **split bounds** moved from where an engine runs never leave the operator's [min, max].
 Each decision carries its reasons; the controller logs it with its inputs and exports it as metrics.
 """
 
@@ -25,6 +27,9 @@ from typing import Any, Literal
 
 from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.forecast import LoadForecast, LoadSample
+
+# the admission mode leaves `shed` only once demand is below this share of the budget (hysteresis)
+SHED_EXIT = 0.9
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class ControllerState:
 
     seq: int = 0  # decisions made so far
     num_low_decisions: int = 0  # decisions in a row that wanted fewer replicas
+    is_shedding: bool = False  # the last decision's admission mode was `shed` (it leaves it with a margin)
 
 
 @dataclass(frozen=True)
@@ -130,11 +136,15 @@ def _engine(obs: EngineObservation, cfg: ControllerConfig, ttft_s: float | None,
     tpot_over = tpot_s is not None and obs.tpot_p90_s is not None and obs.tpot_p90_s > tpot_s
     if obs.decode_sms is not None and tpot_over != ttft_over:
         now = int(obs.decode_sms)
+        # moved from where the engine runs now, but never outside the operator's [min, max]
         if tpot_over:
-            lo = now + cfg.split_step_sms if hi is None else min(hi, now + cfg.split_step_sms)
+            lo = max(now + cfg.split_step_sms, cfg.min_decode_sms or 0)
+            lo = lo if hi is None else min(hi, lo)
             reason = f"TPOT p90 {obs.tpot_p90_s:.3f}s over target: decode keeps >= {lo} SMs"
         else:
-            hi = max(1, now - cfg.split_step_sms) if lo is None else max(lo, now - cfg.split_step_sms)
+            hi = max(1, now - cfg.split_step_sms)
+            hi = hi if cfg.max_decode_sms is None else min(cfg.max_decode_sms, hi)
+            hi = hi if lo is None else max(lo, hi)
             reason = f"TTFT over target: decode gets <= {hi} SMs"
     return EngineDecision(obs.engine_id, lo, hi, cfg.ttft_target_ms, cfg.tpot_target_ms, reason=reason, **admission)
 
@@ -149,7 +159,10 @@ def decide(inputs: ControllerInputs, cfg: ControllerConfig,
     demand = max(measured, fc.tokens_per_s)
     num_replicas, num_low, why_replicas = _replicas(inputs, cfg, state, demand)
     budget = cfg.engine_capacity_tokens_s * max(cfg.min_engines, inputs.max_engines)
-    mode: Literal["queue", "shed"] = "shed" if demand > budget else "queue"
+    # shed once demand exceeds the budget, and queue again only once it falls SHED_EXIT below it: demand that
+    # hovers at the budget would otherwise flip the engines' admission every interval
+    is_shedding = demand > budget * (SHED_EXIT if state.is_shedding else 1.0)
+    mode: Literal["queue", "shed"] = "shed" if is_shedding else "queue"
     ttft_s = None if cfg.ttft_target_ms is None else cfg.ttft_target_ms / 1e3
     tpot_s = None if cfg.tpot_target_ms is None else cfg.tpot_target_ms / 1e3
     admission: dict[str, Any] = {}
@@ -161,4 +174,4 @@ def decide(inputs: ControllerInputs, cfg: ControllerConfig,
                              f"{fc.tokens_per_s:.0f} in {fc.horizon_s:.0f}s), budget {budget:.0f}")
     decision = Decision(state.seq + 1, inputs.time_s, num_replicas, mode, demand,
                         num_replicas * cfg.engine_capacity_tokens_s, engines, default, reasons)
-    return decision, ControllerState(state.seq + 1, num_low)
+    return decision, ControllerState(state.seq + 1, num_low, is_shedding)

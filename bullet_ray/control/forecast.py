@@ -16,6 +16,7 @@ state is a plain dict so the controller can persist it (`to_dict` / `from_dict`)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bullet_ray.errors import ConfigError
@@ -35,7 +36,7 @@ class Holt:
 
     def update(self, value: float) -> None:
         """Add the newest observation (one per interval)."""
-        if value != value or value < 0:  # NaN or negative: a broken reading, skip it
+        if not math.isfinite(value) or value < 0:  # NaN, infinite or negative: a broken reading, skip it
             return
         self.num_observations += 1
         if self.level is None:

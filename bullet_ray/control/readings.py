@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import urllib.parse
 import urllib.request
@@ -36,6 +37,8 @@ class ClusterReading:
     load: LoadSample
     attainment: float | None
     engines: tuple[EngineObservation, ...]
+    # a reader's first scrape: no interval yet, so its rates are not measurements (the controller skips it)
+    is_baseline: bool = False
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -48,7 +51,7 @@ def _tokens_per_request(mean: float | None) -> float | None:
     a mean below one says the token counter lagged the request counter in the export (they are flushed by
     different processes), not that requests were empty: a forecast fed that 0 would see no demand until the
     lengths caught up. A counter that lags only in part still reads low; the forecast's smoothing absorbs it."""
-    return None if mean is None or mean < 1.0 else mean
+    return None if mean is None or not math.isfinite(mean) or mean < 1.0 else mean
 
 
 class PrometheusReader:
@@ -61,7 +64,8 @@ class PrometheusReader:
         self.timeout_s = timeout_s
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
-        """An instant query's (labels, value) samples; NaN samples dropped."""
+        """An instant query's (labels, value) samples; NaN and infinite ones dropped (a ratio over a window where
+        its denominator did not move: tokens streamed but no request finished)."""
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
             body = json.load(resp)
@@ -70,7 +74,7 @@ class PrometheusReader:
         out = []
         for item in body["data"]["result"]:
             value = float(item["value"][1])
-            if value == value:
+            if math.isfinite(value):
                 out.append((item["metric"], value))
         return out
 
@@ -159,13 +163,18 @@ class NodeExporterReader:
         return out
 
     def read(self) -> ClusterReading:
+        """The change since the last read. The first is a baseline (`is_baseline`: no interval yet). A series
+        counts only where both scrapes hold it: a node that did not answer once would otherwise count its
+        lifetime total as one interval's."""
         now, cur = time.time(), self.scrape()
+        is_baseline = self._prev is None
         prev_t, prev = self._prev or (now, cur)
         self._prev = (now, cur)
         dt = max(now - prev_t, 1e-9)
 
         def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
-            return sum(max(0.0, v - prev.get(k, 0.0)) for k, v in cur.items() if k[0] == P + name and where(dict(k[1])))
+            return sum(max(0.0, v - prev[k]) for k, v in cur.items()
+                       if k[0] == P + name and k in prev and where(dict(k[1])))
 
         rate = delta("requests_arrived_total") / dt if prev is not cur else 0.0
         prompt = _ratio(delta("prompt_tokens_total"), delta("time_to_first_token_seconds_count"))
@@ -185,13 +194,14 @@ class NodeExporterReader:
                     lb = dict(labels)
                     le = float(lb["le"])
                     b = buckets[lb.get("engine", "")]
-                    b[le] = b.get(le, 0.0) + max(0.0, value - prev.get((name, labels), 0.0))
+                    if (name, labels) in prev:
+                        b[le] = b.get(le, 0.0) + max(0.0, value - prev[(name, labels)])
             for engine, b in buckets.items():
                 value_q = histogram_quantile(0.9, b)
                 if value_q is not None:
                     by_engine[engine][field] = value_q
         return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
-                              attainment, _engines(by_engine))
+                              attainment, _engines(by_engine), is_baseline=is_baseline)
 
 
 def ray_node_endpoints() -> list[str]:

@@ -55,3 +55,29 @@ def test_operator_ceiling_caps_every_engine_and_decision_round_trips():
     d, _ = decide(inputs(1.0, 1.0, engines=(EngineObservation("a", decode_sms=64),)), cfg, ControllerState())
     assert d.for_engine("a").max_decode_sms == 24 and d.default.max_decode_sms == 24
     assert Decision.from_dict(d.to_dict()) == d
+
+
+def test_split_bounds_stay_inside_the_operators_range_wherever_the_engine_runs_now():
+    """Operator range [40, 64]; an engine still outside it (before the first push, or after the operator tightened
+    it): the bound moved from where it runs never leaves the range."""
+    cfg = CFG.model_copy(update={"min_decode_sms": 40, "max_decode_sms": 64})
+    engines = (EngineObservation("wide", decode_sms=100, tpot_p90_s=0.010, ttft_p90_s=0.9),   # TTFT over: shrink
+               EngineObservation("narrow", decode_sms=16, tpot_p90_s=0.040, ttft_p90_s=0.1))  # TPOT over: grow
+    d, _ = decide(inputs(1.0, 1.0, engines=engines), cfg, ControllerState())
+    wide, narrow = d.for_engine("wide"), d.for_engine("narrow")
+    assert (wide.min_decode_sms, wide.max_decode_sms) == (40, 64)  # not [40, 92]
+    assert (narrow.min_decode_sms, narrow.max_decode_sms) == (40, 64)  # not [24, 64]
+    for e in (wide, narrow):
+        assert 40 <= e.min_decode_sms <= e.max_decode_sms <= 64
+
+
+def test_admission_leaves_shed_only_with_a_margin():
+    """Budget 4 x 1000 tok/s; demand at 4,100 sheds, 3,900 (under the budget, over 90% of it) still sheds, 3,500
+    queues: demand hovering at the budget does not flip the engines' admission every interval."""
+    s = ControllerState()
+    modes = []
+    for rate in (41.0, 39.0, 35.0, 39.0):  # x 100 tokens per request
+        d, s = decide(inputs(rate, rate, replicas=4), CFG, s)
+        modes.append(d.mode)
+    assert modes == ["shed", "shed", "queue", "queue"]
+    assert ControllerState(**{"seq": 3, "num_low_decisions": 0}).is_shedding is False  # an older saved state

@@ -60,9 +60,7 @@ class ClusterController:
         self._restore()
         self.metrics = ControllerMetrics(self.app)
         self.log: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
-        self.reader: PrometheusReader | NodeExporterReader = (
-            PrometheusReader(self.cfg.prometheus_url, model_name, window_s=max(30.0, 3 * self.cfg.interval_s))
-            if self.cfg.prometheus_url else NodeExporterReader(model_name))
+        self.reader: PrometheusReader | NodeExporterReader = self._new_reader()
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -71,6 +69,11 @@ class ClusterController:
             threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
 
     # state ------------------------------------------------------------------------------------------
+    def _new_reader(self) -> PrometheusReader | NodeExporterReader:
+        c = self.cfg
+        return PrometheusReader(c.prometheus_url, self.model_name, window_s=max(30.0, 3 * c.interval_s)) \
+            if c.prometheus_url else NodeExporterReader(self.model_name)
+
     def _new_forecaster(self) -> LoadForecaster:
         c = self.cfg
         return LoadForecaster(c.interval_s, c.horizon_s, c.forecast_alpha, c.forecast_beta, c.forecast_phi)
@@ -80,7 +83,11 @@ class ClusterController:
         if not saved:
             return
         self.overrides = saved.get("overrides", {})
-        self.cfg = self.base_config.model_copy(update=self.overrides)
+        try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
+            self.cfg = ControllerConfig(**{**self.base_config.model_dump(), **self.overrides})
+        except ValueError as e:
+            logger.warning("controller %s drops its saved overrides %s: %s", self.app, self.overrides, e)
+            self.overrides, self.cfg = {}, self.base_config
         self.forecaster = self._new_forecaster()
         self.forecaster.load_dict(saved["forecaster"])
         self.state = ControllerState(**saved["state"])
@@ -101,8 +108,13 @@ class ClusterController:
         decision on. Returns the overrides in force."""
         with self._lock:
             merged = {**self.overrides, **changes}
-            self.cfg = ControllerConfig(**{**self.base_config.model_dump(), **merged})
+            old, self.cfg = self.cfg, ControllerConfig(**{**self.base_config.model_dump(), **merged})
             self.overrides = merged
+            if self.cfg.prometheus_url != old.prometheus_url or self.cfg.interval_s != old.interval_s:
+                self.reader = self._new_reader()
+            kept = self.forecaster.to_dict()  # its level and trend go on; interval, horizon and factors are new
+            self.forecaster = self._new_forecaster()
+            self.forecaster.load_dict(kept)
             self._persist()
             return dict(self.overrides)
 

@@ -138,8 +138,9 @@ class LoadForecaster:
         return {"rate": self.rate.to_dict(), "prompt": self.prompt.to_dict(), "output": self.output.to_dict()}
 
     def load_dict(self, state: dict[str, dict[str, float | int | None]]) -> None:
-        """Restore what `to_dict` saved (a controller restart)."""
-        self.rate = Holt.from_dict(state["rate"])
-        self.prompt = Holt.from_dict(state["prompt"])
-        self.output = Holt.from_dict(state["output"])
+        """Restore the level, trend and observation count `to_dict` saved (a controller restart, a changed
+        config); the smoothing factors stay this forecaster's own (the config's), not the saved ones."""
+        for name in ("rate", "prompt", "output"):
+            saved, mine = Holt.from_dict(state[name]), getattr(self, name)
+            mine.level, mine.trend, mine.num_observations = saved.level, saved.trend, saved.num_observations
 

@@ -67,3 +67,17 @@ def test_load_forecaster_lengths_and_persistence():
 def test_bad_parameters_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         Holt(**kwargs)
+
+
+def test_a_restored_forecaster_keeps_its_levels_and_its_own_factors():
+    """After a restart or a config change the smoothed level and trend go on, but alpha / beta / phi (and the
+    interval and horizon) are the new config's, not the saved ones."""
+    old = LoadForecaster(5.0, 30.0, 0.5, 0.3, 0.98)
+    for rate in (10.0, 12.0, 14.0):
+        old.update(LoadSample(rate, 100.0, 50.0))
+    new = LoadForecaster(1.0, 120.0, 0.9, 0.2, 0.9)
+    new.load_dict(old.to_dict())
+    assert (new.rate.alpha, new.rate.beta, new.rate.phi) == (0.9, 0.2, 0.9)
+    assert (new.rate.level, new.rate.trend, new.rate.num_observations) == \
+        (old.rate.level, old.rate.trend, old.rate.num_observations)
+    assert new.prompt.level == old.prompt.level and new.output.level == old.output.level

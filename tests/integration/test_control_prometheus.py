@@ -237,13 +237,16 @@ def test_lowering_max_decode_sms_moves_the_split_gauge(real_app, prometheus):
              "the decode SMs to drop to <= 24")
     bound = promql(prometheus, 'max(ray_bullet_split_max_decode_sms{model_name="dummy:tiny-llama"})')
     assert float(bound[0]["value"][1]) == 24
-    # the split moved: the dashboard's panels that wait for a switch answer now (the switch-time histogram)
+    # the split moved: the switch it took was timed and exported (the series the switch-time panel reads; its
+    # quantile over an increase needs a second switch within its window, which this run need not make), and the
+    # panel's queries are valid PromQL against it
+    wait_for(lambda: promql(prometheus, 'sum(ray_bullet_split_switch_seconds_count{model_name="dummy:tiny-llama"}) > 0'),
+             60, "the split switch's time in Prometheus")
     generate = _dashboard_generator()
     exprs = [t.expr for p in generate.panels() if p.after_switch for t in p.targets]
     for var, value in VARIABLE_VALUES.items():
         exprs = [e.replace(var, value) for e in exprs]
-    assert exprs
-    wait_for(lambda: all(promql(prometheus, e) for e in exprs), 60, "the switch-time panel's data")
+    assert exprs and all(isinstance(promql(prometheus, e), list) for e in exprs)  # promql asserts "success"
 
 
 def test_controller_restart_keeps_its_state(real_app):

@@ -260,7 +260,7 @@ def test_an_abort_racing_a_hand_off_at_the_front_still_reaches_decode():
     state, (msg,) = sides.prefill.res.state, sides.prefill.conn.sent
     sides.prefill.conn.sent.clear()
     front = LLMEngine.__new__(LLMEngine)  # only what _on_handoff and abort read
-    front._lock, front.allocator, front.state = threading.Lock(), sides.blocks, state
+    front._lock, front.allocator, front.state, front._retired_ids = threading.Lock(), sides.blocks, state, {}
     front._requests = {"a": SimpleNamespace(location="prefill", sink=SimpleNamespace(put=lambda out: None),
                                             make_output=lambda *a, **k: None)}
     sent: list[tuple[str, object]] = []

@@ -48,9 +48,12 @@ class Panel:
     extra: dict = field(default_factory=dict)
 
 
-def quantiles(metric: str) -> tuple[Target, ...]:
-    return tuple(Target(f"histogram_quantile({q}, sum by (le) (rate(ray_bullet_{metric}_bucket{{{SEL}}}[{RI}])))",
-                        f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99))
+def quantiles(metric: str, qs: tuple[float, ...] = (0.5, 0.9, 0.99), by: str = "", over: str = "rate",
+              window: str = RI) -> tuple[Target, ...]:
+    """Quantiles of a histogram's `over` (rate, increase) across the selected engines, one series per `by`."""
+    keys, legend = ("le, " + by, f" {{{{{by}}}}}") if by else ("le", "")
+    return tuple(Target(f"histogram_quantile({q}, sum by ({keys}) ({over}(ray_bullet_{metric}_bucket{{{SEL}}}"
+                        f"[{window}])))", f"p{int(q * 100)}{legend}") for q in qs)
 
 
 def rate(metric: str, extra: str = "", by: str = "") -> str:
@@ -111,13 +114,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "it).", (Target(f"max by (engine) (ray_bullet_predicted_ttft_seconds{{{SEL}}})", "{{engine}}"),), "s"),
         Panel("Step Prediction Error", "|predicted - measured| / measured step time of each side, median and p90 "
               "over the window: how well the performance model knows the GPU (issue 12's goal: 10% / 25%).",
-              tuple(Target(f"histogram_quantile({q}, sum by (le, phase) "
-                           f"(rate(ray_bullet_step_prediction_error_bucket{{{SEL}}}[{RI}])))", f"p{int(q * 100)} {{{{phase}}}}")
-                    for q in (0.5, 0.9)), "percentunit"),
+              quantiles("step_prediction_error", (0.5, 0.9), by="phase"), "percentunit"),
         Panel("Split Switch Time", "From a split decision to both sides running on the new split, p50 and p99 over "
               "the switches of the last 5 minutes (a steady load may not switch for minutes).",
-              tuple(Target(f"histogram_quantile({q}, sum by (le) (increase(ray_bullet_split_switch_seconds_bucket"
-                           f"{{{SEL}}}[5m])))", f"p{int(q * 100)}") for q in (0.5, 0.99)), "s", after_switch=True),
+              quantiles("split_switch_seconds", (0.5, 0.99), over="increase", window="5m"), "s", after_switch=True),
         Panel("CUDA Graphs Captured While Serving", "Graphs each engine's workers captured after start: every one "
               "is captured at start, so anything above 0 is a step shape the start-up missed (and a stall).",
               (Target(f"max by (engine) (ray_bullet_graph_captures_serving{{{SEL}}})", "{{engine}}"),)),

@@ -243,29 +243,15 @@ def graph_captures_serving(discovery: Path = RAY_METRICS_DISCOVERY, timeout_s: f
     engines) as every node of the local Ray cluster last exported it (Ray exports every ~10 s, so a capture in
     the sweep's last seconds may not be in it yet); issue 12 wants 0. None when no node's port answered or none
     exported the gauge."""
-    import urllib.request
+    from bullet_ray.control.readings import scrape_samples
 
     try:
         groups = json.loads(discovery.read_text())
     except (OSError, ValueError):
         return None
-    texts = []
-    for target in (t for group in groups for t in group.get("targets", [])):
-        try:
-            with urllib.request.urlopen(f"http://{target}/metrics", timeout=timeout_s) as resp:
-                texts.append(resp.read().decode())
-        except OSError:
-            continue
-    return captures_in("\n".join(texts))
-
-
-def captures_in(text: str) -> int | None:
-    """The sum of CAPTURES_METRIC's samples in a Prometheus text page; None when it holds none."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
-              if s.name == CAPTURES_METRIC]
-    return int(sum(values)) if values else None
+    urls = [f"http://{target}/metrics" for group in groups for target in group.get("targets", [])]
+    values = scrape_samples(urls, lambda name, _: name == CAPTURES_METRIC, timeout_s)
+    return int(sum(values.values())) if values else None
 
 
 def _wait_generates(base_url: str, timeout_s: float) -> None:

@@ -69,6 +69,10 @@ class ClusterController:
             threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
 
     # state ------------------------------------------------------------------------------------------
+    def _config_with(self, overrides: dict[str, Any]) -> ControllerConfig:
+        """The base config (the YAML's) with `overrides` on top, validated as a whole (ValueError)."""
+        return ControllerConfig(**{**self.base_config.model_dump(), **overrides})
+
     def _new_reader(self) -> PrometheusReader | NodeExporterReader:
         c = self.cfg
         return PrometheusReader(c.prometheus_url, self.model_name, window_s=max(30.0, 3 * c.interval_s)) \
@@ -84,7 +88,7 @@ class ClusterController:
             return
         self.overrides = saved.get("overrides", {})
         try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
-            self.cfg = ControllerConfig(**{**self.base_config.model_dump(), **self.overrides})
+            self.cfg = self._config_with(self.overrides)
         except ValueError as e:
             logger.warning("controller %s drops its saved overrides %s: %s", self.app, self.overrides, e)
             self.overrides, self.cfg = {}, self.base_config
@@ -108,7 +112,7 @@ class ClusterController:
         decision on. Returns the overrides in force."""
         with self._lock:
             merged = {**self.overrides, **changes}
-            old, self.cfg = self.cfg, ControllerConfig(**{**self.base_config.model_dump(), **merged})
+            old, self.cfg = self.cfg, self._config_with(merged)
             self.overrides = merged
             if self.cfg.prometheus_url != old.prometheus_url or self.cfg.interval_s != old.interval_s:
                 self.reader = self._new_reader()

@@ -145,22 +145,8 @@ class NodeExporterReader:
         self._prev: tuple[float, dict[Series, float]] | None = None
 
     def scrape(self) -> dict[Series, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        out: dict[Series, float] = {}
-        for url in self.endpoints():
-            try:
-                with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
-                    text = resp.read().decode()
-            except OSError as e:
-                logger.warning("cannot scrape %s: %s", url, e)
-                continue
-            for family in text_string_to_metric_families(text):
-                for s in family.samples:
-                    if s.name.startswith(P) and s.labels.get("model_name") == self.model_name:
-                        key = (s.name, frozenset(s.labels.items()))
-                        out[key] = out.get(key, 0.0) + float(s.value)
-        return out
+        return scrape_samples(self.endpoints(), lambda name, labels: name.startswith(P)
+                              and labels.get("model_name") == self.model_name, self.timeout_s)
 
     def read(self) -> ClusterReading:
         """The change since the last read. The first is a baseline (`is_baseline`: no interval yet). A series
@@ -202,6 +188,28 @@ class NodeExporterReader:
                     by_engine[engine][field] = value_q
         return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
                               attainment, _engines(by_engine), is_baseline=is_baseline)
+
+
+def scrape_samples(urls: Iterable[str], keep: Callable[[str, dict[str, str]], bool],
+                   timeout_s: float = 5.0) -> dict[Series, float]:
+    """The samples `keep(name, labels)` selects from every metrics page in `urls` (a series two pages both hold
+    summed); a page that does not answer is left out with a warning."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[Series, float] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                text = resp.read().decode()
+        except OSError as e:
+            logger.warning("cannot scrape %s: %s", url, e)
+            continue
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if keep(s.name, s.labels):
+                    key = (s.name, frozenset(s.labels.items()))
+                    out[key] = out.get(key, 0.0) + float(s.value)
+    return out
 
 
 def ray_node_endpoints() -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import os
 import queue
@@ -239,8 +238,7 @@ class LLMEngine(EngineClient):
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
         self.check_health()
         ids = self.prompt_ids(prompt)
-        if params.max_tokens_is_default and len(ids) < self._max_model_len < len(ids) + params.max_tokens:
-            params = dataclasses.replace(params, max_tokens=self._max_model_len - len(ids))  # what the context leaves
+        params = params.fitted_to_context(len(ids), self._max_model_len)
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
@@ -412,11 +410,12 @@ class LLMEngine(EngineClient):
             text += state.detokenizer.finish()
         out = state.make_output(list(update.token_ids), text, update.logprobs, finish, stop_reason)
         if finish is not None:
+            finished_here = update.finish_reason is None  # a stop string: the worker still holds the sequence
             with self._lock:
                 self._requests.pop(state.request_id, None)
-                if update.finish_reason is None:
+                if finished_here:
                     self._retire(state.request_id)
-            if update.finish_reason is None:  # finished here (stop string): the worker still holds it
+            if finished_here:
                 self._send(state.location, AbortRequests([state.request_id]))
         if deliveries is not None:
             deliveries.add(state.sink, out)

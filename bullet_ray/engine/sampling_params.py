@@ -7,6 +7,7 @@ naming the field (OpenAI's name), the value and the allowed range, so the ingres
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,6 +103,14 @@ class SamplingParams:
     def is_stop_token(self, token_id: int, eos_token_ids: Sequence[int]) -> bool:
         """Whether `token_id` ends generation: one of stop_token_ids, or an EOS token unless ignore_eos."""
         return token_id in self.stop_token_ids or (not self.ignore_eos and token_id in eos_token_ids)
+
+    def fitted_to_context(self, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+        """These params for a prompt of `num_prompt_tokens`: a server-default `max_tokens` shrunk to what the
+        context leaves (as vLLM does); a requested one, or a prompt that leaves nothing, unchanged (the caller's
+        context check refuses it)."""
+        if self.max_tokens_is_default and num_prompt_tokens < max_model_len < num_prompt_tokens + self.max_tokens:
+            return dataclasses.replace(self, max_tokens=max_model_len - num_prompt_tokens)
+        return self
 
     @property
     def has_penalties(self) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from bullet_ray.engine.shared_memory import ArenaHandle, TensorArena, TensorSpec
+from bullet_ray.gpu.switch import DECODE_ACK, EPOCH, NUM_SWITCH_SLOTS, PREFILL_ACK, REQUESTED
 
 
 class Side(enum.IntEnum):
@@ -83,10 +84,13 @@ RING_SIZE = 64
 STEP_RING_FIELDS = 3  # measured_us, predicted_us, split index
 
 
-# the SM-split switch protocol's slots (bullet_ray.gpu.partition.SplitSwitch reads these):
-# requested index, prefill acked index, decode acked index, epoch
-NUM_SWITCH_SLOTS = 4
-_REQUESTED, _PREFILL_ACK, _DECODE_ACK, _EPOCH = range(NUM_SWITCH_SLOTS)  # as bullet_ray.gpu.switch names them
+# the SM-split switch protocol's slots (bullet_ray.gpu.switch.SplitSwitch reads these): NUM_SWITCH_SLOTS of them,
+# the requested index, prefill's and decode's acked index, the epoch
+
+
+def _is_settled(sw: np.ndarray) -> bool:
+    """Both sides run on the requested entry (`SplitSwitch.is_settled` on these slots)."""
+    return int(sw[REQUESTED]) == int(sw[PREFILL_ACK]) == int(sw[DECODE_ACK])
 
 
 @dataclass(frozen=True)
@@ -207,9 +211,9 @@ class StateBlock:
         so a switch that settles meanwhile cannot take this one's start. Returns whether a side has to move."""
         sw = self.switch
         with self._locked():
-            moves = not int(sw[_REQUESTED]) == int(sw[_PREFILL_ACK]) == int(sw[_DECODE_ACK]) == index
-            sw[_REQUESTED] = index
-            sw[_EPOCH] += 1
+            moves = not (_is_settled(sw) and int(sw[REQUESTED]) == index)
+            sw[REQUESTED] = index
+            sw[EPOCH] += 1
             if moves:
                 self.policy[Policy.PENDING_SWITCH_US] = time.monotonic_ns() // 1000
         return moves
@@ -270,7 +274,7 @@ class StateBlock:
     def _record_switch_done(self) -> int | None:
         p, sw = self.policy, self.switch
         pending = int(p[Policy.PENDING_SWITCH_US])
-        if pending == 0 or not int(sw[_REQUESTED]) == int(sw[_PREFILL_ACK]) == int(sw[_DECODE_ACK]):
+        if pending == 0 or not _is_settled(sw):
             return None  # none pending, or a newer request came after the caller saw the switch settle
         p[Policy.PENDING_SWITCH_US] = 0
         latency = time.monotonic_ns() // 1000 - pending

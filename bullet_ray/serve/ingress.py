@@ -260,18 +260,12 @@ class Ingress:
         return {t: self._tokenizer.decode([t]) for t in token_ids}
 
     # checks -----------------------------------------------------------------------------------------
-    def _check(self, request: Request, model: str | None) -> None:
-        """Body size and model name (the key was checked by _require_api_key); raises ApiError (413, 404)."""
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.cfg.max_request_bytes:
-            raise ApiError(413, f"request body of {length} bytes exceeds {self.cfg.max_request_bytes}")
-        if model is not None and model != self.cfg.model_name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_name!r}",
+    def _check_body(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        """The model name (404), then features this server does not implement (400 naming the field). The key was
+        checked by _require_api_key, the body's size by BodyLimit as it arrived."""
+        if body.model is not None and body.model != self.cfg.model_name:
+            raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.cfg.model_name!r}",
                            "not_found_error", "model")
-
-    def _check_body(self, request: Request, body: CompletionRequest | ChatCompletionRequest) -> None:
-        """_check, then refuse features this server does not implement (400 naming the field)."""
-        self._check(request, body.model)
         try:
             body.check_supported()
         except UnsupportedParameter as e:
@@ -310,16 +304,16 @@ class Ingress:
         return await self.engine.stats.remote()
 
     @fastapi_app.post("/v1/completions", dependencies=_KEYED)
-    async def completions(self, body: CompletionRequest, request: Request) -> Any:
-        self._check_body(request, body)
+    async def completions(self, body: CompletionRequest) -> Any:
+        self._check_body(body)
         prompts = _prompt_list(body.prompt)
         reqs = [{"prompt": p, "params": self._params(body, i), "request_id": uuid.uuid4().hex, "prompt_index": j}
                 for j, p in enumerate(prompts) for i in range(body.n)]
         return await self._respond(body, reqs, chat=False)
 
     @fastapi_app.post("/v1/chat/completions", dependencies=_KEYED)
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
-        self._check_body(request, body)
+    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
+        self._check_body(body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex,
                  "prompt_index": 0} for i in range(body.n)]

@@ -13,7 +13,6 @@ engine for admission tests).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import threading
 import uuid
@@ -100,8 +99,7 @@ class MockEngine(EngineClient):
     async def stream_async(self, prompt: Prompt, params: SamplingParams,
                            request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         ids = self.prompt_ids(prompt)
-        if params.max_tokens_is_default and len(ids) < self._max_model_len < len(ids) + params.max_tokens:
-            params = dataclasses.replace(params, max_tokens=self._max_model_len - len(ids))  # as LLMEngine does
+        params = params.fitted_to_context(len(ids), self._max_model_len)
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                  f"maximum context length {self._max_model_len}", "max_tokens",

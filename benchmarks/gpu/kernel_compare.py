@@ -31,6 +31,13 @@ about 90 decode rows and no prompt tokens), so a 300-prompt run wants `--warmup-
 Each trace's device events (`cat` kernel, and memcpy/memset as copy) are summed per category (`categorize`),
 per step and per 1k tokens, with the top kernels; JSON in `--out/kernel_compare.json`, a markdown table last.
 
+Then step by step (`step_costs`): every device event goes to the step whose host range (vLLM's step name; our
+worker's `bullet_step_<n>`, step_profile.py) began last before the call that launched it (a kernel and its
+launch share a correlation id), and over the window's steps at the median decode rows a least-squares line
+splits a step's device time into a decode part (intercept) and ms per 1k prompt tokens (slope), for all kernels
+and per group (GEMM, attention, ...): a second table. That is the per-prompt-token cost of a mixed step measured,
+for both engines, from the same window.
+
 What compares and what does not:
 - the window is the same step numbers of the same workload, and both schedulers are chunked-prefill FCFS
   with the same limits, but not identical: a step of one may carry more prompt tokens than the other's.
@@ -134,6 +141,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _STEP_NAME = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+_OUR_STEP_NAME = re.compile(r"bullet_step_(\d+)")
 
 
 def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,6 +151,10 @@ def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
 
 def step_annotations(trace: dict[str, Any]) -> list[dict[str, int]]:
     """vLLM's per-step names (`execute_context_N(T)_generation_M(G)`, host side), in time order."""
+    return [s for _, s in _vllm_step_ranges(trace)]
+
+
+def _vllm_step_ranges(trace: dict[str, Any]) -> list[tuple[float, dict[str, int]]]:
     steps = []
     for e in trace.get("traceEvents", []):
         if e.get("cat") != "user_annotation":
@@ -152,7 +164,94 @@ def step_annotations(trace: dict[str, Any]) -> list[dict[str, int]]:
             steps.append((float(e.get("ts", 0.0)), {
                 "prefill_seqs": int(m.group(1)), "prefill_tokens": int(m.group(2)),
                 "decode_seqs": int(m.group(3)), "decode_tokens": int(m.group(4))}))
-    return [s for _, s in sorted(steps, key=lambda x: x[0])]
+    return sorted(steps, key=lambda x: x[0])
+
+
+def our_step_starts(trace: dict[str, Any]) -> dict[int, float]:
+    """Our worker's `bullet_step_<n>` ranges (step_profile.py): step number -> host start time (us)."""
+    starts = {}
+    for e in trace.get("traceEvents", []):
+        m = _OUR_STEP_NAME.fullmatch(str(e.get("name", "")))
+        if m and e.get("ph") == "X":
+            starts[int(m.group(1))] = float(e.get("ts", 0.0))
+    return starts
+
+
+def per_step_device_ms(trace: dict[str, Any], starts: list[float]) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Device time per category of each step, the steps given by their host ranges' start times (ascending).
+
+    A device event belongs to the step whose range began last before the host call that launched it (kernel
+    and launch share a correlation id; a CUDA graph's kernels carry its cudaGraphLaunch's): launch-ahead and
+    a sampling call outside the named range still land in the right step. Returns the per-step sums (ms, plus
+    `all`) and what could not be placed: `unmatched_ms` (no launch found), `before_ms` (launched before the
+    first step)."""
+    from bisect import bisect_right
+
+    launched = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                launched[corr] = float(e.get("ts", 0.0))
+    per_step: list[dict[str, float]] = [defaultdict(float) for _ in starts]
+    left = {"unmatched_ms": 0.0, "before_ms": 0.0}
+    for e in device_events(trace):
+        dur_ms = float(e.get("dur", 0.0)) / 1e3
+        ts = launched.get((e.get("args") or {}).get("correlation"))
+        if ts is None:
+            left["unmatched_ms"] += dur_ms
+            continue
+        i = bisect_right(starts, ts) - 1
+        if i < 0:
+            left["before_ms"] += dur_ms
+            continue
+        cat = categorize(str(e.get("name", ""))) if e.get("cat") == "kernel" else "copy"
+        per_step[i][cat] += dur_ms
+        per_step[i]["all"] += dur_ms
+    return [dict(d) for d in per_step], {k: round(v, 3) for k, v in left.items()}
+
+
+# what the fit reports: every kernel, then the groups a prompt token's cost splits into
+FIT_GROUPS: dict[str, tuple[str, ...]] = {
+    "all": ("all",), "gemm": ("gemm",), "attention": ATTENTION, "kv_write": ("kv_write",),
+    "norm_act_rotary_triton": ("norm", "activation", "rotary", "triton"), "rest": ("sampling", "copy", "other")}
+
+
+def prompt_token_cost(steps: list[dict[str, int]], device_ms: list[dict[str, float]],
+                      rows_tolerance: float = 0.1) -> dict[str, Any]:
+    """Split a step's device time into a decode part and a per-prompt-token part.
+
+    Over the window's steps whose decode rows are within `rows_tolerance` of the window's median (the decode
+    part then nearly constant), a least-squares line ms = intercept + slope x prompt tokens per group of
+    categories (FIT_GROUPS): the slope is what 1k prompt tokens add to a step beside that many decode rows,
+    the intercept the step without prompt tokens (compare `decode_only_ms`, the mean of the window's steps
+    without any)."""
+    rows = sorted(s["decode_tokens"] for s in steps)
+    if not rows:
+        return {"num_steps": 0}
+    median = rows[len(rows) // 2]
+    kept = [(s["prefill_tokens"], d) for s, d in zip(steps, device_ms, strict=True)
+            if abs(s["decode_tokens"] - median) <= rows_tolerance * max(1, median)]
+    out: dict[str, Any] = {"decode_rows_median": median, "num_steps": len(kept),
+                           "num_steps_with_prompt_tokens": sum(1 for p, _ in kept if p > 0)}
+    xs = [p / 1e3 for p, _ in kept]
+    n = len(xs)
+    mean_x = sum(xs) / n if n else 0.0
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    for group, cats in FIT_GROUPS.items():
+        ys = [sum(d.get(c, 0.0) for c in cats) for _, d in kept]
+        mean_y = sum(ys) / n if n else 0.0
+        only_decode = [y for x, y in zip(xs, ys, strict=True) if x == 0]
+        fit: dict[str, Any] = {"decode_only_ms": round(sum(only_decode) / len(only_decode), 3) if only_decode else None}
+        if n >= 3 and sxx > 0:
+            slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+            intercept = mean_y - slope * mean_x
+            sst = sum((y - mean_y) ** 2 for y in ys)
+            sse = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+            fit.update(ms_per_1k_prompt_tokens=round(slope, 3), intercept_ms=round(intercept, 3),
+                       r2=round(1 - sse / sst, 4) if sst > 0 else None)
+        out[group] = fit
+    return out
 
 
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -223,6 +322,14 @@ def step_token_summary(steps: list[dict[str, int]]) -> dict[str, Any]:
             "prompt_tokens_per_step": round(prefill / n, 1), "decode_rows_per_step": round(decode / n, 1),
             "prompt_seqs_per_step": round(sum(s["prefill_seqs"] for s in steps) / n, 2),
             "steps_with_prompt_tokens": sum(1 for s in steps if s["prefill_tokens"] > 0)}
+
+
+def step_costs(trace: dict[str, Any], starts: list[float], steps: list[dict[str, int]]) -> dict[str, Any]:
+    """`per_step_device_ms` of the window's steps with their tokens, and `prompt_token_cost` of them."""
+    device_ms, left = per_step_device_ms(trace, starts)
+    per_step = [{"prompt_tokens": s["prefill_tokens"], "decode_rows": s["decode_tokens"],
+                 **{k: round(v, 3) for k, v in sorted(d.items())}} for s, d in zip(steps, device_ms, strict=True)]
+    return {"fit": prompt_token_cost(steps, device_ms), "not_placed": left, "per_step": per_step}
 
 
 # ---------------------------------------------------------------- ours
@@ -331,7 +438,14 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     result["profile_summary"] = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     # a run that ended inside the window wrote it as far as it got: the step log says how far
     num_steps = len(steps) if 0 < len(steps) < args.profile_steps else args.profile_steps
-    result.update(summarize_trace(trace, num_steps, tokens.get("tokens"), top=args.top))
+    trace_data = load_trace(trace)
+    result.update(summarize_trace(trace_data, num_steps, tokens.get("tokens"), top=args.top))
+    starts = our_step_starts(trace_data)
+    numbers = range(args.warmup_steps, args.warmup_steps + len(steps))
+    if steps and all(n in starts for n in numbers):
+        result["step_costs"] = step_costs(trace_data, [starts[n] for n in numbers], steps)
+    else:
+        result["step_costs"] = {"error": f"trace names {len(starts)} bullet_step ranges, the step log {len(steps)}"}
     return result
 
 
@@ -422,6 +536,9 @@ def run_vllm_child(args: argparse.Namespace) -> dict[str, Any]:
         result["warning"] = f"trace names {len(steps)} steps, the scheduler counted {last - first}"
     result.update(trace=str(trace_path), steps=tokens)
     result.update(summarize_trace(trace, num_steps, tokens.get("tokens"), top=args.top))
+    ranges = _vllm_step_ranges(trace)
+    if ranges:
+        result["step_costs"] = step_costs(trace, [ts for ts, _ in ranges], [st for _, st in ranges])
     return result
 
 
@@ -481,6 +598,26 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
               row("prompt tokens per step", "prompt_tokens_per_step", 1, "steps"),
               row("decode rows per step", "decode_rows_per_step", 1, "steps"),
               row("**kernel ms per 1k tokens**", "kernel_ms_per_1k_tokens", 3)]
+    return "\n".join(lines)
+
+
+def prompt_cost_table(results: dict[str, dict[str, Any]]) -> str:
+    """What a step's device time is made of, ours beside vLLM: the decode part (intercept) and ms per 1k prompt
+    tokens (slope) of `prompt_token_cost`, per group of categories."""
+    fits = {name: ((results.get(name) or {}).get("step_costs") or {}).get("fit") or {} for name in ("ours", "vllm")}
+    ours, vllm = fits["ours"], fits["vllm"]
+    lines = ["| group | ours ms / 1k prompt tokens | vLLM ms / 1k prompt tokens | ours/vLLM | ours decode part ms "
+             "| vLLM decode part ms | ours r2 | vLLM r2 |", "|---|---|---|---|---|---|---|---|"]
+    for group in FIT_GROUPS:
+        o, v = ours.get(group) or {}, vllm.get(group) or {}
+        os_, vs = o.get("ms_per_1k_prompt_tokens"), v.get("ms_per_1k_prompt_tokens")
+        lines.append(f"| {group} | {_fmt(os_)} | {_fmt(vs)} | {_fmt(os_ / vs if os_ is not None and vs else None)} "
+                     f"| {_fmt(o.get('intercept_ms'))} | {_fmt(v.get('intercept_ms'))} | {_fmt(o.get('r2'), 3)} "
+                     f"| {_fmt(v.get('r2'), 3)} |")
+    lines.append(f"| steps fitted (with prompt tokens) | {ours.get('num_steps', '-')} "
+                 f"({ours.get('num_steps_with_prompt_tokens', '-')}) | {vllm.get('num_steps', '-')} "
+                 f"({vllm.get('num_steps_with_prompt_tokens', '-')}) | | {ours.get('decode_rows_median', '-')} rows "
+                 f"| {vllm.get('decode_rows_median', '-')} rows | | |")
     return "\n".join(lines)
 
 
@@ -581,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nDevice time per step, steps {args.warmup_steps}-{args.warmup_steps + args.profile_steps - 1} "
           f"({payload['device'].get('name')}):\n")
     print(markdown_table(results), flush=True)
+    print("\nEach step's device time split into a decode part and a per-prompt-token part (steps at the window's "
+          "median decode rows, least squares; `step_costs` in the JSON):\n")
+    print(prompt_cost_table(results), flush=True)
     return 0
 
 

@@ -13,8 +13,12 @@ from benchmarks.gpu.kernel_compare import (
     categorize,
     main,
     markdown_table,
+    per_step_device_ms,
+    prompt_cost_table,
+    prompt_token_cost,
     read_step_log,
     step_annotations,
+    step_costs,
     step_token_summary,
     summarize_trace,
 )
@@ -239,6 +243,71 @@ def test_markdown_table_ratio_and_missing_system() -> None:
     assert "| gemm | 0.10 | - | - |" in only
 
 
+def _launch(corr: int, ts: float, name: str = "cudaLaunchKernel") -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 2, "args": {"correlation": corr}}
+
+
+def _launched_kernel(corr: int, ts: float, dur: float, name: str) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+
+def test_device_time_goes_to_the_step_that_launched_it() -> None:
+    """Kernels are placed by their launch's host time, not their own: a step launched ahead runs its kernels
+    during the next step's range; a graph's kernels share their cudaGraphLaunch's correlation id."""
+    gemm, attn = "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", "flashinfer::BatchPrefillWithPagedKVCacheKernel"
+    events = [
+        _launch(1, 5), _launched_kernel(1, 50, 100, gemm),  # launched before the first step: not placed
+        _launch(2, 110, "cudaGraphLaunch"), _launched_kernel(2, 300, 40, gemm), _launched_kernel(2, 340, 10, attn),  # step 0
+        _launch(3, 150), _launched_kernel(3, 350, 20, attn),  # step 0 still (its range began at 100)
+        _launch(4, 210), _launched_kernel(4, 400, 30, gemm),  # step 1, running while step 2's range is open
+        _launched_kernel(9, 500, 7, gemm),  # no launch in the trace
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 460, "dur": 4, "args": {"correlation": 5}},
+        _launch(5, 320, "cudaMemcpyAsync"),  # step 2's copy
+    ]
+    per_step, left = per_step_device_ms({"traceEvents": events}, [100.0, 200.0, 300.0])
+    assert per_step[0] == {"gemm": 0.04, "attention_prefill": 0.03, "all": 0.07}
+    assert per_step[1] == {"gemm": 0.03, "all": 0.03}
+    assert per_step[2] == {"copy": 0.004, "all": 0.004}
+    assert left == {"unmatched_ms": 0.007, "before_ms": 0.1}
+
+
+def test_prompt_token_cost_recovers_the_decode_part_and_the_slope() -> None:
+    """ms = 8 + 20 x (prompt tokens / 1k) for GEMMs, attention 1 + 2 per 1k; steps with other decode rows
+    (outside 10% of the median, 64) are left out of the fit."""
+    prompts = [0, 512, 1024, 0, 2048, 1500, 0, 256]
+    steps = [{"prefill_tokens": p, "decode_tokens": 64} for p in prompts] + [{"prefill_tokens": 100, "decode_tokens": 8}]
+    device = [{"gemm": 8 + 20 * p / 1e3, "attention_decode": 1.0, "attention_prefill": 2 * p / 1e3,
+               "norm": 0.5, "all": 9.5 + 22 * p / 1e3} for p in prompts] + [{"gemm": 99.0, "all": 99.0}]
+    fit = prompt_token_cost(steps, device)
+    assert fit["num_steps"] == 8 and fit["num_steps_with_prompt_tokens"] == 5 and fit["decode_rows_median"] == 64
+    assert fit["gemm"]["ms_per_1k_prompt_tokens"] == pytest.approx(20) and fit["gemm"]["intercept_ms"] == pytest.approx(8)
+    assert fit["gemm"]["r2"] == pytest.approx(1) and fit["gemm"]["decode_only_ms"] == 8
+    assert fit["attention"]["ms_per_1k_prompt_tokens"] == pytest.approx(2)
+    assert fit["attention"]["intercept_ms"] == pytest.approx(1)
+    assert fit["all"]["ms_per_1k_prompt_tokens"] == pytest.approx(22)
+    assert fit["norm_act_rotary_triton"]["ms_per_1k_prompt_tokens"] == pytest.approx(0)
+    assert prompt_token_cost([], []) == {"num_steps": 0}
+    # no prompt tokens in the window: no line, only the decode-only mean
+    flat = prompt_token_cost([{"prefill_tokens": 0, "decode_tokens": 64}] * 3, [{"all": 5.0}] * 3)
+    assert flat["all"] == {"decode_only_ms": 5.0}
+
+
+def test_prompt_cost_table_side_by_side() -> None:
+    def result(slope: float) -> dict:
+        prompts = [0, 1000, 2000, 500]
+        steps = [{"prefill_tokens": p, "decode_tokens": 64} for p in prompts]
+        device = [{"gemm": 5 + slope * p / 1e3, "all": 6 + slope * p / 1e3} for p in prompts]
+        starts_free = prompt_token_cost(steps, device)
+        return {"step_costs": {"fit": starts_free}}
+
+    table = prompt_cost_table({"ours": result(22.0), "vllm": result(20.0)})
+    assert "| gemm | 22.00 | 20.00 | 1.10 | 5.00 | 5.00 | 1.000 | 1.000 |" in table
+    assert "| steps fitted (with prompt tokens) | 4 (3) | 4 (3) | | 64 rows | 64 rows | | |" in table
+    assert "| gemm | 22.00 | - | - |" in prompt_cost_table({"ours": result(22.0), "vllm": {"error": "x"}})
+    costs = step_costs({"traceEvents": []}, [1.0, 2.0], [{"prefill_tokens": 5, "decode_tokens": 3}] * 2)
+    assert costs["per_step"] == [{"prompt_tokens": 5, "decode_rows": 3}] * 2
+
+
 CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
     f"2023-11-16 18:15:{i:02d}.0000000,{40 + 7 * i},{6 + i % 5}\n" for i in range(40))
 
@@ -257,7 +326,10 @@ def test_cpu_smoke_ours_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert ours["num_steps"] == 2 and ours["steps"]["num_steps"] == 2 and ours["steps"]["tokens"] > 0
     assert set(ours["categories"]) == set(CATEGORIES) and "vllm" not in result
     assert (out / "ours_prof" / "hybrid-trace.json.gz").is_file()
-    assert "| category | ours ms/step | vLLM ms/step |" in capsys.readouterr().out
+    # every profiled step was named in the trace and matched to its step-log row (no kernels on CPU)
+    assert len(ours["step_costs"]["per_step"]) == 2, ours["step_costs"]
+    printed = capsys.readouterr().out
+    assert "| category | ours ms/step | vLLM ms/step |" in printed and "| gemm | " in printed.split("least squares")[1]
 
 
 @pytest.mark.slow

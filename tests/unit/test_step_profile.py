@@ -27,7 +27,13 @@ def test_profiles_exactly_the_configured_window(tmp_path):
     assert "aten::mm" in (tmp_path / "hybrid-ops.txt").read_text()
     assert "tanh" in (tmp_path / "hybrid-host.txt").read_text() or "sorted by cumulative" in (tmp_path / "hybrid-host.txt").read_text()
     with gzip.open(tmp_path / "hybrid-trace.json.gz") as f:
-        assert "traceEvents" in json.load(f)
+        events = json.load(f)["traceEvents"]
+    # each profiled step is a named range of the timeline, holding that step's ops (kernel_compare's per-step split)
+    ranges = {e["name"]: e for e in events if str(e.get("name", "")).startswith("bullet_step_")}
+    assert sorted(ranges) == ["bullet_step_2", "bullet_step_3", "bullet_step_4"]
+    for r in ranges.values():
+        inside = [e for e in events if e.get("name") == "aten::mm" and r["ts"] <= e["ts"] <= r["ts"] + r["dur"]]
+        assert len(inside) == 1
 
 
 def test_without_a_folder_nothing_is_profiled(tmp_path):

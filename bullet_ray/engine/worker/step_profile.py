@@ -10,6 +10,10 @@ With `profile_dir` set, a worker profiles its steps number `profile_start_step` 
 - `<role>-summary.json`: wall time of the window, device-busy time (the union of kernel intervals), kernels
   and host launches per step.
 
+Inside the window each step runs under a `bullet_step_<n>` range of the timeline (n: the step's number from the
+worker's first step, the step log's row), from one `tick` to the next, so a kernel's launch (its correlation id)
+names the step it belongs to (`benchmarks/gpu/kernel_compare.py` sums device time per step that way).
+
 Nothing is profiled unless `profile_dir` is set; the window's steps run slower than the others (the
 profilers' own overhead), so the step log's times of those steps are not representative.
 """
@@ -41,6 +45,7 @@ class StepProfiler:
         self.is_gpu = is_gpu
         self.num_steps_seen = 0
         self._torch_prof: Any = None
+        self._step_range: Any = None  # the open `bullet_step_<n>` range while the window runs
         self._host_prof: cProfile.Profile | None = None
         self._started_s = 0.0
 
@@ -56,12 +61,25 @@ class StepProfiler:
             self._open()
         elif self.num_steps_seen == self.start_step + self.num_steps:
             self._close()
+        if self._torch_prof is not None:
+            self._name_step(self.num_steps_seen)
         self.num_steps_seen += 1
 
     def close(self) -> None:
         """The worker stops: a window still open is written as far as it got."""
         if self._torch_prof is not None:
             self._close()
+
+    def _name_step(self, number: int | None) -> None:
+        """End the previous step's timeline range; open step `number`'s (None: only end)."""
+        from torch.profiler import record_function
+
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+        if number is not None:
+            self._step_range = record_function(f"bullet_step_{number}")
+            self._step_range.__enter__()
 
     def _open(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -77,6 +95,7 @@ class StepProfiler:
         import torch
 
         assert self._host_prof is not None and self._torch_prof is not None and self.folder is not None
+        self._name_step(None)
         self._host_prof.disable()
         if self.is_gpu:
             torch.cuda.synchronize()

@@ -166,6 +166,7 @@ class WorkerBase:
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
         """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it (except
         between layer groups: ModelRunner.launch)."""
+        self.profiler.tick()  # counts launches: a profiled window's steps are the step log's rows
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         if stream is not None and self._last_stream is not None and stream != self._last_stream \
                 and self.inflight is not None and self.inflight.done is not None:
@@ -201,7 +202,6 @@ class WorkerBase:
             # its launch blocks once the device's queue is full: the step in flight is learned first, so
             # its tokens do not wait for most of the next step (a graph replay never blocks)
             self._finish_inflight()
-        self.profiler.tick()
         self.wait_to_plan()
         plan_started = time.perf_counter()
         batch = self.plan()

@@ -10,9 +10,10 @@ With `profile_dir` set, a worker profiles its steps number `profile_start_step` 
 - `<role>-summary.json`: wall time of the window, device-busy time (the union of kernel intervals), kernels
   and host launches per step.
 
-Inside the window each step runs under a `bullet_step_<n>` range of the timeline (n: the step's number from the
-worker's first step, the step log's row), from one `tick` to the next, so a kernel's launch (its correlation id)
-names the step it belongs to (`benchmarks/gpu/kernel_compare.py` sums device time per step that way).
+Steps are counted at their launch (`tick`, called by the worker as it launches one), so step n is the step
+log's row n (rows are written in launch order). Inside the window each step's launch opens a `bullet_step_<n>`
+range of the timeline that lasts until the next launch, so a kernel's launch (its correlation id) names the
+step it belongs to (`benchmarks/gpu/kernel_compare.py` sums device time per step that way).
 
 Nothing is profiled unless `profile_dir` is set; the window's steps run slower than the others (the
 profilers' own overhead), so the step log's times of those steps are not representative.
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class StepProfiler:
-    """Counts steps; profiles the configured window; `tick` is called once per launched step."""
+    """Counts steps; profiles the configured window; `tick` is called as each step is launched."""
 
     def __init__(self, folder: str | None, start_step: int, num_steps: int, role: str, is_gpu: bool) -> None:
         self.folder = folder
@@ -54,7 +55,7 @@ class StepProfiler:
         return self.folder is not None and self.num_steps > 0
 
     def tick(self) -> None:
-        """Before a step is planned: open the window at its first step, close it after its last."""
+        """As a step is launched: open the window at its first step, close it after its last."""
         if not self.enabled:
             return
         if self.num_steps_seen == self.start_step:

@@ -106,7 +106,8 @@ class SmPartitioner(abc.ABC):
         self.capabilities = capabilities
         self.ladder: list[LadderEntry] = []
         self.current_index = 0
-        self.history: list[int] = []  # every select(), in order
+        self.num_selects = 0  # select() calls so far: the mark `selected_since` takes
+        self._last_select: dict[int, int] = {}  # ladder index -> the number of the last select() that chose it
         self.whole_index: int | None = None  # the whole-GPU entry (`add_whole_gpu_entry`), if any
 
     def add_whole_gpu_entry(self) -> int:
@@ -139,8 +140,15 @@ class SmPartitioner(abc.ABC):
         self._check_index(index)
         changed = self.is_switchable and index != self.current_index
         self.current_index = index
-        self.history.append(index)
+        self.num_selects += 1
+        self._last_select[index] = self.num_selects
         return changed
+
+    def selected_since(self, mark: int) -> set[int]:
+        """The ladder indexes select() chose after `num_selects` was `mark` (what a layer-wise prefill asks: did
+        its side move between its groups?). Kept per entry, so it stays the ladder's size however long a worker
+        serves."""
+        return {index for index, number in self._last_select.items() if number > mark}
 
     @abc.abstractmethod
     def stream(self, index: int, side: str) -> Any:

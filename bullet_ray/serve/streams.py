@@ -2,8 +2,9 @@
 
 Every choice is one engine request. The first item of every stream is fetched before the HTTP response
 starts, so a request the engines refuse (bad parameters, too long, saturated) gets a proper HTTP error
-instead of a broken 200 stream. Closing a `ChoiceStreams` cancels every engine request it started,
-which aborts them in the engine and frees their KV blocks.
+instead of a broken 200 stream; the first choice refused answers at once (with n > 1 it does not wait for
+the other choices' first tokens) and cancels the others. Closing a `ChoiceStreams` cancels every engine
+request it started, which aborts them in the engine and frees their KV blocks.
 """
 
 from __future__ import annotations
@@ -51,27 +52,33 @@ class ChoiceStreams:
         self.firsts: list[RequestOutput] = []
 
     async def start(self) -> None:
-        """Start every choice and wait for its first item; raise ApiError if any was refused."""
+        """Start every choice and wait for its first item; raise ApiError as soon as any choice is refused (an
+        error item, Serve's back-pressure, a lost replica), without waiting for the others' first items, which
+        are cancelled with every engine request (no KV block or request is left behind)."""
+        firsts: list[asyncio.Future[Any]] = []
         try:
             for req in self.requests:
                 self.gens.append(self.engine.options(stream=True).generate.remote(req))
-            firsts = await asyncio.gather(*(g.__anext__() for g in self.gens))
+            firsts = [asyncio.ensure_future(g.__anext__()) for g in self.gens]
+            pending = set(firsts)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for first in (f for f in firsts if f in done):  # in choice order when several are done
+                    item = first.result()  # raises the choice's exception
+                    if isinstance(item, GenerateError):
+                        raise ApiError.from_generate_error(item)
         except BackPressureError as e:
-            self.cancel()
+            self._cancel_starting(firsts)
             raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
                            retry_after_s=self.retry_after_s) from e
         except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as e:
             # the replica died (killed, or replaced after a crash) before answering, or none is up to route to
-            self.cancel()
+            self._cancel_starting(firsts)
             raise replica_lost(e, self.retry_after_s) from e
-        except BaseException:
-            self.cancel()
+        except BaseException:  # a refusal (ApiError), or this request cancelled (the client went away)
+            self._cancel_starting(firsts)
             raise
-        for item in firsts:
-            if isinstance(item, GenerateError):
-                self.cancel()
-                raise ApiError.from_generate_error(item)
-        self.firsts = list(firsts)
+        self.firsts = [f.result() for f in firsts]
 
     async def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) in arrival order across choices, until every choice finished; a refusal or
@@ -130,3 +137,12 @@ class ChoiceStreams:
     def cancel(self) -> None:
         for g in self.gens:
             g.cancel()
+
+    def _cancel_starting(self, firsts: list[asyncio.Future[Any]]) -> None:
+        """start() failed: stop the first-item fetches still waiting (a local stream's cancelled fetch closes its
+        generator, which aborts its request), then every stream. Outcomes nobody reads are fetched here, so a
+        second refusal is not logged as an exception never retrieved."""
+        for first in firsts:
+            first.cancel()
+            first.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.cancel()

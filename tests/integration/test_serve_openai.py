@@ -243,6 +243,25 @@ def test_overload_answers_429_with_retry_after_and_loses_nothing(app):
             assert r.json()["choices"][0]["text"] == " t3 t4 t5"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_refused_choice_of_n_is_a_429_that_aborts_the_other_choices(app, stream):
+    """n = 3 against the mock app's queue bound of 2: the third choice is refused, so the request is a 429 and
+    the two admitted choices are aborted through Serve (the engine holds no request and no KV block after)."""
+    body = {"model": "mock", "prompt": "a b c", "max_tokens": 3, "n": 3, "stream": stream}
+    headers = {"Authorization": "Bearer sekret"}
+    r = httpx.post(f"{app}/mock/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert r.headers["retry-after"] == "1"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{app}/mock/v1/internal/stats", headers=headers).json()
+        if stats["num_waiting"] == 0 and stats["num_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert (stats["num_waiting"], stats["num_running"]) == (0, 0)
+    assert stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+
+
 def test_benchmark_client_against_the_local_server(app):
     from bullet_ray.bench.serve_bench import BenchConfig, run_benchmark
     from bullet_ray.bench.traces import WorkloadConfig, build_workload

@@ -126,10 +126,10 @@ def _recording_side(side, block):
             self.side = side
             self.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=switch.epoch,
                                           shares_sms=switch.shares_sms)
-            self.partitioner = SimpleNamespace(current_index=0, side=side.name.lower(), history=[])
+            self.partitioner = NonePartitioner(side.name.lower())
             self.inflight = None
             self._next_record = None
-            self._history_at_plan = 0
+            self._selects_at_plan = 0
 
     worker = RecordingSide()
     worker.launch_on = lambda index, groups=1: _launched(worker, index, groups)
@@ -274,11 +274,14 @@ def test_a_layer_wise_step_that_moved_between_its_groups_and_back_is_flagged(tmp
     block = StateBlock.create(str(tmp_path / "state"))
     try:
         prefill, _ = _recording_side(Side.PREFILL, block)
-        prefill.partitioner.history = [0, 1]  # earlier moves, before this step was planned
-        prefill._history_at_plan = 2
-        prefill.partitioner.history += [2, 1]  # between its layer groups
+        for index in (0, 2, 1):  # earlier moves, before this step was planned
+            prefill.partitioner.select(index)
+        prefill._selects_at_plan = prefill.partitioner.num_selects
+        for index in (2, 1):  # between its layer groups
+            prefill.partitioner.select(index)
         assert _launched(prefill, 1, num_layer_groups=4).moved_while_launching
-        prefill._history_at_plan = len(prefill.partitioner.history)
+        prefill._selects_at_plan = prefill.partitioner.num_selects
+        prefill.partitioner.select(1)  # its groups stayed on entry 1
         assert not _launched(prefill, 1, num_layer_groups=4).moved_while_launching
     finally:
         block.close()

@@ -43,9 +43,39 @@ def test_none_backend_records_choices_and_has_no_streams():
     assert p.name == "none" and not p.is_switchable
     assert p.ladder == [LadderEntry(0, 16, 116), LadderEntry(1, 64, 68), LadderEntry(2, 112, 20)]
     assert p.select(2) is False and p.select(0) is False  # no hardware effect
-    assert p.current_index == 0 and p.history == [2, 0] and p.current == p.ladder[0]
+    assert p.current_index == 0 and p.num_selects == 2 and p.selected_since(0) == {0, 2}
+    assert p.current == p.ladder[0]
     assert p.stream(1, "decode") is None and p.current_stream("prefill") is None
     assert p.capabilities.sm_count == 132 and not p.capabilities.green_ctx_supported
+
+
+def test_a_million_selects_keep_the_partitioner_bounded():
+    """A long serving run selects at every step boundary: what the partitioner keeps grows with its ladder, not
+    with the number of selects."""
+    p = make_partitioner("none", "prefill", decode_sm_counts=[16, 64, 112], sm_count=132)
+    for k in range(1_000_000):
+        p.select(k % 3)
+    assert p.num_selects == 1_000_000
+    sized = {name: len(value) for name, value in vars(p).items() if isinstance(value, (list, dict, set, tuple))}
+    assert sized and all(size <= len(p.ladder) for size in sized.values()), sized
+
+
+def test_selected_since_answers_what_the_full_history_answered():
+    """`selected_since(mark)` against the list of every select it replaces: for every mark and planned entry, the
+    layer-wise prefill's check (did the side run on another entry since it planned?) decides the same."""
+    import random
+
+    rng = random.Random(7)
+    p = make_partitioner("none", "prefill", decode_sm_counts=[16, 40, 64, 88, 112], sm_count=132)
+    history: list[int] = []
+    for _ in range(300):
+        index = rng.randrange(len(p.ladder)) if rng.random() < 0.3 else p.current_index  # mostly stays put
+        p.select(index)
+        history.append(index)
+        for mark in range(max(0, len(history) - 12), len(history) + 1):
+            assert p.selected_since(mark) == set(history[mark:])
+            for planned in range(len(p.ladder)):
+                assert any(i != planned for i in p.selected_since(mark)) == any(i != planned for i in history[mark:])
 
 
 def test_none_backend_default_ladder():

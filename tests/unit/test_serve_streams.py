@@ -179,3 +179,87 @@ def test_no_replica_to_answer_is_a_503_and_anything_else_an_openai_500(failure):
     with pytest.raises(ApiError) as e:
         asyncio.run(_collect(_Engine(fail_after=0, failure=error), 1))
     assert e.value.status == 503 and e.value.retry_after_s == 1
+
+
+# n > 1: a refused choice ----------------------------------------------------------------------------------------
+def _queue_bound_replica(first_token_delay_s: float) -> Any:
+    """An engine replica over the mock engine that admits one waiting request: of n = 2 choices the first is
+    admitted (and waits first_token_delay_s for its first token), the second is refused with 429."""
+    from bullet_ray.serve.config import BulletAppConfig
+    from bullet_ray.serve.engine_deployment import EngineReplica
+    from bullet_ray.serve.mock_engine import mock_engine_factory
+
+    cfg = BulletAppConfig(engine={"model": "mock"}, max_waiting_per_engine=1)
+    return EngineReplica(cfg.model_dump(), mock_engine_factory(first_token_delay_s=first_token_delay_s))
+
+
+def _choice_requests(num_choices: int) -> list[dict[str, Any]]:
+    from bullet_ray.engine.sampling_params import SamplingParams
+
+    return [{"prompt": "a b c", "params": SamplingParams(max_tokens=4), "request_id": f"r{i}", "prompt_index": 0}
+            for i in range(num_choices)]
+
+
+async def _settle() -> None:
+    for _ in range(10):  # the cancelled choices' tasks and generator closes run
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_refused_choice_is_a_prompt_429_and_the_other_choices_are_aborted(stream):
+    """n = 2, the second choice refused by the queue bound while the first waits 5 s for its first token: the
+    ingress answers 429 at once (not after the other choice's first token) and aborts the admitted choice, so the
+    engine holds no request and no KV block afterwards."""
+    import time
+    from types import SimpleNamespace
+
+    from bullet_ray.serve.ingress import Ingress
+
+    replica = _queue_bound_replica(first_token_delay_s=5.0)
+    ingress = SimpleNamespace(engine=LocalHandle(replica), cfg=replica.cfg)
+    body = SimpleNamespace(stream=stream, stream_options=None)
+
+    async def go() -> tuple[ApiError, float]:
+        start = time.monotonic()
+        with pytest.raises(ApiError) as e:
+            await Ingress.func_or_class._respond(ingress, body, _choice_requests(2), chat=False)
+        elapsed_s = time.monotonic() - start
+        await _settle()
+        return e.value, elapsed_s
+
+    error, elapsed_s = asyncio.run(go())
+    assert (error.status, error.err_type, error.retry_after_s) == (429, "rate_limit_error", 1)
+    assert elapsed_s < 1.0
+    stats = replica.engine.stats()
+    assert (stats.num_waiting, stats.num_running, stats.num_free_kv_blocks) == (0, 0, stats.num_kv_blocks)
+    assert replica.stats()["num_rejected_total"] == 1
+
+
+def test_serve_back_pressure_on_one_choice_is_a_prompt_429_that_closes_the_others():
+    """Serve's own refusal (BackPressureError: the replicas' queues are full) of one choice, while another waits
+    for its first token: 429 at once, and the waiting choice's engine stream is closed (not left running)."""
+    from ray.serve.exceptions import BackPressureError
+
+    class _OneRefused(_Engine):
+        async def generate(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+            rid = request["request_id"]
+            try:
+                if rid == "r1":
+                    raise BackPressureError(num_queued_requests=4, max_queued_requests=4)
+                await asyncio.sleep(5.0)
+                yield _out(rid, 0, 1, finished=True)
+            finally:
+                self.closed.append(rid)
+
+    engine = _OneRefused()
+
+    async def go() -> tuple[ApiError, list[str]]:
+        streams = ChoiceStreams(LocalHandle(engine), [{"request_id": f"r{i}"} for i in range(3)], 1)
+        with pytest.raises(ApiError) as e:
+            await asyncio.wait_for(streams.start(), timeout=1.0)
+        await _settle()
+        return e.value, sorted(engine.closed)  # read before asyncio.run cancels whatever still runs
+
+    error, closed = asyncio.run(go())
+    assert (error.status, error.err_type) == (429, "rate_limit_error")
+    assert closed == ["r0", "r1", "r2"]

@@ -106,7 +106,7 @@ class SideWorker(WorkerBase):
         model, self.perf_source = make_perf_model(self)
         self.recorder = StepRecorder(self, model)
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
-        self._history_at_plan = 0  # len(partitioner.history) when it was planned
+        self._selects_at_plan = 0  # partitioner.num_selects when it was planned
 
     def follow_split(self, target: int | None = None) -> None:
         before = self.partitioner.current_index
@@ -129,14 +129,14 @@ class SideWorker(WorkerBase):
     def predicted(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
         """Predict the planned batch's step time with the performance model (kept until it is launched)."""
         self._next_record = self.recorder.predict(batch) if batch else None
-        self._history_at_plan = len(self.partitioner.history)  # moves from here on: `after_launch` looks
+        self._selects_at_plan = self.partitioner.num_selects  # moves from here on: `after_launch` looks
         return batch
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
         if step.perf_record is not None:  # a layer-wise step that moved between its groups (and maybe back)
-            moves = self.partitioner.history[self._history_at_plan:]
-            step.moved_while_launching = any(i != step.perf_record[3] for i in moves)
+            moved_to = self.partitioner.selected_since(self._selects_at_plan)
+            step.moved_while_launching = any(i != step.perf_record[3] for i in moved_to)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
         step.launch_epoch = self.switch.epoch()
         step.beside_other_entry = self._other_runs_elsewhere(step)

@@ -20,7 +20,9 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -29,6 +31,9 @@ from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.decide import ControllerInputs, ControllerState, Decision, decide
 from bullet_ray.control.forecast import LoadForecaster
 from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
+
+if TYPE_CHECKING:
+    from bullet_ray.serve.config import BulletAppConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,20 +45,50 @@ def controller_name(app_name: str) -> str:
     return f"bullet_controller:{app_name}"
 
 
-class ClusterController:
-    """Ray actor class (see the module docstring). `model_name` selects the series of this application."""
+@dataclass(frozen=True)
+class AppSpec:
+    """What the controller takes from the application's args besides its `controller:` section."""
 
-    def __init__(self, config: dict[str, Any], model_name: str, accelerator: str | None, initial_replicas: int,
-                 mps_name: str | None = None, run_loop: bool = True) -> None:
+    model_name: str  # selects the application's series in the metrics
+    accelerator: str | None  # the Ray resource one engine occupies (a GPU); None on CPU
+    num_engines: int  # the configured engine replicas: the first replica count and the budget's floor
+    cpus_per_engine: float = 1.0  # CPUs Ray reserves for one engine replica (its front and worker actors)
+    mps_name: str | None = None  # the MPS daemon the engines' workers are clients of, on every node; None: no MPS
+
+    @classmethod
+    def of(cls, app: BulletAppConfig) -> AppSpec:
+        workers = 2 * app.worker_num_cpus if app.worker_launcher == "ray" else 0.0  # else child processes
+        return cls(app.model_name, app.accelerator, app.num_engines, app.engine_num_cpus + workers,
+                   app.mps_name if app.uses_mps else None)
+
+
+def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:
+    """The most engine replicas: `max_engines`, else as many as the cluster holds (`cluster`: Ray's
+    cluster_resources()): one per unit of the accelerator resource, or on CPU one per `cpus_per_engine` CPUs
+    (at least one CPU each: an engine that reserves none still computes); never fewer than the configured
+    `num_engines` or `min_engines`. On CPU it was the replica count of the moment, which only shrank."""
+    if cfg.max_engines is not None:
+        return cfg.max_engines
+    if spec.accelerator is not None:
+        fits = int(cluster.get(spec.accelerator, 0.0))
+    else:
+        fits = int(cluster.get("CPU", 0.0) // max(1.0, spec.cpus_per_engine))
+    return max(cfg.min_engines, spec.num_engines, fits)
+
+
+class ClusterController:
+    """Ray actor class (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], spec: AppSpec, run_loop: bool = True) -> None:
         from bullet_ray.metrics import ControllerMetrics
 
         self.base_config = ControllerConfig(**config)
-        self.model_name, self.accelerator, self.mps_name = model_name, accelerator, mps_name
+        self.spec = spec
         self.app = self.base_config.app_name
         self.overrides: dict[str, Any] = {}
         self.state = ControllerState()
         self.last: Decision | None = None
-        self.num_replicas = initial_replicas
+        self.num_replicas = spec.num_engines
         self.num_restores = 0
         self.cfg = self.base_config
         self.forecaster = self._new_forecaster()
@@ -75,8 +110,8 @@ class ClusterController:
 
     def _new_reader(self) -> PrometheusReader | NodeExporterReader:
         c = self.cfg
-        return PrometheusReader(c.prometheus_url, self.model_name, window_s=max(30.0, 3 * c.interval_s)) \
-            if c.prometheus_url else NodeExporterReader(self.model_name)
+        return PrometheusReader(c.prometheus_url, self.spec.model_name, window_s=max(30.0, 3 * c.interval_s)) \
+            if c.prometheus_url else NodeExporterReader(self.spec.model_name)
 
     def _new_forecaster(self) -> LoadForecaster:
         c = self.cfg
@@ -160,13 +195,6 @@ class ClusterController:
             return True
         return False
 
-    def _budget(self) -> int:
-        if self.cfg.max_engines is not None:
-            return self.cfg.max_engines
-        if self.accelerator is not None:
-            return max(self.cfg.min_engines, int(ray.cluster_resources().get(self.accelerator, 0)))
-        return max(self.cfg.min_engines, self.num_replicas)
-
     def tick(self, reading: ClusterReading | None = None) -> dict[str, Any]:
         """One decision now (the loop calls it; tests may too). Returns its log record."""
         with self._lock:
@@ -175,7 +203,8 @@ class ClusterController:
                 return {"baseline": True, "time_s": reading.time_s}
             self.forecaster.update(reading.load)
             inputs = ControllerInputs(reading.time_s, reading.engines, reading.load, self.forecaster.forecast(),
-                                      self.num_replicas, self._budget(), reading.attainment)
+                                      self.num_replicas, engine_budget(self.cfg, self.spec, ray.cluster_resources()),
+                                      reading.attainment)
             decision, self.state = decide(inputs, self.cfg, self.state)
             self.last = decision
             self.num_replicas = decision.num_replicas
@@ -199,9 +228,9 @@ class ClusterController:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             if alive != set(self._agents):  # first push, or nodes came or went: find or start their agents
                 new = set(alive) - set(self._agents)
-                self._agents = start_node_agents(self.accelerator)
-                if self.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
-                    ray.get([self._agents[n].ensure_mps.remote(self.mps_name) for n in new if n in self._agents],
+                self._agents = start_node_agents(self.spec.accelerator)
+                if self.spec.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
+                    ray.get([self._agents[n].ensure_mps.remote(self.spec.mps_name) for n in new if n in self._agents],
                             timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
@@ -242,13 +271,12 @@ class ClusterController:
                     m.bound.set(value, tags={"engine": e.engine_id, "bound": bound})
 
 
-def start_controller(config: ControllerConfig, model_name: str, accelerator: str | None,
-                     initial_replicas: int, mps_name: str | None = None) -> Any:
+def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
     """Find or start the application's controller (detached, restarted by Ray when it dies)."""
     actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
-    ).remote(config.model_dump(), model_name, accelerator, initial_replicas, mps_name)
+    ).remote(config.model_dump(), spec)
     return actor
 
 
@@ -263,18 +291,17 @@ def stop_controller(app_name: str, forget: bool = True) -> None:
             autoscale.kv_delete(app_name, what)
 
 
-def controller_options(app_config: Any) -> dict[str, Any]:
-    """Engine deployment options when the app has a controller (a BulletAppConfig with `controller` set):
-    an autoscaling_config following the controller instead of num_replicas. Starts the controller when
-    Ray runs here (the builder runs in `serve run`'s build task or the driver)."""
-    cfg: ControllerConfig = app_config.controller
-    budget = cfg.max_engines
-    if budget is None:
-        accel = app_config.accelerator
-        total = int(ray.cluster_resources().get(accel, 0)) if accel and ray.is_initialized() else 0
-        budget = max(app_config.num_engines, total)
+def controller_options(app_config: BulletAppConfig) -> dict[str, Any]:
+    """Engine deployment options when the app has a controller (`controller` set): an autoscaling_config
+    following the controller instead of num_replicas, up to `engine_budget` (the cluster's resources when Ray
+    runs here, else num_engines). Starts the controller when Ray runs here (the builder runs in `serve run`'s
+    build task or the driver)."""
+    cfg = app_config.controller
+    if cfg is None:
+        raise ValueError("controller_options needs an app config with a `controller:` section")
+    spec = AppSpec.of(app_config)
+    budget = engine_budget(cfg, spec, ray.cluster_resources() if ray.is_initialized() else {})
     if ray.is_initialized():
-        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines,
-                         app_config.mps_name if app_config.uses_mps else None)
+        start_controller(cfg, spec)
     return {"num_replicas": "auto",
             "autoscaling_config": autoscale.autoscaling_config(cfg.min_engines, budget, app_config.num_engines)}

@@ -8,8 +8,10 @@ is set, else every node's exporter), updates the load forecast (bullet_ray.contr
 - pushes each engine its split bounds, SLO targets and admission through the node agent of the engine's
   node (`NodeAgent.relay`), or straight to the deployment when no agent answers;
 - logs the decision with its inputs, exports it as bullet_controller_* metrics and persists its state
-  (decision counter, scale-down streak, forecaster, operator overrides, last decision) in the internal KV,
-  so a restarted controller (Ray restarts it: max_restarts=-1) continues where it was.
+  (decision counter, scale-down streak, forecaster, operator overrides, last decision, the deployed
+  settings) in the internal KV, so a restarted controller (Ray restarts it: max_restarts=-1) continues where
+  it was.
+A redeploy of the application finds the running controller and hands it the new settings (`redeploy`).
 It stops itself when its application has been gone for a while (`serve.delete`).
 """
 
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
 APP_GONE_S = 120.0  # the application missing this long (never deployed, or deleted) -> the controller exits
+REDEPLOY_TIMEOUT_S = 120.0  # a found controller takes a redeploy's settings within this (after a decision under way)
 
 
 def controller_name(app_name: str) -> str:
@@ -60,6 +63,11 @@ class AppSpec:
         workers = 2 * app.worker_num_cpus if app.worker_launcher == "ray" else 0.0  # else child processes
         return cls(app.model_name, app.accelerator, app.num_engines, app.engine_num_cpus + workers,
                    app.mps_name if app.uses_mps else None)
+
+
+def _actor_id() -> str | None:
+    """This actor's id (the same across Ray's restarts of it); None outside an actor."""
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:
@@ -121,6 +129,11 @@ class ClusterController:
         saved = autoscale.kv_get(self.app, "state")
         if not saved:
             return
+        deployed = saved.get("deployed")
+        if deployed and deployed["actor_id"] is not None and deployed["actor_id"] == _actor_id():
+            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones
+            self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            self.cfg = self.base_config
         self.overrides = saved.get("overrides", {})
         try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
             self.cfg = self._config_with(self.overrides)
@@ -139,7 +152,24 @@ class ClusterController:
         autoscale.kv_put(self.app, "state", {
             "overrides": self.overrides, "forecaster": self.forecaster.to_dict(),
             "state": dataclasses.asdict(self.state), "last": self.last.to_dict() if self.last else None,
-            "num_replicas": self.num_replicas, "num_restores": self.num_restores})
+            "num_replicas": self.num_replicas, "num_restores": self.num_restores,
+            "deployed": {"actor_id": _actor_id(), "config": self.base_config.model_dump(),
+                         "spec": dataclasses.asdict(self.spec)}})
+
+    def _use(self, cfg: ControllerConfig, spec: AppSpec) -> None:
+        """Settings in force from the next decision on: the reader rebuilt where what it reads changed, the
+        forecaster's level and trend kept (its interval, horizon and factors are new), node agents found again
+        (and the MPS daemon ensured on each) where the MPS daemon changed."""
+        old_cfg, old_spec = self.cfg, self.spec
+        self.cfg, self.spec = cfg, spec
+        if (cfg.prometheus_url, cfg.interval_s, spec.model_name) \
+                != (old_cfg.prometheus_url, old_cfg.interval_s, old_spec.model_name):
+            self.reader = self._new_reader()
+        kept = self.forecaster.to_dict()
+        self.forecaster = self._new_forecaster()
+        self.forecaster.load_dict(kept)
+        if spec.mps_name != old_spec.mps_name:
+            self._agents = {}
 
     # operator API -----------------------------------------------------------------------------------
     def update_config(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -147,22 +177,45 @@ class ClusterController:
         decision on. Returns the overrides in force."""
         with self._lock:
             merged = {**self.overrides, **changes}
-            old, self.cfg = self.cfg, self._config_with(merged)
+            cfg = self._config_with(merged)
             self.overrides = merged
-            if self.cfg.prometheus_url != old.prometheus_url or self.cfg.interval_s != old.interval_s:
-                self.reader = self._new_reader()
-            kept = self.forecaster.to_dict()  # its level and trend go on; interval, horizon and factors are new
-            self.forecaster = self._new_forecaster()
-            self.forecaster.load_dict(kept)
+            self._use(cfg, self.spec)
             self._persist()
             return dict(self.overrides)
+
+    def redeploy(self, config: dict[str, Any], spec: AppSpec) -> bool:
+        """A redeploy's settings: `start_controller` hands them to the controller it found (Ray does not rerun a
+        found actor's constructor). The settings in force already: nothing changes, every state is kept (False).
+        Else the new `controller:` section is the base config: an operator override of a field it changed is
+        dropped (the later word wins), the others kept where they still validate; used from the next decision on
+        (`_use`), and persisted, so a restart by Ray keeps them (True)."""
+        base = ControllerConfig(**config)
+        with self._lock:
+            if base == self.base_config and spec == self.spec:
+                return False
+            changed = {k for k, v in base.model_dump().items() if getattr(self.base_config, k) != v}
+            self.base_config = base
+            kept = {k: v for k, v in self.overrides.items() if k not in changed}
+            try:
+                cfg = self._config_with(kept)
+            except ValueError as e:
+                logger.warning("controller %s drops its overrides %s on a redeploy: %s", self.app, kept, e)
+                kept, cfg = {}, base
+            dropped = {k: v for k, v in self.overrides.items() if k not in kept}
+            self.overrides = kept
+            self._use(cfg, spec)
+            self._persist()
+            logger.info("controller %s redeployed: changed %s, overrides dropped %s", self.app,
+                        sorted(changed) or "the app spec", dropped)
+            return True
 
     def status(self) -> dict[str, Any]:
         """A consistent view: under the decision lock (a tick sets num_replicas, pushes, then logs; read in
         between, the replica count was ahead of the log)."""
         with self._lock:
             return {"app": self.app, "seq": self.state.seq, "num_replicas": self.num_replicas,
-                    "num_restores": self.num_restores, "overrides": dict(self.overrides),
+                    "num_restores": self.num_restores, "config": self.cfg.model_dump(),
+                    "overrides": dict(self.overrides),
                     "forecaster": self.forecaster.to_dict(), "last": self.last.to_dict() if self.last else None,
                     "log": list(self.log)[-10:]}
 
@@ -272,11 +325,13 @@ class ClusterController:
 
 
 def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
-    """Find or start the application's controller (detached, restarted by Ray when it dies)."""
-    actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
+    """Find or start the application's controller (detached, restarted by Ray when it dies); one that was
+    running already takes these settings (`ClusterController.redeploy`; the same ones change nothing)."""
+    actor: Any = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
     ).remote(config.model_dump(), spec)
+    ray.get(actor.redeploy.remote(config.model_dump(), spec), timeout=REDEPLOY_TIMEOUT_S)
     return actor
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import ray
 
@@ -11,7 +13,7 @@ from bullet_ray.control import controller as controller_module
 from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.controller import AppSpec, ClusterController, controller_options, engine_budget
 from bullet_ray.control.forecast import LoadSample
-from bullet_ray.control.readings import ClusterReading
+from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
 from bullet_ray.serve.config import BulletAppConfig
 
 
@@ -88,5 +90,72 @@ def test_a_cpu_app_scales_down_and_up_again(kv, cluster):
     low = controller.tick(reading(1.0, 0.5))  # 10 tok/s: one engine
     high = controller.tick(reading(2.0, 15.0))  # 300 tok/s: three
     assert (low["decision"]["num_replicas"], low["inputs"]["max_engines"]) == (1, 5)
-    assert (high["decision"]["num_replicas"], high["inputs"]["max_engines"], high["decision"]["mode"]) == (3, 5, "queue")
+    decision = high["decision"]
+    assert (decision["num_replicas"], high["inputs"]["max_engines"], decision["mode"]) == (3, 5, "queue")
     assert kv[(controller.app, "num_replicas")] == 3 and len(controller.pushed) == 2
+
+
+# redeploy: a found controller takes the new `controller:` section -------------------------------------------
+YAML = {"app_name": "app", "interval_s": 5.0, "engine_capacity_tokens_s": 100.0, "max_decode_sms": 96,
+        "min_decode_sms": 8}
+GPU = AppSpec("m", accelerator="GPU", num_engines=1)
+
+
+def decided(controller: ClusterController, t: float) -> tuple:
+    d = controller.tick(reading(t, 1.0))["decision"]["default"]
+    return d["min_decode_sms"], d["max_decode_sms"]
+
+
+def test_a_same_config_redeploy_changes_nothing(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.update_config({"max_decode_sms": 48})
+    reader, before = controller.reader, controller.status()
+    assert controller.redeploy(dict(YAML), GPU) is False
+    assert controller.status() == before and controller.reader is reader
+    assert before["seq"] == 1 and before["overrides"] == {"max_decode_sms": 48}
+    assert decided(controller, 2.0) == (8, 48)
+
+
+def test_a_changed_config_redeploy_takes_effect_and_keeps_the_state(kv, cluster):
+    """The new section is the base config from the next decision on; the decision count and the forecast go on;
+    an override of a field the YAML changed gives way to the YAML (the later word), another one stays."""
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.update_config({"max_decode_sms": 48, "min_decode_sms": 16})
+    level = controller.forecaster.to_dict()
+    new_yaml = {**YAML, "interval_s": 2.0, "prometheus_url": "http://prom:9090", "max_decode_sms": 64}
+    assert controller.redeploy(new_yaml, GPU) is True
+    status = controller.status()
+    assert status["config"]["interval_s"] == 2.0 and status["overrides"] == {"min_decode_sms": 16}
+    assert status["seq"] == 1 and status["forecaster"]["rate"]["level"] == level["rate"]["level"] == 1.0
+    assert isinstance(controller.reader, PrometheusReader) and controller.reader.window == "30s"
+    assert decided(controller, 2.0) == (16, 64)
+    assert kv[("app", "state")]["deployed"]["config"]["max_decode_sms"] == 64
+
+
+def test_a_redeploy_that_invalidates_an_override_drops_it(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80})
+    assert controller.redeploy({**YAML, "min_decode_sms": 8, "max_decode_sms": 64}, GPU) is True
+    assert controller.overrides == {} and controller.cfg.min_decode_sms == 8  # 80 > the new ceiling 64
+
+
+def test_a_redeploy_of_the_app_spec_reads_the_new_model(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    assert controller.redeploy(dict(YAML), dataclasses.replace(GPU, model_name="m2")) is True
+    assert isinstance(controller.reader, NodeExporterReader) and controller.reader.model_name == "m2"
+
+
+def test_a_restart_by_ray_keeps_the_redeploys_settings(kv, cluster, monkeypatch):
+    """Ray reruns a restarted actor's constructor with its first deploy's arguments: the settings of a redeploy
+    since then come from the persisted state. A new actor (another id: a controller started again after one was
+    stopped) takes its own arguments."""
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-1")
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.redeploy({**YAML, "max_decode_sms": 64}, dataclasses.replace(GPU, num_engines=2))
+    restarted = make_controller(YAML, GPU)
+    assert restarted.cfg.max_decode_sms == 64 and restarted.spec.num_engines == 2 and restarted.state.seq == 1
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-2")
+    assert make_controller(YAML, GPU).cfg.max_decode_sms == 96

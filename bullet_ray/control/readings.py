@@ -5,7 +5,8 @@ window (a `LoadSample`), its SLO attainment, and per engine replica the gauges (
 predicted TTFT) and latency p90s. `PrometheusReader` asks a Prometheus server with PromQL (the same series
 the dashboards show); `NodeExporterReader` scrapes each node's export port itself (listed by `ray.nodes()`)
 and takes rates and histogram quantiles from the difference between two scrapes, so it needs no server (a
-counter or a histogram that went down was reset: its new values are the increase, as Prometheus's increase()).
+counter that went down was reset: its new value is the increase, as Prometheus's increase() takes it; a
+histogram's reset is decided for all of its buckets together, where Prometheus decides per bucket series).
 Metric names: bullet_ray/metrics.py.
 """
 

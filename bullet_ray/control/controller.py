@@ -8,8 +8,10 @@ is set, else every node's exporter), updates the load forecast (bullet_ray.contr
 - pushes each engine its split bounds, SLO targets and admission through the node agent of the engine's
   node (`NodeAgent.relay`), or straight to the deployment when no agent answers;
 - logs the decision with its inputs, exports it as bullet_controller_* metrics and persists its state
-  (decision counter, scale-down streak, forecaster, operator overrides, last decision) in the internal KV,
-  so a restarted controller (Ray restarts it: max_restarts=-1) continues where it was.
+  (decision counter, scale-down streak, forecaster, operator overrides, last decision, the deployed
+  settings) in the internal KV, so a restarted controller (Ray restarts it: max_restarts=-1) continues where
+  it was.
+A redeploy of the application finds the running controller and hands it the new settings (`redeploy`).
 It stops itself when its application has been gone for a while (`serve.delete`).
 """
 
@@ -20,7 +22,9 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -30,30 +34,69 @@ from bullet_ray.control.decide import ControllerInputs, ControllerState, Decisio
 from bullet_ray.control.forecast import LoadForecaster
 from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
 
+if TYPE_CHECKING:
+    from bullet_ray.serve.config import BulletAppConfig
+
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
 APP_GONE_S = 120.0  # the application missing this long (never deployed, or deleted) -> the controller exits
+REDEPLOY_TIMEOUT_S = 120.0  # a found controller takes a redeploy's settings within this (after a decision under way)
 
 
 def controller_name(app_name: str) -> str:
     return f"bullet_controller:{app_name}"
 
 
-class ClusterController:
-    """Ray actor class (see the module docstring). `model_name` selects the series of this application."""
+@dataclass(frozen=True)
+class AppSpec:
+    """What the controller takes from the application's args besides its `controller:` section."""
 
-    def __init__(self, config: dict[str, Any], model_name: str, accelerator: str | None, initial_replicas: int,
-                 mps_name: str | None = None, run_loop: bool = True) -> None:
+    model_name: str  # selects the application's series in the metrics
+    accelerator: str | None  # the Ray resource one engine occupies (a GPU); None on CPU
+    num_engines: int  # the configured engine replicas: the first replica count and the budget's floor
+    cpus_per_engine: float = 1.0  # CPUs Ray reserves for one engine replica (its front and worker actors)
+    mps_name: str | None = None  # the MPS daemon the engines' workers are clients of, on every node; None: no MPS
+
+    @classmethod
+    def of(cls, app: BulletAppConfig) -> AppSpec:
+        workers = 2 * app.worker_num_cpus if app.worker_launcher == "ray" else 0.0  # else child processes
+        return cls(app.model_name, app.accelerator, app.num_engines, app.engine_num_cpus + workers,
+                   app.mps_name if app.uses_mps else None)
+
+
+def _actor_id() -> str | None:
+    """This actor's id (the same across Ray's restarts of it); None outside an actor."""
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+
+
+def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:
+    """The most engine replicas: `max_engines`, else as many as the cluster holds (`cluster`: Ray's
+    cluster_resources()): one per unit of the accelerator resource, or on CPU one per `cpus_per_engine` CPUs
+    (at least one CPU each: an engine that reserves none still computes); never fewer than the configured
+    `num_engines` or `min_engines`. On CPU it was the replica count of the moment, which only shrank."""
+    if cfg.max_engines is not None:
+        return cfg.max_engines
+    if spec.accelerator is not None:
+        fits = int(cluster.get(spec.accelerator, 0.0))
+    else:
+        fits = int(cluster.get("CPU", 0.0) // max(1.0, spec.cpus_per_engine))
+    return max(cfg.min_engines, spec.num_engines, fits)
+
+
+class ClusterController:
+    """Ray actor class (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], spec: AppSpec, run_loop: bool = True) -> None:
         from bullet_ray.metrics import ControllerMetrics
 
         self.base_config = ControllerConfig(**config)
-        self.model_name, self.accelerator, self.mps_name = model_name, accelerator, mps_name
+        self.spec = spec
         self.app = self.base_config.app_name
         self.overrides: dict[str, Any] = {}
         self.state = ControllerState()
         self.last: Decision | None = None
-        self.num_replicas = initial_replicas
+        self.num_replicas = spec.num_engines
         self.num_restores = 0
         self.cfg = self.base_config
         self.forecaster = self._new_forecaster()
@@ -75,8 +118,8 @@ class ClusterController:
 
     def _new_reader(self) -> PrometheusReader | NodeExporterReader:
         c = self.cfg
-        return PrometheusReader(c.prometheus_url, self.model_name, window_s=max(30.0, 3 * c.interval_s)) \
-            if c.prometheus_url else NodeExporterReader(self.model_name)
+        return PrometheusReader(c.prometheus_url, self.spec.model_name, window_s=max(30.0, 3 * c.interval_s)) \
+            if c.prometheus_url else NodeExporterReader(self.spec.model_name)
 
     def _new_forecaster(self) -> LoadForecaster:
         c = self.cfg
@@ -86,6 +129,11 @@ class ClusterController:
         saved = autoscale.kv_get(self.app, "state")
         if not saved:
             return
+        deployed = saved.get("deployed")
+        if deployed and deployed["actor_id"] is not None and deployed["actor_id"] == _actor_id():
+            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones
+            self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            self.cfg = self.base_config
         self.overrides = saved.get("overrides", {})
         try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
             self.cfg = self._config_with(self.overrides)
@@ -104,7 +152,24 @@ class ClusterController:
         autoscale.kv_put(self.app, "state", {
             "overrides": self.overrides, "forecaster": self.forecaster.to_dict(),
             "state": dataclasses.asdict(self.state), "last": self.last.to_dict() if self.last else None,
-            "num_replicas": self.num_replicas, "num_restores": self.num_restores})
+            "num_replicas": self.num_replicas, "num_restores": self.num_restores,
+            "deployed": {"actor_id": _actor_id(), "config": self.base_config.model_dump(),
+                         "spec": dataclasses.asdict(self.spec)}})
+
+    def _use(self, cfg: ControllerConfig, spec: AppSpec) -> None:
+        """Settings in force from the next decision on: the reader rebuilt where what it reads changed, the
+        forecaster's level and trend kept (its interval, horizon and factors are new), node agents found again
+        (and the MPS daemon ensured on each) where the MPS daemon changed."""
+        old_cfg, old_spec = self.cfg, self.spec
+        self.cfg, self.spec = cfg, spec
+        if (cfg.prometheus_url, cfg.interval_s, spec.model_name) \
+                != (old_cfg.prometheus_url, old_cfg.interval_s, old_spec.model_name):
+            self.reader = self._new_reader()
+        kept = self.forecaster.to_dict()
+        self.forecaster = self._new_forecaster()
+        self.forecaster.load_dict(kept)
+        if spec.mps_name != old_spec.mps_name:
+            self._agents = {}
 
     # operator API -----------------------------------------------------------------------------------
     def update_config(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -112,22 +177,45 @@ class ClusterController:
         decision on. Returns the overrides in force."""
         with self._lock:
             merged = {**self.overrides, **changes}
-            old, self.cfg = self.cfg, self._config_with(merged)
+            cfg = self._config_with(merged)
             self.overrides = merged
-            if self.cfg.prometheus_url != old.prometheus_url or self.cfg.interval_s != old.interval_s:
-                self.reader = self._new_reader()
-            kept = self.forecaster.to_dict()  # its level and trend go on; interval, horizon and factors are new
-            self.forecaster = self._new_forecaster()
-            self.forecaster.load_dict(kept)
+            self._use(cfg, self.spec)
             self._persist()
             return dict(self.overrides)
+
+    def redeploy(self, config: dict[str, Any], spec: AppSpec) -> bool:
+        """A redeploy's settings: `start_controller` hands them to the controller it found (Ray does not rerun a
+        found actor's constructor). The settings in force already: nothing changes, every state is kept (False).
+        Else the new `controller:` section is the base config: an operator override of a field it changed is
+        dropped (the later word wins), the others kept where they still validate; used from the next decision on
+        (`_use`), and persisted, so a restart by Ray keeps them (True)."""
+        base = ControllerConfig(**config)
+        with self._lock:
+            if base == self.base_config and spec == self.spec:
+                return False
+            changed = {k for k, v in base.model_dump().items() if getattr(self.base_config, k) != v}
+            self.base_config = base
+            kept = {k: v for k, v in self.overrides.items() if k not in changed}
+            try:
+                cfg = self._config_with(kept)
+            except ValueError as e:
+                logger.warning("controller %s drops its overrides %s on a redeploy: %s", self.app, kept, e)
+                kept, cfg = {}, base
+            dropped = {k: v for k, v in self.overrides.items() if k not in kept}
+            self.overrides = kept
+            self._use(cfg, spec)
+            self._persist()
+            logger.info("controller %s redeployed: changed %s, overrides dropped %s", self.app,
+                        sorted(changed) or "the app spec", dropped)
+            return True
 
     def status(self) -> dict[str, Any]:
         """A consistent view: under the decision lock (a tick sets num_replicas, pushes, then logs; read in
         between, the replica count was ahead of the log)."""
         with self._lock:
             return {"app": self.app, "seq": self.state.seq, "num_replicas": self.num_replicas,
-                    "num_restores": self.num_restores, "overrides": dict(self.overrides),
+                    "num_restores": self.num_restores, "config": self.cfg.model_dump(),
+                    "overrides": dict(self.overrides),
                     "forecaster": self.forecaster.to_dict(), "last": self.last.to_dict() if self.last else None,
                     "log": list(self.log)[-10:]}
 
@@ -160,13 +248,6 @@ class ClusterController:
             return True
         return False
 
-    def _budget(self) -> int:
-        if self.cfg.max_engines is not None:
-            return self.cfg.max_engines
-        if self.accelerator is not None:
-            return max(self.cfg.min_engines, int(ray.cluster_resources().get(self.accelerator, 0)))
-        return max(self.cfg.min_engines, self.num_replicas)
-
     def tick(self, reading: ClusterReading | None = None) -> dict[str, Any]:
         """One decision now (the loop calls it; tests may too). Returns its log record."""
         with self._lock:
@@ -175,7 +256,8 @@ class ClusterController:
                 return {"baseline": True, "time_s": reading.time_s}
             self.forecaster.update(reading.load)
             inputs = ControllerInputs(reading.time_s, reading.engines, reading.load, self.forecaster.forecast(),
-                                      self.num_replicas, self._budget(), reading.attainment)
+                                      self.num_replicas, engine_budget(self.cfg, self.spec, ray.cluster_resources()),
+                                      reading.attainment)
             decision, self.state = decide(inputs, self.cfg, self.state)
             self.last = decision
             self.num_replicas = decision.num_replicas
@@ -199,9 +281,9 @@ class ClusterController:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
             if alive != set(self._agents):  # first push, or nodes came or went: find or start their agents
                 new = set(alive) - set(self._agents)
-                self._agents = start_node_agents(self.accelerator)
-                if self.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
-                    ray.get([self._agents[n].ensure_mps.remote(self.mps_name) for n in new if n in self._agents],
+                self._agents = start_node_agents(self.spec.accelerator)
+                if self.spec.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
+                    ray.get([self._agents[n].ensure_mps.remote(self.spec.mps_name) for n in new if n in self._agents],
                             timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
@@ -242,13 +324,14 @@ class ClusterController:
                     m.bound.set(value, tags={"engine": e.engine_id, "bound": bound})
 
 
-def start_controller(config: ControllerConfig, model_name: str, accelerator: str | None,
-                     initial_replicas: int, mps_name: str | None = None) -> Any:
-    """Find or start the application's controller (detached, restarted by Ray when it dies)."""
-    actor = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
+def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
+    """Find or start the application's controller (detached, restarted by Ray when it dies); one that was
+    running already takes these settings (`ClusterController.redeploy`; the same ones change nothing)."""
+    actor: Any = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
-    ).remote(config.model_dump(), model_name, accelerator, initial_replicas, mps_name)
+    ).remote(config.model_dump(), spec)
+    ray.get(actor.redeploy.remote(config.model_dump(), spec), timeout=REDEPLOY_TIMEOUT_S)
     return actor
 
 
@@ -263,18 +346,17 @@ def stop_controller(app_name: str, forget: bool = True) -> None:
             autoscale.kv_delete(app_name, what)
 
 
-def controller_options(app_config: Any) -> dict[str, Any]:
-    """Engine deployment options when the app has a controller (a BulletAppConfig with `controller` set):
-    an autoscaling_config following the controller instead of num_replicas. Starts the controller when
-    Ray runs here (the builder runs in `serve run`'s build task or the driver)."""
-    cfg: ControllerConfig = app_config.controller
-    budget = cfg.max_engines
-    if budget is None:
-        accel = app_config.accelerator
-        total = int(ray.cluster_resources().get(accel, 0)) if accel and ray.is_initialized() else 0
-        budget = max(app_config.num_engines, total)
+def controller_options(app_config: BulletAppConfig) -> dict[str, Any]:
+    """Engine deployment options when the app has a controller (`controller` set): an autoscaling_config
+    following the controller instead of num_replicas, up to `engine_budget` (the cluster's resources when Ray
+    runs here, else num_engines). Starts the controller when Ray runs here (the builder runs in `serve run`'s
+    build task or the driver)."""
+    cfg = app_config.controller
+    if cfg is None:
+        raise ValueError("controller_options needs an app config with a `controller:` section")
+    spec = AppSpec.of(app_config)
+    budget = engine_budget(cfg, spec, ray.cluster_resources() if ray.is_initialized() else {})
     if ray.is_initialized():
-        start_controller(cfg, app_config.model_name, app_config.accelerator, app_config.num_engines,
-                         app_config.mps_name if app_config.uses_mps else None)
+        start_controller(cfg, spec)
     return {"num_replicas": "auto",
             "autoscaling_config": autoscale.autoscaling_config(cfg.min_engines, budget, app_config.num_engines)}

@@ -54,7 +54,7 @@ class ControllerInputs:
     load: LoadSample  # measured over the last interval
     forecast: LoadForecast  # horizon_s ahead
     num_replicas: int  # engine replicas asked for now
-    max_engines: int  # the GPU budget (config.max_engines or the cluster's accelerators)
+    max_engines: int  # the engine budget (controller.engine_budget: config.max_engines or what the cluster holds)
     attainment: float | None = None  # share of requests finished within both targets, last interval
 
 

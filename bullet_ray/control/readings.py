@@ -4,7 +4,9 @@ Both readers return one `ClusterReading`: the application's arrival rate and len
 window (a `LoadSample`), its SLO attainment, and per engine replica the gauges (queue, KV, decode SMs,
 predicted TTFT) and latency p90s. `PrometheusReader` asks a Prometheus server with PromQL (the same series
 the dashboards show); `NodeExporterReader` scrapes each node's export port itself (listed by `ray.nodes()`)
-and takes rates and histogram quantiles from the difference between two scrapes, so it needs no server.
+and takes rates and histogram quantiles from the difference between two scrapes, so it needs no server (a
+counter that went down was reset: its new value is the increase, as Prometheus's increase() takes it; a
+histogram's reset is decided for all of its buckets together, where Prometheus decides per bucket series).
 Metric names: bullet_ray/metrics.py.
 """
 
@@ -159,7 +161,7 @@ class NodeExporterReader:
         dt = max(now - prev_t, 1e-9)
 
         def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
-            return sum(max(0.0, v - prev[k]) for k, v in cur.items()
+            return sum(_increase(v, prev[k]) for k, v in cur.items()
                        if k[0] == P + name and k in prev and where(dict(k[1])))
 
         rate = delta("requests_arrived_total") / dt if prev is not cur else 0.0
@@ -174,20 +176,41 @@ class NodeExporterReader:
                 if name == P + gauge:
                     by_engine[lb.get("engine", "")][field] = value
         for field, hist in QUANTILES.items():
-            buckets: dict[str, dict[float, float]] = defaultdict(dict)
-            for (name, labels), value in cur.items():
-                if name == P + hist + "_bucket":
-                    lb = dict(labels)
-                    le = float(lb["le"])
-                    b = buckets[lb.get("engine", "")]
-                    if (name, labels) in prev:
-                        b[le] = b.get(le, 0.0) + max(0.0, value - prev[(name, labels)])
-            for engine, b in buckets.items():
+            for engine, b in _bucket_increases(P + hist, cur, prev).items():
                 value_q = histogram_quantile(0.9, b)
                 if value_q is not None:
                     by_engine[engine][field] = value_q
         return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
                               attainment, _engines(by_engine), is_baseline=is_baseline)
+
+
+def _increase(now: float, before: float) -> float:
+    """A counter's increase between two scrapes, as Prometheus's increase() takes it: a counter that went down was
+    reset (the process exporting it restarted) and counted again from zero, so all of its value is new."""
+    return now - before if now >= before else now
+
+
+def _bucket_increases(hist: str, cur: dict[Series, float], prev: dict[Series, float]) -> dict[str, dict[float, float]]:
+    """Per engine, the increase of histogram `hist`'s cumulative buckets {le: count} between two scrapes. A reset is
+    decided for a whole histogram (its series with the same labels but `le`): if any of its buckets or its count went
+    down, all of its new counts are the increase. Each bucket clipped at 0 on its own instead left counts that are
+    not cumulative (a bucket below the one before it) and a wrong quantile, or none. Only buckets both scrapes hold
+    count (see `NodeExporterReader.read`)."""
+    pairs: dict[frozenset[tuple[str, str]], dict[float, tuple[float, float]]] = defaultdict(dict)
+    for key, now in cur.items():
+        if key[0] == hist + "_bucket" and key in prev:
+            others = dict(key[1])
+            le = float(others.pop("le"))
+            pairs[frozenset(others.items())][le] = (now, prev[key])
+    out: dict[str, dict[float, float]] = defaultdict(dict)
+    for labels, by_le in pairs.items():
+        count = (hist + "_count", labels)
+        is_reset = any(now < before for now, before in by_le.values()) \
+            or (count in cur and count in prev and cur[count] < prev[count])
+        buckets = out[dict(labels).get("engine", "")]
+        for le, (now, before) in by_le.items():
+            buckets[le] = buckets.get(le, 0.0) + (now if is_reset else now - before)
+    return out
 
 
 def scrape_samples(urls: Iterable[str], keep: Callable[[str, dict[str, str]], bool],

@@ -131,3 +131,60 @@ def test_the_controller_skips_a_baseline_reading():
     baseline = ClusterReading(1.0, LoadSample(0.0, None, None), None, (), is_baseline=True)
     assert ClusterController.tick(fake, baseline) == {"baseline": True, "time_s": 1.0}  # type: ignore[arg-type]
     assert updates == []
+
+
+def _ttft_page(buckets: dict[str, float], worker: str = "w1") -> str:
+    """One process's TTFT histogram of engine e1: cumulative counts by bound, its count the +Inf bucket."""
+    lab = f'model_name="m",engine="e1",WorkerId="{worker}"'
+    lines = [f'ray_bullet_time_to_first_token_seconds_bucket{{{lab},le="{le}"}} {n}' for le, n in buckets.items()]
+    return "\n".join(["# TYPE ray_bullet_time_to_first_token_seconds histogram", *lines,
+                      f"ray_bullet_time_to_first_token_seconds_count{{{lab}}} {buckets['+Inf']}",
+                      f"ray_bullet_time_to_first_token_seconds_sum{{{lab}}} 1.0", ""])
+
+
+def _read_twice(first: dict[str, str], second: dict[str, str]):
+    reader = NodeExporterReader("m", endpoints=lambda: [])
+    for pages in (first, second):
+        reader.scrape = lambda pages=pages: _parsed(pages)  # type: ignore[method-assign]
+        reading = reader.read()
+    return reading
+
+
+def test_a_reset_histogram_counts_its_new_values_whole():
+    """The process behind a histogram restarted between two scrapes (its 0.1 s bucket fell from 100 to 0, while
+    its count rose from 100 to 110): its new cumulative counts are the interval's increase, as Prometheus's
+    increase() takes them. Clipping each bucket's difference at 0 instead gave {0.1: 0, 0.5: 1, 1: 10, +Inf: 10}
+    and a p90 of 0.94 s; the 110 requests since the restart put 101 of them under 0.5 s: p90 0.49 s."""
+    before = {"0.1": 100, "0.5": 100, "1.0": 100, "+Inf": 100}
+    after = {"0.1": 0, "0.5": 101, "1.0": 110, "+Inf": 110}
+    (engine,) = _read_twice({"n": _ttft_page(before)}, {"n": _ttft_page(after)}).engines
+    assert engine.ttft_p90_s == pytest.approx(0.1 + 0.4 * 99 / 101)
+
+
+def test_a_reset_is_decided_per_histogram_not_per_engine():
+    """Two processes export engine e1's histogram (two WorkerIds): only the restarted one counts whole; the other
+    counts its difference. Both sum into the engine's buckets."""
+    steady_before = {"0.1": 50, "0.5": 50, "1.0": 50, "+Inf": 50}
+    steady_after = {"0.1": 50, "0.5": 50, "1.0": 60, "+Inf": 60}  # 10 new ones between 0.5 and 1 s
+    reset_before = {"0.1": 100, "0.5": 100, "1.0": 100, "+Inf": 100}
+    reset_after = {"0.1": 90, "0.5": 90, "1.0": 90, "+Inf": 90}  # 90 new ones under 0.1 s (every bucket went down)
+    first = {"a": _ttft_page(steady_before, "w1"), "b": _ttft_page(reset_before, "w2")}
+    second = {"a": _ttft_page(steady_after, "w1"), "b": _ttft_page(reset_after, "w2")}
+    (engine,) = _read_twice(first, second).engines
+    # 100 new: 90 under 0.1 s, 10 in (0.5, 1]: p90 at rank 90, the 0.1 s bound (clipped: no new requests, no p90)
+    assert engine.ttft_p90_s == pytest.approx(0.1)
+
+
+def test_a_reset_counter_counts_its_new_value():
+    """A counter that went down was reset: all of its new value is the interval's (increase()), not 0."""
+    def page(arrived: float) -> str:
+        return (f'# TYPE ray_bullet_requests_arrived_total counter\n'
+                f'ray_bullet_requests_arrived_total{{model_name="m",engine="a"}} {arrived}\n')
+
+    reader = NodeExporterReader("m", endpoints=lambda: [])
+    readings = []
+    for arrived in (100, 5):
+        reader.scrape = lambda arrived=arrived: _parsed({"a": page(arrived)})  # type: ignore[method-assign]
+        readings.append(reader.read())
+    before, after = readings
+    assert after.load.rate_rps * (after.time_s - before.time_s) == pytest.approx(5.0)

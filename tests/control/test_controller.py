@@ -1,0 +1,161 @@
+"""The cluster controller's own logic without a Ray cluster: its engine budget and its decisions over time
+(the internal KV replaced by a dict, the push to engines by a list, the cluster's resources by a dict)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import ray
+
+from bullet_ray.control import autoscale
+from bullet_ray.control import controller as controller_module
+from bullet_ray.control.config import ControllerConfig
+from bullet_ray.control.controller import AppSpec, ClusterController, controller_options, engine_budget
+from bullet_ray.control.forecast import LoadSample
+from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
+from bullet_ray.serve.config import BulletAppConfig
+
+
+@pytest.fixture
+def kv(monkeypatch) -> dict:
+    store: dict = {}
+    monkeypatch.setattr(autoscale, "kv_get", lambda app, what: store.get((app, what)))
+    monkeypatch.setattr(autoscale, "kv_put", lambda app, what, value: store.__setitem__((app, what), value))
+    monkeypatch.setattr(autoscale, "kv_delete", lambda app, what: store.pop((app, what), None))
+    return store
+
+
+@pytest.fixture
+def cluster(monkeypatch) -> dict:
+    """ray.cluster_resources() of a cluster that is not there; tests fill it."""
+    resources: dict = {}
+    monkeypatch.setattr(ray, "cluster_resources", lambda: dict(resources))
+    return resources
+
+
+def make_controller(config: dict, spec: AppSpec) -> ClusterController:
+    controller = ClusterController(config, spec, run_loop=False)
+    controller.pushed = []  # type: ignore[attr-defined]
+    controller._push = lambda decision: controller.pushed.append(decision) or []  # type: ignore[method-assign]
+    return controller
+
+
+def reading(t: float, rate_rps: float) -> ClusterReading:
+    return ClusterReading(t, LoadSample(rate_rps, 10.0, 10.0), None, ())
+
+
+CPU = AppSpec("m", accelerator=None, num_engines=2, cpus_per_engine=3.0)
+
+
+@pytest.mark.parametrize("config,spec,resources,budget", [
+    ({"max_engines": 3}, CPU, {"CPU": 64.0}, 3),  # the operator's budget wins
+    ({}, CPU, {"CPU": 8.0}, 2),  # 8 CPUs // 3 per engine = 2 (= num_engines)
+    ({}, CPU, {"CPU": 16.0}, 5),  # 16 // 3
+    ({}, CPU, {}, 2),  # Ray not running here: the configured replicas
+    ({"min_engines": 4}, CPU, {"CPU": 8.0}, 4),
+    ({}, AppSpec("m", None, 1, cpus_per_engine=0.0), {"CPU": 6.0}, 6),  # reserves none: one CPU each
+    ({}, AppSpec("m", "GPU", 1), {"GPU": 8.0, "CPU": 128.0}, 8),  # one per GPU, whatever the CPUs
+    ({}, AppSpec("m", "GPU", 3), {"GPU": 2.0}, 3),  # never below num_engines
+])
+def test_engine_budget(config, spec, resources, budget):
+    assert engine_budget(ControllerConfig(**config), spec, resources) == budget
+
+
+def test_cpu_spec_counts_the_reserved_cpus():
+    ray_workers = BulletAppConfig(engine_num_cpus=1, worker_num_cpus=1.5, controller={})
+    processes = BulletAppConfig(engine_num_cpus=1, worker_num_cpus=1.5, worker_launcher="process", controller={})
+    assert AppSpec.of(ray_workers).cpus_per_engine == 4.0 and AppSpec.of(ray_workers).accelerator is None
+    assert AppSpec.of(processes).cpus_per_engine == 1.0
+
+
+def test_serve_may_scale_a_cpu_app_past_its_configured_replicas(monkeypatch, cluster):
+    cluster["CPU"] = 16.0
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(controller_module, "start_controller", lambda cfg, spec: started.append(spec))
+    app = BulletAppConfig(num_engines=2, controller={})  # 3 CPUs per engine by default (front + 2 workers)
+    options = controller_options(app)
+    assert options["autoscaling_config"]["max_replicas"] == 5
+    assert options["autoscaling_config"]["initial_replicas"] == 2
+    assert started == [AppSpec(app.model_name, None, 2, 3.0, None)]
+
+
+def test_a_cpu_app_scales_down_and_up_again(kv, cluster):
+    """On CPU without max_engines the budget was the replica count of the moment: once scaled down to one,
+    demand for three engines held it at one (and shed). Now the cluster's 16 CPUs hold five engines."""
+    cluster["CPU"] = 16.0
+    config = {"engine_capacity_tokens_s": 100.0, "target_utilization": 1.0, "scale_down_after": 1, "horizon_s": 0.0}
+    controller = make_controller(config, CPU)
+    low = controller.tick(reading(1.0, 0.5))  # 10 tok/s: one engine
+    high = controller.tick(reading(2.0, 15.0))  # 300 tok/s: three
+    assert (low["decision"]["num_replicas"], low["inputs"]["max_engines"]) == (1, 5)
+    decision = high["decision"]
+    assert (decision["num_replicas"], high["inputs"]["max_engines"], decision["mode"]) == (3, 5, "queue")
+    assert kv[(controller.app, "num_replicas")] == 3 and len(controller.pushed) == 2
+
+
+# redeploy: a found controller takes the new `controller:` section -------------------------------------------
+YAML = {"app_name": "app", "interval_s": 5.0, "engine_capacity_tokens_s": 100.0, "max_decode_sms": 96,
+        "min_decode_sms": 8}
+GPU = AppSpec("m", accelerator="GPU", num_engines=1)
+
+
+def decided(controller: ClusterController, t: float) -> tuple:
+    d = controller.tick(reading(t, 1.0))["decision"]["default"]
+    return d["min_decode_sms"], d["max_decode_sms"]
+
+
+def test_a_same_config_redeploy_changes_nothing(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.update_config({"max_decode_sms": 48})
+    reader, before = controller.reader, controller.status()
+    assert controller.redeploy(dict(YAML), GPU) is False
+    assert controller.status() == before and controller.reader is reader
+    assert before["seq"] == 1 and before["overrides"] == {"max_decode_sms": 48}
+    assert decided(controller, 2.0) == (8, 48)
+
+
+def test_a_changed_config_redeploy_takes_effect_and_keeps_the_state(kv, cluster):
+    """The new section is the base config from the next decision on; the decision count and the forecast go on;
+    an override of a field the YAML changed gives way to the YAML (the later word), another one stays."""
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.update_config({"max_decode_sms": 48, "min_decode_sms": 16})
+    level = controller.forecaster.to_dict()
+    new_yaml = {**YAML, "interval_s": 2.0, "prometheus_url": "http://prom:9090", "max_decode_sms": 64}
+    assert controller.redeploy(new_yaml, GPU) is True
+    status = controller.status()
+    assert status["config"]["interval_s"] == 2.0 and status["overrides"] == {"min_decode_sms": 16}
+    assert status["seq"] == 1 and status["forecaster"]["rate"]["level"] == level["rate"]["level"] == 1.0
+    assert isinstance(controller.reader, PrometheusReader) and controller.reader.window == "30s"
+    assert decided(controller, 2.0) == (16, 64)
+    assert kv[("app", "state")]["deployed"]["config"]["max_decode_sms"] == 64
+
+
+def test_a_redeploy_that_invalidates_an_override_drops_it(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80})
+    assert controller.redeploy({**YAML, "min_decode_sms": 8, "max_decode_sms": 64}, GPU) is True
+    assert controller.overrides == {} and controller.cfg.min_decode_sms == 8  # 80 > the new ceiling 64
+
+
+def test_a_redeploy_of_the_app_spec_reads_the_new_model(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    assert controller.redeploy(dict(YAML), dataclasses.replace(GPU, model_name="m2")) is True
+    assert isinstance(controller.reader, NodeExporterReader) and controller.reader.model_name == "m2"
+
+
+def test_a_restart_by_ray_keeps_the_redeploys_settings(kv, cluster, monkeypatch):
+    """Ray reruns a restarted actor's constructor with its first deploy's arguments: the settings of a redeploy
+    since then come from the persisted state. A new actor (another id: a controller started again after one was
+    stopped) takes its own arguments."""
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-1")
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    controller.redeploy({**YAML, "max_decode_sms": 64}, dataclasses.replace(GPU, num_engines=2))
+    restarted = make_controller(YAML, GPU)
+    assert restarted.cfg.max_decode_sms == 64 and restarted.spec.num_engines == 2 and restarted.state.seq == 1
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-2")
+    assert make_controller(YAML, GPU).cfg.max_decode_sms == 96

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bullet_ray.engine.worker.main import WorkerBase
+from bullet_ray.engine.worker.step_profile import StepProfiler
 from bullet_ray.gpu.partition import NonePartitioner, SplitSwitch
 
 
@@ -204,6 +205,7 @@ class _Launcher(WorkerBase):
                                            current_stream=lambda side: self.streams[self.partitioner.current_index])
         self.runner = SimpleNamespace(graph_key=None, launch=lambda *a: SimpleNamespace(sampled=[]))
         self.allocator = SimpleNamespace(on_launch=lambda: None)
+        self.profiler = StepProfiler(None, 0, 0, "decode", is_gpu=False)
         self.awaiting: dict = {}
         self.inflight = None
         self._last_stream = None

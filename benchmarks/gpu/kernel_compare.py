@@ -168,11 +168,13 @@ def _vllm_step_ranges(trace: dict[str, Any]) -> list[tuple[float, dict[str, int]
 
 
 def our_step_starts(trace: dict[str, Any]) -> dict[int, float]:
-    """Our worker's `bullet_step_<n>` ranges (step_profile.py): step number -> host start time (us)."""
+    """Our worker's `bullet_step_<n>` ranges (step_profile.py): step number -> host start time (us). Only the
+    host-side ranges: the profiler draws each range a second time on the GPU's timeline (`gpu_user_annotation`,
+    device time), which would put launches into the wrong steps."""
     starts = {}
     for e in trace.get("traceEvents", []):
         m = _OUR_STEP_NAME.fullmatch(str(e.get("name", "")))
-        if m and e.get("ph") == "X":
+        if m and e.get("ph") == "X" and e.get("cat") == "user_annotation":
             starts[int(m.group(1))] = float(e.get("ts", 0.0))
     return starts
 

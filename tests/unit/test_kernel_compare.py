@@ -13,6 +13,7 @@ from benchmarks.gpu.kernel_compare import (
     categorize,
     main,
     markdown_table,
+    our_step_starts,
     per_step_device_ms,
     prompt_cost_table,
     prompt_token_cost,
@@ -269,6 +270,15 @@ def test_device_time_goes_to_the_step_that_launched_it() -> None:
     assert per_step[1] == {"gemm": 0.03, "all": 0.03}
     assert per_step[2] == {"copy": 0.004, "all": 0.004}
     assert left == {"unmatched_ms": 0.007, "before_ms": 0.1}
+
+
+def test_our_step_ranges_are_the_host_side_ones() -> None:
+    """The profiler draws a record_function range twice: on the host and on the GPU's timeline."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "bullet_step_7", "ts": 100.0, "dur": 50},
+              {"ph": "X", "cat": "gpu_user_annotation", "name": "bullet_step_7", "ts": 180.0, "dur": 40},
+              {"ph": "X", "cat": "user_annotation", "name": "bullet_step_8", "ts": 150.0, "dur": 50},
+              {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_8(8)", "ts": 1.0}]
+    assert our_step_starts({"traceEvents": events}) == {7: 100.0, 8: 150.0}
 
 
 def test_prompt_token_cost_recovers_the_decode_part_and_the_slope() -> None:

@@ -267,7 +267,8 @@ class ClusterController:
             return record
 
     def _push(self, decision: Decision) -> list[dict[str, Any]]:
-        """Decision to every engine: through the node agents, else one broadcast; answers of the engines."""
+        """Decision to every engine: through the node agents, else one broadcast; answers of the engines. An agent
+        that does not answer (dead, or left: node_agent) makes the next push find or start every node's agent."""
         from bullet_ray.control.node_agent import start_node_agents
 
         d = decision.to_dict()
@@ -277,11 +278,13 @@ class ClusterController:
                 new = set(alive) - set(self._agents)
                 self._agents = start_node_agents(self.spec.accelerator)
                 if self.spec.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
-                    ray.get([self._agents[n].ensure_mps.remote(self.spec.mps_name) for n in new if n in self._agents],
+                    mps_name = self.spec.mps_name
+                    ray.get([self._agents[n].ensure_mps.remote(self.app, mps_name) for n in new if n in self._agents],
                             timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
         except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time
+            # (a dead handle: an agent that left once its applications were gone, or one Ray could not restart)
             logger.warning("relay through node agents failed (%s); pushing directly", e)
             self._agents = {}
         try:

@@ -2,7 +2,7 @@
 
 - **MPS**: makes sure the node's MPS daemon runs when the application's workers are MPS clients
   (`ensure_mps`; engine replicas also start it on their own, whichever comes first) and stops it on
-  request (`stop_mps`: only when no engine uses it).
+  request (`stop_mps`: call it only when no engine uses it).
 - **Leaving**: it learns the applications it serves from `relay` and `ensure_mps`. Once every one of them
   has been absent from Serve for `app_gone_s` (bullet_ray.control.serve_apps; an unknown answer decides
   nothing), it stops each MPS daemon it ensured that has no MPS server left (`stop_unused_daemon`: a server

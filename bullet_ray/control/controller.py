@@ -12,7 +12,8 @@ is set, else every node's exporter), updates the load forecast (bullet_ray.contr
   settings) in the internal KV, so a restarted controller (Ray restarts it: max_restarts=-1) continues where
   it was.
 A redeploy of the application finds the running controller and hands it the new settings (`redeploy`).
-It stops itself when its application has been gone for a while (`serve.delete`).
+It stops itself when its application has been gone for `APP_GONE_S` (`serve.delete`, `serve.shutdown`; asked
+through bullet_ray.control.serve_apps, which drops Serve's stale client; nothing happens while Serve cannot tell).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.decide import ControllerInputs, ControllerState, Decision, decide
 from bullet_ray.control.forecast import LoadForecaster
 from bullet_ray.control.readings import ClusterReading, NodeExporterReader, PrometheusReader
+from bullet_ray.control.serve_apps import APP_GONE_S, AppWatch, serve_app_names
 
 if TYPE_CHECKING:
     from bullet_ray.serve.config import BulletAppConfig
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
-APP_GONE_S = 120.0  # the application missing this long (never deployed, or deleted) -> the controller exits
+# APP_GONE_S (serve_apps): the application missing this long (never deployed, or deleted) -> the controller exits
 REDEPLOY_TIMEOUT_S = 120.0  # a found controller takes a redeploy's settings within this (after a decision under way)
 
 
@@ -107,7 +109,7 @@ class ClusterController:
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._app_seen_s = time.monotonic()
+        self._app_watch = AppWatch(APP_GONE_S, {self.app})
         if run_loop:
             threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
 
@@ -226,27 +228,19 @@ class ClusterController:
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.interval_s):
             try:
-                if not self._app_exists():
-                    if time.monotonic() - self._app_seen_s > APP_GONE_S:
-                        logger.info("application %s is gone: the controller forgets its state and exits", self.app)
-                        for what in ("state", "num_replicas"):
-                            autoscale.kv_delete(self.app, what)
-                        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-                        return
-                    continue
-                self.tick()
+                names = serve_app_names()
+                if self._app_watch.observe(names, time.monotonic()):
+                    logger.info("application %s is gone: the controller forgets its state and exits", self.app)
+                    for what in ("state", "num_replicas"):
+                        autoscale.kv_delete(self.app, what)
+                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                    return
+                if self._app_watch.is_present(names):  # absent or unknown: no decision
+                    self.tick()
             except OSError as e:  # Prometheus or a node exporter not answering (yet): try again next interval
                 logger.warning("controller %s cannot read metrics: %s", self.app, e)
             except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
                 logger.exception("controller tick failed")
-
-    def _app_exists(self) -> bool:
-        from ray import serve
-
-        if self.app in serve.status().applications:
-            self._app_seen_s = time.monotonic()
-            return True
-        return False
 
     def tick(self, reading: ClusterReading | None = None) -> dict[str, Any]:
         """One decision now (the loop calls it; tests may too). Returns its log record."""
@@ -273,7 +267,8 @@ class ClusterController:
             return record
 
     def _push(self, decision: Decision) -> list[dict[str, Any]]:
-        """Decision to every engine: through the node agents, else one broadcast; answers of the engines."""
+        """Decision to every engine: through the node agents, else one broadcast; answers of the engines. An agent
+        that does not answer (dead, or left: node_agent) makes the next push find or start every node's agent."""
         from bullet_ray.control.node_agent import start_node_agents
 
         d = decision.to_dict()
@@ -283,11 +278,13 @@ class ClusterController:
                 new = set(alive) - set(self._agents)
                 self._agents = start_node_agents(self.spec.accelerator)
                 if self.spec.mps_name is not None:  # the engines' workers are MPS clients: every node runs the daemon
-                    ray.get([self._agents[n].ensure_mps.remote(self.spec.mps_name) for n in new if n in self._agents],
+                    mps_name = self.spec.mps_name
+                    ray.get([self._agents[n].ensure_mps.remote(self.app, mps_name) for n in new if n in self._agents],
                             timeout=60)
             refs = [agent.relay.remote(self.app, d) for agent in self._agents.values()]
             return [a for answers in ray.get(refs, timeout=30) for a in answers]
         except Exception as e:  # noqa: BLE001 - an agent down: push directly, find agents again next time
+            # (a dead handle: an agent that left once its applications were gone, or one Ray could not restart)
             logger.warning("relay through node agents failed (%s); pushing directly", e)
             self._agents = {}
         try:

@@ -1,8 +1,13 @@
-"""The node agent: one detached Ray actor per node (started by the cluster controller).
+"""The node agent: one detached Ray actor per node (started by the cluster controller), shared by every application.
 
 - **MPS**: makes sure the node's MPS daemon runs when the application's workers are MPS clients
   (`ensure_mps`; engine replicas also start it on their own, whichever comes first) and stops it on
-  request (`stop_mps`: only when no engine uses it).
+  request (`stop_mps`: call it only when no engine uses it).
+- **Leaving**: it learns the applications it serves from `relay` and `ensure_mps`. Once every one of them
+  has been absent from Serve for `app_gone_s` (bullet_ray.control.serve_apps; an unknown answer decides
+  nothing), it stops each MPS daemon it ensured that has no MPS server left (`stop_unused_daemon`: a server
+  may still have clients, which the control daemon's `get_server_list` cannot tell), then kills itself. A
+  controller that still holds its handle finds or starts the node's agent again at its next push.
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)
   as bullet_node_* metrics; on a node without GPUs NVML reports nothing and only the node's accelerator
   resources (a fake GPU resource in CPU tests) and the MPS state are reported.
@@ -15,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import ray
 
+from bullet_ray.control.serve_apps import APP_GONE_S, AppWatch, serve_app_names
 from bullet_ray.gpu import nvml
+from bullet_ray.gpu.mps import MpsDaemon, MpsError
 
 logger = logging.getLogger(__name__)
 
@@ -30,21 +38,42 @@ def agent_name(node_id: str) -> str:
     return f"bullet_node_agent:{node_id}"
 
 
-class NodeAgent:
-    """Ray actor class (see the module docstring); `start_node_agents` places one per node."""
+def stop_unused_daemon(daemon: MpsDaemon) -> bool:
+    """Stop `daemon` unless a client may still use it; True when it is not running afterwards.
 
-    def __init__(self, node_id: str, accelerator: str | None = None, period_s: float = 5.0) -> None:
+    Every MPS client connects through an MPS server, so a daemon that runs no server has no client. One that
+    runs a server is kept: the server may outlive its clients, but `get_server_list` cannot tell (stop it
+    with `deploy/mps/stop.sh NAME` once its clients are known to be gone)."""
+    status = daemon.status()
+    if not status.is_running:
+        return True
+    if status.may_have_clients:
+        logger.warning("MPS daemon %s keeps running: its servers %s may still have clients", daemon.name,
+                       list(status.server_pids))
+        return False
+    return daemon.stop()
+
+
+class NodeAgent:
+    """Ray actor class (see the module docstring); `start_node_agents` places one per node.
+
+    `app_gone_s`: how long every application it served must be absent before it leaves; None: APP_GONE_S,
+    or three telemetry periods if longer (tests pass a short one)."""
+
+    def __init__(self, node_id: str, accelerator: str | None = None, period_s: float = 5.0,
+                 app_gone_s: float | None = None, run_loop: bool = True) -> None:
         from bullet_ray.metrics import NodeMetrics
 
         self.node_id = node_id
         self.accelerator = accelerator
         self.metrics = NodeMetrics(node_id[:12])
-        self.mps_name: str | None = None
+        self.mps_names: set[str] = set()  # the MPS daemons it ensured
         self.num_relays = 0
+        self.apps = AppWatch(max(APP_GONE_S, 3 * period_s) if app_gone_s is None else app_gone_s)
+        self._lock = threading.Lock()  # the applications and daemons: the loop reads what calls add
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(period_s,), name="bullet-node-telemetry",
-                                        daemon=True)
-        self._thread.start()
+        if run_loop:
+            threading.Thread(target=self._loop, args=(period_s,), name="bullet-node-telemetry", daemon=True).start()
 
     def _loop(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
@@ -52,6 +81,32 @@ class NodeAgent:
                 self.telemetry()
             except Exception:  # noqa: BLE001 - telemetry must not kill the agent
                 logger.exception("telemetry failed")
+            try:
+                if self.watch_apps(serve_app_names(), time.monotonic()):
+                    return
+            except Exception:  # noqa: BLE001 - a failed check must not kill the agent either
+                logger.exception("the check of the served applications failed")
+
+    def watch_apps(self, names: frozenset[str] | None, now_s: float) -> bool:
+        """Take one answer of `serve_app_names()`; once every served application has been gone `app_gone_s`,
+        stop the unused MPS daemons it ensured, end the loop and kill this actor (True)."""
+        with self._lock:
+            if not self.apps.observe(names, now_s):
+                return False
+            mps_names = sorted(self.mps_names)
+        logger.info("node agent %s: the applications %s are gone; it stops its unused MPS daemons %s and exits",
+                    self.node_id[:12], sorted(self.apps.app_names), mps_names)
+        for name in mps_names:
+            try:
+                stop_unused_daemon(MpsDaemon(name))
+            except MpsError as e:
+                logger.warning("cannot stop MPS daemon %s: %s", name, e)
+        self._stop.set()
+        self._exit()
+        return True
+
+    def _exit(self) -> None:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def telemetry(self) -> dict[str, Any]:
         """Per GPU NVML readings (empty without GPUs), this node's accelerator resources and MPS state."""
@@ -75,18 +130,16 @@ class NodeAgent:
                 "accelerators": resources.get(self.accelerator, 0.0) if self.accelerator else 0.0}
 
     def _mps_running(self) -> bool:
-        if self.mps_name is None:
-            return False
-        from bullet_ray.gpu.mps import MpsDaemon
+        with self._lock:
+            mps_names = sorted(self.mps_names)
+        return any(MpsDaemon(name).status().is_running for name in mps_names)
 
-        return MpsDaemon(self.mps_name).status().is_running
-
-    def ensure_mps(self, mps_name: str) -> bool:
-        """Start the node's MPS daemon `mps_name` unless it runs; True when it runs (False on a node
-        without the NVIDIA driver: the agent logs why)."""
-        from bullet_ray.gpu.mps import MpsDaemon, MpsError
-
-        self.mps_name = mps_name
+    def ensure_mps(self, app_name: str, mps_name: str) -> bool:
+        """Start the node's MPS daemon `mps_name` for application `app_name` unless it runs; True when it runs
+        (False on a node without the NVIDIA driver: the agent logs why)."""
+        with self._lock:
+            self.apps.add([app_name])
+            self.mps_names.add(mps_name)
         try:
             return MpsDaemon(mps_name).start().is_running
         except MpsError as e:
@@ -94,16 +147,17 @@ class NodeAgent:
             return False
 
     def stop_mps(self) -> bool:
-        """Stop the node's MPS daemon (call after the engines on this node are gone)."""
-        if self.mps_name is None:
-            return True
-        from bullet_ray.gpu.mps import MpsDaemon
-
-        return MpsDaemon(self.mps_name).stop()
+        """Stop the MPS daemons it ensured, whatever uses them (call after the engines on this node are gone)."""
+        with self._lock:
+            mps_names = sorted(self.mps_names)
+        return all([MpsDaemon(name).stop() for name in mps_names])
 
     def relay(self, app_name: str, decision: dict[str, Any], timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """Apply `decision` to this node's engine replicas of `app_name`; their answers (what is in force)."""
         from ray import serve
+
+        with self._lock:
+            self.apps.add([app_name])
 
         handle = serve.get_deployment_handle("BulletEngine", app_name)
         answers = handle.broadcast("apply_policy", {**decision, "node_id": self.node_id}).results(

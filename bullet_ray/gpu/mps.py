@@ -45,6 +45,12 @@ class MpsStatus:
     detail: str  # the daemon's answer, or why it is not running
     server_pids: tuple[int, ...] = field(default=())  # MPS servers (one per user with clients)
 
+    @property
+    def may_have_clients(self) -> bool:
+        """False only when no MPS server runs: every client connects through one. A server may outlive its
+        clients, and `get_server_list` cannot tell, so a running server counts as in use."""
+        return bool(self.server_pids)
+
 
 def parse_server_list(text: str) -> tuple[int, ...]:
     """PIDs from the answer to `get_server_list` (one per line; other lines ignored)."""

@@ -1,0 +1,155 @@
+"""The node agent's leaving without a Ray cluster: which applications it serves, the grace period, and the
+MPS daemons it stops on the way out (a fake nvidia-cuda-mps-control whose servers a test sets); the
+controller's recovery from a dead agent handle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+from ray import serve
+from ray.exceptions import ActorDiedError
+
+from bullet_ray.control import autoscale
+from bullet_ray.control import node_agent as node_agent_module
+from bullet_ray.control.controller import AppSpec, ClusterController
+from bullet_ray.control.decide import Decision, EngineDecision
+from bullet_ray.control.node_agent import NodeAgent, stop_unused_daemon
+from bullet_ray.gpu.mps import MpsDaemon
+
+
+@pytest.fixture
+def mps_root(tmp_path, monkeypatch) -> Path:
+    """A fake control binary on PATH: -d creates the control pipe, 'quit' removes it, 'get_server_list'
+    answers the lines of <pipe>/servers (none when it is missing)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-cuda-mps-control"
+    script.write_text("""#!/bin/sh
+if [ "$1" = "-d" ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
+[ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+read cmd
+case "$cmd" in
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control";;
+  get_server_list) cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null || true;;
+esac
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("BULLET_RAY_MPS_ROOT", str(tmp_path / "mps"))
+    return tmp_path / "mps"
+
+
+def with_servers(daemon: MpsDaemon, *pids: int) -> None:
+    Path(daemon.pipe_dir, "servers").write_text("".join(f"{p}\n" for p in pids))
+
+
+def make_agent(app_gone_s: float = 10.0) -> NodeAgent:
+    agent = NodeAgent("node-1" * 4, app_gone_s=app_gone_s, run_loop=False)
+    agent.num_exits = 0  # type: ignore[attr-defined]
+
+    def fake_exit() -> None:
+        agent.num_exits += 1  # type: ignore[attr-defined]
+
+    agent._exit = fake_exit  # type: ignore[method-assign]
+    return agent
+
+
+def test_a_daemon_without_servers_is_stopped(mps_root):
+    daemon = MpsDaemon("a")
+    daemon.start()
+    assert stop_unused_daemon(daemon) and not daemon.status().is_running
+    assert stop_unused_daemon(daemon)  # not running: nothing to do
+
+
+def test_a_daemon_with_a_server_is_kept(mps_root):
+    daemon = MpsDaemon("a")
+    daemon.start()
+    with_servers(daemon, 4242)
+    assert daemon.status().may_have_clients
+    assert not stop_unused_daemon(daemon) and daemon.status().is_running
+
+
+def test_the_agent_leaves_once_its_apps_are_gone_for_the_grace_period(mps_root):
+    agent = make_agent(app_gone_s=10.0)
+    assert agent.ensure_mps("app-a", "mps-a")
+    agent.apps.add(["app-b"])  # what relay("app-b", ...) records before asking Serve
+    assert not agent.watch_apps(frozenset({"app-a", "app-b"}), 0.0)
+    assert not agent.watch_apps(frozenset({"app-b"}), 1.0)  # one of them still runs
+    assert not agent.watch_apps(frozenset(), 2.0)
+    assert not agent.watch_apps(None, 30.0)  # unknown: nothing is cleaned up
+    assert not agent.watch_apps(frozenset({"other"}), 11.9) and agent.num_exits == 0
+    assert MpsDaemon("mps-a").status().is_running
+    assert agent.watch_apps(frozenset({"other"}), 12.0)
+    assert agent.num_exits == 1 and agent._stop.is_set()
+    assert not MpsDaemon("mps-a").status().is_running  # no server: no client, stopped
+
+
+def test_a_redeploy_within_the_grace_period_keeps_the_agent(mps_root):
+    agent = make_agent(app_gone_s=10.0)
+    agent.ensure_mps("app-a", "mps-a")
+    agent.watch_apps(frozenset(), 0.0)
+    agent.watch_apps(frozenset({"app-a"}), 8.0)  # deleted and deployed again
+    assert not agent.watch_apps(frozenset(), 15.0) and agent.num_exits == 0
+
+
+def test_the_agent_leaves_but_keeps_a_daemon_that_may_have_clients(mps_root):
+    agent = make_agent(app_gone_s=0.0)
+    agent.ensure_mps("app-a", "mps-a")
+    with_servers(MpsDaemon("mps-a"), 4242)
+    assert agent.watch_apps(frozenset(), 0.0) and agent.num_exits == 1
+    assert MpsDaemon("mps-a").status().is_running
+
+
+def test_the_default_grace_period_covers_a_redeploy():
+    agent = NodeAgent("n" * 12, period_s=60.0, run_loop=False)
+    assert agent.apps.grace_s == 180.0  # three periods when longer than APP_GONE_S
+    assert NodeAgent("n" * 12, run_loop=False).apps.grace_s == node_agent_module.APP_GONE_S
+
+
+class DeadAgent:
+    """An actor handle of an agent that left: every call fails like Ray's."""
+
+    class _Method:
+        def remote(self, *args):
+            return ActorDiedError()
+
+    relay = ensure_mps = _Method()
+
+
+class LiveAgent:
+    class _Method:
+        def remote(self, *args):
+            return [{"engine_id": "e0"}]
+
+    relay = ensure_mps = _Method()
+
+
+def test_a_dead_agent_handle_makes_the_controller_find_agents_again(monkeypatch):
+    starts = []
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "n1", "Alive": True}])
+
+    def fake_get(refs, timeout=None):
+        for r in refs:
+            if isinstance(r, Exception):
+                raise r
+        return refs
+
+    monkeypatch.setattr(ray, "get", fake_get)
+    agents = iter([{"n1": DeadAgent()}, {"n1": LiveAgent()}])
+    monkeypatch.setattr(node_agent_module, "start_node_agents",
+                        lambda accelerator: starts.append(accelerator) or next(agents))
+    monkeypatch.setattr(autoscale, "kv_get", lambda app, what: None)  # nothing persisted: no Ray KV needed
+
+    def no_serve(*args):
+        raise RuntimeError("no Serve here")
+
+    monkeypatch.setattr(serve, "get_deployment_handle", no_serve)
+    controller = ClusterController({"app_name": "x"}, AppSpec("m", None, 1, mps_name="mps-a"), run_loop=False)
+    decision = Decision(1, 0.0, 1, "queue", 0.0, 0.0, (), EngineDecision("*"))
+    assert controller._push(decision) == []  # the agent is gone: the direct broadcast (no Serve here) fails too
+    assert not ray.is_initialized()
+    assert controller._agents == {}
+    assert controller._push(decision) == [{"engine_id": "e0"}]  # found again, and answers
+    assert len(starts) == 2

@@ -83,7 +83,8 @@ def engine_config(args: argparse.Namespace) -> Any:
                         enforce_eager=args.enforce_eager, step_log_path=args.step_log,
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
                         profile_num_steps=args.profile_num_steps,
-                        piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None)
+                        piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None,
+                        piecewise_buckets=getattr(args, "piecewise_buckets", "tuned"))
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="profile a window of our workers' steps into this folder (host cProfile, torch.profiler)")
     parser.add_argument("--profile-start-step", type=int, default=200, help="first profiled step")
     parser.add_argument("--profile-num-steps", type=int, default=50, help="profiled steps")
+    parser.add_argument("--piecewise-buckets", choices=("tuned", "fixed"), default="tuned",
+                        help="piecewise graphs' token buckets above 512 tokens: tuned at start from the GPU's GEMM "
+                             "times (the engine's default) or fixed (every 64 / 128 / 256)")
     parser.add_argument("--piecewise-graph-tokens", type=_token_list, default=None,
                         help="steps with prompt tokens up to this many run through piecewise CUDA graphs (default: "
                              "the engine's: the whole token budget on the chunked schedule, at most 2048 on bullet "

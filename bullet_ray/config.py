@@ -66,6 +66,10 @@ class EngineConfig:
     # step then launches ahead, 18.98 vs 17.42 req/s with 2,048 on the H100, benchmarks/results/lease_m2l),
     # and at most 2,048 on a prefill side (bullet, static), which captures the set once per ladder entry
     piecewise_graph_tokens: int | None = None
+    # token buckets of the piecewise graphs above 512 tokens: "tuned" (default) chooses them at start from the
+    # device's own GEMM times at every 32 tokens (as many buckets as "fixed": bullet_ray.engine.piecewise_graphs'
+    # tune_buckets), "fixed" keeps token_buckets' every 64 / 128 / 256
+    piecewise_buckets: str = "tuned"
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for
     # CPU. Only steps through CUDA graphs (decode graphs, piecewise graphs) launch ahead of the collect: an
@@ -175,6 +179,8 @@ class EngineConfig:
         if self.prefill_layer_group_min_tokens < 1:
             raise ConfigError("prefill_layer_group_min_tokens",
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
+        if self.piecewise_buckets not in ("tuned", "fixed"):
+            raise ConfigError("piecewise_buckets", f"unknown bucket choice {self.piecewise_buckets!r}; choose tuned or fixed")
         if self.split_switch not in SPLIT_SWITCHES:
             raise ConfigError("split_switch", f"unknown split switch {self.split_switch!r}; choose disjoint or overlap")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:

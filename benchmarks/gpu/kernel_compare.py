@@ -344,6 +344,7 @@ def _offline_args(args: argparse.Namespace, **overrides: Any) -> argparse.Namesp
     ns.num_prompts, ns.seed, ns.trace_path = args.num_prompts, args.seed, args.trace_path
     ns.max_total_tokens, ns.max_num_seqs = args.max_total_tokens, args.max_num_seqs
     ns.max_num_batched_tokens, ns.schedule, ns.warmup = args.max_num_batched_tokens, "chunked", 0
+    ns.piecewise_buckets = args.piecewise_buckets
     if args.kv_cache_gb is not None:
         ns.kv_cache_gb = args.kv_cache_gb
     for k, v in overrides.items():
@@ -397,7 +398,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"system": "bullet_ray chunked",
                               "config": {k: getattr(config, k) for k in (
                                   "schedule", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_gb",
-                                  "is_async_scheduling", "enforce_eager")}}
+                                  "is_async_scheduling", "enforce_eager", "piecewise_buckets")}}
     started = time.perf_counter()
     with LLMEngine(config) as engine:
         result["startup_s"] = round(time.perf_counter() - started, 1)
@@ -644,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--kv-cache-gb", type=float, default=None, help="ours (default: benchmarks.offline's)")
+    parser.add_argument("--piecewise-buckets", choices=("tuned", "fixed"), default="tuned",
+                        help="ours: piecewise graphs' token buckets above 512 tokens (EngineConfig.piecewise_buckets)")
     parser.add_argument("--warmup-steps", type=int, default=400, help="steps before the profiled window")
     parser.add_argument("--profile-steps", type=int, default=30, help="profiled steps")
     parser.add_argument("--top", type=int, default=15, help="top kernels kept per system")

@@ -98,16 +98,18 @@ def gpu_memory_gib() -> float:
 
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
-    ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>); "+direct" may come
+    ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw); "+direct" may come
     with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
-        raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, and/or +direct")
+        raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
+                         "and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw") and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
-        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens> or +direct")
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw") \
+            and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -134,7 +136,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
-    session), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
+    session), "+fixedpw" the fixed piecewise token buckets (piecewise_buckets: fixed, before the twentieth session's
+    tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch). "+direct" leaves
     the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
@@ -146,6 +149,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     engine = doc["applications"][0]["args"]["engine"]
     if scheduling == "nopw":
         engine["piecewise_graph_tokens"] = 0
+    elif scheduling == "fixedpw":
+        engine["piecewise_buckets"] = "fixed"
     elif scheduling.startswith("pw"):
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
@@ -443,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(p for p in PRESETS if p != 'strict')}), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
+                             "+ '+fixedpw' the fixed piecewise buckets, "
                              "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")

@@ -34,6 +34,9 @@ class EngineArgs(BaseModel):
                                                "that runs through piecewise CUDA graphs (attention eager between "
                                                "them); 0: off; null: the token budget on the chunked schedule, at "
                                                "most 2048 on a prefill side (bullet, static)")
+    piecewise_buckets: Literal["tuned", "fixed"] = Field(
+        "tuned", description="token buckets of the piecewise graphs above 512 tokens: tuned (chosen at start from "
+                             "the GPU's own GEMM times) or fixed (every 64 / 128 / 256 tokens)")
     async_scheduling: bool | None = Field(None, description="plan and launch a step that runs through CUDA graphs "
                                           "while the last step runs (null: on for GPU, off for CPU; docs/gpu.md)")
     partition: str = Field("auto", description="SM partition backend: auto, green, mps, none")

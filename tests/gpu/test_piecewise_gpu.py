@@ -55,13 +55,60 @@ def test_captured_pieces_equal_the_eager_forward(model_source):
     assert graphs.capture_report()["num_graphs"] == len(graphs.buckets) * (c.num_hidden_layers + 1)
 
 
-def _run(model: str, schedule: str, **kw):
+def test_tuned_buckets_time_the_device_and_keep_the_pieces_exact(model_source):
+    """`tune` re-chooses the buckets above 512 tokens from this GPU's times (as many as the fixed ones); a step
+    on a tuned bucket still equals the eager forward."""
+    from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata, get_backend_class
+    from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
+    from bullet_ray.models.loader import load_model
+
+    model = load_model(model_source, torch.bfloat16, "cuda").model
+    c = model.config
+    kv = torch.zeros(c.num_hidden_layers, 256, 2, 16, c.num_key_value_heads, c.head_dim, device="cuda",
+                     dtype=torch.bfloat16)
+    backend = get_backend_class("flashinfer")(kv, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                              c.head_dim ** -0.5)
+    graphs = PiecewiseGraphs(model, 1280, "cuda")
+    graphs.tune()
+    report = graphs.tuning
+    assert report is not None and report["fixed"] == token_buckets(1280)
+    assert len(graphs.buckets) == len(token_buckets(1280)) and graphs.buckets[-1] == 1280
+    assert [b for b in graphs.buckets if b <= 512] == [b for b in token_buckets(1280) if b <= 512]
+    assert set(range(544, 1280, 32)) <= set(report["piece_ms"]) and all(v > 0 for v in report["piece_ms"].values())
+    graphs.capture_all(0)
+    query_lens, seq_lens = [1, 1, 1100], [20, 33, 1100]
+    md = AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cuda")
+    n = sum(query_lens)
+    ids = torch.randint(100, 30000, (n,), device="cuda")
+    pos = torch.cat([torch.arange(s - q, s, device="cuda") for q, s in zip(query_lens, seq_lens)])
+    with torch.inference_mode():
+        backend.begin_batch(md)
+        eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
+        backend.begin_batch(md)
+        cut = graphs.run(0, ids, pos, AttentionContext(backend, md)).float()
+    rel = float((cut - eager).norm() / eager.norm())
+    assert rel < 2e-2, f"relative difference {rel:.4f}"
+    assert "tuning" in graphs.capture_report()
+
+
+def test_engine_tunes_its_buckets_and_agrees_with_fixed(model_source):
+    """The chunked schedule with a 1,280-token budget: tuned buckets (the default) captured at start, none while
+    serving, tokens as with the fixed buckets but for bf16 near-ties."""
+    tokens, captures, piecewise = _run(model_source, "chunked", budget=1280)
+    fixed, _, fixed_pw = _run(model_source, "chunked", budget=1280, piecewise_buckets="fixed")
+    assert captures == 0 and "tuning" in piecewise and "tuning" not in fixed_pw
+    assert len(piecewise["buckets"]) == len(fixed_pw["buckets"])
+    same = sum(a == b for g, e in zip(tokens, fixed) for a, b in zip(g, e))
+    assert same / sum(len(e) for e in fixed) >= 0.9
+
+
+def _run(model: str, schedule: str, budget: int = 512, **kw):
     from bullet_ray.config import EngineConfig
     from bullet_ray.engine.llm_engine import LLMEngine
     from bullet_ray.engine.sampling_params import SamplingParams
 
     config = EngineConfig(model=model, device="cuda", schedule=schedule, kv_cache_memory_gb=1.0,
-                          max_num_seqs=16, max_num_batched_tokens=512, **kw)
+                          max_num_seqs=16, max_num_batched_tokens=budget, **kw)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     role = "hybrid" if schedule == "chunked" else "prefill"
     with LLMEngine(config) as engine:

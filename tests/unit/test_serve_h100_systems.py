@@ -45,6 +45,8 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     chunked = _engine(system_yaml("chunked-2048", tmp_path))
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
     assert "piecewise_graph_tokens" not in chunked
+    assert _engine(system_yaml("chunked-2048+fixedpw", tmp_path))["piecewise_buckets"] == "fixed"
+    assert "piecewise_buckets" not in chunked
     eager = _engine(system_yaml("chunked-2048+nopw", tmp_path))
     assert eager["piecewise_graph_tokens"] == 0 and "async_scheduling" not in eager
     old = _engine(system_yaml("chunked-2048+pw1024", tmp_path))

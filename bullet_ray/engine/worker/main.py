@@ -123,6 +123,8 @@ class WorkerBase:
         partitions = self._graph_partitions()
         if self.role == "decode":
             partitions = [(i, stream) for i, stream in partitions if i == self.partitioner.whole_index]
+        if self.config.piecewise_buckets == "tuned" and partitions:
+            graphs.tune(partitions[0][1])  # timed on the first partition captured
         for index, stream in partitions:
             graphs.capture_all(index, stream)
         graphs.is_serving = True

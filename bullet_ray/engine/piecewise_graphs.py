@@ -24,9 +24,9 @@ Which buckets above `TUNE_FROM` tokens (`tune_buckets`, `piecewise_buckets: tune
 GEMM tiles by shape, so a step's time does not grow smoothly with its rows. On the H100 (Llama-3.1-8B's
 projections, benchmarks/results/gemm_shapes_h100/) 1,728 rows took 7% longer than 1,792 and 2,112 rows 13% longer
 than 2,048. Before capturing, the worker times one middle piece (a layer's o_proj and MLP and the next layer's
-q/k/v: every GEMM shape of the forward) at every multiple of `TUNE_STEP` in each tuned range and keeps the same
-number of buckets as the fixed ladder, chosen to make a step of uniformly spread size fastest on average
-(`choose_buckets`); the same graphs, memory and capture time, less time per step (on the H100's table: 2.6% off
+q/k/v: every GEMM shape of the forward) at every multiple of `TUNE_STEP` in each tuned range and keeps at most as
+many buckets as the fixed ladder (fewer where fewer are as fast), chosen to make a step of uniformly spread size
+fastest on average (`choose_buckets`); the same graphs, memory and capture time, less time per step (on the H100's table: 2.6% off
 the GEMMs of steps of 1,025-2,048 tokens against the every-128 buckets, 0.8% under running each step at its exact
 size). `piecewise_buckets: fixed` keeps `token_buckets`.
 
@@ -120,7 +120,7 @@ def choose_buckets(low: int, high: int, count: int, time_ms: dict[int, float]) -
 def tune_buckets(buckets: list[int], time_ms: Callable[[int], float], step: int = TUNE_STEP) -> tuple[list[int], dict[int, float]]:
     """`buckets` (token_buckets') with each of TUNE_RANGES that they span re-chosen by `choose_buckets` from
     measured times (`time_ms(t)`: a step's time on t rows, called once per size: every multiple of `step` in the
-    range and the range's top bucket), as many buckets per range as before. Returns the buckets and the times."""
+    range and the range's top bucket), at most as many buckets per range as before. Returns the buckets and the times."""
     out, times = list(buckets), {}
     for low, high in TUNE_RANGES:
         inside = [b for b in out if low < b <= high]

@@ -56,8 +56,8 @@ def test_captured_pieces_equal_the_eager_forward(model_source):
 
 
 def test_tuned_buckets_time_the_device_and_keep_the_pieces_exact(model_source):
-    """`tune` re-chooses the buckets above 512 tokens from this GPU's times (as many as the fixed ones); a step
-    on a tuned bucket still equals the eager forward."""
+    """`tune` re-chooses the buckets above 512 tokens from this GPU's times (at most as many as the fixed ones);
+    a step on a tuned bucket still equals the eager forward."""
     from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata, get_backend_class
     from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
     from bullet_ray.models.loader import load_model
@@ -72,7 +72,8 @@ def test_tuned_buckets_time_the_device_and_keep_the_pieces_exact(model_source):
     graphs.tune()
     report = graphs.tuning
     assert report is not None and report["fixed"] == token_buckets(1280)
-    assert len(graphs.buckets) == len(token_buckets(1280)) and graphs.buckets[-1] == 1280
+    # at most as many buckets (fewer where fewer are as fast: a small model's pieces are launch-bound)
+    assert len(graphs.buckets) <= len(token_buckets(1280)) and graphs.buckets[-1] == 1280
     assert [b for b in graphs.buckets if b <= 512] == [b for b in token_buckets(1280) if b <= 512]
     assert set(range(544, 1280, 32)) <= set(report["piece_ms"]) and all(v > 0 for v in report["piece_ms"].values())
     graphs.capture_all(0)
@@ -97,7 +98,7 @@ def test_engine_tunes_its_buckets_and_agrees_with_fixed(model_source):
     tokens, captures, piecewise = _run(model_source, "chunked", budget=1280)
     fixed, _, fixed_pw = _run(model_source, "chunked", budget=1280, piecewise_buckets="fixed")
     assert captures == 0 and "tuning" in piecewise and "tuning" not in fixed_pw
-    assert len(piecewise["buckets"]) == len(fixed_pw["buckets"])
+    assert len(piecewise["buckets"]) <= len(fixed_pw["buckets"])
     same = sum(a == b for g, e in zip(tokens, fixed) for a, b in zip(g, e))
     assert same / sum(len(e) for e in fixed) >= 0.9
 

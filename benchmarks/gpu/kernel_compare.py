@@ -624,6 +624,44 @@ def prompt_cost_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def matched_steps_table(results: dict[str, dict[str, Any]], min_steps: int = 2) -> str:
+    """Steps of both windows with the same prompt tokens (and decode rows within 10%), side by side: mean device
+    ms per group of categories. The fit's slopes compare engines over different mixes of chunks; steps of the
+    same size compare like with like (e.g. a full 1,985-token chunk beside ~63 decode rows)."""
+    rows = {name: ((results.get(name) or {}).get("step_costs") or {}).get("per_step") or [] for name in ("ours", "vllm")}
+    by_size: dict[int, dict[str, list[dict[str, float]]]] = defaultdict(lambda: {"ours": [], "vllm": []})
+    for name, steps in rows.items():
+        for st in steps:
+            by_size[st["prompt_tokens"]][name].append(st)
+    lines = ["| prompt tokens | steps ours / vLLM | decode rows | group | ours ms | vLLM ms | ours - vLLM |",
+             "|---|---|---|---|---|---|---|"]
+    for size in sorted(by_size):
+        ours, vllm = by_size[size]["ours"], by_size[size]["vllm"]
+        if len(ours) < min_steps or len(vllm) < min_steps:
+            continue
+        rows_o = sum(st["decode_rows"] for st in ours) / len(ours)
+        rows_v = sum(st["decode_rows"] for st in vllm) / len(vllm)
+        if abs(rows_o - rows_v) > 0.1 * max(rows_o, rows_v, 1):
+            continue
+        for group in ("all", "gemm", "attention", "kv_write", "norm_act_rotary_triton"):
+            cats = FIT_GROUPS[group]
+            o = sum(sum(st.get(c, 0.0) for c in cats) for st in ours) / len(ours)
+            v = sum(sum(st.get(c, 0.0) for c in cats) for st in vllm) / len(vllm)
+            lines.append(f"| {size} | {len(ours)} / {len(vllm)} | {rows_o:.1f} / {rows_v:.1f} | {group} | {o:.2f} "
+                         f"| {v:.2f} | {o - v:+.2f} |")
+    return "\n".join(lines)
+
+
+def print_report(results: dict[str, dict[str, Any]], title: str) -> None:
+    print(f"\n{title}:\n")
+    print(markdown_table(results), flush=True)
+    print("\nEach step's device time split into a decode part and a per-prompt-token part (steps at the window's "
+          "median decode rows, least squares; `step_costs` in the JSON):\n")
+    print(prompt_cost_table(results))
+    print("\nSteps of the same size in both windows (mean device ms; prompt tokens 0: decode-only steps):\n")
+    print(matched_steps_table(results), flush=True)
+
+
 def top_kernels_text(label: str, res: dict[str, Any], num: int = 15) -> str:
     rows = [f"{label}: top kernels (ms/step, calls/step, category)"]
     for k in res.get("top_kernels", [])[:num]:
@@ -653,6 +691,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ours-timeout-s", type=int, default=240, help="our run's wait for its profile window")
     parser.add_argument("--vllm-timeout-s", type=int, default=420, help="the vLLM child is killed after this")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")), help="output folder")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="print the tables of a saved kernel_compare.json and exit (no run)")
     parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -660,6 +700,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.report is not None:  # the tables again from a saved run (no GPU)
+        saved = json.loads(args.report.read_text())
+        print_report({k: saved[k] for k in ("ours", "vllm") if isinstance(saved.get(k), dict)},
+                     f"Device time per step ({args.report}, {saved.get('date')})")
+        return 0
     if args.trace_path is None:
         from benchmarks.traces import default_trace_dir
 
@@ -720,12 +765,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} {key}: {res[key]}")
         print(f"{name}: {res.get('system')} steps {json.dumps(res.get('steps'))}")
     print(f"saved {out_json}")
-    print(f"\nDevice time per step, steps {args.warmup_steps}-{args.warmup_steps + args.profile_steps - 1} "
-          f"({payload['device'].get('name')}):\n")
-    print(markdown_table(results), flush=True)
-    print("\nEach step's device time split into a decode part and a per-prompt-token part (steps at the window's "
-          "median decode rows, least squares; `step_costs` in the JSON):\n")
-    print(prompt_cost_table(results), flush=True)
+    print_report(results, f"Device time per step, steps {args.warmup_steps}-{args.warmup_steps + args.profile_steps - 1} "
+                          f"({payload['device'].get('name')})")
     return 0
 
 

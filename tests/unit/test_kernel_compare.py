@@ -13,6 +13,7 @@ from benchmarks.gpu.kernel_compare import (
     categorize,
     main,
     markdown_table,
+    matched_steps_table,
     our_step_starts,
     per_step_device_ms,
     prompt_cost_table,
@@ -316,6 +317,27 @@ def test_prompt_cost_table_side_by_side() -> None:
     assert "| gemm | 22.00 | - | - |" in prompt_cost_table({"ours": result(22.0), "vllm": {"error": "x"}})
     costs = step_costs({"traceEvents": []}, [1.0, 2.0], [{"prefill_tokens": 5, "decode_tokens": 3}] * 2)
     assert costs["per_step"] == [{"prompt_tokens": 5, "decode_rows": 3}] * 2
+
+
+def test_matched_steps_compare_like_with_like(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only sizes both windows hold at least twice, with decode rows within 10%; --report prints it again."""
+    def row(prompt: int, rows: int, gemm: float, attn: float) -> dict:
+        return {"prompt_tokens": prompt, "decode_rows": rows, "gemm": gemm, "attention_prefill": attn,
+                "all": gemm + attn}
+
+    ours = [row(0, 64, 5.0, 4.0), row(0, 64, 5.2, 4.2), row(1985, 63, 38.0, 9.0), row(1985, 63, 38.4, 9.2),
+            row(500, 63, 12.0, 5.0), row(500, 63, 12.0, 5.0), row(700, 63, 14.0, 5.0)]
+    vllm = [row(0, 64, 5.1, 4.5), row(0, 63, 5.1, 4.5), row(1985, 63, 37.8, 7.2), row(1985, 63, 37.8, 7.2),
+            row(500, 20, 9.0, 3.0), row(500, 20, 9.0, 3.0), row(700, 63, 14.0, 5.0), row(700, 63, 14.0, 5.0)]
+    results = {"ours": {"step_costs": {"per_step": ours}}, "vllm": {"step_costs": {"per_step": vllm}}}
+    table = matched_steps_table(results)
+    assert "| 1985 | 2 / 2 | 63.0 / 63.0 | attention | 9.10 | 7.20 | +1.90 |" in table
+    assert "| 0 | 2 / 2 | 64.0 / 63.5 | all | 9.20 | 9.60 | -0.40 |" in table
+    assert "| 500 |" not in table and "| 700 |" not in table  # other decode rows; one step of ours
+    saved = tmp_path / "kernel_compare.json"
+    saved.write_text(json.dumps({"date": "d", **results}))
+    assert main(["--report", str(saved)]) == 0
+    assert "| 1985 | 2 / 2 |" in capsys.readouterr().out
 
 
 CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(

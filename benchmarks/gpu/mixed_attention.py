@@ -8,6 +8,10 @@ decode's against the CUDA-core one's (all rows: the prompt rows' are equal, so i
 understates the decode rows' difference); `tc_kv_gbs` is the KV bytes the decode rows read over the
 tensor-core time.
 
+`overlap_ms` runs a mixed step's decode rows (tensor-core kernel) on a second stream beside its prompt chunks'
+kernel (`mixed_overlap`, BULLET_RAY_MIXED_ATTENTION_OVERLAP) against `tc_ms`, the same kernels one after the
+other; `overlap_rel_diff` is its output against that one's (the same kernels: 0 up to run-to-run rounding).
+
     python -m benchmarks.gpu.mixed_attention --out /tmp/out/mixed_attention_h100.json
 """
 
@@ -27,7 +31,10 @@ from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
 HEADS, KV_HEADS, DIM, LAYERS, BS = 32, 8, 128, 32, 16
 # (decode rows, their context, prompt chunk lengths, each chunk's cached prefix)
 SHAPES = [(32, 1024, [2016], 0), (128, 1300, [1920], 0), (256, 1300, [4096], 0), (256, 1300, [1024, 1024], 512),
-          (64, 1300, [], 0), (128, 1300, [], 0), (256, 1300, [], 0)]
+          (64, 1300, [], 0), (128, 1300, [], 0), (256, 1300, [], 0),
+          # the chunked schedule's mixed steps at a 2,048 budget and 64 sequences (kernel_compare_steps_h100):
+          # a full chunk, a full chunk after a prefix, short chunks after long prefixes
+          (63, 1300, [1985], 0), (63, 1300, [1985], 2048), (63, 1300, [376], 1024), (63, 1300, [127], 4096)]
 
 
 def metadata(num_decode: int, ctx: int, chunks: list[int], prefix: int, dev: str) -> AttentionMetadata:
@@ -63,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         num_blocks = sum((n + BS - 1) // BS for n in md.seq_lens_list)
         kv = torch.randn(2, num_blocks, 2, BS, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
         cuda_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=False)
-        tensor_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True)
+        tensor_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
+                                         mixed_overlap=False)
+        overlapped = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
+                                       mixed_overlap=True)
         t = md.num_tokens
         q = torch.randn(t, HEADS, DIM, device=dev, dtype=torch.bfloat16)
         k = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
@@ -75,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         split_ms, out = step_ms(cuda_cores, md, q, k, v, True, args.repeats)
         out = out.float().clone()
         tc_ms, tc_out = step_ms(tensor_cores, md, q, k, v, True, args.repeats)
+        if chunks and num_decode:  # the decode rows on a second stream beside the prompt chunks (mixed_overlap)
+            ov_ms, ov_out = step_ms(overlapped, md, q, k, v, True, args.repeats)
+            row.update(overlap_ms=round(ov_ms, 3), overlap_speedup=round(tc_ms / ov_ms, 3),
+                       overlap_rel_diff=round(float((ov_out.float() - tc_out.float()).norm() / tc_out.float().norm()), 6))
         if chunks:
             rel = float((out - ref).norm() / ref.norm())
             row.update(unsplit_ms=round(unsplit_ms, 3), split_ms=round(split_ms, 3),
@@ -90,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "mixed_attention", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": torch.cuda.get_device_name(), "command": "python -m benchmarks.gpu.mixed_attention",
               "note": "32 layers' attention of one step, plan included; decodes first, then prompt chunks; "
-                      "tc_*: decode rows through the tensor-core decode kernel; *_kv_gbs: the decode rows' KV "
+                      "tc_*: decode rows through the tensor-core decode kernel; overlap_*: those on a second stream beside "
+                      "the prompt chunks' kernel; *_kv_gbs: the decode rows' KV "
                       "bytes over the step's attention time (prompt chunks included where there are any)",
               "rows": rows}
     if args.out:

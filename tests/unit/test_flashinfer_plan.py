@@ -194,3 +194,15 @@ def test_split_chunk_caps_and_the_graph_variants_a_bucket_captures():
     assert graphs.plan_variants(256) == [None]
     backend.decode_split_kv_rows, backend.decode_tensor_cores = 24, False
     assert graphs.plan_variants(256) == [None]
+
+
+def test_mixed_overlap_is_off_unless_the_environment_turns_it_on(monkeypatch):
+    from bullet_ray.engine.attention.flashinfer_backend import default_mixed_overlap
+
+    monkeypatch.delenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", raising=False)
+    assert default_mixed_overlap() is False
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "1")
+    assert default_mixed_overlap() is True
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "on")
+    with pytest.raises(ValueError, match="BULLET_RAY_MIXED_ATTENTION_OVERLAP must be 0 or 1"):
+        default_mixed_overlap()

@@ -164,6 +164,19 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
     return chunk
 
 
+def default_mixed_overlap() -> bool:
+    """Whether a mixed batch's decode rows run on a second stream beside its prompt chunks' kernel, from
+    BULLET_RAY_MIXED_ATTENTION_OVERLAP ("0", the default, or "1"). The two kernels are bound by different things
+    (reading the decode rows' KV; the prompt tiles' arithmetic), which vLLM's one FlashAttention-3 kernel for every
+    row overlaps (benchmarks/results/kernel_compare_steps_h100/: +1.9 ms of attention on a full 2,048-token mixed
+    step against vLLM's). Off until benchmarks/gpu/mixed_attention.py's `overlap_ms` and a serving run show it
+    pays; only a batch launched on the default stream overlaps (a green context's stream keeps its SMs)."""
+    value = os.environ.get("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"BULLET_RAY_MIXED_ATTENTION_OVERLAP must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def default_decode_split_kv_rows() -> int | None:
     """From how many rows on a tensor-core decode plan is split by `balanced_kv_chunk_pages` (None: never, below
     it and at any batch flashinfer splits as it chooses; 0: no plan splits), from BULLET_RAY_DECODE_SPLIT_KV:
@@ -188,7 +201,7 @@ class FlashInferBackend(AttentionBackend):
     first_row_writes_last = False
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, decode_tensor_cores: bool | None = None) -> None:
+                 scale: float, decode_tensor_cores: bool | None = None, mixed_overlap: bool | None = None) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         import flashinfer
 
@@ -199,8 +212,14 @@ class FlashInferBackend(AttentionBackend):
         # the device's SMs as flashinfer's planner counts them (a green context's stream does not change it)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.mixed_overlap = default_mixed_overlap() if mixed_overlap is None else mixed_overlap
+        # overlapped, a mixed step's two kernels run at once: the decode wrapper then gets a workspace of its own
+        # (each wrapper lays out its partial outputs from the buffer's start) and the decode rows a side stream
+        decode_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device) if self.mixed_overlap \
+            else self.workspace
+        self._side_stream = torch.cuda.Stream(device) if self.mixed_overlap else None
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD",
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
                                                                     use_tensor_cores=self.decode_tensor_cores)
         self.fence = PlanFence()
         self._is_decode = False
@@ -323,8 +342,17 @@ class FlashInferBackend(AttentionBackend):
         nd = self._num_decode_rows
         if not nd:
             return self._run(self.prefill).run(q, k_cache, v_cache, out)
-        self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
+        side = self._side_stream
+        main = torch.cuda.current_stream(q.device) if side is not None else None
+        if side is None or main is None or main.cuda_stream != torch.cuda.default_stream(q.device).cuda_stream:
+            self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
+            self._run(self.prefill).run(q[nd:], k_cache, v_cache, out[nd:])
+            return out
+        side.wait_stream(main)  # this layer's q and K/V write are in
+        with torch.cuda.stream(side):
+            self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
         self._run(self.prefill).run(q[nd:], k_cache, v_cache, out[nd:])
+        main.wait_stream(side)  # later work on the main stream (and reuse of q / out's memory) waits for both
         return out
 
     def _run(self, wrapper: Any) -> DirectRun:

@@ -26,7 +26,7 @@ projections, benchmarks/results/gemm_shapes_h100/) 1,728 rows took 7% longer tha
 than 2,048. Before capturing, the worker times one middle piece (a layer's o_proj and MLP and the next layer's
 q/k/v: every GEMM shape of the forward) at every multiple of `TUNE_STEP` in each tuned range and keeps at most as
 many buckets as the fixed ladder (fewer where fewer are as fast), chosen to make a step of uniformly spread size
-fastest on average (`choose_buckets`); the same graphs, memory and capture time, less time per step (on the H100's table: 2.6% off
+fastest on average (`choose_buckets`); at most the same graphs, memory and capture time, less time per step (on the H100's table: 2.6% off
 the GEMMs of steps of 1,025-2,048 tokens against the every-128 buckets, 0.8% under running each step at its exact
 size). `piecewise_buckets: fixed` keeps `token_buckets`.
 
@@ -87,10 +87,11 @@ def token_buckets(max_tokens: int) -> list[int]:
 # of more than TUNE_UP_TO tokens keeps the fixed buckets: too many sizes to time at start)
 TUNE_FROM, TUNE_UP_TO, TUNE_STEP = 512, 4096, 32
 TUNE_RANGES = ((TUNE_FROM, 1024), (1024, 2048), (2048, TUNE_UP_TO))
+TUNE_HOLD_CYCLES = 20_000_000  # ~10 ms of a GPU clock: longer than the host takes to enqueue a size's timed runs
 
 
 def choose_buckets(low: int, high: int, count: int, time_ms: dict[int, float]) -> list[int]:
-    """`count` buckets in (low, high], the last one `high`, from the sizes `time_ms` times (all in (low, high]),
+    """At most `count` buckets in (low, high], the last one `high`, from the sizes `time_ms` times (in (low, high]),
     that make a step fastest on average when its token count is uniform over (low, high] and it runs on the
     smallest bucket holding it (`time_ms[t]`: the step's time on t rows). Dynamic programming over the sorted
     sizes: best[k][j] = the least total time of covering (low, size j] with k buckets, the last at size j."""
@@ -202,17 +203,25 @@ class PiecewiseGraphs:
     def tune(self, stream: Any = None, warmup: int = 2, reps: int = 5) -> None:
         """Re-choose the buckets above TUNE_FROM tokens from the device's own times (`tune_buckets`), before
         any capture: piece 1 (every GEMM shape of the forward) run eagerly on the static buffers, CUDA events
-        around `reps` runs after `warmup`, on `stream` (the partition graphs are captured on first)."""
+        around `reps` runs after `warmup`, on `stream` (the one partition the graphs are captured on). The
+        activations are random (GEMMs of zeros draw less power and can run faster than a real step's), and a
+        sleep kernel queued first holds the GPU while the host enqueues every run: the events time the GPU, not
+        the host's launches (which a small model's pieces would otherwise be bound by, for every size alike)."""
         if not self.capture or self.graphs or self.num_layers < 2:
             return
         started = time.perf_counter()
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            generator = torch.Generator(device=self.attn.device).manual_seed(0)
+            self.attn.copy_(torch.randn(self.attn.shape, generator=generator, device=self.attn.device))
+            self.residual.copy_(torch.randn(self.residual.shape, generator=generator, device=self.residual.device))
 
         def time_ms(t: int) -> float:
             with ctx:
                 for _ in range(warmup):
                     self._piece(1, t)
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(TUNE_HOLD_CYCLES)  # the host enqueues the runs meanwhile
                 begin.record()
                 for _ in range(reps):
                     self._piece(1, t)

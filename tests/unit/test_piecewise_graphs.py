@@ -98,6 +98,18 @@ def test_tuned_buckets_on_the_h100_table_beat_the_fixed_ones():
     assert tune_buckets(token_buckets(300), time_ms)[0] == token_buckets(300)
 
 
+def test_bucket_choice_is_validated_and_tuning_needs_captured_graphs():
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="piecewise_buckets"):
+        EngineConfig(model="dummy:tiny-llama", device="cpu", piecewise_buckets="Tuned")
+    assert EngineConfig(model="dummy:tiny-llama", device="cpu").piecewise_buckets == "tuned"
+    graphs = PiecewiseGraphs(_model("tiny-llama"), 2048, "cpu", capture=False)
+    graphs.tune()  # nothing to time without CUDA graphs: the fixed buckets stay
+    assert graphs.buckets == token_buckets(2048) and graphs.tuning is None
+
+
 def test_token_buckets():
     assert token_buckets(2048) == [8, 16, 32, 64, 128, *range(160, 513, 32), *range(576, 1025, 64),
                                    *range(1152, 2049, 128)]

@@ -17,7 +17,7 @@ def test_profiles_exactly_the_configured_window(tmp_path):
     prof = StepProfiler(str(tmp_path), start_step=2, num_steps=3, role="hybrid", is_gpu=False)
     x = torch.randn(64, 64)
     for _ in range(8):
-        prof.tick()  # before each step
+        prof.tick()  # as each step is launched
         x = torch.tanh(x @ x)
     prof.close()
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -82,3 +82,38 @@ def test_asynchronous_scheduling_defaults_to_the_gpu():
     assert not EngineConfig(device="cpu").is_async_scheduling
     assert not EngineConfig(device="cuda", async_scheduling=False).is_async_scheduling
     assert EngineConfig(device="cpu", async_scheduling=True).is_async_scheduling
+
+
+def test_a_window_closes_once_its_last_step_is_collected_with_nothing_in_flight(tmp_path):
+    """A worker that goes idle after the window's last step is not profiled polling until its next launch."""
+    prof = StepProfiler(str(tmp_path), start_step=1, num_steps=2, role="hybrid", is_gpu=False)
+    prof.tick()  # step 0
+    prof.after_collect(nothing_in_flight=True)
+    assert prof._torch_prof is None
+    prof.tick()  # step 1: the window opens
+    prof.after_collect(nothing_in_flight=True)  # step 1 collected, step 2 not launched yet: stays open
+    assert prof._torch_prof is not None
+    prof.tick()  # step 2, the window's last
+    prof.after_collect(nothing_in_flight=False)  # something still in flight: stays open
+    assert prof._torch_prof is not None
+    prof.after_collect(nothing_in_flight=True)
+    assert prof._torch_prof is None and (tmp_path / "hybrid-summary.json").is_file()
+    prof.tick()  # the next launch finds the window closed already
+    prof.close()
+    assert json.loads((tmp_path / "hybrid-summary.json").read_text())["steps"] == [1, 2]
+
+
+def test_the_worker_counts_launches():
+    """WorkerBase.launch ticks the profiler once per launched step (a loop turn that plans nothing does not
+    launch), so the profiled window's step numbers are the step log's rows."""
+    from tests.unit.test_follow_split import _Launcher
+
+    worker = _Launcher()
+    for _ in range(3):
+        worker.launch([])
+    assert worker.profiler.num_steps_seen == 0  # a disabled profiler counts nothing
+    worker.profiler = StepProfiler(None, 0, 0, "decode", is_gpu=False)
+    worker.profiler.folder, worker.profiler.num_steps, worker.profiler.start_step = "unused", 1, 10**9
+    for _ in range(3):
+        worker.launch([])
+    assert worker.profiler.num_steps_seen == 3

@@ -123,8 +123,11 @@ class WorkerBase:
         partitions = self._graph_partitions()
         if self.role == "decode":
             partitions = [(i, stream) for i, stream in partitions if i == self.partitioner.whole_index]
-        if self.config.piecewise_buckets == "tuned" and partitions:
-            graphs.tune(partitions[0][1])  # timed on the first partition captured
+        if self.config.piecewise_buckets == "tuned" and len(partitions) == 1:
+            graphs.tune(partitions[0][1])  # timed on the partition the graphs are captured on
+        elif self.config.piecewise_buckets == "tuned":  # where slow row counts fall depends on the SMs a side has
+            logger.info("%s worker: fixed piecewise buckets (tuning is per partition; this side captures %d)",
+                        self.role, len(partitions))
         for index, stream in partitions:
             graphs.capture_all(index, stream)
         graphs.is_serving = True
@@ -239,6 +242,7 @@ class WorkerBase:
         started = max(step.launched_s, self._last_done_s)  # the GPU ran this step from here
         self._last_done_s = now
         self.process(result, step, started)
+        self.profiler.after_collect(nothing_in_flight=self.inflight is None)
 
     @property
     def last_done_s(self) -> float:

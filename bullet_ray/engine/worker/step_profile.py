@@ -10,8 +10,10 @@ With `profile_dir` set, a worker profiles its steps number `profile_start_step` 
 - `<role>-summary.json`: wall time of the window, device-busy time (the union of kernel intervals), kernels
   and host launches per step.
 
-Steps are counted at their launch (`tick`, called by the worker as it launches one), so step n is the step
-log's row n (rows are written in launch order). Inside the window each step's launch opens a `bullet_step_<n>`
+Steps are counted at their launch (`tick`, called by the worker as it launches one), so step n is this worker's
+n-th row of the step log (rows are written in launch order; the two sides of the bullet schedule write theirs
+into one file, told apart by `side`). The window closes at the launch after its last step, or as soon as that
+step is collected with nothing in flight (`after_collect`: a worker that goes idle is not profiled polling). Inside the window each step's launch opens a `bullet_step_<n>`
 range of the timeline that lasts until the next launch, so a kernel's launch (its correlation id) names the
 step it belongs to (`benchmarks/gpu/kernel_compare.py` sums device time per step that way).
 
@@ -60,11 +62,17 @@ class StepProfiler:
             return
         if self.num_steps_seen == self.start_step:
             self._open()
-        elif self.num_steps_seen == self.start_step + self.num_steps:
-            self._close()
+        elif self.num_steps_seen == self.start_step + self.num_steps and self._torch_prof is not None:
+            self._close()  # (unless `after_collect` closed it already)
         if self._torch_prof is not None:
             self._name_step(self.num_steps_seen)
         self.num_steps_seen += 1
+
+    def after_collect(self, nothing_in_flight: bool) -> None:
+        """A step was collected: once every step of the window was launched and none is in flight, close it."""
+        if self._torch_prof is not None and nothing_in_flight \
+                and self.num_steps_seen >= self.start_step + self.num_steps:
+            self._close()
 
     def close(self) -> None:
         """The worker stops: a window still open is written as far as it got."""

@@ -27,20 +27,23 @@ def model_source(tmp_path_factory):
     return f"dummy:{path}"
 
 
-def test_captured_pieces_equal_the_eager_forward(model_source):
-    from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata, get_backend_class
-    from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
+def _model_and_backend(model_source: str, num_blocks: int):
+    from bullet_ray.engine.attention.base import get_backend_class
     from bullet_ray.models.loader import load_model
 
     model = load_model(model_source, torch.bfloat16, "cuda").model
     c = model.config
-    kv = torch.zeros(c.num_hidden_layers, 64, 2, 16, c.num_key_value_heads, c.head_dim, device="cuda",
+    kv = torch.zeros(c.num_hidden_layers, num_blocks, 2, 16, c.num_key_value_heads, c.head_dim, device="cuda",
                      dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                               c.head_dim ** -0.5)
-    graphs = PiecewiseGraphs(model, 256, "cuda")
-    graphs.capture_all(0)
-    query_lens, seq_lens = [1, 1, 37, 60], [20, 33, 37, 90]  # decodes first, then prompt chunks
+    return model, backend
+
+
+def _cut_against_eager(graphs, model, backend, query_lens: list[int], seq_lens: list[int]) -> float:
+    """Relative difference of one step (decodes first, then prompt chunks) through the pieces and eagerly."""
+    from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
+
     md = AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cuda")
     n = sum(query_lens)
     ids = torch.randint(100, 30000, (n,), device="cuda")
@@ -50,44 +53,36 @@ def test_captured_pieces_equal_the_eager_forward(model_source):
         eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
         backend.begin_batch(md)
         cut = graphs.run(0, ids, pos, AttentionContext(backend, md)).float()
-    rel = float((cut - eager).norm() / eager.norm())
+    return float((cut - eager).norm() / eager.norm())
+
+
+def test_captured_pieces_equal_the_eager_forward(model_source):
+    from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
+
+    model, backend = _model_and_backend(model_source, 64)
+    graphs = PiecewiseGraphs(model, 256, "cuda")
+    graphs.capture_all(0)
+    rel = _cut_against_eager(graphs, model, backend, [1, 1, 37, 60], [20, 33, 37, 90])
     assert rel < 2e-2, f"relative difference {rel:.4f}"
-    assert graphs.capture_report()["num_graphs"] == len(graphs.buckets) * (c.num_hidden_layers + 1)
+    assert graphs.capture_report()["num_graphs"] == len(graphs.buckets) * (model.config.num_hidden_layers + 1)
 
 
 def test_tuned_buckets_time_the_device_and_keep_the_pieces_exact(model_source):
     """`tune` re-chooses the buckets above 512 tokens from this GPU's times (at most as many as the fixed ones);
     a step on a tuned bucket still equals the eager forward."""
-    from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata, get_backend_class
     from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
-    from bullet_ray.models.loader import load_model
 
-    model = load_model(model_source, torch.bfloat16, "cuda").model
-    c = model.config
-    kv = torch.zeros(c.num_hidden_layers, 256, 2, 16, c.num_key_value_heads, c.head_dim, device="cuda",
-                     dtype=torch.bfloat16)
-    backend = get_backend_class("flashinfer")(kv, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                              c.head_dim ** -0.5)
+    model, backend = _model_and_backend(model_source, 256)
     graphs = PiecewiseGraphs(model, 1280, "cuda")
     graphs.tune()
     report = graphs.tuning
     assert report is not None and report["fixed"] == token_buckets(1280)
-    # at most as many buckets (fewer where fewer are as fast: a small model's pieces are launch-bound)
+    # at most as many buckets (fewer where fewer are as fast)
     assert len(graphs.buckets) <= len(token_buckets(1280)) and graphs.buckets[-1] == 1280
     assert [b for b in graphs.buckets if b <= 512] == [b for b in token_buckets(1280) if b <= 512]
     assert set(range(544, 1280, 32)) <= set(report["piece_ms"]) and all(v > 0 for v in report["piece_ms"].values())
     graphs.capture_all(0)
-    query_lens, seq_lens = [1, 1, 1100], [20, 33, 1100]
-    md = AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cuda")
-    n = sum(query_lens)
-    ids = torch.randint(100, 30000, (n,), device="cuda")
-    pos = torch.cat([torch.arange(s - q, s, device="cuda") for q, s in zip(query_lens, seq_lens)])
-    with torch.inference_mode():
-        backend.begin_batch(md)
-        eager = model.forward(ids, pos, AttentionContext(backend, md)).float()
-        backend.begin_batch(md)
-        cut = graphs.run(0, ids, pos, AttentionContext(backend, md)).float()
-    rel = float((cut - eager).norm() / eager.norm())
+    rel = _cut_against_eager(graphs, model, backend, [1, 1, 1100], [20, 33, 1100])
     assert rel < 2e-2, f"relative difference {rel:.4f}"
     assert "tuning" in graphs.capture_report()
 

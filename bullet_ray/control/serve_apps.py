@@ -80,13 +80,14 @@ class AppWatch:
     """The applications one actor serves and how long all of them have been absent.
 
     Absent means `serve_app_names()` answered and named none of them (an actor that was never told an
-    application serves none, so it counts as absent too). An unknown answer (None) neither starts nor resets
-    the clock, and never ends it: only an answer that names none of them, `grace_s` or more after the first
-    such answer with no present one in between, does."""
+    application serves none, so it counts as absent too). Only a run of known-absent answers ends the watch:
+    one that names none of them, `grace_s` or more after the first answer of an unbroken run of absent ones.
+    A present answer and an unknown one (None) both break the run (the clock starts again at the next absent
+    answer): time while Serve cannot tell says nothing about whether the applications were away."""
 
     grace_s: float  # how long every served application must be absent (s)
     app_names: set[str] = field(default_factory=set)  # the applications this actor serves
-    absent_since_s: float | None = None  # monotonic time of the first answer in a row that named none of them
+    absent_since_s: float | None = None  # monotonic time of the first of an unbroken run of absent answers
 
     def add(self, app_names: Iterable[str]) -> None:
         self.app_names.update(app_names)
@@ -97,10 +98,7 @@ class AppWatch:
 
     def observe(self, names: frozenset[str] | None, now_s: float) -> bool:
         """Take one answer of `serve_app_names()`; True once every served application has been gone `grace_s`."""
-        present = self.is_present(names)
-        if present is None:
-            return False
-        if present:
+        if self.is_present(names) is not False:  # present or unknown: the absence run is broken
             self.absent_since_s = None
             return False
         if self.absent_since_s is None:

@@ -78,10 +78,11 @@ def test_the_agent_leaves_once_its_apps_are_gone_for_the_grace_period(mps_root):
     assert not agent.watch_apps(frozenset({"app-a", "app-b"}), 0.0)
     assert not agent.watch_apps(frozenset({"app-b"}), 1.0)  # one of them still runs
     assert not agent.watch_apps(frozenset(), 2.0)
-    assert not agent.watch_apps(None, 30.0)  # unknown: nothing is cleaned up
-    assert not agent.watch_apps(frozenset({"other"}), 11.9) and agent.num_exits == 0
+    assert not agent.watch_apps(None, 30.0)  # unknown: nothing is cleaned up, and the absence clock restarts
+    assert not agent.watch_apps(frozenset(), 31.0)
+    assert not agent.watch_apps(frozenset({"other"}), 40.9) and agent.num_exits == 0
     assert MpsDaemon("mps-a").status().is_running
-    assert agent.watch_apps(frozenset({"other"}), 12.0)
+    assert agent.watch_apps(frozenset({"other"}), 41.0)
     assert agent.num_exits == 1 and agent._stop.is_set()
     assert not MpsDaemon("mps-a").status().is_running  # no server: no client, stopped
 

@@ -86,13 +86,29 @@ def test_a_present_answer_resets_the_clock():
     assert watch.observe(frozenset(), 22.0)
 
 
-def test_unknown_answers_decide_nothing():
+def test_unknown_answers_restart_the_absence_clock():
+    """Time while Serve cannot tell does not count toward the grace period: only an unbroken run of absent
+    answers at least `grace_s` long ends the watch."""
     watch = AppWatch(10.0, {"a"})
     assert not watch.observe(None, 0.0) and watch.absent_since_s is None  # unknown starts nothing
     watch.observe(frozenset(), 1.0)
-    assert not watch.observe(None, 50.0)  # nor ends anything: only an absent answer does
-    assert watch.absent_since_s == 1.0
-    assert watch.observe(frozenset(), 51.0)
+    assert not watch.observe(None, 50.0)  # nor ends anything
+    assert watch.absent_since_s is None  # and breaks the absent run
+    assert not watch.observe(frozenset(), 51.0)  # the clock starts again here
+    assert not watch.observe(frozenset(), 60.9)
+    assert watch.observe(frozenset(), 61.0)
+
+
+def test_absent_then_unknown_for_longer_than_the_grace_period_is_not_gone():
+    """The review's case: absent at 0 s, unknown at 60, 119, 121 s, absent at 125 s with a 120 s grace period
+    was counted as gone (the unknown stretch counted as absence)."""
+    watch = AppWatch(120.0, {"a"})
+    assert not watch.observe(frozenset(), 0.0)
+    for t in (60.0, 119.0, 121.0):
+        assert not watch.observe(None, t)
+    assert not watch.observe(frozenset(), 125.0)
+    assert not watch.observe(frozenset(), 244.0)
+    assert watch.observe(frozenset(), 245.0)
 
 
 def test_every_served_app_must_be_gone():

@@ -118,6 +118,22 @@ class ClusterController:
         """The base config (the YAML's) with `overrides` on top, validated as a whole (ValueError)."""
         return ControllerConfig(**{**self.base_config.model_dump(), **overrides})
 
+    def _keep_valid(self, overrides: dict[str, Any], when: str) -> tuple[dict[str, Any], ControllerConfig]:
+        """The overrides that still validate on the base config, taken one at a time in the order of their names
+        (each kept only if the config validates with it and the ones kept before it), and the config they make;
+        each dropped one is logged with the reason (`when`: what is happening, for the log)."""
+        kept: dict[str, Any] = {}
+        cfg = self.base_config
+        for name in sorted(overrides):
+            try:
+                cfg = self._config_with({**kept, name: overrides[name]})
+            except ValueError as e:
+                logger.warning("controller %s drops its override %s=%r %s: %s", self.app, name, overrides[name],
+                               when, e)
+            else:
+                kept[name] = overrides[name]
+        return kept, cfg
+
     def _new_reader(self) -> PrometheusReader | NodeExporterReader:
         c = self.cfg
         return PrometheusReader(c.prometheus_url, self.spec.model_name, window_s=max(30.0, 3 * c.interval_s)) \
@@ -136,12 +152,8 @@ class ClusterController:
             # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones
             self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
             self.cfg = self.base_config
-        self.overrides = saved.get("overrides", {})
-        try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
-            self.cfg = self._config_with(self.overrides)
-        except ValueError as e:
-            logger.warning("controller %s drops its saved overrides %s: %s", self.app, self.overrides, e)
-            self.overrides, self.cfg = {}, self.base_config
+        # validated against this start's base config (a saved floor may sit above a new ceiling)
+        self.overrides, self.cfg = self._keep_valid(saved.get("overrides", {}), "on a restore")
         self.forecaster = self._new_forecaster()
         self.forecaster.load_dict(saved["forecaster"])
         self.state = ControllerState(**saved["state"])
@@ -189,7 +201,8 @@ class ClusterController:
         """A redeploy's settings: `start_controller` hands them to the controller it found (Ray does not rerun a
         found actor's constructor). The settings in force already: nothing changes, every state is kept (False).
         Else the new `controller:` section is the base config: an operator override of a field it changed is
-        dropped (the later word wins), the others kept where they still validate; used from the next decision on
+        dropped (the later word wins), the others kept one at a time where they still validate (`_keep_valid`: one
+        that conflicts with the new section does not take the others with it); used from the next decision on
         (`_use`), and persisted, so a restart by Ray keeps them (True)."""
         base = ControllerConfig(**config)
         with self._lock:
@@ -197,12 +210,8 @@ class ClusterController:
                 return False
             changed = {k for k, v in base.model_dump().items() if getattr(self.base_config, k) != v}
             self.base_config = base
-            kept = {k: v for k, v in self.overrides.items() if k not in changed}
-            try:
-                cfg = self._config_with(kept)
-            except ValueError as e:
-                logger.warning("controller %s drops its overrides %s on a redeploy: %s", self.app, kept, e)
-                kept, cfg = {}, base
+            kept, cfg = self._keep_valid({k: v for k, v in self.overrides.items() if k not in changed},
+                                         "on a redeploy")
             dropped = {k: v for k, v in self.overrides.items() if k not in kept}
             self.overrides = kept
             self._use(cfg, spec)

@@ -141,6 +141,35 @@ def test_a_redeploy_that_invalidates_an_override_drops_it(kv, cluster):
     assert controller.overrides == {} and controller.cfg.min_decode_sms == 8  # 80 > the new ceiling 64
 
 
+def test_a_redeploy_keeps_the_overrides_that_still_validate(kv, cluster):
+    """One override that conflicts with the new section drops that one only, not every override."""
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80, "scale_down_after": 2, "ttft_target_ms": 500.0})
+    assert controller.redeploy({**YAML, "max_decode_sms": 64}, GPU) is True
+    assert controller.overrides == {"scale_down_after": 2, "ttft_target_ms": 500.0}
+    assert (controller.cfg.min_decode_sms, controller.cfg.max_decode_sms, controller.cfg.scale_down_after) == (8, 64, 2)
+    assert kv[("app", "state")]["overrides"] == controller.overrides
+
+
+def test_overrides_that_conflict_with_each_other_keep_the_first_by_name(kv, cluster):
+    """Two overrides each valid alone but not together: taken in the order of their names, the first stays."""
+    yaml = {**YAML, "max_decode_sms": None, "min_decode_sms": None}
+    controller = make_controller(yaml, GPU)
+    controller.update_config({"max_decode_sms": 32, "min_decode_sms": 16})
+    assert controller.redeploy({**yaml, "interval_s": 1.0}, GPU)
+    assert controller.overrides == {"max_decode_sms": 32, "min_decode_sms": 16}  # 16 <= 32: both valid
+    controller.overrides = {"min_decode_sms": 16, "max_decode_sms": 8}  # as a saved state from older code may hold
+    assert controller.redeploy({**yaml, "interval_s": 2.0}, GPU)
+    assert controller.overrides == {"max_decode_sms": 8}  # "max..." before "min...": 16 > 8 drops the floor
+
+
+def test_a_restore_keeps_the_saved_overrides_that_still_validate(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80, "scale_down_after": 2})
+    restarted = make_controller({**YAML, "max_decode_sms": 64}, GPU)  # another actor id: its own arguments
+    assert restarted.overrides == {"scale_down_after": 2} and restarted.cfg.max_decode_sms == 64
+
+
 def test_a_redeploy_of_the_app_spec_reads_the_new_model(kv, cluster):
     controller = make_controller(YAML, GPU)
     assert controller.redeploy(dict(YAML), dataclasses.replace(GPU, model_name="m2")) is True

@@ -149,8 +149,14 @@ class ClusterController:
             return
         deployed = saved.get("deployed")
         if deployed and deployed["actor_id"] is not None and deployed["actor_id"] == _actor_id():
-            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones
-            self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones.
+            # Settings this code rejects (saved by another bullet_ray version) must not fail every restart for good:
+            # the constructor's arguments then stand.
+            try:
+                self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            except (ValueError, TypeError, KeyError) as e:
+                logger.warning("controller %s cannot take its saved deployed settings (%s); it keeps the ones it was "
+                               "started with", self.app, e)
             self.cfg = self.base_config
         # validated against this start's base config (a saved floor may sit above a new ceiling)
         self.overrides, self.cfg = self._keep_valid(saved.get("overrides", {}), "on a restore")

@@ -188,3 +188,19 @@ def test_a_restart_by_ray_keeps_the_redeploys_settings(kv, cluster, monkeypatch)
     assert restarted.cfg.max_decode_sms == 64 and restarted.spec.num_engines == 2 and restarted.state.seq == 1
     monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-2")
     assert make_controller(YAML, GPU).cfg.max_decode_sms == 96
+
+
+@pytest.mark.parametrize("deployed", [
+    {"config": {**YAML, "max_decode_sms": 0}, "spec": dataclasses.asdict(GPU)},  # a value this code rejects
+    {"config": {**YAML, "retired_field": 1}, "spec": dataclasses.asdict(GPU)},  # a field it no longer knows
+    {"config": dict(YAML), "spec": {**dataclasses.asdict(GPU), "retired_field": 1}},
+])
+def test_a_restart_with_saved_settings_this_code_rejects_takes_its_arguments(kv, cluster, monkeypatch, deployed):
+    """The restarted constructor fell over for good on a saved `deployed` section it rejects; now it logs that and
+    takes the arguments Ray passed it, with the rest of the saved state."""
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-1")
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    kv[("app", "state")]["deployed"].update(deployed)
+    restarted = make_controller({**YAML, "max_decode_sms": 48}, GPU)
+    assert restarted.cfg.max_decode_sms == 48 and restarted.spec == GPU and restarted.state.seq == 1

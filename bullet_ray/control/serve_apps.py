@@ -90,7 +90,11 @@ class AppWatch:
     absent_since_s: float | None = None  # monotonic time of the first of an unbroken run of absent answers
 
     def add(self, app_names: Iterable[str]) -> None:
+        """Applications a caller serves now (a controller calls only while its application runs): they join
+        the served ones and the absence clock restarts (an answer of `serve_app_names()` from before this call
+        may not name an application just deployed)."""
         self.app_names.update(app_names)
+        self.absent_since_s = None
 
     def is_present(self, names: frozenset[str] | None) -> bool | None:
         """Whether any served application is in `names` (None: unknown)."""

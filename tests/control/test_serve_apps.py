@@ -118,3 +118,12 @@ def test_every_served_app_must_be_gone():
     assert watch.is_present(frozenset({"b"})) and watch.is_present(None) is None
     assert not watch.observe(frozenset({"b"}), 0.0)
     assert watch.observe(frozenset({"c"}), 0.0)
+
+
+def test_a_served_app_added_restarts_the_clock():
+    """A caller names an application it serves now: an absent answer asked before it was deployed ends nothing."""
+    watch = AppWatch(10.0, {"a"})
+    watch.observe(frozenset(), 0.0)
+    watch.add(["b"])
+    assert watch.absent_since_s is None and not watch.observe(frozenset(), 11.0)
+    assert watch.observe(frozenset(), 21.0)

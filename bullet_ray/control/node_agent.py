@@ -11,6 +11,8 @@
   (`stop_unused_daemon`: a server may still have clients, which the control daemon's `get_server_list` cannot
   tell), then kills itself. A controller whose call failed finds or starts the node's agent again at its next
   push.
+- **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
+  lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)
   as bullet_node_* metrics; on a node without GPUs NVML reports nothing and only the node's accelerator
   resources (a fake GPU resource in CPU tests) and the MPS state are reported.
@@ -35,6 +37,7 @@ from bullet_ray.gpu.mps import MpsDaemon, MpsError
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
+APPS_CHECK_S = 30.0  # the agent asks Serve which applications exist at most this often (every agent of the cluster asks)
 
 
 class AgentLeavingError(RuntimeError):
@@ -65,10 +68,11 @@ class NodeAgent:
     """Ray actor class (see the module docstring); `start_node_agents` places one per node.
 
     `app_gone_s`: how long every application it served must be absent before it leaves; None: APP_GONE_S,
-    or three telemetry periods if longer (tests pass a short one)."""
+    or three telemetry periods if longer (tests pass a short one). `apps_check_s`: the least time between two
+    questions to Serve (tests pass a short one)."""
 
     def __init__(self, node_id: str, accelerator: str | None = None, period_s: float = 5.0,
-                 app_gone_s: float | None = None, run_loop: bool = True) -> None:
+                 app_gone_s: float | None = None, run_loop: bool = True, apps_check_s: float = APPS_CHECK_S) -> None:
         from bullet_ray.metrics import NodeMetrics
 
         self.node_id = node_id
@@ -79,6 +83,8 @@ class NodeAgent:
         self.apps = AppWatch(max(APP_GONE_S, 3 * period_s) if app_gone_s is None else app_gone_s)
         self._lock = threading.Lock()  # the applications, daemons and leaving: the loop reads what calls add
         self._is_leaving = False  # every served application is gone: it refuses calls, stops its daemons, exits
+        self.apps_check_s = apps_check_s
+        self._next_apps_check_s = 0.0  # monotonic time of its next question to Serve (its own clock)
         self._stop = threading.Event()
         if run_loop:
             threading.Thread(target=self._loop, args=(period_s,), name="bullet-node-telemetry", daemon=True).start()
@@ -90,10 +96,18 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - telemetry must not kill the agent
                 logger.exception("telemetry failed")
             try:
-                if self.watch_apps(serve_app_names(), time.monotonic()):
+                if self.check_apps(time.monotonic()):
                     return
             except Exception:  # noqa: BLE001 - a failed check must not kill the agent either
                 logger.exception("the check of the served applications failed")
+
+    def check_apps(self, now_s: float) -> bool:
+        """Ask Serve which applications exist (`watch_apps`) unless it asked less than `apps_check_s` ago: the
+        telemetry period is shorter, and every node's agent asks the one Serve controller. True: it left."""
+        if now_s < self._next_apps_check_s:
+            return False
+        self._next_apps_check_s = now_s + self.apps_check_s
+        return self.watch_apps(serve_app_names(), time.monotonic())
 
     def watch_apps(self, names: frozenset[str] | None, now_s: float) -> bool:
         """Take one answer of `serve_app_names()`; once every served application has been gone `app_gone_s`,

@@ -130,6 +130,17 @@ def test_a_call_after_the_answer_keeps_the_agent_and_its_daemon(mps_root):
     assert agent.ensure_mps("app-b", "mps-a")  # still served
 
 
+def test_the_agent_asks_serve_at_most_every_30_s(monkeypatch):
+    """Telemetry runs every 5 s; the question to Serve (one controller asked by every node's agent) does not."""
+    asked = []
+    monkeypatch.setattr(node_agent_module, "serve_app_names", lambda: asked.append(1) or frozenset({"app-a"}))
+    agent = make_agent()
+    agent.apps.add(["app-a"])
+    for t in range(0, 65, 5):  # the telemetry loop's ticks, 0..60 s
+        assert not agent.check_apps(float(t))
+    assert len(asked) == 3 == 1 + 60 // node_agent_module.APPS_CHECK_S  # at 0, 30 and 60 s
+
+
 def test_the_default_grace_period_covers_a_redeploy():
     agent = NodeAgent("n" * 12, period_s=60.0, run_loop=False)
     assert agent.apps.grace_s == 180.0  # three periods when longer than APP_GONE_S

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from ray.exceptions import ActorDiedError
 
@@ -63,6 +66,29 @@ def test_two_actor_errors_in_a_row_are_unknown(monkeypatch):
 def test_other_failures_are_unknown(monkeypatch, error):
     fake = FakeServe(monkeypatch, error=error)
     assert serve_app_names() is None and fake.num_drops == 0
+
+
+def test_a_serve_status_that_does_not_answer_is_unknown(monkeypatch):
+    """serve.status() has no timeout of its own: the lookup answers None after its timeout, and while that one
+    still hangs a later lookup answers None at once (one hung thread, not one per call)."""
+    release = threading.Event()
+    fake = FakeServe(monkeypatch)
+    answer = fake.status
+
+    def hanging() -> frozenset[str]:
+        release.wait(10.0)
+        return answer()
+
+    monkeypatch.setattr(serve_apps, "_serve_status_apps", hanging)
+    start = time.monotonic()
+    assert serve_app_names(timeout_s=0.2) is None
+    assert serve_app_names(timeout_s=0.2) is None
+    assert time.monotonic() - start < 2.0 and fake.num_status == 0
+    release.set()
+    deadline = time.monotonic() + 5.0
+    while fake.num_status == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert serve_app_names(timeout_s=5.0) == {"a"} and fake.num_status == 2
 
 
 def test_a_failed_controller_lookup_is_unknown(monkeypatch):

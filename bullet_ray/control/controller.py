@@ -11,7 +11,8 @@ is set, else every node's exporter), updates the load forecast (bullet_ray.contr
   (decision counter, scale-down streak, forecaster, operator overrides, last decision, the deployed
   settings) in the internal KV, so a restarted controller (Ray restarts it: max_restarts=-1) continues where
   it was.
-A redeploy of the application finds the running controller and hands it the new settings (`redeploy`).
+A redeploy of the application finds the running controller and hands it the new settings (`redeploy`), without
+waiting on a decision in progress; a found controller that cannot take them is replaced (`start_controller`).
 It stops itself when its application has been gone for `APP_GONE_S` (`serve.delete`, `serve.shutdown`; asked
 through bullet_ray.control.serve_apps, which drops Serve's stale client; nothing happens while Serve cannot tell).
 """

@@ -11,7 +11,8 @@ is set, else every node's exporter), updates the load forecast (bullet_ray.contr
   (decision counter, scale-down streak, forecaster, operator overrides, last decision, the deployed
   settings) in the internal KV, so a restarted controller (Ray restarts it: max_restarts=-1) continues where
   it was.
-A redeploy of the application finds the running controller and hands it the new settings (`redeploy`).
+A redeploy of the application finds the running controller and hands it the new settings (`redeploy`), without
+waiting on a decision in progress; a found controller that cannot take them is replaced (`start_controller`).
 It stops itself when its application has been gone for `APP_GONE_S` (`serve.delete`, `serve.shutdown`; asked
 through bullet_ray.control.serve_apps, which drops Serve's stale client; nothing happens while Serve cannot tell).
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from bullet_ray.control import autoscale
 from bullet_ray.control.config import ControllerConfig
@@ -43,7 +45,8 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
 # APP_GONE_S (serve_apps): the application missing this long (never deployed, or deleted) -> the controller exits
-REDEPLOY_TIMEOUT_S = 120.0  # a found controller takes a redeploy's settings within this (after a decision under way)
+REDEPLOY_WAIT_S = 5.0  # how long a build waits for a found controller to take its settings (a tick may hold it longer)
+GONE_WAIT_S = 10.0  # how long start_controller waits for a killed controller's name to be free again
 
 
 def controller_name(app_name: str) -> str:
@@ -109,7 +112,8 @@ class ClusterController:
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._app_watch = AppWatch(APP_GONE_S, {self.app})
+        self._app_watch = AppWatch(APP_GONE_S, {self.app})  # read and changed under the lock
+        self._is_leaving = False  # its application is gone: it forgets its state and exits; set under the lock
         if run_loop:
             threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
 
@@ -117,6 +121,22 @@ class ClusterController:
     def _config_with(self, overrides: dict[str, Any]) -> ControllerConfig:
         """The base config (the YAML's) with `overrides` on top, validated as a whole (ValueError)."""
         return ControllerConfig(**{**self.base_config.model_dump(), **overrides})
+
+    def _keep_valid(self, overrides: dict[str, Any], when: str) -> tuple[dict[str, Any], ControllerConfig]:
+        """The overrides that still validate on the base config, taken one at a time in the order of their names
+        (each kept only if the config validates with it and the ones kept before it), and the config they make;
+        each dropped one is logged with the reason (`when`: what is happening, for the log)."""
+        kept: dict[str, Any] = {}
+        cfg = self.base_config
+        for name in sorted(overrides):
+            try:
+                cfg = self._config_with({**kept, name: overrides[name]})
+            except ValueError as e:
+                logger.warning("controller %s drops its override %s=%r %s: %s", self.app, name, overrides[name],
+                               when, e)
+            else:
+                kept[name] = overrides[name]
+        return kept, cfg
 
     def _new_reader(self) -> PrometheusReader | NodeExporterReader:
         c = self.cfg
@@ -133,15 +153,17 @@ class ClusterController:
             return
         deployed = saved.get("deployed")
         if deployed and deployed["actor_id"] is not None and deployed["actor_id"] == _actor_id():
-            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones
-            self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones.
+            # Settings this code rejects (saved by another bullet_ray version) must not fail every restart for good:
+            # the constructor's arguments then stand.
+            try:
+                self.base_config, self.spec = ControllerConfig(**deployed["config"]), AppSpec(**deployed["spec"])
+            except (ValueError, TypeError, KeyError) as e:
+                logger.warning("controller %s cannot take its saved deployed settings (%s); it keeps the ones it was "
+                               "started with", self.app, e)
             self.cfg = self.base_config
-        self.overrides = saved.get("overrides", {})
-        try:  # validated against this start's base config (a saved floor may sit above a new ceiling)
-            self.cfg = self._config_with(self.overrides)
-        except ValueError as e:
-            logger.warning("controller %s drops its saved overrides %s: %s", self.app, self.overrides, e)
-            self.overrides, self.cfg = {}, self.base_config
+        # validated against this start's base config (a saved floor may sit above a new ceiling)
+        self.overrides, self.cfg = self._keep_valid(saved.get("overrides", {}), "on a restore")
         self.forecaster = self._new_forecaster()
         self.forecaster.load_dict(saved["forecaster"])
         self.state = ControllerState(**saved["state"])
@@ -189,20 +211,20 @@ class ClusterController:
         """A redeploy's settings: `start_controller` hands them to the controller it found (Ray does not rerun a
         found actor's constructor). The settings in force already: nothing changes, every state is kept (False).
         Else the new `controller:` section is the base config: an operator override of a field it changed is
-        dropped (the later word wins), the others kept where they still validate; used from the next decision on
+        dropped (the later word wins), the others kept one at a time where they still validate (`_keep_valid`: one
+        that conflicts with the new section does not take the others with it); used from the next decision on
         (`_use`), and persisted, so a restart by Ray keeps them (True)."""
         base = ControllerConfig(**config)
         with self._lock:
+            if self._is_leaving:  # start_controller replaces it
+                raise RuntimeError(f"controller {self.app} is exiting: its application was gone")
+            self._app_watch.absent_since_s = None  # the application is being deployed: its absence clock restarts
             if base == self.base_config and spec == self.spec:
                 return False
             changed = {k for k, v in base.model_dump().items() if getattr(self.base_config, k) != v}
             self.base_config = base
-            kept = {k: v for k, v in self.overrides.items() if k not in changed}
-            try:
-                cfg = self._config_with(kept)
-            except ValueError as e:
-                logger.warning("controller %s drops its overrides %s on a redeploy: %s", self.app, kept, e)
-                kept, cfg = {}, base
+            kept, cfg = self._keep_valid({k: v for k, v in self.overrides.items() if k not in changed},
+                                         "on a redeploy")
             dropped = {k: v for k, v in self.overrides.items() if k not in kept}
             self.overrides = kept
             self._use(cfg, spec)
@@ -229,11 +251,7 @@ class ClusterController:
         while not self._stop.wait(self.cfg.interval_s):
             try:
                 names = serve_app_names()
-                if self._app_watch.observe(names, time.monotonic()):
-                    logger.info("application %s is gone: the controller forgets its state and exits", self.app)
-                    for what in ("state", "num_replicas"):
-                        autoscale.kv_delete(self.app, what)
-                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                if self._leave_if_gone(names, time.monotonic()):
                     return
                 if self._app_watch.is_present(names):  # absent or unknown: no decision
                     self.tick()
@@ -241,6 +259,24 @@ class ClusterController:
                 logger.warning("controller %s cannot read metrics: %s", self.app, e)
             except Exception:  # noqa: BLE001 - a bad reading must not stop the controller
                 logger.exception("controller tick failed")
+
+    def _leave_if_gone(self, names: frozenset[str] | None, now_s: float) -> bool:
+        """Take one answer of `serve_app_names()`; once the application has been gone `APP_GONE_S`, forget the
+        persisted state and kill this actor (True). Under the decision lock, so a redeploy that arrives meanwhile
+        (it restarts the absence clock) either comes first or finds it leaving and fails (start_controller then
+        starts a new controller)."""
+        with self._lock:
+            if not self._app_watch.observe(names, now_s):
+                return False
+            self._is_leaving = True
+            logger.info("application %s is gone: the controller forgets its state and exits", self.app)
+            for what in ("state", "num_replicas"):
+                autoscale.kv_delete(self.app, what)
+            self._exit()
+            return True
+
+    def _exit(self) -> None:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def tick(self, reading: ClusterReading | None = None) -> dict[str, Any]:
         """One decision now (the loop calls it; tests may too). Returns its log record."""
@@ -321,15 +357,55 @@ class ClusterController:
                     m.bound.set(value, tags={"engine": e.engine_id, "bound": bound})
 
 
-def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
-    """Find or start the application's controller (detached, restarted by Ray when it dies); one that was
-    running already takes these settings (`ClusterController.redeploy`; the same ones change nothing)."""
-    actor: Any = ray.remote(ClusterController).options(  # type: ignore[attr-defined]
+def _find_or_create(config: ControllerConfig, spec: AppSpec) -> Any:
+    """The application's named controller actor: the running one (its constructor is not run again), else a new one."""
+    return ray.remote(ClusterController).options(  # type: ignore[attr-defined]
         name=controller_name(config.app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=0, max_restarts=-1, max_concurrency=4,
     ).remote(config.model_dump(), spec)
-    ray.get(actor.redeploy.remote(config.model_dump(), spec), timeout=REDEPLOY_TIMEOUT_S)
-    return actor
+
+
+def _wait_until_gone(app_name: str, timeout_s: float = GONE_WAIT_S) -> None:
+    """Wait until the controller's name is free (ray.kill returns before the actor is gone), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(controller_name(app_name), namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.2)
+    logger.warning("controller %s still registered %.0f s after it was killed", app_name, timeout_s)
+
+
+def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
+    """Find or start the application's controller (detached, restarted by Ray when it dies); one that was
+    running already takes these settings (`ClusterController.redeploy`; the same ones change nothing).
+
+    The build is not held up by a busy controller: a tick holds the decision lock across metrics reads and pushes,
+    so when the redeploy has not run within `REDEPLOY_WAIT_S` it stays queued (the settings apply once the
+    decision in progress ends) and this returns. A found controller that cannot take them (one of an older
+    bullet_ray without `redeploy`, or one exiting because its application was gone: a Ray actor or task error,
+    or AttributeError) is killed, its persisted state kept, and a fresh one started, once; a second failure
+    raises."""
+    for attempt in (1, 2):
+        actor = _find_or_create(config, spec)
+        try:
+            ref = actor.redeploy.remote(config.model_dump(), spec)
+            done, _ = ray.wait([ref], timeout=REDEPLOY_WAIT_S)
+            if not done:
+                logger.info("controller %s is deciding: the new settings apply once its decision in progress ends",
+                            config.app_name)
+                return actor
+            ray.get(ref)
+            return actor
+        except (RayActorError, RayTaskError, AttributeError) as e:
+            if attempt == 2:
+                raise
+            logger.warning("controller %s cannot take the new settings (%s: %s); it is replaced by a new one",
+                           config.app_name, type(e).__name__, e)
+            stop_controller(config.app_name, forget=False)
+            _wait_until_gone(config.app_name)
+    raise AssertionError("not reached")
 
 
 def stop_controller(app_name: str, forget: bool = True) -> None:

@@ -3,11 +3,16 @@
 - **MPS**: makes sure the node's MPS daemon runs when the application's workers are MPS clients
   (`ensure_mps`; engine replicas also start it on their own, whichever comes first) and stops it on
   request (`stop_mps`: call it only when no engine uses it).
-- **Leaving**: it learns the applications it serves from `relay` and `ensure_mps`. Once every one of them
-  has been absent from Serve for `app_gone_s` (bullet_ray.control.serve_apps; an unknown answer decides
-  nothing), it stops each MPS daemon it ensured that has no MPS server left (`stop_unused_daemon`: a server
-  may still have clients, which the control daemon's `get_server_list` cannot tell), then kills itself. A
-  controller that still holds its handle finds or starts the node's agent again at its next push.
+- **Leaving**: it learns the applications it serves from `relay` and `ensure_mps` (each call restarts the
+  absence clock). Once every one of them has been absent from Serve for `app_gone_s` (an unbroken run of
+  answers that name none of them: bullet_ray.control.serve_apps), it is leaving: from then on `relay` and
+  `ensure_mps` raise `AgentLeavingError` (decided under the lock they take, so a call either came first and
+  keeps it, or is refused), it stops each MPS daemon it ensured that has no MPS server left
+  (`stop_unused_daemon`: a server may still have clients, which the control daemon's `get_server_list` cannot
+  tell), then kills itself. A controller whose call failed finds or starts the node's agent again at its next
+  push.
+- **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
+  lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)
   as bullet_node_* metrics; on a node without GPUs NVML reports nothing and only the node's accelerator
   resources (a fake GPU resource in CPU tests) and the MPS state are reported.
@@ -32,6 +37,11 @@ from bullet_ray.gpu.mps import MpsDaemon, MpsError
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
+APPS_CHECK_S = 30.0  # the agent asks Serve which applications exist at most this often (every agent of the cluster asks)
+
+
+class AgentLeavingError(RuntimeError):
+    """The node agent is leaving (its applications are gone): find or start the node's agent again."""
 
 
 def agent_name(node_id: str) -> str:
@@ -58,10 +68,11 @@ class NodeAgent:
     """Ray actor class (see the module docstring); `start_node_agents` places one per node.
 
     `app_gone_s`: how long every application it served must be absent before it leaves; None: APP_GONE_S,
-    or three telemetry periods if longer (tests pass a short one)."""
+    or three telemetry periods if longer (tests pass a short one). `apps_check_s`: the least time between two
+    questions to Serve (tests pass a short one)."""
 
     def __init__(self, node_id: str, accelerator: str | None = None, period_s: float = 5.0,
-                 app_gone_s: float | None = None, run_loop: bool = True) -> None:
+                 app_gone_s: float | None = None, run_loop: bool = True, apps_check_s: float = APPS_CHECK_S) -> None:
         from bullet_ray.metrics import NodeMetrics
 
         self.node_id = node_id
@@ -70,7 +81,10 @@ class NodeAgent:
         self.mps_names: set[str] = set()  # the MPS daemons it ensured
         self.num_relays = 0
         self.apps = AppWatch(max(APP_GONE_S, 3 * period_s) if app_gone_s is None else app_gone_s)
-        self._lock = threading.Lock()  # the applications and daemons: the loop reads what calls add
+        self._lock = threading.Lock()  # the applications, daemons and leaving: the loop reads what calls add
+        self._is_leaving = False  # every served application is gone: it refuses calls, stops its daemons, exits
+        self.apps_check_s = apps_check_s
+        self._next_apps_check_s = 0.0  # monotonic time of its next question to Serve (its own clock)
         self._stop = threading.Event()
         if run_loop:
             threading.Thread(target=self._loop, args=(period_s,), name="bullet-node-telemetry", daemon=True).start()
@@ -82,17 +96,29 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - telemetry must not kill the agent
                 logger.exception("telemetry failed")
             try:
-                if self.watch_apps(serve_app_names(), time.monotonic()):
+                if self.check_apps(time.monotonic()):
                     return
             except Exception:  # noqa: BLE001 - a failed check must not kill the agent either
                 logger.exception("the check of the served applications failed")
 
+    def check_apps(self, now_s: float) -> bool:
+        """Ask Serve which applications exist (`watch_apps`) unless it asked less than `apps_check_s` ago: the
+        telemetry period is shorter, and every node's agent asks the one Serve controller. True: it left."""
+        if now_s < self._next_apps_check_s:
+            return False
+        self._next_apps_check_s = now_s + self.apps_check_s
+        return self.watch_apps(serve_app_names(), time.monotonic())
+
     def watch_apps(self, names: frozenset[str] | None, now_s: float) -> bool:
         """Take one answer of `serve_app_names()`; once every served application has been gone `app_gone_s`,
-        stop the unused MPS daemons it ensured, end the loop and kill this actor (True)."""
+        stop the unused MPS daemons it ensured, end the loop and kill this actor (True). The decision is taken
+        under the lock `relay` and `ensure_mps` take: one that came earlier restarted the absence clock (no
+        leaving), a later one is refused, so no application is added between the decision and the stopping of
+        a daemon."""
         with self._lock:
             if not self.apps.observe(names, now_s):
                 return False
+            self._is_leaving = True
             mps_names = sorted(self.mps_names)
         logger.info("node agent %s: the applications %s are gone; it stops its unused MPS daemons %s and exits",
                     self.node_id[:12], sorted(self.apps.app_names), mps_names)
@@ -134,11 +160,19 @@ class NodeAgent:
             mps_names = sorted(self.mps_names)
         return any(MpsDaemon(name).status().is_running for name in mps_names)
 
+    def _serve(self, app_name: str) -> None:
+        """Record a call for `app_name` (caller holds the lock); AgentLeavingError once it is leaving."""
+        if self._is_leaving:
+            raise AgentLeavingError(f"node agent {self.node_id[:12]} is leaving (its applications are gone); "
+                                    f"find or start the node's agent again")
+        self.apps.add([app_name])
+
     def ensure_mps(self, app_name: str, mps_name: str) -> bool:
         """Start the node's MPS daemon `mps_name` for application `app_name` unless it runs; True when it runs
-        (False on a node without the NVIDIA driver: the agent logs why)."""
+        (False on a node without the NVIDIA driver: the agent logs why). AgentLeavingError once it is leaving
+        (it may be about to stop that daemon)."""
         with self._lock:
-            self.apps.add([app_name])
+            self._serve(app_name)
             self.mps_names.add(mps_name)
         try:
             return MpsDaemon(mps_name).start().is_running
@@ -153,11 +187,12 @@ class NodeAgent:
         return all([MpsDaemon(name).stop() for name in mps_names])
 
     def relay(self, app_name: str, decision: dict[str, Any], timeout_s: float = 10.0) -> list[dict[str, Any]]:
-        """Apply `decision` to this node's engine replicas of `app_name`; their answers (what is in force)."""
+        """Apply `decision` to this node's engine replicas of `app_name`; their answers (what is in force).
+        AgentLeavingError once it is leaving."""
         from ray import serve
 
         with self._lock:
-            self.apps.add([app_name])
+            self._serve(app_name)
 
         handle = serve.get_deployment_handle("BulletEngine", app_name)
         answers = handle.broadcast("apply_policy", {**decision, "node_id": self.node_id}).results(

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import ray
+from ray.exceptions import ActorDiedError, RayTaskError
 
 from bullet_ray.control import autoscale
 from bullet_ray.control import controller as controller_module
@@ -141,6 +142,35 @@ def test_a_redeploy_that_invalidates_an_override_drops_it(kv, cluster):
     assert controller.overrides == {} and controller.cfg.min_decode_sms == 8  # 80 > the new ceiling 64
 
 
+def test_a_redeploy_keeps_the_overrides_that_still_validate(kv, cluster):
+    """One override that conflicts with the new section drops that one only, not every override."""
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80, "scale_down_after": 2, "ttft_target_ms": 500.0})
+    assert controller.redeploy({**YAML, "max_decode_sms": 64}, GPU) is True
+    assert controller.overrides == {"scale_down_after": 2, "ttft_target_ms": 500.0}
+    assert (controller.cfg.min_decode_sms, controller.cfg.max_decode_sms, controller.cfg.scale_down_after) == (8, 64, 2)
+    assert kv[("app", "state")]["overrides"] == controller.overrides
+
+
+def test_overrides_that_conflict_with_each_other_keep_the_first_by_name(kv, cluster):
+    """Two overrides each valid alone but not together: taken in the order of their names, the first stays."""
+    yaml = {**YAML, "max_decode_sms": None, "min_decode_sms": None}
+    controller = make_controller(yaml, GPU)
+    controller.update_config({"max_decode_sms": 32, "min_decode_sms": 16})
+    assert controller.redeploy({**yaml, "interval_s": 1.0}, GPU)
+    assert controller.overrides == {"max_decode_sms": 32, "min_decode_sms": 16}  # 16 <= 32: both valid
+    controller.overrides = {"min_decode_sms": 16, "max_decode_sms": 8}  # as a saved state from older code may hold
+    assert controller.redeploy({**yaml, "interval_s": 2.0}, GPU)
+    assert controller.overrides == {"max_decode_sms": 8}  # "max..." before "min...": 16 > 8 drops the floor
+
+
+def test_a_restore_keeps_the_saved_overrides_that_still_validate(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"min_decode_sms": 80, "scale_down_after": 2})
+    restarted = make_controller({**YAML, "max_decode_sms": 64}, GPU)  # another actor id: its own arguments
+    assert restarted.overrides == {"scale_down_after": 2} and restarted.cfg.max_decode_sms == 64
+
+
 def test_a_redeploy_of_the_app_spec_reads_the_new_model(kv, cluster):
     controller = make_controller(YAML, GPU)
     assert controller.redeploy(dict(YAML), dataclasses.replace(GPU, model_name="m2")) is True
@@ -159,3 +189,109 @@ def test_a_restart_by_ray_keeps_the_redeploys_settings(kv, cluster, monkeypatch)
     assert restarted.cfg.max_decode_sms == 64 and restarted.spec.num_engines == 2 and restarted.state.seq == 1
     monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-2")
     assert make_controller(YAML, GPU).cfg.max_decode_sms == 96
+
+
+@pytest.mark.parametrize("deployed", [
+    {"config": {**YAML, "max_decode_sms": 0}, "spec": dataclasses.asdict(GPU)},  # a value this code rejects
+    {"config": {**YAML, "retired_field": 1}, "spec": dataclasses.asdict(GPU)},  # a field it no longer knows
+    {"config": dict(YAML), "spec": {**dataclasses.asdict(GPU), "retired_field": 1}},
+])
+def test_a_restart_with_saved_settings_this_code_rejects_takes_its_arguments(kv, cluster, monkeypatch, deployed):
+    """The restarted constructor fell over for good on a saved `deployed` section it rejects; now it logs that and
+    takes the arguments Ray passed it, with the rest of the saved state."""
+    monkeypatch.setattr(controller_module, "_actor_id", lambda: "actor-1")
+    controller = make_controller(YAML, GPU)
+    decided(controller, 1.0)
+    kv[("app", "state")]["deployed"].update(deployed)
+    restarted = make_controller({**YAML, "max_decode_sms": 48}, GPU)
+    assert restarted.cfg.max_decode_sms == 48 and restarted.spec == GPU and restarted.state.seq == 1
+
+
+# start_controller: a found controller that cannot take the settings, or one that is busy deciding -----------------
+class FakeRef:
+    def __init__(self, result=None, error: Exception | None = None, is_done: bool = True) -> None:
+        self.result, self.error, self.is_done = result, error, is_done
+
+
+class FakeController:
+    """A controller actor handle: its `redeploy` answers `ref`; `has_redeploy=False`: one of an older bullet_ray
+    whose handle has no such method."""
+
+    def __init__(self, ref: FakeRef, has_redeploy: bool = True) -> None:
+        self.ref, self.calls = ref, []
+        if has_redeploy:
+            self.redeploy = self  # handle.redeploy.remote(...)
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return self.ref
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """start_controller's Ray calls replaced: `found` the handles _find_or_create answers in turn, `stopped` the
+    stop_controller calls."""
+    world: dict = {"found": [], "stopped": [], "waits": []}
+
+    def wait(refs, timeout=None):
+        world["waits"].append(timeout)
+        return [r for r in refs if r.is_done], [r for r in refs if not r.is_done]
+
+    def get(ref, timeout=None):
+        assert ref.is_done, "ray.get on a redeploy that is not done would block the build"
+        if ref.error is not None:
+            raise ref.error
+        return ref.result
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(controller_module, "_find_or_create", lambda config, spec: world["found"].pop(0))
+    monkeypatch.setattr(controller_module, "stop_controller",
+                        lambda app, forget=True: world["stopped"].append((app, forget)))
+    monkeypatch.setattr(controller_module, "_wait_until_gone", lambda app: None)
+    return world
+
+
+@pytest.mark.parametrize("old", [
+    FakeController(FakeRef(error=ActorDiedError())),  # it crashed on the unknown method, or it is exiting
+    FakeController(FakeRef(error=RayTaskError("redeploy", "tb", AttributeError("no redeploy")))),
+    FakeController(FakeRef(error=RayTaskError("redeploy", "tb", RuntimeError("controller x is exiting")))),
+    FakeController(FakeRef(), has_redeploy=False),
+], ids=["died", "no-method", "exiting", "old-handle"])
+def test_a_found_controller_that_cannot_redeploy_is_replaced_once(fake_ray, old):
+    fresh = FakeController(FakeRef(result=False))
+    fake_ray["found"] += [old, fresh]
+    assert controller_module.start_controller(ControllerConfig(**YAML), GPU) is fresh
+    assert fake_ray["stopped"] == [("app", False)]  # killed, its persisted state kept for the new one
+    assert len(fresh.calls) == 1
+
+
+def test_a_second_failure_raises(fake_ray):
+    fake_ray["found"] += [FakeController(FakeRef(error=ActorDiedError())),
+                          FakeController(FakeRef(error=ActorDiedError()))]
+    with pytest.raises(ActorDiedError):
+        controller_module.start_controller(ControllerConfig(**YAML), GPU)
+    assert fake_ray["stopped"] == [("app", False)]
+
+
+def test_a_busy_controller_does_not_hold_up_the_build(fake_ray):
+    """A tick holds the decision lock: the redeploy stays queued and the build goes on after a short wait."""
+    busy = FakeController(FakeRef(is_done=False))
+    fake_ray["found"].append(busy)
+    assert controller_module.start_controller(ControllerConfig(**YAML), GPU) is busy
+    assert fake_ray["stopped"] == [] and len(busy.calls) == 1
+    assert fake_ray["waits"] == [controller_module.REDEPLOY_WAIT_S] and controller_module.REDEPLOY_WAIT_S <= 10
+
+
+def test_a_redeploy_restarts_the_absence_clock_and_a_leaving_controller_refuses_it(kv, cluster):
+    controller = make_controller(YAML, GPU)
+    exits = []
+    controller._exit = lambda: exits.append(1)  # type: ignore[method-assign]
+    assert not controller._leave_if_gone(frozenset(), 0.0)
+    controller.redeploy(dict(YAML), GPU)  # the application is being deployed again
+    assert not controller._leave_if_gone(frozenset(), controller_module.APP_GONE_S + 1.0) and exits == []
+    controller.tick(reading(1.0, 1.0))
+    assert controller._leave_if_gone(frozenset(), 2 * controller_module.APP_GONE_S + 1.0) and exits == [1]
+    assert ("app", "state") not in kv
+    with pytest.raises(RuntimeError, match="exiting"):
+        controller.redeploy(dict(YAML), GPU)

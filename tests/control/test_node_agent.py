@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import ray
 from ray import serve
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, RayTaskError
 
 from bullet_ray.control import autoscale
 from bullet_ray.control import node_agent as node_agent_module
 from bullet_ray.control.controller import AppSpec, ClusterController
 from bullet_ray.control.decide import Decision, EngineDecision
-from bullet_ray.control.node_agent import NodeAgent, stop_unused_daemon
+from bullet_ray.control.node_agent import AgentLeavingError, NodeAgent, stop_unused_daemon
 from bullet_ray.gpu.mps import MpsDaemon
 
 
@@ -78,10 +78,11 @@ def test_the_agent_leaves_once_its_apps_are_gone_for_the_grace_period(mps_root):
     assert not agent.watch_apps(frozenset({"app-a", "app-b"}), 0.0)
     assert not agent.watch_apps(frozenset({"app-b"}), 1.0)  # one of them still runs
     assert not agent.watch_apps(frozenset(), 2.0)
-    assert not agent.watch_apps(None, 30.0)  # unknown: nothing is cleaned up
-    assert not agent.watch_apps(frozenset({"other"}), 11.9) and agent.num_exits == 0
+    assert not agent.watch_apps(None, 30.0)  # unknown: nothing is cleaned up, and the absence clock restarts
+    assert not agent.watch_apps(frozenset(), 31.0)
+    assert not agent.watch_apps(frozenset({"other"}), 40.9) and agent.num_exits == 0
     assert MpsDaemon("mps-a").status().is_running
-    assert agent.watch_apps(frozenset({"other"}), 12.0)
+    assert agent.watch_apps(frozenset({"other"}), 41.0)
     assert agent.num_exits == 1 and agent._stop.is_set()
     assert not MpsDaemon("mps-a").status().is_running  # no server: no client, stopped
 
@@ -102,6 +103,44 @@ def test_the_agent_leaves_but_keeps_a_daemon_that_may_have_clients(mps_root):
     assert MpsDaemon("mps-a").status().is_running
 
 
+def test_a_leaving_agent_refuses_calls(mps_root, monkeypatch):
+    """A controller that found the agent just as it decided to leave must not have it ensure a daemon it is about
+    to stop, nor relay through it: both raise, and the controller finds the node's agent again."""
+    agent = make_agent(app_gone_s=0.0)
+    agent.ensure_mps("app-a", "mps-a")
+    assert agent.watch_apps(frozenset(), 0.0)
+    with pytest.raises(AgentLeavingError):
+        agent.ensure_mps("app-b", "mps-a")
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda *args: pytest.fail("relayed by a leaving agent"))
+    with pytest.raises(AgentLeavingError):
+        agent.relay("app-b", {"seq": 1})
+    assert not MpsDaemon("mps-a").status().is_running and agent.apps.app_names == {"app-a"}
+
+
+def test_a_call_after_the_answer_keeps_the_agent_and_its_daemon(mps_root):
+    """An application deployed (and its controller's ensure_mps taken) after serve_app_names() answered: that
+    stale answer names none of the served applications, but the call restarted the absence clock."""
+    agent = make_agent(app_gone_s=10.0)
+    agent.ensure_mps("app-a", "mps-a")
+    assert not agent.watch_apps(frozenset(), 0.0)
+    stale = frozenset()  # asked at 11.5 s, before app-b existed
+    assert agent.ensure_mps("app-b", "mps-a")  # app-b's controller, at 11.8 s
+    assert not agent.watch_apps(stale, 12.0) and agent.num_exits == 0
+    assert MpsDaemon("mps-a").status().is_running
+    assert agent.ensure_mps("app-b", "mps-a")  # still served
+
+
+def test_the_agent_asks_serve_at_most_every_30_s(monkeypatch):
+    """Telemetry runs every 5 s; the question to Serve (one controller asked by every node's agent) does not."""
+    asked = []
+    monkeypatch.setattr(node_agent_module, "serve_app_names", lambda: asked.append(1) or frozenset({"app-a"}))
+    agent = make_agent()
+    agent.apps.add(["app-a"])
+    for t in range(0, 65, 5):  # the telemetry loop's ticks, 0..60 s
+        assert not agent.check_apps(float(t))
+    assert len(asked) == 3 == 1 + 60 // node_agent_module.APPS_CHECK_S  # at 0, 30 and 60 s
+
+
 def test_the_default_grace_period_covers_a_redeploy():
     agent = NodeAgent("n" * 12, period_s=60.0, run_loop=False)
     assert agent.apps.grace_s == 180.0  # three periods when longer than APP_GONE_S
@@ -118,6 +157,16 @@ class DeadAgent:
     relay = ensure_mps = _Method()
 
 
+class LeavingAgent:
+    """An actor handle of an agent that is leaving: every call fails with its AgentLeavingError."""
+
+    class _Method:
+        def remote(self, *args):
+            return RayTaskError("relay", "tb", AgentLeavingError("leaving"))
+
+    relay = ensure_mps = _Method()
+
+
 class LiveAgent:
     class _Method:
         def remote(self, *args):
@@ -126,7 +175,8 @@ class LiveAgent:
     relay = ensure_mps = _Method()
 
 
-def test_a_dead_agent_handle_makes_the_controller_find_agents_again(monkeypatch):
+@pytest.mark.parametrize("gone_agent", [DeadAgent(), LeavingAgent()], ids=["dead", "leaving"])
+def test_a_dead_agent_handle_makes_the_controller_find_agents_again(monkeypatch, gone_agent):
     starts = []
     monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "n1", "Alive": True}])
 
@@ -137,7 +187,7 @@ def test_a_dead_agent_handle_makes_the_controller_find_agents_again(monkeypatch)
         return refs
 
     monkeypatch.setattr(ray, "get", fake_get)
-    agents = iter([{"n1": DeadAgent()}, {"n1": LiveAgent()}])
+    agents = iter([{"n1": gone_agent}, {"n1": LiveAgent()}])
     monkeypatch.setattr(node_agent_module, "start_node_agents",
                         lambda accelerator: starts.append(accelerator) or next(agents))
     monkeypatch.setattr(autoscale, "kv_get", lambda app, what: None)  # nothing persisted: no Ray KV needed

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from ray.exceptions import ActorDiedError
 
@@ -65,6 +68,29 @@ def test_other_failures_are_unknown(monkeypatch, error):
     assert serve_app_names() is None and fake.num_drops == 0
 
 
+def test_a_serve_status_that_does_not_answer_is_unknown(monkeypatch):
+    """serve.status() has no timeout of its own: the lookup answers None after its timeout, and while that one
+    still hangs a later lookup answers None at once (one hung thread, not one per call)."""
+    release = threading.Event()
+    fake = FakeServe(monkeypatch)
+    answer = fake.status
+
+    def hanging() -> frozenset[str]:
+        release.wait(10.0)
+        return answer()
+
+    monkeypatch.setattr(serve_apps, "_serve_status_apps", hanging)
+    start = time.monotonic()
+    assert serve_app_names(timeout_s=0.2) is None
+    assert serve_app_names(timeout_s=0.2) is None
+    assert time.monotonic() - start < 2.0 and fake.num_status == 0
+    release.set()
+    deadline = time.monotonic() + 5.0
+    while fake.num_status == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert serve_app_names(timeout_s=5.0) == {"a"} and fake.num_status == 2
+
+
 def test_a_failed_controller_lookup_is_unknown(monkeypatch):
     FakeServe(monkeypatch, has_controller=ConnectionError("gcs down"))
     assert serve_app_names() is None
@@ -86,13 +112,29 @@ def test_a_present_answer_resets_the_clock():
     assert watch.observe(frozenset(), 22.0)
 
 
-def test_unknown_answers_decide_nothing():
+def test_unknown_answers_restart_the_absence_clock():
+    """Time while Serve cannot tell does not count toward the grace period: only an unbroken run of absent
+    answers at least `grace_s` long ends the watch."""
     watch = AppWatch(10.0, {"a"})
     assert not watch.observe(None, 0.0) and watch.absent_since_s is None  # unknown starts nothing
     watch.observe(frozenset(), 1.0)
-    assert not watch.observe(None, 50.0)  # nor ends anything: only an absent answer does
-    assert watch.absent_since_s == 1.0
-    assert watch.observe(frozenset(), 51.0)
+    assert not watch.observe(None, 50.0)  # nor ends anything
+    assert watch.absent_since_s is None  # and breaks the absent run
+    assert not watch.observe(frozenset(), 51.0)  # the clock starts again here
+    assert not watch.observe(frozenset(), 60.9)
+    assert watch.observe(frozenset(), 61.0)
+
+
+def test_absent_then_unknown_for_longer_than_the_grace_period_is_not_gone():
+    """The review's case: absent at 0 s, unknown at 60, 119, 121 s, absent at 125 s with a 120 s grace period
+    was counted as gone (the unknown stretch counted as absence)."""
+    watch = AppWatch(120.0, {"a"})
+    assert not watch.observe(frozenset(), 0.0)
+    for t in (60.0, 119.0, 121.0):
+        assert not watch.observe(None, t)
+    assert not watch.observe(frozenset(), 125.0)
+    assert not watch.observe(frozenset(), 244.0)
+    assert watch.observe(frozenset(), 245.0)
 
 
 def test_every_served_app_must_be_gone():
@@ -102,3 +144,12 @@ def test_every_served_app_must_be_gone():
     assert watch.is_present(frozenset({"b"})) and watch.is_present(None) is None
     assert not watch.observe(frozenset({"b"}), 0.0)
     assert watch.observe(frozenset({"c"}), 0.0)
+
+
+def test_a_served_app_added_restarts_the_clock():
+    """A caller names an application it serves now: an absent answer asked before it was deployed ends nothing."""
+    watch = AppWatch(10.0, {"a"})
+    watch.observe(frozenset(), 0.0)
+    watch.add(["b"])
+    assert watch.absent_since_s is None and not watch.observe(frozenset(), 11.0)
+    assert watch.observe(frozenset(), 21.0)

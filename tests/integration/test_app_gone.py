@@ -25,7 +25,7 @@ def test_an_agent_without_a_live_app_exits(ray_session):
     node_id = ray.get_runtime_context().get_node_id()
     agent = ray.remote(NodeAgent).options(  # type: ignore[attr-defined]
         name=f"test_agent_leaves:{os.getpid()}", namespace="bullet_ray", num_cpus=0, max_restarts=-1,
-    ).remote(node_id, None, period_s=0.2, app_gone_s=0.5)
+    ).remote(node_id, None, period_s=0.2, app_gone_s=0.5, apps_check_s=0.2)
     assert not ray.get(agent.ensure_mps.remote("no_such_app", "test_app_gone"))  # no MPS here; the app is recorded
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

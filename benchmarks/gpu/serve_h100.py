@@ -98,18 +98,19 @@ def gpu_memory_gib() -> float:
 
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
-    ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw); "+direct" may come
-    with it, in either order."""
+    ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
+    +attnoverlap); "+direct" may come with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "and/or +direct")
+                         "+attnoverlap, and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw", "fixedpw") \
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "attnoverlap") \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
-        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw or +direct")
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
+                         "+attnoverlap or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -151,6 +152,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = 0
     elif scheduling == "fixedpw":
         engine["piecewise_buckets"] = "fixed"
+    elif scheduling == "attnoverlap":
+        pass  # an environment variable of `serve run` (SUFFIX_ENV), not the YAML
     elif scheduling.startswith("pw"):
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling:
@@ -310,6 +313,10 @@ def vllm_version() -> str:
     return _sh(f"PYTHONPATH={site} python3 -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -1", timeout_s=120)
 
 
+# environment an engine suffix sets for `serve run` (the engine replicas and their workers inherit it)
+SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION_OVERLAP": "1"}}
+
+
 def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
     if name == "vllm":
         return SystemSpec(name, VLLM_URL, launch=vllm_command(), ready_timeout_s=args.ready_timeout_s,
@@ -317,7 +324,8 @@ def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
                           probe=VllmMetricsProbe(f"{VLLM_URL}/metrics"))
     return SystemSpec(name, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
                       extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
-                             "check_prompt_tokens": args.check_prompt_tokens, "serve_env": args.serve_env})
+                             "check_prompt_tokens": args.check_prompt_tokens,
+                             "serve_env": {**args.serve_env, **SUFFIX_ENV.get(parse_system(name)[1], {})}})
 
 
 def serve_check(base_url: str, num_requests: int = 64, prompt_tokens: int = 1024) -> dict[str, Any]:
@@ -448,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(p for p in PRESETS if p != 'strict')}), chunked-<tokens>, static[-<tokens>], "
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
-                             "+ '+fixedpw' the fixed piecewise buckets, "
+                             "+ '+fixedpw' the fixed piecewise buckets, + '+attnoverlap' a mixed step's two attention "
+                             "kernels at once (BULLET_RAY_MIXED_ATTENTION_OVERLAP=1), "
                              "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")

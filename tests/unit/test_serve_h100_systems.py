@@ -46,6 +46,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert (chunked["schedule"], chunked["max_num_batched_tokens"]) == ("chunked", 2048)
     assert "piecewise_graph_tokens" not in chunked
     assert _engine(system_yaml("chunked-2048+fixedpw", tmp_path))["piecewise_buckets"] == "fixed"
+    overlap_engine = _engine(system_yaml("chunked-2048+attnoverlap", tmp_path))  # an environment variable, not YAML
+    assert {k: v for k, v in overlap_engine.items() if k != "step_log_path"} \
+        == {k: v for k, v in chunked.items() if k != "step_log_path"}
     assert "piecewise_buckets" not in chunked
     eager = _engine(system_yaml("chunked-2048+nopw", tmp_path))
     assert eager["piecewise_graph_tokens"] == 0 and "async_scheduling" not in eager
@@ -213,3 +216,16 @@ def test_graph_captures_read_from_the_nodes_metrics_pages(tmp_path):
     assert serve_h100.graph_captures_serving(tmp_path / "missing.json") is None
     discovery.write_text('[{"labels": {"job": "ray"}, "targets": ["127.0.0.1:9"]}]')  # nothing listens on port 9
     assert serve_h100.graph_captures_serving(discovery, timeout_s=1.0) is None
+
+
+def test_an_engine_suffix_can_set_serve_runs_environment():
+    """+attnoverlap reaches the engine through `serve run`'s environment, beside --serve-env's."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu.serve_h100 import make_system
+
+    args = SimpleNamespace(ready_timeout_s=10, base_yaml=GPU_YAML, check_requests=0, check_prompt_tokens=16,
+                           serve_env={"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
+    on = make_system("chunked-2048+attnoverlap+direct", args).extra["serve_env"]
+    assert on == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "BULLET_RAY_MIXED_ATTENTION_OVERLAP": "1"}
+    assert make_system("chunked-2048+direct", args).extra["serve_env"] == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}

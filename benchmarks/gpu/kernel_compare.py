@@ -185,8 +185,8 @@ def per_step_device_ms(trace: dict[str, Any], starts: list[float]) -> tuple[list
     A device event belongs to the step whose range began last before the host call that launched it (kernel
     and launch share a correlation id; a CUDA graph's kernels carry its cudaGraphLaunch's): launch-ahead and
     a sampling call outside the named range still land in the right step. Returns the per-step sums (ms, plus
-    `all`) and what could not be placed: `unmatched_ms` (no launch found), `before_ms` (launched before the
-    first step)."""
+    `all`, and `busy`: the union of the step's device intervals, what kernels running at once take together)
+    and what could not be placed: `unmatched_ms` (no launch found), `before_ms` (launched before the first step)."""
     from bisect import bisect_right
 
     launched = {}
@@ -196,6 +196,7 @@ def per_step_device_ms(trace: dict[str, Any], starts: list[float]) -> tuple[list
             if corr is not None:
                 launched[corr] = float(e.get("ts", 0.0))
     per_step: list[dict[str, float]] = [defaultdict(float) for _ in starts]
+    intervals: list[list[tuple[float, float]]] = [[] for _ in starts]
     left = {"unmatched_ms": 0.0, "before_ms": 0.0}
     for e in device_events(trace):
         dur_ms = float(e.get("dur", 0.0)) / 1e3
@@ -210,12 +211,17 @@ def per_step_device_ms(trace: dict[str, Any], starts: list[float]) -> tuple[list
         cat = categorize(str(e.get("name", ""))) if e.get("cat") == "kernel" else "copy"
         per_step[i][cat] += dur_ms
         per_step[i]["all"] += dur_ms
+        ts_us = float(e.get("ts", 0.0))
+        intervals[i].append((ts_us, ts_us + float(e.get("dur", 0.0))))
+    for d, spans in zip(per_step, intervals, strict=True):
+        if spans:  # kernels of one step that ran at once (two streams) count once here
+            d["busy"] = _busy_us(spans) / 1e3
     return [dict(d) for d in per_step], {k: round(v, 3) for k, v in left.items()}
 
 
 # what the fit reports: every kernel, then the groups a prompt token's cost splits into
 FIT_GROUPS: dict[str, tuple[str, ...]] = {
-    "all": ("all",), "gemm": ("gemm",), "attention": ATTENTION, "kv_write": ("kv_write",),
+    "all": ("all",), "busy": ("busy",), "gemm": ("gemm",), "attention": ATTENTION, "kv_write": ("kv_write",),
     "norm_act_rotary_triton": ("norm", "activation", "rotary", "triton"), "rest": ("sampling", "copy", "other")}
 
 

@@ -267,10 +267,15 @@ def test_device_time_goes_to_the_step_that_launched_it() -> None:
         _launch(5, 320, "cudaMemcpyAsync"),  # step 2's copy
     ]
     per_step, left = per_step_device_ms({"traceEvents": events}, [100.0, 200.0, 300.0])
-    assert per_step[0] == {"gemm": 0.04, "attention_prefill": 0.03, "all": 0.07}
-    assert per_step[1] == {"gemm": 0.03, "all": 0.03}
-    assert per_step[2] == {"copy": 0.004, "all": 0.004}
+    # busy: step 0's kernels 300-340, 340-350 and 350-370 us back to back (70 us); step 1 alone
+    assert per_step[0] == {"gemm": 0.04, "attention_prefill": 0.03, "all": 0.07, "busy": 0.07}
+    assert per_step[1] == {"gemm": 0.03, "all": 0.03, "busy": 0.03}
+    assert per_step[2] == {"copy": 0.004, "all": 0.004, "busy": 0.004}
     assert left == {"unmatched_ms": 0.007, "before_ms": 0.1}
+    # two kernels of one step at once (two streams): summed in `all`, once in `busy`
+    both = [_launch(1, 10), _launched_kernel(1, 100, 50, gemm), _launch(2, 11), _launched_kernel(2, 120, 50, attn)]
+    per_step, _ = per_step_device_ms({"traceEvents": both}, [0.0])
+    assert per_step[0]["all"] == pytest.approx(0.1) and per_step[0]["busy"] == pytest.approx(0.07)
 
 
 def test_our_step_ranges_are_the_host_side_ones() -> None:

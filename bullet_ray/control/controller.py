@@ -77,15 +77,15 @@ def _actor_id() -> str | None:
 
 def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:
     """The most engine replicas: `max_engines`, else as many as the cluster holds (`cluster`: Ray's
-    cluster_resources()): one per unit of the accelerator resource, or on CPU one per `cpus_per_engine` CPUs
-    (at least one CPU each: an engine that reserves none still computes); never fewer than the configured
-    `num_engines` or `min_engines`. On CPU it was the replica count of the moment, which only shrank."""
+    cluster_resources()): one per `cpus_per_engine` CPUs (at least one CPU each: an engine that reserves none
+    still computes) and, with an accelerator, at most one per unit of it (an 8-GPU node with 16 CPUs holds 5
+    engines that reserve 3 CPUs each, not 8); never fewer than the configured `num_engines` or `min_engines`.
+    On CPU it was the replica count of the moment, which only shrank."""
     if cfg.max_engines is not None:
         return cfg.max_engines
+    fits = int(cluster.get("CPU", 0.0) // max(1.0, spec.cpus_per_engine))
     if spec.accelerator is not None:
-        fits = int(cluster.get(spec.accelerator, 0.0))
-    else:
-        fits = int(cluster.get("CPU", 0.0) // max(1.0, spec.cpus_per_engine))
+        fits = min(fits, int(cluster.get(spec.accelerator, 0.0)))
     return max(cfg.min_engines, spec.num_engines, fits)
 
 

@@ -56,7 +56,8 @@ CPU = AppSpec("m", accelerator=None, num_engines=2, cpus_per_engine=3.0)
     ({}, CPU, {}, 2),  # Ray not running here: the configured replicas
     ({"min_engines": 4}, CPU, {"CPU": 8.0}, 4),
     ({}, AppSpec("m", None, 1, cpus_per_engine=0.0), {"CPU": 6.0}, 6),  # reserves none: one CPU each
-    ({}, AppSpec("m", "GPU", 1), {"GPU": 8.0, "CPU": 128.0}, 8),  # one per GPU, whatever the CPUs
+    ({}, AppSpec("m", "GPU", 1), {"GPU": 8.0, "CPU": 128.0}, 8),  # one per GPU where the CPUs hold them
+    ({}, AppSpec("m", "GPU", 1, cpus_per_engine=3.0), {"GPU": 8.0, "CPU": 16.0}, 5),  # 16 CPUs // 3 per engine
     ({}, AppSpec("m", "GPU", 3), {"GPU": 2.0}, 3),  # never below num_engines
 ])
 def test_engine_budget(config, spec, resources, budget):

@@ -7,9 +7,8 @@
   absence clock). Once every one of them has been absent from Serve for `app_gone_s` (an unbroken run of
   answers that name none of them: bullet_ray.control.serve_apps), it is leaving: from then on `relay` and
   `ensure_mps` raise `AgentLeavingError` (decided under the lock they take, so a call either came first and
-  keeps it, or is refused), it stops each MPS daemon it ensured that has no MPS server left
-  (`stop_unused_daemon`: a server may still have clients, which the control daemon's `get_server_list` cannot
-  tell), then kills itself. A controller whose call failed finds or starts the node's agent again at its next
+  keeps it, or is refused), it stops each MPS daemon it ensured whose MPS servers have no client left
+  (`stop_unused_daemon`, asking each server's clients; one that cannot tell is kept), then kills itself. A controller whose call failed finds or starts the node's agent again at its next
   push.
 - **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
   lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
@@ -51,15 +50,17 @@ def agent_name(node_id: str) -> str:
 def stop_unused_daemon(daemon: MpsDaemon) -> bool:
     """Stop `daemon` unless a client may still use it; True when it is not running afterwards.
 
-    Every MPS client connects through an MPS server, so a daemon that runs no server has no client. One that
-    runs a server is kept: the server may outlive its clients, but `get_server_list` cannot tell (stop it
-    with `deploy/mps/stop.sh NAME` once its clients are known to be gone)."""
+    Every MPS client connects through an MPS server, so a daemon that runs no server has no client. A server
+    outlives its clients: each one's clients are asked (`get_client_list`), and the daemon is kept when any
+    server has one or cannot tell (stop it with `deploy/mps/stop.sh NAME` once its clients are known gone);
+    `quit` ends idle servers with the daemon."""
     status = daemon.status()
     if not status.is_running:
         return True
-    if status.may_have_clients:
-        logger.warning("MPS daemon %s keeps running: its servers %s may still have clients", daemon.name,
-                       list(status.server_pids))
+    clients = {pid: daemon.client_pids(pid) for pid in status.server_pids}
+    in_use = {pid: c for pid, c in clients.items() if c is None or c}
+    if in_use:
+        logger.warning("MPS daemon %s keeps running: clients of its servers (None: unknown) %s", daemon.name, in_use)
         return False
     return daemon.stop()
 

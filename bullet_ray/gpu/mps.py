@@ -48,7 +48,7 @@ class MpsStatus:
     @property
     def may_have_clients(self) -> bool:
         """False only when no MPS server runs: every client connects through one. A server may outlive its
-        clients, and `get_server_list` cannot tell, so a running server counts as in use."""
+        clients (`MpsDaemon.client_pids` tells)."""
         return bool(self.server_pids)
 
 
@@ -103,6 +103,18 @@ class MpsDaemon:
         if proc.returncode != 0:
             return MpsStatus(False, self.pipe_dir, text or f"exit status {proc.returncode}")
         return MpsStatus(True, self.pipe_dir, text, parse_server_list(proc.stdout))
+
+    def client_pids(self, server_pid: int) -> tuple[int, ...] | None:
+        """The clients of MPS server `server_pid` (`get_client_list <pid>`: one PID per line, nothing when it has
+        none); None when the daemon does not answer with PIDs alone (an error, another driver's wording): unknown."""
+        try:
+            proc = self._run(stdin=f"get_client_list {int(server_pid)}\n", timeout_s=5)
+        except (MpsError, subprocess.TimeoutExpired):
+            return None
+        lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        if proc.returncode != 0 or not all(line.isdigit() for line in lines):
+            return None
+        return tuple(int(line) for line in lines)
 
     def start(self, timeout_s: float = 10) -> MpsStatus:
         """Start the daemon (a no-op when it runs already) and wait until it answers."""

@@ -33,6 +33,7 @@ read cmd
 case "$cmd" in
   quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control";;
   get_server_list) cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null || true;;
+  get_client_list*) cat "$CUDA_MPS_PIPE_DIRECTORY/clients_${cmd#get_client_list }" 2>/dev/null || true;;
 esac
 """)
     script.chmod(0o755)
@@ -63,11 +64,30 @@ def test_a_daemon_without_servers_is_stopped(mps_root):
     assert stop_unused_daemon(daemon)  # not running: nothing to do
 
 
-def test_a_daemon_with_a_server_is_kept(mps_root):
+def test_a_daemon_whose_server_has_clients_is_kept(mps_root):
     daemon = MpsDaemon("a")
     daemon.start()
     with_servers(daemon, 4242)
-    assert daemon.status().may_have_clients
+    Path(daemon.pipe_dir, "clients_4242").write_text("5001\n5002\n")
+    assert daemon.status().may_have_clients and daemon.client_pids(4242) == (5001, 5002)
+    assert not stop_unused_daemon(daemon) and daemon.status().is_running
+
+
+def test_a_daemon_whose_servers_have_no_client_left_is_stopped(mps_root):
+    """An MPS server outlives its clients; an idle one does not keep the daemon."""
+    daemon = MpsDaemon("a")
+    daemon.start()
+    with_servers(daemon, 4242)
+    assert daemon.client_pids(4242) == ()
+    assert stop_unused_daemon(daemon) and not daemon.status().is_running
+
+
+def test_a_daemon_that_cannot_tell_its_clients_is_kept(mps_root):
+    daemon = MpsDaemon("a")
+    daemon.start()
+    with_servers(daemon, 4242)
+    Path(daemon.pipe_dir, "clients_4242").write_text("Server 4242 not found\n")
+    assert daemon.client_pids(4242) is None
     assert not stop_unused_daemon(daemon) and daemon.status().is_running
 
 
@@ -99,6 +119,7 @@ def test_the_agent_leaves_but_keeps_a_daemon_that_may_have_clients(mps_root):
     agent = make_agent(app_gone_s=0.0)
     agent.ensure_mps("app-a", "mps-a")
     with_servers(MpsDaemon("mps-a"), 4242)
+    Path(MpsDaemon("mps-a").pipe_dir, "clients_4242").write_text("5001\n")
     assert agent.watch_apps(frozenset(), 0.0) and agent.num_exits == 1
     assert MpsDaemon("mps-a").status().is_running
 

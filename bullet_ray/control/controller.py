@@ -123,9 +123,14 @@ class ClusterController:
         return ControllerConfig(**{**self.base_config.model_dump(), **overrides})
 
     def _keep_valid(self, overrides: dict[str, Any], when: str) -> tuple[dict[str, Any], ControllerConfig]:
-        """The overrides that still validate on the base config, taken one at a time in the order of their names
-        (each kept only if the config validates with it and the ones kept before it), and the config they make;
-        each dropped one is logged with the reason (`when`: what is happening, for the log)."""
+        """The overrides that still validate on the base config, and the config they make: all of them when they
+        validate together (a floor dropped with a ceiling lowered below it validates only as a pair); else one at
+        a time in the order of their names, each kept only if the config validates with it and the ones kept
+        before it; each dropped one is logged with the reason (`when`: what is happening, for the log)."""
+        try:
+            return dict(overrides), self._config_with(dict(overrides))
+        except ValueError:
+            pass
         kept: dict[str, Any] = {}
         cfg = self.base_config
         for name in sorted(overrides):

@@ -165,6 +165,18 @@ def test_overrides_that_conflict_with_each_other_keep_the_first_by_name(kv, clus
     assert controller.overrides == {"max_decode_sms": 8}  # "max..." before "min...": 16 > 8 drops the floor
 
 
+def test_overrides_that_validate_only_together_are_kept_together(kv, cluster):
+    """Lowering the ceiling under the YAML's floor while dropping the floor (the operator's one change, what the
+    Prometheus test's restart keeps): neither validates alone, both together; a restore keeps both."""
+    yaml = {**YAML, "min_decode_sms": 32, "max_decode_sms": None}
+    controller = make_controller(yaml, GPU)
+    lowered = {"min_decode_sms": None, "max_decode_sms": 24}
+    assert controller.update_config(lowered) == lowered
+    restarted = make_controller(yaml, GPU)  # its own arguments, the saved overrides validated again
+    assert restarted.overrides == lowered and restarted.cfg.max_decode_sms == 24
+    assert restarted.cfg.min_decode_sms is None
+
+
 def test_a_restore_keeps_the_saved_overrides_that_still_validate(kv, cluster):
     controller = make_controller(YAML, GPU)
     controller.update_config({"min_decode_sms": 80, "scale_down_after": 2})

@@ -153,9 +153,23 @@ class ClusterController:
         return LoadForecaster(c.interval_s, c.horizon_s, c.forecast_alpha, c.forecast_beta, c.forecast_phi)
 
     def _restore(self) -> None:
+        """Continue from the persisted state. State this code cannot read (persisted by another bullet_ray version:
+        a field since removed or renamed) must not fail every start for good: the controller then starts fresh
+        from its arguments, and says so."""
         saved = autoscale.kv_get(self.app, "state")
         if not saved:
             return
+        started_with = (self.base_config, self.spec, self.cfg, self.num_replicas)
+        try:
+            self._restore_from(saved)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            logger.warning("controller %s cannot read its persisted state (%s: %s); it starts fresh", self.app,
+                           type(e).__name__, e)
+            self.base_config, self.spec, self.cfg, self.num_replicas = started_with
+            self.overrides, self.state, self.last, self.num_restores = {}, ControllerState(), None, 0
+            self.forecaster = self._new_forecaster()
+
+    def _restore_from(self, saved: dict[str, Any]) -> None:
         deployed = saved.get("deployed")
         if deployed and deployed["actor_id"] is not None and deployed["actor_id"] == _actor_id():
             # Ray restarted this actor with its first deploy's arguments: a redeploy since then handed it newer ones.
@@ -275,9 +289,11 @@ class ClusterController:
                 return False
             self._is_leaving = True
             logger.info("application %s is gone: the controller forgets its state and exits", self.app)
-            for what in ("state", "num_replicas"):
-                autoscale.kv_delete(self.app, what)
-            self._exit()
+            try:
+                for what in ("state", "num_replicas"):
+                    autoscale.kv_delete(self.app, what)
+            finally:  # leaving is final: a failed delete must not leave it alive and refusing redeploys
+                self._exit()
             return True
 
     def _exit(self) -> None:

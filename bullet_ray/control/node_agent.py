@@ -123,13 +123,15 @@ class NodeAgent:
             mps_names = sorted(self.mps_names)
         logger.info("node agent %s: the applications %s are gone; it stops its unused MPS daemons %s and exits",
                     self.node_id[:12], sorted(self.apps.app_names), mps_names)
-        for name in mps_names:
-            try:
-                stop_unused_daemon(MpsDaemon(name))
-            except MpsError as e:
-                logger.warning("cannot stop MPS daemon %s: %s", name, e)
-        self._stop.set()
-        self._exit()
+        try:
+            for name in mps_names:
+                try:
+                    stop_unused_daemon(MpsDaemon(name))
+                except Exception as e:  # noqa: BLE001 - an MpsError, an OSError of the control binary ...
+                    logger.warning("cannot stop MPS daemon %s: %s", name, e)
+        finally:  # leaving is final: alive and refusing every call, it would be found by name for good
+            self._stop.set()
+            self._exit()
         return True
 
     def _exit(self) -> None:

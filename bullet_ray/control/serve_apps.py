@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import ray
@@ -87,7 +88,7 @@ def serve_app_names(timeout_s: float = LOOKUP_TIMEOUT_S) -> frozenset[str] | Non
         _pending = future = _in_thread(_lookup_app_names)
     try:
         return future.result(timeout=timeout_s)
-    except TimeoutError:
+    except FutureTimeout:  # the built-in TimeoutError from Python 3.11 on, not before
         logger.warning("the lookup of the Serve applications did not answer within %.0f s", timeout_s)
         return None
 

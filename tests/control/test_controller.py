@@ -177,6 +177,31 @@ def test_overrides_that_validate_only_together_are_kept_together(kv, cluster):
     assert restarted.cfg.min_decode_sms is None
 
 
+def test_state_persisted_by_another_version_starts_the_controller_fresh(kv, cluster):
+    """A saved field this code no longer has must not fail every start (and so every build) for good."""
+    controller = make_controller(YAML, GPU)
+    controller.update_config({"scale_down_after": 2})
+    controller.tick(reading(0.0, 1.0))
+    kv[("app", "state")]["state"]["old_field"] = 1
+    fresh = make_controller({**YAML, "interval_s": 7.0}, GPU)
+    assert fresh.overrides == {} and fresh.num_restores == 0 and fresh.state.seq == 0
+    assert fresh.cfg.interval_s == 7.0 and fresh.last is None
+
+
+def test_a_controller_leaves_even_when_forgetting_its_state_fails(kv, cluster, monkeypatch):
+    controller = make_controller(YAML, GPU)
+    exits = []
+    controller._exit = lambda: exits.append(1)  # type: ignore[method-assign]
+
+    def broken_delete(app, what):
+        raise OSError("KV unreachable")
+
+    monkeypatch.setattr(autoscale, "kv_delete", broken_delete)
+    with pytest.raises(OSError):
+        controller._leave_if_gone(frozenset(), 0.0) or controller._leave_if_gone(frozenset(), 1e6)
+    assert exits == [1] and controller._is_leaving
+
+
 def test_a_restore_keeps_the_saved_overrides_that_still_validate(kv, cluster):
     controller = make_controller(YAML, GPU)
     controller.update_config({"min_decode_sms": 80, "scale_down_after": 2})

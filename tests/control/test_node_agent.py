@@ -124,6 +124,19 @@ def test_the_agent_leaves_but_keeps_a_daemon_that_may_have_clients(mps_root):
     assert MpsDaemon("mps-a").status().is_running
 
 
+def test_an_agent_leaves_even_when_stopping_a_daemon_fails(mps_root, monkeypatch):
+    """Leaving is final: a failure while stopping a daemon must not leave the agent alive and refusing calls."""
+    agent = make_agent(app_gone_s=0.0)
+    agent.ensure_mps("app-a", "mps-a")
+
+    def broken(daemon):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(node_agent_module, "stop_unused_daemon", broken)
+    assert agent.watch_apps(frozenset(), 0.0)
+    assert agent.num_exits == 1 and agent._stop.is_set()
+
+
 def test_a_leaving_agent_refuses_calls(mps_root, monkeypatch):
     """A controller that found the agent just as it decided to leave must not have it ensure a daemon it is about
     to stop, nor relay through it: both raise, and the controller finds the node's agent again."""

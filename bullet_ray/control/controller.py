@@ -114,6 +114,7 @@ class ClusterController:
         self._stop = threading.Event()
         self._app_watch = AppWatch(APP_GONE_S, {self.app})  # read and changed under the lock
         self._is_leaving = False  # its application is gone: it forgets its state and exits; set under the lock
+        self._last_redeploy_s: float | None = None  # when the last redeploy it took was issued (`redeploy`)
         if run_loop:
             threading.Thread(target=self._loop, name="bullet-controller", daemon=True).start()
 
@@ -226,18 +227,25 @@ class ClusterController:
             self._persist()
             return dict(self.overrides)
 
-    def redeploy(self, config: dict[str, Any], spec: AppSpec) -> bool:
+    def redeploy(self, config: dict[str, Any], spec: AppSpec, issued_s: float | None = None) -> bool:
         """A redeploy's settings: `start_controller` hands them to the controller it found (Ray does not rerun a
         found actor's constructor). The settings in force already: nothing changes, every state is kept (False).
         Else the new `controller:` section is the base config: an operator override of a field it changed is
         dropped (the later word wins), the others kept one at a time where they still validate (`_keep_valid`: one
         that conflicts with the new section does not take the others with it); used from the next decision on
-        (`_use`), and persisted, so a restart by Ray keeps them (True)."""
+        (`_use`), and persisted, so a restart by Ray keeps them (True). `issued_s`: when the build sent them (wall
+        clock); two redeploys queued behind one decision take the lock in no set order, so one issued before the
+        last one taken is ignored (False)."""
         base = ControllerConfig(**config)
         with self._lock:
             if self._is_leaving:  # start_controller replaces it
                 raise RuntimeError(f"controller {self.app} is exiting: its application was gone")
             self._app_watch.absent_since_s = None  # the application is being deployed: its absence clock restarts
+            if issued_s is not None:
+                if self._last_redeploy_s is not None and issued_s < self._last_redeploy_s:
+                    logger.info("controller %s ignores a redeploy issued before the last one it took", self.app)
+                    return False
+                self._last_redeploy_s = issued_s
             if base == self.base_config and spec == self.spec:
                 return False
             changed = {k for k, v in base.model_dump().items() if getattr(self.base_config, k) != v}
@@ -411,7 +419,7 @@ def start_controller(config: ControllerConfig, spec: AppSpec) -> Any:
     for attempt in (1, 2):
         actor = _find_or_create(config, spec)
         try:
-            ref = actor.redeploy.remote(config.model_dump(), spec)
+            ref = actor.redeploy.remote(config.model_dump(), spec, time.time())
             done, _ = ray.wait([ref], timeout=REDEPLOY_WAIT_S)
             if not done:
                 logger.info("controller %s is deciding: the new settings apply once its decision in progress ends",

@@ -177,6 +177,17 @@ def test_overrides_that_validate_only_together_are_kept_together(kv, cluster):
     assert restarted.cfg.min_decode_sms is None
 
 
+def test_a_redeploy_issued_before_the_last_one_taken_is_ignored(kv, cluster):
+    """Two builds in a row queue behind one decision and take the lock in no set order: the later word wins."""
+    controller = make_controller(YAML, GPU)
+    assert controller.redeploy({**YAML, "max_decode_sms": 64}, GPU, issued_s=200.0) is True
+    assert controller.redeploy({**YAML, "max_decode_sms": 80}, GPU, issued_s=100.0) is False
+    assert controller.cfg.max_decode_sms == 64
+    assert controller.redeploy({**YAML, "max_decode_sms": 80}, GPU, issued_s=300.0) is True
+    assert controller.cfg.max_decode_sms == 80
+    assert controller.redeploy({**YAML, "max_decode_sms": 72}, GPU) is True  # no time: taken (an older caller)
+
+
 def test_state_persisted_by_another_version_starts_the_controller_fresh(kv, cluster):
     """A saved field this code no longer has must not fail every start (and so every build) for good."""
     controller = make_controller(YAML, GPU)

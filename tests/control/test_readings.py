@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import http.server
 import threading
 
 import pytest
 
 from bullet_ray.control.readings import NodeExporterReader, histogram_quantile
+from tests.metrics_pages import serve_pages
 
 
 def test_histogram_quantile_interpolates_like_prometheus():
@@ -39,20 +39,8 @@ def test_node_exporter_reader_rates_and_per_engine_values(lagging_tokens):
     # lagging: 20 more first tokens but the prompt-token counter not yet moved (another process flushes it)
     pages = [exposition(10, 5, 10), exposition(30, 10, 30, prompt_tokens=100.0 if lagging_tokens else None)]
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = pages[0].encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
+    with serve_pages(pages) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
         reader = NodeExporterReader("m", endpoints=lambda: [url])
         first = reader.read()
         assert first.is_baseline and first.load.rate_rps == 0.0  # one scrape: no rate yet (the controller skips it)
@@ -66,8 +54,6 @@ def test_node_exporter_reader_rates_and_per_engine_values(lagging_tokens):
         assert engine.engine_id == "e1" and engine.num_waiting == 3
         assert engine.ttft_p90_s == pytest.approx(0.1)  # 15 of the 20 new ones were slower: the last finite bound
         assert not second.is_baseline
-    finally:
-        server.shutdown()
 
 
 def test_a_node_that_missed_a_scrape_counts_no_lifetime_total_as_one_interval():

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
 import yaml
 
 from benchmarks.gpu import serve_h100
 from benchmarks.gpu.serve_h100 import GPU_YAML, parse_system, system_yaml
+from tests.metrics_pages import serve_pages
 
 
 def _engine(path):
@@ -193,26 +191,12 @@ def test_graph_captures_read_from_the_nodes_metrics_pages(tmp_path):
             'ray_bullet_num_requests_waiting{engine="a",model_name="m"} 7.0\n')
     pages = [page, "# TYPE other gauge\nother 1.0\n"]
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = pages[0].encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     discovery = tmp_path / "discovery.json"
-    try:
-        discovery.write_text(f'[{{"labels": {{"job": "ray"}}, "targets": ["127.0.0.1:{server.server_port}"]}}]')
+    with serve_pages(pages) as port:
+        discovery.write_text(f'[{{"labels": {{"job": "ray"}}, "targets": ["127.0.0.1:{port}"]}}]')
         assert serve_h100.graph_captures_serving(discovery, timeout_s=5.0) == 2
         pages.pop(0)  # a page without the gauge
         assert serve_h100.graph_captures_serving(discovery, timeout_s=5.0) is None
-    finally:
-        server.shutdown()
     assert serve_h100.graph_captures_serving(tmp_path / "missing.json") is None
     discovery.write_text('[{"labels": {"job": "ray"}, "targets": ["127.0.0.1:9"]}]')  # nothing listens on port 9
     assert serve_h100.graph_captures_serving(discovery, timeout_s=1.0) is None

@@ -84,7 +84,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
                         profile_num_steps=args.profile_num_steps,
                         piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None,
-                        piecewise_buckets=getattr(args, "piecewise_buckets", "tuned"))
+                        piecewise_buckets=args.piecewise_buckets)
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:

@@ -152,11 +152,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = 0
     elif scheduling == "fixedpw":
         engine["piecewise_buckets"] = "fixed"
-    elif scheduling == "attnoverlap":
-        pass  # an environment variable of `serve run` (SUFFIX_ENV), not the YAML
     elif scheduling.startswith("pw"):
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
-    elif scheduling:
+    elif scheduling in ("sync", "async"):  # (+attnoverlap is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \

@@ -128,7 +128,7 @@ def tune_buckets(buckets: list[int], time_ms: Callable[[int], float], step: int 
         if not inside:
             continue
         top = inside[-1]  # the range's top, or the largest bucket when it ends inside the range
-        sizes = sorted({t for t in range(low + step, top, step)} | {top})
+        sizes = sorted(set(range(low + step, top, step)) | {top})
         for t in sizes:
             if t not in times:
                 times[t] = time_ms(t)

@@ -91,6 +91,9 @@ def test_tuned_buckets_on_the_h100_table_beat_the_fixed_ones():
     assert high == [1152, 1248, 1344, 1504, 1568, 1760, 1888, 2048]
     before, after = _mean_ms(fixed, 1024, 2048, H100_GEMM_MS), _mean_ms(tuned, 1024, 2048, H100_GEMM_MS)
     assert after < before and (before - after) / before == pytest.approx(0.026, abs=0.002)
+    # every step at its own size (the table's 32-token rows: what running unpadded would take) is in between
+    exact = _mean_ms(list(range(1056, 2049, 32)), 1024, 2048, H100_GEMM_MS)
+    assert (round(before, 2), round(exact, 2), round(after, 2)) == (30.99, 30.42, 30.19)
     assert set(range(1056, 2049, 32)) <= set(calls) and max(calls) == 2048
     # a budget ending inside a range keeps it as the top; a tiny budget has nothing to tune
     tuned_1500, _ = tune_buckets(token_buckets(1500), time_ms)

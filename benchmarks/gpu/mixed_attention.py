@@ -9,8 +9,11 @@ understates the decode rows' difference); `tc_kv_gbs` is the KV bytes the decode
 tensor-core time.
 
 `overlap_ms` runs a mixed step's decode rows (tensor-core kernel) on a second stream beside its prompt chunks'
-kernel (`mixed_overlap`, BULLET_RAY_MIXED_ATTENTION_OVERLAP) against `tc_ms`, the same kernels one after the
-other; `overlap_rel_diff` is its output against that one's (the same kernels: 0 up to run-to-run rounding).
+kernel (`mixed_attention="overlap"`, BULLET_RAY_MIXED_ATTENTION=overlap) against `tc_ms`, the same kernels one
+after the other; `overlap_rel_diff` is its output against that one's (the same kernels: 0 up to run-to-run
+rounding). `holistic_ms` runs every row of the mixed step in one launch of flashinfer's persistent BatchAttention
+(`mixed_attention="holistic"`); `holistic_speedup` is tc_ms over it, `holistic_rel_diff` its output against
+`tc_ms`'s (another kernel: bf16 rounding).
 
     python -m benchmarks.gpu.mixed_attention --out /tmp/out/mixed_attention_h100.json
 """
@@ -71,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         kv = torch.randn(2, num_blocks, 2, BS, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
         cuda_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=False)
         tensor_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
-                                         mixed_overlap=False)
+                                         mixed_attention="split")
         overlapped = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
-                                       mixed_overlap=True)
+                                       mixed_attention="overlap")
+        holistic = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
+                                     mixed_attention="holistic")
         t = md.num_tokens
         q = torch.randn(t, HEADS, DIM, device=dev, dtype=torch.bfloat16)
         k = torch.randn(t, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
@@ -85,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         split_ms, out = step_ms(cuda_cores, md, q, k, v, True, args.repeats)
         out = out.float().clone()
         tc_ms, tc_out = step_ms(tensor_cores, md, q, k, v, True, args.repeats)
-        if chunks and num_decode:  # the decode rows on a second stream beside the prompt chunks (mixed_overlap)
+        if chunks and num_decode:  # the decode rows on a second stream beside the prompt chunks; every row in one kernel
             ov_ms, ov_out = step_ms(overlapped, md, q, k, v, True, args.repeats)
             row.update(overlap_ms=round(ov_ms, 3), overlap_speedup=round(tc_ms / ov_ms, 3),
                        overlap_rel_diff=round(float((ov_out.float() - tc_out.float()).norm() / tc_out.float().norm()), 6))
+            ho_ms, ho_out = step_ms(holistic, md, q, k, v, True, args.repeats)
+            row.update(holistic_ms=round(ho_ms, 3), holistic_speedup=round(tc_ms / ho_ms, 3),
+                       holistic_rel_diff=round(float((ho_out.float() - tc_out.float()).norm() / tc_out.float().norm()), 6))
         if chunks:
             rel = float((out - ref).norm() / ref.norm())
             row.update(unsplit_ms=round(unsplit_ms, 3), split_ms=round(split_ms, 3),
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               "device": torch.cuda.get_device_name(), "command": "python -m benchmarks.gpu.mixed_attention",
               "note": "32 layers' attention of one step, plan included; decodes first, then prompt chunks; "
                       "tc_*: decode rows through the tensor-core decode kernel; overlap_*: those on a second stream beside "
-                      "the prompt chunks' kernel; *_kv_gbs: the decode rows' KV "
+                      "the prompt chunks' kernel; holistic_*: every row in one persistent BatchAttention kernel; *_kv_gbs: the decode rows' KV "
                       "bytes over the step's attention time (prompt chunks included where there are any)",
               "rows": rows}
     if args.out:

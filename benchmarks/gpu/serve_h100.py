@@ -99,18 +99,18 @@ def gpu_memory_gib() -> float:
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
-    +attnoverlap); "+direct" may come with it, in either order."""
+    +attnoverlap, +attnholistic); "+direct" may come with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, and/or +direct")
+                         "+attnoverlap, +attnholistic, and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "attnoverlap") \
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap or +direct")
+                         "+attnoverlap, +attnholistic or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -154,7 +154,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_buckets"] = "fixed"
     elif scheduling.startswith("pw"):
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
-    elif scheduling in ("sync", "async"):  # (+attnoverlap is `serve run`'s environment: SUFFIX_ENV)
+    elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
@@ -312,7 +312,8 @@ def vllm_version() -> str:
 
 
 # environment an engine suffix sets for `serve run` (the engine replicas and their workers inherit it)
-SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION_OVERLAP": "1"}}
+SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},
+              "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"}}
 
 
 def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
@@ -455,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                              "vllm (`vllm serve` from $VLLM_SITE; its /metrics read around each rate); an engine "
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
                              "+ '+fixedpw' the fixed piecewise buckets, + '+attnoverlap' a mixed step's two attention "
-                             "kernels at once (BULLET_RAY_MIXED_ATTENTION_OVERLAP=1), "
+                             "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
+                             "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
                              "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")

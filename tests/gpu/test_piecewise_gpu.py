@@ -98,7 +98,7 @@ def test_engine_tunes_its_buckets_and_agrees_with_fixed(model_source):
     assert same / sum(len(e) for e in fixed) >= 0.9
 
 
-def _run(model: str, schedule: str, budget: int = 512, **kw):
+def _run(model: str, schedule: str, budget: int = 512, mixed_attention: str = "split", **kw):
     from bullet_ray.config import EngineConfig
     from bullet_ray.engine.llm_engine import LLMEngine
     from bullet_ray.engine.sampling_params import SamplingParams
@@ -112,6 +112,7 @@ def _run(model: str, schedule: str, budget: int = 512, **kw):
         stats = engine.stats()
         graphs = engine.worker_info[role].get("graphs") or {}
         assert stats.num_free_kv_blocks == stats.num_kv_blocks
+        assert engine.worker_info[role]["mixed_attention"] == mixed_attention
     return tokens, stats.extra["num_graph_captures_serving"], graphs.get("piecewise")
 
 
@@ -124,3 +125,15 @@ def test_piecewise_engine_agrees_with_eager(model_source, schedule):
     assert all(len(t) == 40 for t in tokens)
     same = sum(a == b for g, e in zip(tokens, eager) for a, b in zip(g, e))
     assert same / sum(len(e) for e in eager) >= 0.9
+
+
+def test_holistic_mixed_attention_serves_the_chunked_schedule(model_source, monkeypatch):
+    """BULLET_RAY_MIXED_ATTENTION=holistic (every row of a mixed step in one persistent kernel, between the captured
+    pieces): no capture while serving, every KV block freed, tokens as with the split kernels but for bf16 near-ties."""
+    split, _, _ = _run(model_source, "chunked")
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION", "holistic")
+    holistic, captures, piecewise = _run(model_source, "chunked", mixed_attention="holistic")
+    assert captures == 0 and piecewise is not None and piecewise["num_graphs"] > 0
+    assert all(len(t) == 40 for t in holistic)
+    same = sum(a == b for g, e in zip(holistic, split) for a, b in zip(g, e))
+    assert same / sum(len(e) for e in split) >= 0.9

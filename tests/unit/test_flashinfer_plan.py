@@ -33,9 +33,10 @@ def _backend() -> FlashInferBackend:
     return backend
 
 
-def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True) -> tuple[list, int]:
+def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True, holistic: bool = False) -> tuple[list, int]:
     backend = _backend()
     backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
+    backend.holistic = "holistic" if holistic else None
     backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
     backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
     backend.split_mixed_batches = split
@@ -51,6 +52,18 @@ def test_leading_decodes_of_a_mixed_batch_go_to_the_decode_kernel():
     assert plans[0] == ("decode", [[0, 3, 4, 9], list(range(9)), [1, 1, 6], 4, 2])
     # prefill: query offsets of the two chunks, their blocks (2, 6) and ids from block 9 on
     assert plans[1] == ("prefill", [[0, 20, 27], [0, 2, 8], list(range(9, 17)), [4, 10], 4])
+
+
+@pytest.mark.parametrize("query_lens,seq_lens,wrappers", [
+    ([1, 1, 1, 20, 7], [33, 1, 70, 20, 90], ["holistic"]),  # mixed, decodes first: every row in one kernel
+    ([5, 3], [5, 40], ["prefill"]),  # no decode rows: the prefill kernel, as in the split mode
+    ([1, 1], [17, 40], ["decode"]),  # a pure decode batch: the decode kernel (and its CUDA graphs)
+])
+def test_holistic_mode_plans_a_mixed_batch_once_over_every_row(query_lens, seq_lens, wrappers):
+    plans, _ = _plans(query_lens, seq_lens, holistic=True)
+    assert [w for w, _ in plans] == wrappers
+    if wrappers == ["holistic"]:  # query offsets, block offsets, context lengths, every block id, page size
+        assert plans[0][1] == [[0, 1, 2, 3, 23, 30], [0, 3, 4, 9, 11, 17], seq_lens, list(range(17)), 16]
 
 
 def test_without_the_split_every_row_goes_to_the_prefill_kernel():
@@ -196,13 +209,14 @@ def test_split_chunk_caps_and_the_graph_variants_a_bucket_captures():
     assert graphs.plan_variants(256) == [None]
 
 
-def test_mixed_overlap_is_off_unless_the_environment_turns_it_on(monkeypatch):
-    from bullet_ray.engine.attention.flashinfer_backend import default_mixed_overlap
+def test_mixed_attention_splits_unless_the_environment_says_otherwise(monkeypatch):
+    from bullet_ray.engine.attention.flashinfer_backend import default_mixed_attention
 
-    monkeypatch.delenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", raising=False)
-    assert default_mixed_overlap() is False
-    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "1")
-    assert default_mixed_overlap() is True
-    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "on")
-    with pytest.raises(ValueError, match="BULLET_RAY_MIXED_ATTENTION_OVERLAP must be 0 or 1"):
-        default_mixed_overlap()
+    monkeypatch.delenv("BULLET_RAY_MIXED_ATTENTION", raising=False)
+    assert default_mixed_attention() == "split"
+    for mode in ("split", "overlap", "holistic"):
+        monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION", mode)
+        assert default_mixed_attention() == mode
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION", "1")
+    with pytest.raises(ValueError, match="BULLET_RAY_MIXED_ATTENTION must be one of split, overlap, holistic, got '1'"):
+        default_mixed_attention()

@@ -203,7 +203,7 @@ def test_graph_captures_read_from_the_nodes_metrics_pages(tmp_path):
 
 
 def test_an_engine_suffix_can_set_serve_runs_environment():
-    """+attnoverlap reaches the engine through `serve run`'s environment, beside --serve-env's."""
+    """+attnoverlap / +attnholistic reach the engine through `serve run`'s environment, beside --serve-env's."""
     from types import SimpleNamespace
 
     from benchmarks.gpu.serve_h100 import make_system
@@ -211,5 +211,7 @@ def test_an_engine_suffix_can_set_serve_runs_environment():
     args = SimpleNamespace(ready_timeout_s=10, base_yaml=GPU_YAML, check_requests=0, check_prompt_tokens=16,
                            serve_env={"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
     on = make_system("chunked-2048+attnoverlap+direct", args).extra["serve_env"]
-    assert on == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "BULLET_RAY_MIXED_ATTENTION_OVERLAP": "1"}
+    assert on == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "BULLET_RAY_MIXED_ATTENTION": "overlap"}
+    holistic = make_system("chunked-2048+attnholistic+direct", args).extra["serve_env"]
+    assert holistic == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "BULLET_RAY_MIXED_ATTENTION": "holistic"}
     assert make_system("chunked-2048+direct", args).extra["serve_env"] == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}

@@ -164,17 +164,29 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
     return chunk
 
 
-def default_mixed_overlap() -> bool:
-    """Whether a mixed batch's decode rows run on a second stream beside its prompt chunks' kernel, from
-    BULLET_RAY_MIXED_ATTENTION_OVERLAP ("0", the default, or "1"). The two kernels are bound by different things
-    (reading the decode rows' KV; the prompt tiles' arithmetic), which vLLM's one FlashAttention-3 kernel for every
-    row overlaps (benchmarks/results/kernel_compare_steps_h100/: +1.9 ms of attention on a full 2,048-token mixed
-    step against vLLM's). Off until benchmarks/gpu/mixed_attention.py's `overlap_ms` and a serving run show it
-    pays; only a batch launched on the default stream overlaps (a green context's stream keeps its SMs)."""
-    value = os.environ.get("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"BULLET_RAY_MIXED_ATTENTION_OVERLAP must be 0 or 1, got {value!r}")
-    return value == "1"
+# how a mixed batch (decode rows first, then prompt chunks) runs its attention
+MIXED_ATTENTION_MODES = ("split", "overlap", "holistic")
+
+
+def default_mixed_attention() -> str:
+    """How a mixed batch's attention runs unless a backend is told otherwise, from BULLET_RAY_MIXED_ATTENTION:
+
+    - "split" (default): its decode rows through the decode kernel, then its prompt chunks through the prefill
+      kernel (flashinfer's SM90 one on Hopper), one after the other;
+    - "overlap": the same two kernels, the decode rows on a second stream beside the prompt chunks' kernel;
+    - "holistic": every row in ONE launch of flashinfer's persistent `BatchAttention` (FA2-style tiles: 128-row
+      tiles for prompt chunks, 16-row tiles for decode rows' packed query heads, KV split across CTAs by a cost
+      model), as vLLM's FlashAttention-3 runs a mixed batch in one varlen kernel.
+
+    The two kernels of "split" are bound by different things (reading the decode rows' KV; the prompt tiles'
+    arithmetic), which vLLM's one kernel overlaps: +1.9 ms of attention on a full 2,048-token mixed step against
+    vLLM's (benchmarks/results/kernel_compare_steps_h100/). "overlap" took 0.4 ms of it; which of the three serves
+    best is measured by benchmarks/gpu/mixed_attention.py and a serving run. Only a batch launched on the default
+    stream overlaps (a green context's stream keeps its SMs)."""
+    value = os.environ.get("BULLET_RAY_MIXED_ATTENTION", "split")
+    if value not in MIXED_ATTENTION_MODES:
+        raise ValueError(f"BULLET_RAY_MIXED_ATTENTION must be one of {', '.join(MIXED_ATTENTION_MODES)}, got {value!r}")
+    return value
 
 
 def default_decode_split_kv_rows() -> int | None:
@@ -199,9 +211,11 @@ class FlashInferBackend(AttentionBackend):
     # on while cuda_graphs.DecodeGraphs without a scratch slot captures a bucket of more than one row: its
     # padding rows share row 0's slot, and row 0's K/V are written after the others' (`store_first_row_last`)
     first_row_writes_last = False
+    # mixed_attention "holistic": the one-kernel attention of a mixed batch (None in the other modes)
+    holistic: HolisticAttention | None = None
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, decode_tensor_cores: bool | None = None, mixed_overlap: bool | None = None) -> None:
+                 scale: float, decode_tensor_cores: bool | None = None, mixed_attention: str | None = None) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         import flashinfer
 
@@ -212,12 +226,20 @@ class FlashInferBackend(AttentionBackend):
         # the device's SMs as flashinfer's planner counts them (a green context's stream does not change it)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.mixed_overlap = default_mixed_overlap() if mixed_overlap is None else mixed_overlap
+        self.mixed_attention = default_mixed_attention() if mixed_attention is None else mixed_attention
+        if self.mixed_attention not in MIXED_ATTENTION_MODES:
+            raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION_MODES)}, "
+                             f"got {self.mixed_attention!r}")
+        overlap = self.mixed_attention == "overlap"
         # overlapped, a mixed step's two kernels run at once: the decode wrapper then gets a workspace of its own
         # (each wrapper lays out its partial outputs from the buffer's start) and the decode rows a side stream
-        decode_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device) if self.mixed_overlap \
+        decode_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device) if overlap \
             else self.workspace
-        self._side_stream = torch.cuda.Stream(device) if self.mixed_overlap else None
+        self._side_stream = torch.cuda.Stream(device) if overlap else None
+        # holistic: every row of a mixed batch in one persistent kernel (its own workspaces: flashinfer's 384 MiB)
+        self.holistic = HolisticAttention(device, num_heads, num_kv_heads, head_dim, kv_cache.dtype, scale) \
+            if self.mixed_attention == "holistic" else None
+        self._holistic_planned = False
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
                                                                     use_tensor_cores=self.decode_tensor_cores)
@@ -263,6 +285,11 @@ class FlashInferBackend(AttentionBackend):
         else:
             nd = _num_leading_ones(metadata.query_lens_list) if self.split_mixed_batches else 0
         self._num_decode_rows = 0 if metadata.is_decode else nd
+        self._holistic_planned = bool(nd) and not metadata.is_decode and self.holistic is not None
+        if self._holistic_planned:  # decode rows and prompt chunks in one kernel
+            self.fence.plan(self.holistic, _pinned([0, *_cumsum(metadata.query_lens_list)]),
+                            _pinned([0, *_cumsum(num_blocks)]), _pinned(seq_lens), kv_indices, bs)
+            return
         first_prefill_block = sum(num_blocks[:nd])
         if nd:
             self._plan_decode(num_blocks[:nd], kv_indices[:first_prefill_block], last_page_len[:nd], bs)
@@ -339,6 +366,8 @@ class FlashInferBackend(AttentionBackend):
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if self._is_decode:
             return self._run(self.decode).run(q, k_cache, v_cache, out)
+        if self._holistic_planned and self.holistic is not None:
+            return self.holistic.run(q, k_cache, v_cache, out)
         nd = self._num_decode_rows
         if not nd:
             return self._run(self.prefill).run(q, k_cache, v_cache, out)
@@ -360,6 +389,60 @@ class FlashInferBackend(AttentionBackend):
         if direct is None or direct.wrapper is not wrapper:
             direct = self._direct[id(wrapper)] = DirectRun(wrapper, lambda: self.fence.plan_count(wrapper), PDL)
         return direct
+
+
+class HolisticAttention:
+    """flashinfer's persistent `BatchAttention` for a mixed batch's rows, all in one launch, planned without a
+    host-device sync and run without the wrapper's Python.
+
+    The wrapper's `plan` synchronises the whole device (it copies device index arrays to the host), which would
+    stop the host from planning step k+1 while step k runs (asynchronous scheduling); our index arrays are already
+    pinned host tensors, so after the wrapper's first plan (which loads the compiled module) the module's own plan
+    runs directly: it fills the wrapper's page-locked buffer and queues its copy on the current stream, which
+    `PlanFence` guards like any other wrapper's. `run` calls the module's run per layer (q read at its strides,
+    `out` written in place; no LSE)."""
+
+    def __init__(self, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 scale: float) -> None:
+        import flashinfer
+        from flashinfer.utils import MaskMode, TensorLayout
+
+        self.wrapper = flashinfer.BatchAttention(kv_layout="NHD", device=str(device))
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype, self.scale = dtype, scale
+        self._causal = MaskMode.CAUSAL.value
+        self._layout = TensorLayout["NHD"].value
+        self._module: Any = None
+        self._plan_info: Any = None
+        self._kv_indices: torch.Tensor | None = None
+        self._page_size = 0
+
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_lens: torch.Tensor,
+             kv_indices: torch.Tensor, page_size: int) -> None:
+        """Plan a batch: `qo_indptr` / `kv_indptr` (pages) / `kv_lens` (tokens) as pinned int32 host tensors,
+        `kv_indices` the pages on the device; every row causal (a one-token row sees its whole context)."""
+        w = self.wrapper
+        if self._module is None:
+            w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, self.num_heads, self.num_kv_heads, self.head_dim,
+                   self.head_dim, page_size, causal=True, sm_scale=self.scale, q_data_type=self.dtype,
+                   kv_data_type=self.dtype)
+            self._module, self._plan_info = w.module, w._plan_info
+        else:
+            self._plan_info = self._module.plan(w.float_workspace_buffer, w.int_workspace_buffer,
+                                                w.page_locked_int_workspace_buffer, qo_indptr, kv_indptr, kv_lens,
+                                                len(kv_lens), self.num_heads, self.num_kv_heads, self.head_dim, True)
+        self._kv_indices, self._page_size = kv_indices, page_size
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One layer's attention of the planned batch into `out` (written in place when contiguous)."""
+        w = self.wrapper
+        target = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        self._module.run(w.float_workspace_buffer, w.int_workspace_buffer, self._plan_info, q, k_cache, v_cache,
+                         self._kv_indices, target, None, self._causal, self._layout, self.num_heads,
+                         self.num_kv_heads, self._page_size, 1.0, self.scale, 0.0, None, None)
+        if target is not out:
+            out.copy_(target)
+        return out
 
 
 class PlanFence:

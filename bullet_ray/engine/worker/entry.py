@@ -54,7 +54,8 @@ def run_worker(spec: WorkerSpec) -> None:
             resources = attach_resources(spec.config, spec.attach, device)
         worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
         info = {**_device_info(device), "graphs": worker.graph_capture or None,
-                "ladder_size": len(worker.partitioner.ladder)}  # the entries a split request may name
+                "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
+                "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode
         conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
         try:
             worker.run()

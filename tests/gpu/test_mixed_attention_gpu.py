@@ -1,0 +1,87 @@
+"""A mixed step's attention in its three modes (`mixed_attention`): the decode rows on a second stream beside the
+prompt chunks' kernel ("overlap") give the same output as the two kernels one after the other ("split"), layer
+after layer, and leave the main stream waiting for both (what the next piece reads); every row in one persistent
+kernel ("holistic") equals the torch reference and the split kernels up to bf16 rounding, planned again without a
+device sync, with the batch's q read in place from fused qkv rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+HEADS, KV_HEADS, DIM, BS, LAYERS = 32, 8, 128, 16, 4
+QUERY_LENS = [1] * 40 + [700, 150]
+SEQ_LENS = [900 + 13 * i for i in range(40)] + [700, 2200]  # a fresh chunk, a chunk after a 2,050-token prefix
+
+
+def _inputs():
+    from bullet_ray.engine.attention.base import AttentionMetadata
+
+    torch.manual_seed(0)
+    md = AttentionMetadata.contiguous(QUERY_LENS, SEQ_LENS, BS, "cuda")
+    num_blocks = sum((n + BS - 1) // BS for n in SEQ_LENS)
+    kv = torch.randn(LAYERS, num_blocks, 2, BS, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    t = md.num_tokens
+    q = torch.randn(LAYERS, t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(LAYERS, t, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(LAYERS, t, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    return md, kv, q, k, v
+
+
+def _layers(mode: str, md, kv, q, k, v):
+    from bullet_ray.engine.attention.flashinfer_backend import FlashInferBackend
+
+    backend = FlashInferBackend(kv.clone(), HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
+                                mixed_attention=mode)
+    with torch.inference_mode():
+        backend.begin_batch(md)
+        out = torch.stack([backend.forward(i, q[i], k[i], v[i], md) for i in range(LAYERS)]).float()
+    torch.cuda.synchronize()
+    return backend, out
+
+
+def test_overlapped_mixed_attention_equals_sequential():
+    inputs = _inputs()
+    split_backend, split = _layers("split", *inputs)
+    overlap_backend, overlap = _layers("overlap", *inputs)
+    assert split_backend._num_decode_rows == overlap_backend._num_decode_rows == 40
+    rel = float((overlap - split).norm() / split.norm())
+    assert rel < 1e-3, f"relative difference {rel:.2e}"
+
+
+def test_holistic_mixed_attention_equals_the_split_kernels():
+    inputs = _inputs()
+    _, split = _layers("split", *inputs)
+    backend, holistic = _layers("holistic", *inputs)
+    assert backend._holistic_planned
+    rel = float((holistic - split).norm() / split.norm())
+    assert rel < 1e-2, f"relative difference {rel:.2e}"
+    decode_rel = float((holistic[:, :40] - split[:, :40]).norm() / split[:, :40].norm())
+    assert decode_rel < 1e-2, f"decode rows' relative difference {decode_rel:.2e}"
+
+
+def test_holistic_replans_without_a_sync_and_matches_the_reference_on_fused_qkv_rows():
+    """Three batches on one backend (mixed, decode-only, mixed again: the second mixed plan is the module's own,
+    not the wrapper's): each mixed batch equals the torch reference, q read from fused qkv rows, K/V written alike."""
+    from bullet_ray.engine.attention.base import AttentionMetadata, get_backend_class
+
+    torch.manual_seed(1)
+    num_blocks = 64
+    kv = torch.randn(1, num_blocks, 2, BS, 2, DIM, device="cuda", dtype=torch.bfloat16)
+    fi = get_backend_class("flashinfer")(kv, 8, 2, DIM, DIM ** -0.5, mixed_attention="holistic")
+    ref = get_backend_class("torch")(kv.clone(), 8, 2, DIM, DIM ** -0.5)
+    batches = [([1, 1, 1, 20, 7], [33, 1, 70, 20, 90]), ([1, 1], [34, 71]), ([1, 1, 1, 30], [35, 72, 3, 130])]
+    for query_lens, seq_lens in batches:
+        md = AttentionMetadata.contiguous(query_lens, seq_lens, BS, "cuda")
+        qkv = torch.randn(sum(query_lens), (8 + 2 + 2) * DIM, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (t.view(-1, n, DIM) for t, n in zip(qkv.split([8 * DIM, 2 * DIM, 2 * DIM], dim=-1), (8, 2, 2)))
+        fi.begin_batch(md)
+        assert fi._holistic_planned == (max(query_lens) > 1)
+        out = fi.forward(0, q, k, v, md).float()
+        ref.begin_batch(md)
+        expected = ref.forward(0, q.contiguous(), k.contiguous(), v.contiguous(), md).float()
+        rel = float((out - expected).norm() / expected.norm())
+        assert rel < 2e-2, f"{query_lens}: relative difference {rel:.4f}"
+        assert torch.equal(fi.kv_cache, ref.kv_cache)

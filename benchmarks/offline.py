@@ -103,9 +103,12 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         outs = engine.generate(prompts, params, use_tqdm=True)
         seconds = time.perf_counter() - start
-        graphs = engine.worker_info.get("decode" if config.is_disaggregated else "hybrid", {}).get("graphs")
+        info = engine.worker_info.get("decode" if config.is_disaggregated else "hybrid", {})
+        graphs = info.get("graphs")
     result = summary(specs, [len(o.token_ids) for o in outs], seconds)
+    # mixed_attention: how a mixed step's attention ran (BULLET_RAY_MIXED_ATTENTION, flashinfer only)
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
+                  mixed_attention=info.get("mixed_attention"),
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
                                                           "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager",
                                                           "piecewise_graph_tokens")},

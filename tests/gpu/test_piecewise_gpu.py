@@ -134,7 +134,7 @@ def test_holistic_mixed_attention_through_the_pieces_equals_the_split_kernels(mo
     from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata, get_backend_class
     from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
 
-    model, split = _model_and_backend(model_source, 128)
+    model, split = _model_and_backend(model_source, 256)  # 4,096 slots: the step's rows hold 2,602 tokens
     c = model.config
     holistic = get_backend_class("flashinfer")(split.kv_cache.clone(), c.num_attention_heads, c.num_key_value_heads,
                                                c.head_dim, c.head_dim ** -0.5, mixed_attention="holistic")

@@ -180,9 +180,12 @@ def default_mixed_attention() -> str:
 
     The two kernels of "split" are bound by different things (reading the decode rows' KV; the prompt tiles'
     arithmetic), which vLLM's one kernel overlaps: +1.9 ms of attention on a full 2,048-token mixed step against
-    vLLM's (benchmarks/results/kernel_compare_steps_h100/). "overlap" took 0.4 ms of it; which of the three serves
-    best is measured by benchmarks/gpu/mixed_attention.py and a serving run. Only a batch launched on the default
-    stream overlaps (a green context's stream keeps its SMs)."""
+    vLLM's (benchmarks/results/kernel_compare_steps_h100/). On the H100 (benchmarks/results/
+    mixed_attention_holistic_h100/) "overlap" is 1.00-1.13x split on the chunked schedule's step shapes and +0.5%
+    offline; "holistic" is 1.07x on a fresh full chunk but 0.81x on a full chunk after a long prefix (its FA2-style
+    prompt tiles lose to the SM90 prefill kernel), 1.00x in serving at a 2,048-token budget and -18% offline at
+    16,384: so "split" stays the default. Only a batch launched on the default stream overlaps (a green context's
+    stream keeps its SMs)."""
     value = os.environ.get("BULLET_RAY_MIXED_ATTENTION", "split")
     if value not in MIXED_ATTENTION_MODES:
         raise ValueError(f"BULLET_RAY_MIXED_ATTENTION must be one of {', '.join(MIXED_ATTENTION_MODES)}, got {value!r}")

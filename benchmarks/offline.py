@@ -215,29 +215,43 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
+    save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
     for tokens in (args.piecewise_graph_tokens or [])[1:]:  # the same run with other piecewise limits
         variant = argparse.Namespace(**{**vars(args), "piecewise_graph_tokens": [tokens],
                                         "step_log": _suffixed(args.step_log, f"pw{tokens}")})
         results[f"ours_pw{tokens}"] = run_ours(variant)
         print(json.dumps(results[f"ours_pw{tokens}"]), flush=True)
+        save(args, argv, results)
     if args.vllm:
         log_path = (args.out.parent if args.out is not None else Path(tempfile.gettempdir())) / "offline_vllm_child.log"
+        results["vllm"] = {"error": "not finished: this process was stopped while vLLM ran"}
+        save(args, argv, results)
         results["vllm"] = _vllm_in_child(argv if argv is not None else sys.argv[1:], args.vllm_timeout_s, log_path)
         if "requests_per_s" in results["vllm"]:
             for name in [n for n in results if n.startswith("ours")]:
                 results[f"{name}_over_vllm"] = {k: round(results[name][k] / results["vllm"][k], 3)
                                                 for k in ("requests_per_s", "output_tokens_per_s")}
+    print(json.dumps({k: v for k, v in results.items() if k.startswith("ours") or k == "vllm"}, indent=1))
+    if save(args, argv, results):
+        print(f"saved {args.out}")
+    return 0
+
+
+def save(args: argparse.Namespace, argv: list[str] | None, results: dict[str, Any]) -> bool:
+    """Write what has run so far to `args.out` (False when there is none): the file is rewritten after each
+    system, so a run stopped part-way (vLLM past a device call's limit) keeps the systems that finished."""
+    if args.out is None:
+        return False
     payload = {"benchmark": "offline", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python -m benchmarks.offline " + " ".join(sys.argv[1:] if argv is None else argv),
                "workload": {"dataset": "azure-conv", "num_prompts": args.num_prompts, "seed": args.seed,
                             "max_total_tokens": args.max_total_tokens, "greedy": True, "ignore_eos": True},
                "device": device_info(), **results}
-    print(json.dumps({k: v for k, v in payload.items() if k.startswith("ours") or k == "vllm"}, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=2))
-        print(f"saved {args.out}")
-    return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(args.out)  # never a half-written file
+    return True
 
 
 def vllm_child_env(**extra: str) -> dict[str, str]:

@@ -47,3 +47,44 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _fake_run(monkeypatch, vllm):
+    import benchmarks.offline as offline
+
+    monkeypatch.setattr(offline, "run_ours", lambda args: {"requests_per_s": 19.0, "output_tokens_per_s": 4000.0})
+    monkeypatch.setattr(offline, "_vllm_in_child", vllm)
+    monkeypatch.setattr(offline, "device_info", lambda: {"name": "test"})
+    return offline
+
+
+def test_ours_is_saved_before_vllm_runs_and_kept_if_the_run_is_stopped(tmp_path, monkeypatch):
+    """A device call's `timeout` can stop the run while vLLM's child still loads: the file already holds ours,
+    and vLLM's entry says it did not finish."""
+    import json
+
+    import pytest
+
+    out = tmp_path / "o.json"
+
+    def stopped(*_args):
+        assert json.loads(out.read_text())["ours"]["requests_per_s"] == 19.0  # written before the child starts
+        raise KeyboardInterrupt
+
+    offline = _fake_run(monkeypatch, stopped)
+    with pytest.raises(KeyboardInterrupt):
+        offline.main(["--vllm", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["ours"]["requests_per_s"] == 19.0 and "not finished" in saved["vllm"]["error"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_finished_run_saves_both_and_their_ratio(tmp_path, monkeypatch):
+    import json
+
+    out = tmp_path / "o.json"
+    offline = _fake_run(monkeypatch, lambda *_a: {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0})
+    assert offline.main(["--vllm", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["vllm"]["requests_per_s"] == 20.0
+    assert saved["ours_over_vllm"] == {"requests_per_s": 0.95, "output_tokens_per_s": 1.0}

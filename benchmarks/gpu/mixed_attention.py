@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         md = metadata(num_decode, ctx, chunks, prefix, dev)
         num_blocks = sum((n + BS - 1) // BS for n in md.seq_lens_list)
         kv = torch.randn(2, num_blocks, 2, BS, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
-        cuda_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=False)
+        cuda_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=False,
+                                       mixed_attention="split")
         tensor_cores = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,
                                          mixed_attention="split")
         overlapped = FlashInferBackend(kv, HEADS, KV_HEADS, DIM, DIM ** -0.5, decode_tensor_cores=True,

@@ -62,9 +62,10 @@ def test_holistic_mixed_attention_equals_the_split_kernels():
     assert decode_rel < 1e-2, f"decode rows' relative difference {decode_rel:.2e}"
 
 
-def test_holistic_replans_without_a_sync_and_matches_the_reference_on_fused_qkv_rows():
-    """Three batches on one backend (mixed, decode-only, mixed again: the second mixed plan is the module's own,
-    not the wrapper's): each mixed batch equals the torch reference, q read from fused qkv rows, K/V written alike."""
+def test_holistic_replans_without_a_sync_and_matches_the_reference_on_fused_qkv_rows(monkeypatch):
+    """Three batches on one backend (mixed, decode-only, mixed again), planned with torch.cuda.synchronize made to
+    fail (the backend loaded the module, the wrapper's one synchronising plan, when it was built): each mixed batch
+    equals the torch reference, q read from fused qkv rows, K/V written alike."""
     from bullet_ray.engine.attention.base import AttentionMetadata, get_backend_class
 
     torch.manual_seed(1)
@@ -73,13 +74,19 @@ def test_holistic_replans_without_a_sync_and_matches_the_reference_on_fused_qkv_
     fi = get_backend_class("flashinfer")(kv, 8, 2, DIM, DIM ** -0.5, mixed_attention="holistic")
     ref = get_backend_class("torch")(kv.clone(), 8, 2, DIM, DIM ** -0.5)
     batches = [([1, 1, 1, 20, 7], [33, 1, 70, 20, 90]), ([1, 1], [34, 71]), ([1, 1, 1, 30], [35, 72, 3, 130])]
+
+    def no_sync(*_args, **_kwargs):
+        raise AssertionError("a plan synchronised the device")
+
     for query_lens, seq_lens in batches:
         md = AttentionMetadata.contiguous(query_lens, seq_lens, BS, "cuda")
         qkv = torch.randn(sum(query_lens), (8 + 2 + 2) * DIM, device="cuda", dtype=torch.bfloat16)
         q, k, v = (t.view(-1, n, DIM) for t, n in zip(qkv.split([8 * DIM, 2 * DIM, 2 * DIM], dim=-1), (8, 2, 2)))
-        fi.begin_batch(md)
+        with monkeypatch.context() as patch:  # the module was loaded (and synced) when the backend was built
+            patch.setattr(torch.cuda, "synchronize", no_sync)
+            fi.begin_batch(md)
+            out = fi.forward(0, q, k, v, md).float()
         assert fi._holistic_planned == (max(query_lens) > 1)
-        out = fi.forward(0, q, k, v, md).float()
         ref.begin_batch(md)
         expected = ref.forward(0, q.contiguous(), k.contiguous(), v.contiguous(), md).float()
         rel = float((out - expected).norm() / expected.norm())

@@ -33,15 +33,25 @@ def _backend() -> FlashInferBackend:
     return backend
 
 
-def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True, holistic: bool = False) -> tuple[list, int]:
+def _planned(query_lens: list[int], seq_lens: list[int], split: bool = True, holistic: bool = False,
+             default_stream: bool = True, fence: _RecordingFence | None = None) -> FlashInferBackend:
+    """A backend (no flashinfer) after `begin_batch` of one batch; its fence holds the plans."""
     backend = _backend()
-    backend.fence, backend.decode, backend.prefill = _RecordingFence(), "decode", "prefill"
+    backend.fence, backend.decode, backend.prefill = fence or _RecordingFence(), "decode", "prefill"
     backend.holistic = "holistic" if holistic else None
     backend.kv_cache = torch.zeros(1, 40, 2, 16, 2, 8)
     backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale = 4, 2, 8, 1.0
     backend.split_mixed_batches = split
-    with mock.patch("torch.Tensor.pin_memory", lambda t: t):  # no CUDA to page-lock with
+    streams = (mock.Mock(cuda_stream=1), mock.Mock(cuda_stream=1 if default_stream else 2))  # default, current
+    with mock.patch("torch.Tensor.pin_memory", lambda t: t), \
+            mock.patch("torch.cuda.default_stream", lambda device=None: streams[0]), \
+            mock.patch("torch.cuda.current_stream", lambda device=None: streams[1]):  # no CUDA to page-lock with
         backend.begin_batch(AttentionMetadata.contiguous(query_lens, seq_lens, 16, "cpu"))
+    return backend
+
+
+def _plans(query_lens: list[int], seq_lens: list[int], split: bool = True, holistic: bool = False) -> tuple[list, int]:
+    backend = _planned(query_lens, seq_lens, split, holistic)
     return backend.fence.plans, backend._num_decode_rows
 
 
@@ -64,6 +74,58 @@ def test_holistic_mode_plans_a_mixed_batch_once_over_every_row(query_lens, seq_l
     assert [w for w, _ in plans] == wrappers
     if wrappers == ["holistic"]:  # query offsets, block offsets, context lengths, every block id, page size
         assert plans[0][1] == [[0, 1, 2, 3, 23, 30], [0, 3, 4, 9, 11, 17], seq_lens, list(range(17)), 16]
+
+
+def test_holistic_mode_splits_off_the_default_stream_and_when_its_planner_refuses():
+    """A green context's stream (a partition of the SMs) cannot hold the persistent kernel's cooperative grid, and
+    flashinfer's planner raises past its limits: both run the step split, the second counted."""
+    backend = _planned([1, 1, 1, 20, 7], [33, 1, 70, 20, 90], holistic=True, default_stream=False)
+    assert [w for w, _ in backend.fence.plans] == ["decode", "prefill"] and not backend._holistic_planned
+
+    class _RefusingFence(_RecordingFence):
+        def plan(self, wrapper, *args, **kwargs):
+            if wrapper == "holistic":
+                raise RuntimeError("total_num_works exceeds the limit")
+            super().plan(wrapper, *args, **kwargs)
+
+    backend = _planned([1, 1, 1, 20, 7], [33, 1, 70, 20, 90], holistic=True, fence=_RefusingFence())
+    assert [w for w, _ in backend.fence.plans] == ["decode", "prefill"] and backend.holistic_fallbacks == 1
+
+
+def test_holistic_attention_plans_and_runs_the_compiled_module_with_its_arguments():
+    """After the wrapper's first plan (which loads the module), every plan and run goes to the module directly,
+    in BatchAttention's argument order: no device sync, no LSE, q and K/V as given, the output written in place."""
+    from bullet_ray.engine.attention.flashinfer_backend import HolisticAttention
+
+    calls = []
+
+    class _Module:
+        def plan(self, *args):
+            calls.append(("module.plan", args))
+            return [7, 8]
+
+        def run(self, *args):
+            calls.append(("module.run", args))
+
+    class _Wrapper:
+        float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer = "fws", "iws", "pws"
+
+        def plan(self, *args, **kwargs):
+            calls.append(("wrapper.plan", args, kwargs))
+            self.module, self._plan_info = _Module(), [1, 2]
+
+    h = object.__new__(HolisticAttention)
+    h.wrapper, h.num_heads, h.num_kv_heads, h.head_dim, h.dtype, h.scale = _Wrapper(), 32, 8, 128, "bf16", 0.5
+    h._causal, h._layout, h._module, h._plan_info, h._kv_indices, h._page_size = 1, 0, None, None, None, 0
+    h.plan("qo", "kvp", [5, 6], "idx", 16)  # first: the wrapper (kv_lens before kv_indices in its signature)
+    assert calls[-1] == ("wrapper.plan", ("qo", "kvp", "idx", [5, 6], 32, 8, 128, 128, 16),
+                         {"causal": True, "sm_scale": 0.5, "q_data_type": "bf16", "kv_data_type": "bf16"})
+    h.plan("qo2", "kvp2", [5, 6, 9], "idx2", 16)
+    assert calls[-1] == ("module.plan", ("fws", "iws", "pws", "qo2", "kvp2", [5, 6, 9], 3, 32, 8, 128, True))
+    out = torch.zeros(4, 32, 128)
+    assert h.run("q", "k", "v", out) is out
+    assert calls[-1] == ("module.run", ("fws", "iws", [7, 8], "q", "k", "v", "idx2", out, None, 1, 0, 32, 8, 16,
+                                        1.0, 0.5, 0.0, None, None))
 
 
 def test_without_the_split_every_row_goes_to_the_prefill_kernel():

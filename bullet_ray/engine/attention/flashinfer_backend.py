@@ -9,7 +9,8 @@ otherwise one `index_copy_` each. `begin_batch` plans the kernels once per step 
 BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache; a mixed batch of the
 chunked schedule, decodes first: its decode rows through the decode kernel and its prompt chunks through
 the prefill kernel, since in the prefill kernel every one-token row fills a query tile of its own: 2.5-3x
-the attention time of a 256-decode mixed step on the H100, benchmarks/gpu/mixed_attention.py), `forward`
+the attention time of a 256-decode mixed step on the H100, benchmarks/gpu/mixed_attention.py; opt-in, the two on
+two streams or every row in flashinfer's persistent BatchAttention: `default_mixed_attention`), `forward`
 runs them per layer; both kernels read q in place (they take q's strides) and write into the caller's output
 when given one (piecewise graphs pass their static buffer). After a plan's first layer, the other layers call
 the wrapper's compiled module directly (`DirectRun`: flashinfer's `run` is ~50-80 us of Python per call). One
@@ -216,6 +217,7 @@ class FlashInferBackend(AttentionBackend):
     first_row_writes_last = False
     # mixed_attention "holistic": the one-kernel attention of a mixed batch (None in the other modes)
     holistic: HolisticAttention | None = None
+    holistic_fallbacks = 0
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float, decode_tensor_cores: bool | None = None, mixed_attention: str | None = None) -> None:
@@ -247,6 +249,10 @@ class FlashInferBackend(AttentionBackend):
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
                                                                     use_tensor_cores=self.decode_tensor_cores)
         self.fence = PlanFence()
+        self.holistic_fallbacks = 0  # mixed batches the holistic planner refused (they ran split)
+        if self.holistic is not None:  # load its module now (its first plan syncs the device), not mid-serving
+            self.fence.plan(self.holistic, _pinned([0, 1, 3]), _pinned([0, 1, 2]), _pinned([1, 2]),
+                            torch.zeros(2, dtype=torch.int32, device=device), kv_cache.shape[3])
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
@@ -288,11 +294,21 @@ class FlashInferBackend(AttentionBackend):
         else:
             nd = _num_leading_ones(metadata.query_lens_list) if self.split_mixed_batches else 0
         self._num_decode_rows = 0 if metadata.is_decode else nd
-        self._holistic_planned = bool(nd) and not metadata.is_decode and self.holistic is not None
-        if self._holistic_planned:  # decode rows and prompt chunks in one kernel
-            self.fence.plan(self.holistic, _pinned([0, *_cumsum(metadata.query_lens_list)]),
-                            _pinned([0, *_cumsum(num_blocks)]), _pinned(seq_lens), kv_indices, bs)
-            return
+        # holistic: decode rows and prompt chunks in one kernel, only on the default stream: the persistent kernel is
+        # a cooperative launch sized for every SM of the device, which a green context's partition does not hold
+        self._holistic_planned = bool(nd) and not metadata.is_decode and self.holistic is not None \
+            and torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream
+        if self._holistic_planned:
+            try:
+                self.fence.plan(self.holistic, _pinned([0, *_cumsum(metadata.query_lens_list)]),
+                                _pinned([0, *_cumsum(num_blocks)]), _pinned(seq_lens), kv_indices, bs)
+                return
+            except RuntimeError:  # past the planner's limits (65,536 work items, its KV-split cap): split this step
+                self._holistic_planned = False
+                self.holistic_fallbacks += 1
+                if self.holistic_fallbacks == 1:
+                    logger.warning("holistic attention could not plan a mixed batch of %d rows; it runs split "
+                                   "(counted in holistic_fallbacks)", len(seq_lens), exc_info=True)
         first_prefill_block = sum(num_blocks[:nd])
         if nd:
             self._plan_decode(num_blocks[:nd], kv_indices[:first_prefill_block], last_page_len[:nd], bs)

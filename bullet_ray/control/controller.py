@@ -62,12 +62,13 @@ class AppSpec:
     num_engines: int  # the configured engine replicas: the first replica count and the budget's floor
     cpus_per_engine: float = 1.0  # CPUs Ray reserves for one engine replica (its front and worker actors)
     mps_name: str | None = None  # the MPS daemon the engines' workers are clients of, on every node; None: no MPS
+    ingress_cpus: float = 0.0  # CPUs the ingress deployment reserves in all (replicas x CPUs); 0 when colocated
 
     @classmethod
     def of(cls, app: BulletAppConfig) -> AppSpec:
         workers = 2 * app.worker_num_cpus if app.worker_launcher == "ray" else 0.0  # else child processes
         return cls(app.model_name, app.accelerator, app.num_engines, app.engine_num_cpus + workers,
-                   app.mps_name if app.uses_mps else None)
+                   app.mps_name if app.uses_mps else None, app.ingress_cpus)
 
 
 def _actor_id() -> str | None:
@@ -77,13 +78,16 @@ def _actor_id() -> str | None:
 
 def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:
     """The most engine replicas: `max_engines`, else as many as the cluster holds (`cluster`: Ray's
-    cluster_resources()): one per `cpus_per_engine` CPUs (at least one CPU each: an engine that reserves none
-    still computes) and, with an accelerator, at most one per unit of it (an 8-GPU node with 16 CPUs holds 5
-    engines that reserve 3 CPUs each, not 8); never fewer than the configured `num_engines` or `min_engines`.
-    On CPU it was the replica count of the moment, which only shrank."""
+    cluster_resources()): one per `cpus_per_engine` of the CPUs the ingress replicas leave (`ingress_cpus`: they
+    are placed too, so counting their CPUs promised engines that could not be; at least one CPU per engine: an
+    engine that reserves none still computes) and, with an accelerator, at most one per unit of it (an 8-GPU node
+    with 16 CPUs and 2 one-CPU ingress replicas holds 4 engines that reserve 3 CPUs each, not 8); never fewer than
+    the configured `num_engines` or `min_engines`. On CPU it was the replica count of the moment, which only
+    shrank."""
     if cfg.max_engines is not None:
         return cfg.max_engines
-    fits = int(cluster.get("CPU", 0.0) // max(1.0, spec.cpus_per_engine))
+    free_cpus = max(0.0, cluster.get("CPU", 0.0) - spec.ingress_cpus)
+    fits = int(free_cpus // max(1.0, spec.cpus_per_engine))
     if spec.accelerator is not None:
         fits = min(fits, int(cluster.get(spec.accelerator, 0.0)))
     return max(cfg.min_engines, spec.num_engines, fits)

@@ -56,6 +56,7 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: Any = None) ->
     engine = serve.deployment(EngineReplica, name="BulletEngine").options(**options)  # type: ignore[attr-defined]
     # the ingress outlives the engines' drain by a little, so it can stream their last (error) events
     ingress = Ingress.options(name="BulletIngress", num_replicas=config.num_ingress_replicas,  # type: ignore[attr-defined]
+                              ray_actor_options={"num_cpus": config.ingress_num_cpus},
                               graceful_shutdown_timeout_s=config.drain_grace_s + INGRESS_EXTRA_GRACE_S,
                               graceful_shutdown_wait_loop_s=0.5)
     return ingress.bind(

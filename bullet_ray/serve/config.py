@@ -108,6 +108,10 @@ class BulletAppConfig(BaseModel):
         False, description="run the HTTP/gRPC ingress inside each engine replica (one deployment, BulletEngine): "
                            "tokens reach the HTTP response without a Ray hop per token; requests are spread over "
                            "the replicas by Serve's proxy with the engine's router. num_ingress_replicas is unused")
+    ingress_num_cpus: float = Field(
+        1.0, ge=0, description="CPUs reserved for each ingress replica (Serve's default, 1); the controller's engine "
+                               "budget leaves num_ingress_replicas x this aside. Set it here, not in the YAML's "
+                               "`deployments:` section, which the budget does not see. Unused with colocate_ingress")
     worker_launcher: Literal["ray", "process"] = Field(
         "ray", description="ray: prefill/decode workers are Ray actors in the replica's placement group; "
                            "process: child processes of the replica")
@@ -176,6 +180,11 @@ class BulletAppConfig(BaseModel):
         """Whether this app's workers run as clients of the node's MPS daemon."""
         return (self.mps == "auto" and self.engine.device.startswith("cuda")
                 and self.engine.schedule in ("bullet", "static") and self.worker_launcher == "ray")
+
+    @property
+    def ingress_cpus(self) -> float:
+        """CPUs the ingress deployment reserves in all; none with colocate_ingress (its routes run in the engines)."""
+        return 0.0 if self.colocate_ingress else self.num_ingress_replicas * self.ingress_num_cpus
 
     @property
     def accelerator(self) -> str | None:

@@ -64,11 +64,38 @@ def test_engine_budget(config, spec, resources, budget):
     assert engine_budget(ControllerConfig(**config), spec, resources) == budget
 
 
+GPU_INGRESS = AppSpec("m", "GPU", 1, cpus_per_engine=3.0, ingress_cpus=2.0)  # 2 ingress replicas x 1 CPU
+CPU_INGRESS = dataclasses.replace(CPU, ingress_cpus=2.0)
+
+
+@pytest.mark.parametrize("config,spec,resources,budget", [
+    ({}, GPU_INGRESS, {"GPU": 8.0, "CPU": 16.0}, 4),  # (16 - 2) // 3, not 16 // 3 = 5
+    ({}, CPU_INGRESS, {"CPU": 16.0}, 4),  # the same on a CPU-only cluster
+    ({}, CPU_INGRESS, {"CPU": 17.0}, 5),  # 15 // 3
+    ({}, AppSpec("m", None, 1, cpus_per_engine=0.0, ingress_cpus=2.0), {"CPU": 6.0}, 4),  # one CPU each of 6 - 2
+    ({"max_engines": 6}, CPU_INGRESS, {"CPU": 16.0}, 6),  # the operator's budget is taken as it is
+    ({}, CPU_INGRESS, {"CPU": 1.0}, 2),  # the ingress takes more than there is: num_engines still
+    ({"min_engines": 3}, CPU_INGRESS, {"CPU": 8.0}, 3),  # (8 - 2) // 3 = 2, under the floor
+])
+def test_engine_budget_leaves_the_ingress_cpus(config, spec, resources, budget):
+    assert engine_budget(ControllerConfig(**config), spec, resources) == budget
+
+
 def test_cpu_spec_counts_the_reserved_cpus():
     ray_workers = BulletAppConfig(engine_num_cpus=1, worker_num_cpus=1.5, controller={})
     processes = BulletAppConfig(engine_num_cpus=1, worker_num_cpus=1.5, worker_launcher="process", controller={})
     assert AppSpec.of(ray_workers).cpus_per_engine == 4.0 and AppSpec.of(ray_workers).accelerator is None
     assert AppSpec.of(processes).cpus_per_engine == 1.0
+
+
+def test_spec_counts_the_ingress_cpus():
+    """The ingress replicas' CPUs, from the same args build_app gives the ingress deployment; none when the
+    routes run in the engine replicas."""
+    assert AppSpec.of(BulletAppConfig(controller={})).ingress_cpus == 1.0  # one replica, Serve's default CPU
+    separate = BulletAppConfig(num_ingress_replicas=2, ingress_num_cpus=1.5, controller={})
+    assert AppSpec.of(separate).ingress_cpus == 3.0
+    colocated = BulletAppConfig(num_ingress_replicas=2, colocate_ingress=True, controller={})
+    assert AppSpec.of(colocated).ingress_cpus == 0.0
 
 
 def test_serve_may_scale_a_cpu_app_past_its_configured_replicas(monkeypatch, cluster):
@@ -78,9 +105,9 @@ def test_serve_may_scale_a_cpu_app_past_its_configured_replicas(monkeypatch, clu
     monkeypatch.setattr(controller_module, "start_controller", lambda cfg, spec: started.append(spec))
     app = BulletAppConfig(num_engines=2, controller={})  # 3 CPUs per engine by default (front + 2 workers)
     options = controller_options(app)
-    assert options["autoscaling_config"]["max_replicas"] == 5
+    assert options["autoscaling_config"]["max_replicas"] == 5  # (16 - 1 of the ingress) // 3
     assert options["autoscaling_config"]["initial_replicas"] == 2
-    assert started == [AppSpec(app.model_name, None, 2, 3.0, None)]
+    assert started == [AppSpec(app.model_name, None, 2, 3.0, None, ingress_cpus=1.0)]
 
 
 def test_a_cpu_app_scales_down_and_up_again(kv, cluster):

@@ -44,6 +44,8 @@ def test_yaml_is_a_serve_config_that_builds(name):
         assert app._bound_deployment.name == "BulletEngine"
     else:
         assert app._bound_deployment._deployment_config.num_replicas == cfg.num_ingress_replicas
+        # what the controller's engine budget leaves aside (AppSpec.ingress_cpus)
+        assert app._bound_deployment._replica_config.ray_actor_options["num_cpus"] == cfg.ingress_num_cpus
     if cfg.engine.device == "cuda":  # bundle 0: the CPU-only replica; bundle 1: the GPU of its two workers
         assert replica_config.placement_group_bundles == [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]
         assert replica_config.placement_group_strategy == "STRICT_PACK"

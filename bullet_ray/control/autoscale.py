@@ -5,7 +5,8 @@ budget) to Ray's internal key-value store; `follow_controller` is the engine dep
 `autoscaling_config.policy`, run by Serve's controller every autoscaling tick, and returns that count.
 Serve then applies its own bounds (min/max_replicas) and delays (`upscale_delay_s` 0 by default here:
 the forecast already looked ahead). Before the controller's first decision the policy holds the current
-target. The store is the same one that keeps the controller's state across restarts.
+target. The store is the same one that keeps the controller's state across restarts (and the node agents'
+`kv_*(..., owner="node_agent")`).
 """
 
 from __future__ import annotations
@@ -20,27 +21,28 @@ KV_NAMESPACE = "bullet_ray"
 POLICY_PATH = "bullet_ray.control.autoscale:follow_controller"
 
 
-def kv_key(app_name: str, what: str) -> bytes:
-    return f"controller/{app_name}/{what}".encode()
+def kv_key(name: str, what: str, owner: str = "controller") -> bytes:
+    """The key of `what` persisted by `owner` `name` ("controller", an application; "node_agent", a node id)."""
+    return f"{owner}/{name}/{what}".encode()
 
 
-def kv_put(app_name: str, what: str, value: Any) -> None:
+def kv_put(name: str, what: str, value: Any, owner: str = "controller") -> None:
     from ray.experimental.internal_kv import _internal_kv_put
 
-    _internal_kv_put(kv_key(app_name, what), json.dumps(value).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    _internal_kv_put(kv_key(name, what, owner), json.dumps(value).encode(), overwrite=True, namespace=KV_NAMESPACE)
 
 
-def kv_get(app_name: str, what: str) -> Any:
+def kv_get(name: str, what: str, owner: str = "controller") -> Any:
     from ray.experimental.internal_kv import _internal_kv_get
 
-    raw = _internal_kv_get(kv_key(app_name, what), namespace=KV_NAMESPACE)
+    raw = _internal_kv_get(kv_key(name, what, owner), namespace=KV_NAMESPACE)
     return None if raw is None else json.loads(raw)
 
 
-def kv_delete(app_name: str, what: str) -> None:
+def kv_delete(name: str, what: str, owner: str = "controller") -> None:
     from ray.experimental.internal_kv import _internal_kv_del
 
-    _internal_kv_del(kv_key(app_name, what), namespace=KV_NAMESPACE)
+    _internal_kv_del(kv_key(name, what, owner), namespace=KV_NAMESPACE)
 
 
 def follow_controller(ctx: Any) -> tuple[int, dict[str, Any]]:

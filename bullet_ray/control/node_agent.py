@@ -8,8 +8,16 @@
   answers that name none of them: bullet_ray.control.serve_apps), it is leaving: from then on `relay` and
   `ensure_mps` raise `AgentLeavingError` (decided under the lock they take, so a call either came first and
   keeps it, or is refused), it stops each MPS daemon it ensured whose MPS servers have no client left
-  (`stop_unused_daemon`, asking each server's clients; one that cannot tell is kept), then kills itself. A controller whose call failed finds or starts the node's agent again at its next
+  (`stop_unused_daemon`, asking each server's clients; one that cannot tell is kept), deletes its persisted
+  state, then kills itself. A controller whose call failed finds or starts the node's agent again at its next
   push.
+- **Restarts**: the applications it serves and the MPS daemons it ensured are persisted in Ray's internal KV
+  (`node_agent/<node id>/state`, with its actor id) whenever they change. Ray restarts a dead agent
+  (max_restarts=-1, same actor id): the new instance takes them back in its constructor, so it keeps watching
+  the same applications (the absence clock starts again) and stops the daemons it ensured when they go. State
+  of another actor (an agent started again after one left or was killed) is not taken; state it cannot read
+  (another format version, corrupt, or the KV not answering) is logged and it starts fresh, knowing what its
+  controllers' next calls tell it. A failed write is logged and tried again at the next call.
 - **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
   lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)
@@ -29,6 +37,7 @@ from typing import Any
 
 import ray
 
+from bullet_ray.control import autoscale
 from bullet_ray.control.serve_apps import APP_GONE_S, AppWatch, serve_app_names
 from bullet_ray.gpu import nvml
 from bullet_ray.gpu.mps import MpsDaemon, MpsError
@@ -37,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "bullet_ray"
 APPS_CHECK_S = 30.0  # the agent asks Serve which applications exist at most this often (every agent of the cluster asks)
+STATE_VERSION = 1  # the format of the persisted state; a restarted agent starts fresh from any other
+KV_OWNER = "node_agent"  # its persisted state: autoscale.kv_*(node_id, "state", owner=KV_OWNER)
 
 
 class AgentLeavingError(RuntimeError):
@@ -45,6 +56,11 @@ class AgentLeavingError(RuntimeError):
 
 def agent_name(node_id: str) -> str:
     return f"bullet_node_agent:{node_id}"
+
+
+def _actor_id() -> str | None:
+    """This actor's id (the same across Ray's restarts of it); None outside an actor (nothing is persisted)."""
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 def stop_unused_daemon(daemon: MpsDaemon) -> bool:
@@ -86,10 +102,77 @@ class NodeAgent:
         self._is_leaving = False  # every served application is gone: it refuses calls, stops its daemons, exits
         self.apps_check_s = apps_check_s
         self._next_apps_check_s = 0.0  # monotonic time of its next question to Serve (its own clock)
+        self.actor_id = _actor_id()  # the same across Ray's restarts; None outside an actor: nothing persisted
+        self._persisted: dict[str, Any] | None = None  # the state last written to the KV (under the lock)
+        self.num_restores = 0  # 1: this instance took back the state a previous instance of the actor persisted
+        self._restore()
         self._stop = threading.Event()
         if run_loop:
             threading.Thread(target=self._loop, args=(period_s,), name="bullet-node-telemetry", daemon=True).start()
 
+    # persisted state -------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "actor_id": self.actor_id, "app_names": sorted(self.apps.app_names),
+                "mps_names": sorted(self.mps_names)}
+
+    def _restore(self) -> None:
+        """Take back the applications and daemons a previous instance of this actor persisted (Ray restarted it:
+        the same actor id). Nothing outside an actor; state of another actor is not taken; state it cannot read
+        starts it fresh, and says so."""
+        if self.actor_id is None:
+            return
+        try:
+            saved = autoscale.kv_get(self.node_id, "state", owner=KV_OWNER)
+            if saved is None:
+                return
+            if saved["version"] != STATE_VERSION:
+                raise ValueError(f"format version {saved['version']!r}, this code reads {STATE_VERSION}")
+            if saved["actor_id"] != self.actor_id:  # the agent's name was free: this is a new actor, not a restart
+                logger.info("node agent %s: the persisted state is another actor's (%s); it starts fresh",
+                            self.node_id[:12], saved["actor_id"])
+                return
+            app_names, mps_names = saved["app_names"], saved["mps_names"]
+            if not all(isinstance(names, list) and all(isinstance(n, str) for n in names)
+                       for names in (app_names, mps_names)):
+                raise TypeError(f"names that are not lists of strings: {app_names!r}, {mps_names!r}")
+            for name in mps_names:
+                MpsDaemon(name)  # ConfigError (a ValueError) on a name this code rejects
+        except Exception as e:  # noqa: BLE001 - unreadable state (or no KV) must not keep the agent from starting
+            logger.warning("node agent %s cannot read its persisted state (%s: %s); it starts fresh",
+                           self.node_id[:12], type(e).__name__, e)
+            return
+        self.apps.app_names.update(app_names)
+        self.mps_names.update(mps_names)
+        self._persisted = self._state()
+        self.num_restores = 1
+        logger.info("node agent %s restored: applications %s, MPS daemons %s", self.node_id[:12],
+                    sorted(self.apps.app_names), sorted(self.mps_names))
+
+    def _persist(self) -> None:
+        """Write the applications and daemons when they changed since the last write (caller holds the lock, so
+        writes keep the order of the changes). A failed write is logged and tried again at the next call: the
+        call itself goes on (the state in memory is right)."""
+        state = self._state()
+        if self.actor_id is None or state == self._persisted:
+            return
+        try:
+            autoscale.kv_put(self.node_id, "state", state, owner=KV_OWNER)
+        except Exception as e:  # noqa: BLE001 - the KV not answering must not fail a relay
+            logger.warning("node agent %s cannot persist its state: %s", self.node_id[:12], e)
+            return
+        self._persisted = state
+
+    def _forget(self) -> None:
+        """Delete the persisted state (leaving); a failure is logged (the next agent on this node is another actor:
+        it does not take the stale state)."""
+        if self.actor_id is None:
+            return
+        try:
+            autoscale.kv_delete(self.node_id, "state", owner=KV_OWNER)
+        except Exception as e:  # noqa: BLE001 - leaving is final
+            logger.warning("node agent %s cannot delete its persisted state: %s", self.node_id[:12], e)
+
+    # the loop ---------------------------------------------------------------------------------------
     def _loop(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
             try:
@@ -112,7 +195,8 @@ class NodeAgent:
 
     def watch_apps(self, names: frozenset[str] | None, now_s: float) -> bool:
         """Take one answer of `serve_app_names()`; once every served application has been gone `app_gone_s`,
-        stop the unused MPS daemons it ensured, end the loop and kill this actor (True). The decision is taken
+        stop the unused MPS daemons it ensured, delete its persisted state (after the daemons: an instance Ray
+        restarts meanwhile still knows them), end the loop and kill this actor (True). The decision is taken
         under the lock `relay` and `ensure_mps` take: one that came earlier restarted the absence clock (no
         leaving), a later one is refused, so no application is added between the decision and the stopping of
         a daemon."""
@@ -131,6 +215,7 @@ class NodeAgent:
                     logger.warning("cannot stop MPS daemon %s: %s", name, e)
         finally:  # leaving is final: alive and refusing every call, it would be found by name for good
             self._stop.set()
+            self._forget()
             self._exit()
         return True
 
@@ -164,7 +249,7 @@ class NodeAgent:
         return any(MpsDaemon(name).status().is_running for name in mps_names)
 
     def _serve(self, app_name: str) -> None:
-        """Record a call for `app_name` (caller holds the lock); AgentLeavingError once it is leaving."""
+        """Record a call for `app_name` (caller holds the lock, and persists); AgentLeavingError once it is leaving."""
         if self._is_leaving:
             raise AgentLeavingError(f"node agent {self.node_id[:12]} is leaving (its applications are gone); "
                                     f"find or start the node's agent again")
@@ -173,12 +258,14 @@ class NodeAgent:
     def ensure_mps(self, app_name: str, mps_name: str) -> bool:
         """Start the node's MPS daemon `mps_name` for application `app_name` unless it runs; True when it runs
         (False on a node without the NVIDIA driver: the agent logs why). AgentLeavingError once it is leaving
-        (it may be about to stop that daemon)."""
+        (it may be about to stop that daemon); ConfigError for a bad `mps_name` (it is not recorded)."""
+        daemon = MpsDaemon(mps_name)
         with self._lock:
             self._serve(app_name)
             self.mps_names.add(mps_name)
+            self._persist()
         try:
-            return MpsDaemon(mps_name).start().is_running
+            return daemon.start().is_running
         except MpsError as e:
             logger.warning("cannot start MPS daemon %s on node %s: %s", mps_name, self.node_id, e)
             return False
@@ -196,6 +283,7 @@ class NodeAgent:
 
         with self._lock:
             self._serve(app_name)
+            self._persist()
 
         handle = serve.get_deployment_handle("BulletEngine", app_name)
         answers = handle.broadcast("apply_policy", {**decision, "node_id": self.node_id}).results(

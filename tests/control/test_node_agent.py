@@ -1,9 +1,11 @@
 """The node agent's leaving without a Ray cluster: which applications it serves, the grace period, and the
-MPS daemons it stops on the way out (a fake nvidia-cuda-mps-control whose servers a test sets); the
+MPS daemons it stops on the way out (a fake nvidia-cuda-mps-control whose servers a test sets); its state
+persisted across Ray's restarts of it (the internal KV replaced by a dict, its actor id by a string); the
 controller's recovery from a dead agent handle."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,7 @@ def with_servers(daemon: MpsDaemon, *pids: int) -> None:
 
 
 def make_agent(app_gone_s: float = 10.0) -> NodeAgent:
-    agent = NodeAgent("node-1" * 4, app_gone_s=app_gone_s, run_loop=False)
+    agent = NodeAgent(NODE, app_gone_s=app_gone_s, run_loop=False)
     agent.num_exits = 0  # type: ignore[attr-defined]
 
     def fake_exit() -> None:
@@ -55,6 +57,22 @@ def make_agent(app_gone_s: float = 10.0) -> NodeAgent:
 
     agent._exit = fake_exit  # type: ignore[method-assign]
     return agent
+
+
+@pytest.fixture
+def kv(monkeypatch) -> dict:
+    """The internal KV as a dict {(owner, name, what): value}; the agent runs as actor "agent-1"."""
+    store: dict = {}
+    monkeypatch.setattr(autoscale, "kv_get", lambda name, what, owner="controller": store.get((owner, name, what)))
+    monkeypatch.setattr(autoscale, "kv_put",
+                        lambda name, what, value, owner="controller": store.__setitem__((owner, name, what), value))
+    monkeypatch.setattr(autoscale, "kv_delete", lambda name, what, owner="controller": store.pop((owner, name, what), None))
+    monkeypatch.setattr(node_agent_module, "_actor_id", lambda: "agent-1")
+    return store
+
+
+NODE = "node-1" * 4
+STATE_KEY = ("node_agent", NODE, "state")
 
 
 def test_a_daemon_without_servers_is_stopped(mps_root):
@@ -179,6 +197,129 @@ def test_the_default_grace_period_covers_a_redeploy():
     agent = NodeAgent("n" * 12, period_s=60.0, run_loop=False)
     assert agent.apps.grace_s == 180.0  # three periods when longer than APP_GONE_S
     assert NodeAgent("n" * 12, run_loop=False).apps.grace_s == node_agent_module.APP_GONE_S
+
+
+class NoEngines:
+    """serve.get_deployment_handle(...) of an application whose engines are elsewhere: no answers."""
+
+    def broadcast(self, *args):
+        return self
+
+    def results(self, **kwargs):
+        return []
+
+
+def test_a_restarted_agent_knows_its_apps_and_daemons_without_any_call(mps_root, kv, monkeypatch):
+    """Ray restarts the agent with its constructor's arguments and the same actor id: the applications and daemons
+    come from the persisted state, so it leaves when they go and stops the daemon the first instance ensured."""
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda *args: NoEngines())
+    agent = make_agent(app_gone_s=10.0)
+    assert agent.ensure_mps("app-a", "mps-a")
+    assert agent.relay("app-b", {"seq": 1}) == []
+    assert kv[STATE_KEY] == {"version": 1, "actor_id": "agent-1", "app_names": ["app-a", "app-b"],
+                             "mps_names": ["mps-a"]}
+    restarted = make_agent(app_gone_s=10.0)
+    assert restarted.apps.app_names == {"app-a", "app-b"} and restarted.mps_names == {"mps-a"}
+    assert restarted.num_restores == 1
+    assert not restarted.watch_apps(frozenset({"app-b"}), 0.0)
+    assert not restarted.watch_apps(frozenset(), 1.0)
+    assert restarted.watch_apps(frozenset(), 11.0) and restarted.num_exits == 1
+    assert not MpsDaemon("mps-a").status().is_running
+
+
+def test_an_agent_started_again_does_not_take_another_actors_state(mps_root, kv, monkeypatch):
+    """An agent killed without leaving left its state; the one started again under the same name is another actor
+    (another id): it starts fresh, and its first call writes its own state over the stale one."""
+    make_agent().ensure_mps("app-a", "mps-a")
+    monkeypatch.setattr(node_agent_module, "_actor_id", lambda: "agent-2")
+    agent = make_agent()
+    assert agent.apps.app_names == set() and agent.mps_names == set() and agent.num_restores == 0
+    agent.ensure_mps("app-b", "mps-b")
+    assert kv[STATE_KEY]["actor_id"] == "agent-2" and kv[STATE_KEY]["app_names"] == ["app-b"]
+
+
+GOOD = {"version": 1, "actor_id": "agent-1", "app_names": ["app-a"], "mps_names": ["mps-a"]}
+
+
+@pytest.mark.parametrize("saved", [
+    {**GOOD, "version": 2},  # another bullet_ray's format
+    {k: v for k, v in GOOD.items() if k != "version"},
+    {k: v for k, v in GOOD.items() if k != "mps_names"},
+    {**GOOD, "app_names": "app-a"},  # not a list: it must not serve "a", "p", "-"
+    {**GOOD, "mps_names": [7]},
+    {**GOOD, "mps_names": ["../etc"]},  # a daemon name MpsDaemon rejects
+    ["app-a"],
+    "corrupt",
+], ids=["version-2", "no-version", "no-mps-names", "names-a-string", "name-a-number", "bad-daemon-name", "a-list",
+        "a-string"])
+def test_persisted_state_of_an_unknown_format_starts_the_agent_fresh(mps_root, kv, saved):
+    kv[STATE_KEY] = saved
+    agent = make_agent()
+    assert agent.apps.app_names == set() and agent.mps_names == set() and agent.num_restores == 0
+    agent.ensure_mps("app-b", "mps-b")  # its first call writes its own state
+    assert kv[STATE_KEY] == {**GOOD, "app_names": ["app-b"], "mps_names": ["mps-b"]}
+
+
+def test_an_unreadable_kv_starts_the_agent_fresh(mps_root, kv, monkeypatch):
+    def unreadable(name, what, owner="controller"):
+        raise json.JSONDecodeError("Expecting value", "\x00", 0)
+
+    kv[STATE_KEY] = GOOD
+    monkeypatch.setattr(autoscale, "kv_get", unreadable)
+    agent = make_agent()
+    assert agent.apps.app_names == set() and agent.num_restores == 0
+
+
+def test_the_state_is_written_when_it_changes_and_a_failed_write_is_tried_again(mps_root, kv, monkeypatch):
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda *args: NoEngines())
+    agent = make_agent()
+    writes = []
+    put = autoscale.kv_put
+
+    def counted_put(name, what, value, owner="controller"):
+        writes.append(value)
+        if len(writes) == 1:
+            raise OSError("KV unreachable")
+        put(name, what, value, owner=owner)
+
+    monkeypatch.setattr(autoscale, "kv_put", counted_put)
+    assert agent.ensure_mps("app-a", "mps-a")  # the failed write does not fail the call
+    assert STATE_KEY not in kv
+    agent.relay("app-a", {"seq": 1})  # nothing changed, but the last write failed: written now
+    agent.relay("app-a", {"seq": 2})  # nothing changed: not written again
+    assert len(writes) == 2 and kv[STATE_KEY]["mps_names"] == ["mps-a"]
+
+
+def test_a_leaving_agent_deletes_its_persisted_state(mps_root, kv):
+    agent = make_agent(app_gone_s=0.0)
+    agent.ensure_mps("app-a", "mps-a")
+    assert STATE_KEY in kv
+    assert agent.watch_apps(frozenset(), 0.0) and agent.num_exits == 1
+    assert STATE_KEY not in kv
+    assert make_agent().apps.app_names == set()  # Ray restarting it now (it was not killed yet) finds nothing
+
+
+def test_an_agent_leaves_even_when_deleting_its_state_fails(mps_root, kv, monkeypatch):
+    agent = make_agent(app_gone_s=0.0)
+    agent.ensure_mps("app-a", "mps-a")
+
+    def broken_delete(name, what, owner="controller"):
+        raise OSError("KV unreachable")
+
+    monkeypatch.setattr(autoscale, "kv_delete", broken_delete)
+    assert agent.watch_apps(frozenset(), 0.0) and agent.num_exits == 1
+    assert not MpsDaemon("mps-a").status().is_running
+
+
+def test_outside_an_actor_nothing_is_persisted(mps_root, monkeypatch):
+    def no_kv(*args, **kwargs):
+        pytest.fail("the internal KV was used outside an actor")
+
+    for fn in ("kv_get", "kv_put", "kv_delete"):
+        monkeypatch.setattr(autoscale, fn, no_kv)
+    agent = make_agent(app_gone_s=0.0)
+    assert agent.actor_id is None and agent.ensure_mps("app-a", "mps-a")
+    assert agent.watch_apps(frozenset(), 0.0)
 
 
 class DeadAgent:

@@ -95,7 +95,7 @@ def test_holistic_mode_splits_off_the_default_stream_and_when_its_planner_refuse
 def test_holistic_attention_plans_and_runs_the_compiled_module_with_its_arguments():
     """After the wrapper's first plan (which loads the module), every plan and run goes to the module directly,
     in BatchAttention's argument order: no device sync, no LSE, q and K/V as given, the output written in place."""
-    from bullet_ray.engine.attention.flashinfer_backend import HolisticAttention
+    from bullet_ray.engine.attention.holistic import HolisticAttention
 
     calls = []
 

@@ -225,6 +225,11 @@ FIT_GROUPS: dict[str, tuple[str, ...]] = {
     "norm_act_rotary_triton": ("norm", "activation", "rotary", "triton"), "rest": ("sampling", "copy", "other")}
 
 
+def group_ms(step_ms: dict[str, float], group: str) -> float:
+    """One step's device time in a FIT_GROUPS group (the sum of its categories; a category it lacks counts 0)."""
+    return sum(step_ms.get(c, 0.0) for c in FIT_GROUPS[group])
+
+
 def prompt_token_cost(steps: list[dict[str, int]], device_ms: list[dict[str, float]],
                       rows_tolerance: float = 0.1) -> dict[str, Any]:
     """Split a step's device time into a decode part and a per-prompt-token part.
@@ -246,8 +251,8 @@ def prompt_token_cost(steps: list[dict[str, int]], device_ms: list[dict[str, flo
     n = len(xs)
     mean_x = sum(xs) / n if n else 0.0
     sxx = sum((x - mean_x) ** 2 for x in xs)
-    for group, cats in FIT_GROUPS.items():
-        ys = [sum(d.get(c, 0.0) for c in cats) for _, d in kept]
+    for group in FIT_GROUPS:
+        ys = [group_ms(d, group) for _, d in kept]
         mean_y = sum(ys) / n if n else 0.0
         only_decode = [y for x, y in zip(xs, ys, strict=True) if x == 0]
         fit: dict[str, Any] = {"decode_only_ms": round(sum(only_decode) / len(only_decode), 3) if only_decode else None}
@@ -650,9 +655,8 @@ def matched_steps_table(results: dict[str, dict[str, Any]], min_steps: int = 2) 
         if abs(rows_o - rows_v) > 0.1 * max(rows_o, rows_v, 1):
             continue
         for group in ("all", "gemm", "attention", "kv_write", "norm_act_rotary_triton"):
-            cats = FIT_GROUPS[group]
-            o = sum(sum(st.get(c, 0.0) for c in cats) for st in ours) / len(ours)
-            v = sum(sum(st.get(c, 0.0) for c in cats) for st in vllm) / len(vllm)
+            o = sum(group_ms(st, group) for st in ours) / len(ours)
+            v = sum(group_ms(st, group) for st in vllm) / len(vllm)
             lines.append(f"| {size} | {len(ours)} / {len(vllm)} | {rows_o:.1f} / {rows_v:.1f} | {group} | {o:.2f} "
                          f"| {v:.2f} | {o - v:+.2f} |")
     return "\n".join(lines)

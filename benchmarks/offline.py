@@ -106,7 +106,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         info = engine.worker_info.get("decode" if config.is_disaggregated else "hybrid", {})
         graphs = info.get("graphs")
     result = summary(specs, [len(o.token_ids) for o in outs], seconds)
-    # mixed_attention: how a mixed step's attention ran (BULLET_RAY_MIXED_ATTENTION, flashinfer only)
+    # mixed_attention: how a mixed step's attention ran (BULLET_RAY_MIXED_ATTENTION, flashinfer only; the hybrid
+    # worker's, or with the bullet schedule the decode worker's: both read the same environment)
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
                   mixed_attention=info.get("mixed_attention"),
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",

@@ -27,10 +27,12 @@ from typing import Any
 
 
 def projections(config: Any) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each GEMM of a decoder layer, as the engine fuses them."""
-    c = config
-    return {"qkv": (c.hidden_size, c.q_size + 2 * c.kv_size), "o": (c.q_size, c.hidden_size),
-            "gate_up": (c.hidden_size, 2 * c.intermediate_size), "down": (c.intermediate_size, c.hidden_size)}
+    """(in, out) features of each GEMM of a decoder layer, as the engine fuses them (the performance model's
+    shapes), by the names this script has always written ("qkv", "o", "gate_up", "down")."""
+    from bullet_ray.perf.kernels import KernelClass, projection_shapes
+
+    names = {KernelClass.QKV: "qkv", KernelClass.O_PROJ: "o", KernelClass.GATE_UP: "gate_up", KernelClass.DOWN: "down"}
+    return {names[cls]: shape for cls, shape in projection_shapes(config).items()}
 
 
 def parse_range(text: str) -> list[int]:

@@ -106,22 +106,26 @@ class StepShape:
         return cls("prefill", sum(new), len(new), sum(prompt_lens), pairs)
 
 
+def projection_shapes(cfg: ModelConfig) -> dict[KernelClass, tuple[int, int]]:
+    """(in, out) features of each GEMM of a decoder layer, as the engine fuses them (q, k and v in one; gate and
+    up in one)."""
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    return {KernelClass.QKV: (h, q + 2 * kv), KernelClass.O_PROJ: (q, h), KernelClass.GATE_UP: (h, 2 * i),
+            KernelClass.DOWN: (i, h)}
+
+
 def kernel_costs(cfg: ModelConfig, shape: StepShape, dtype_bytes: int = 2) -> dict[KernelClass, Cost]:
-    """FLOPs and bytes of each kernel class over the whole step (all layers)."""
+    """FLOPs and bytes of each kernel class over the whole step (all layers): a projection of T rows from k to n
+    features is 2 T k n FLOPs and reads / writes its weights, its input and its output once."""
     b, L = dtype_bytes, cfg.num_hidden_layers
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    q, kv = cfg.q_size, cfg.kv_size
+    h, v, q, kv = cfg.hidden_size, cfg.vocab_size, cfg.q_size, cfg.kv_size
     t, s, c, a = shape.num_tokens, shape.num_seqs, shape.num_context_tokens, shape.num_attention_pairs
-    qkv_out = q + 2 * kv
+    costs = {cls: Cost(L * 2.0 * t * k * n, L * b * (k * n + t * k + t * n))
+             for cls, (k, n) in projection_shapes(cfg).items()}
     attention = (KernelClass.ATTENTION_PREFILL if shape.phase == "prefill" else KernelClass.ATTENTION_DECODE)
-    return {
-        KernelClass.QKV: Cost(L * 2.0 * t * h * qkv_out, L * b * (h * qkv_out + t * h + t * qkv_out)),
-        KernelClass.O_PROJ: Cost(L * 2.0 * t * q * h, L * b * (q * h + t * q + t * h)),
-        KernelClass.GATE_UP: Cost(L * 2.0 * t * h * 2 * i, L * b * (2 * i * h + t * h + 2 * t * i)),
-        KernelClass.DOWN: Cost(L * 2.0 * t * i * h, L * b * (i * h + t * i + t * h)),
-        attention: Cost(L * 4.0 * q * a, L * b * (2 * kv * c + 2 * t * q + 2 * t * kv)),
-        KernelClass.LM_HEAD: Cost(2.0 * s * h * v, b * (v * h + s * h) + 4.0 * s * v),
-    }
+    costs[attention] = Cost(L * 4.0 * q * a, L * b * (2 * kv * c + 2 * t * q + 2 * t * kv))
+    costs[KernelClass.LM_HEAD] = Cost(2.0 * s * h * v, b * (v * h + s * h) + 4.0 * s * v)
+    return costs
 
 
 def dtype_bytes(name: str) -> int:

@@ -20,7 +20,7 @@ class ControllerConfig(BaseModel):
     min_engines: int = Field(1, ge=1, description="fewest engine replicas")
     max_engines: int | None = Field(
         None, ge=1, description="engine budget: most engine replicas; null: as many as the cluster holds (its CPUs "
-                                "less the ingress's, num_ingress_replicas x ingress_num_cpus, over the CPUs one "
+                                "less the ingress's, num_ingress_replicas x ingress_num_cpus (none with colocate_ingress), over the CPUs one "
                                 "engine reserves, engine_num_cpus + 2 x worker_num_cpus, at least one; with an "
                                 "accelerator at most its count), never fewer than num_engines")
     engine_capacity_tokens_s: float = Field(

@@ -16,8 +16,10 @@
   (max_restarts=-1, same actor id): the new instance takes them back in its constructor, so it keeps watching
   the same applications (the absence clock starts again) and stops the daemons it ensured when they go. State
   of another actor (an agent started again after one left or was killed) is not taken; state it cannot read
-  (another format version, corrupt, or the KV not answering) is logged and it starts fresh, knowing what its
-  controllers' next calls tell it. A failed write is logged and tried again at the next call.
+  (another format version, corrupt, or a KV call that fails) is logged and it starts fresh, knowing what its
+  controllers' next calls tell it. A failed write is logged and tried again at the next call. The KV calls have
+  no timeout of their own (Ray's internal KV waits for its GCS, as the controller's calls do), and the key of a
+  node that left the cluster without its agent leaving stays behind (an agent on a new node has a new id).
 - **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
   lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)

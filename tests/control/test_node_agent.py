@@ -290,11 +290,21 @@ def test_the_state_is_written_when_it_changes_and_a_failed_write_is_tried_again(
     assert len(writes) == 2 and kv[STATE_KEY]["mps_names"] == ["mps-a"]
 
 
-def test_a_leaving_agent_deletes_its_persisted_state(mps_root, kv):
+def test_a_leaving_agent_deletes_its_persisted_state(mps_root, kv, monkeypatch):
+    """After stopping its daemons (an instance Ray restarts in between still knows them), before it exits."""
     agent = make_agent(app_gone_s=0.0)
     agent.ensure_mps("app-a", "mps-a")
     assert STATE_KEY in kv
+    stop = node_agent_module.stop_unused_daemon
+    seen = []
+
+    def stop_while_the_state_is_kept(daemon):
+        seen.append(STATE_KEY in kv)
+        return stop(daemon)
+
+    monkeypatch.setattr(node_agent_module, "stop_unused_daemon", stop_while_the_state_is_kept)
     assert agent.watch_apps(frozenset(), 0.0) and agent.num_exits == 1
+    assert seen == [True]
     assert STATE_KEY not in kv
     assert make_agent().apps.app_names == set()  # Ray restarting it now (it was not killed yet) finds nothing
 

@@ -22,7 +22,7 @@ def test_an_agent_without_a_live_app_exits(ray_session):
 
     from bullet_ray.control.node_agent import NodeAgent
 
-    node_id = ray.get_runtime_context().get_node_id()
+    node_id = f"test-app-gone-{os.getpid()}"  # its own key for the persisted state: not the node's real agent's
     agent = ray.remote(NodeAgent).options(  # type: ignore[attr-defined]
         name=f"test_agent_leaves:{os.getpid()}", namespace="bullet_ray", num_cpus=0, max_restarts=-1,
     ).remote(node_id, None, period_s=0.2, app_gone_s=0.5, apps_check_s=0.2)

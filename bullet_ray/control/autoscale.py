@@ -39,6 +39,15 @@ def kv_get(name: str, what: str, owner: str = "controller") -> Any:
     return None if raw is None else json.loads(raw)
 
 
+def kv_names(owner: str) -> list[str]:
+    """The names `owner` has persisted anything under (the middle part of its keys)."""
+    from ray.experimental.internal_kv import _internal_kv_list
+
+    prefix = f"{owner}/".encode()
+    keys = _internal_kv_list(prefix, namespace=KV_NAMESPACE)
+    return sorted({key[len(prefix):].decode().rsplit("/", 1)[0] for key in keys})
+
+
 def kv_delete(name: str, what: str, owner: str = "controller") -> None:
     from ray.experimental.internal_kv import _internal_kv_del
 

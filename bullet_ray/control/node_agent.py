@@ -18,8 +18,9 @@
   of another actor (an agent started again after one left or was killed) is not taken; state it cannot read
   (another format version, corrupt, or a KV call that fails) is logged and it starts fresh, knowing what its
   controllers' next calls tell it. A failed write is logged and tried again at the next call. The KV calls have
-  no timeout of their own (Ray's internal KV waits for its GCS, as the controller's calls do), and the key of a
-  node that left the cluster without its agent leaving stays behind (an agent on a new node has a new id).
+  no timeout of their own (Ray's internal KV waits for its GCS, as the controller's calls do). The key of a
+  node that left the cluster without its agent leaving is deleted when a controller next starts the agents
+  (`forget_departed_nodes`).
 - **Asking Serve**: at most every `APPS_CHECK_S` (30 s, its own clock, not every telemetry period), with the
   lookup's timeout (serve_apps.LOOKUP_TIMEOUT_S: no answer is unknown).
 - **Telemetry**: every `period_s`, NVML per GPU (utilisation, memory used, power, per-process memory)
@@ -304,7 +305,8 @@ class NodeAgent:
 
 
 def start_node_agents(accelerator: str | None) -> dict[str, Any]:
-    """One agent per alive node (found or started): {node_id: actor handle}."""
+    """One agent per alive node (found or started): {node_id: actor handle}. The persisted state of agents on
+    nodes that are gone (a node id is never reused, so no agent would read or delete it) is deleted."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     agents = {}
@@ -317,4 +319,18 @@ def start_node_agents(accelerator: str | None) -> dict[str, Any]:
             name=agent_name(node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
             max_restarts=-1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(node_id, accelerator)
+    forget_departed_nodes(set(agents))
     return agents
+
+
+def forget_departed_nodes(alive: set[str]) -> list[str]:
+    """Delete the persisted state of agents whose node is not in `alive`; the node ids deleted. A failure is
+    logged (the next start tries again)."""
+    try:
+        departed = [name for name in autoscale.kv_names(KV_OWNER) if name not in alive]
+        for node_id in departed:
+            autoscale.kv_delete(node_id, "state", owner=KV_OWNER)
+    except Exception as e:  # noqa: BLE001 - housekeeping must not keep the agents from starting
+        logger.warning("cannot delete the persisted state of departed nodes' agents: %s", e)
+        return []
+    return departed

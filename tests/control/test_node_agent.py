@@ -388,3 +388,23 @@ def test_a_dead_agent_handle_makes_the_controller_find_agents_again(monkeypatch,
     assert controller._agents == {}
     assert controller._push(decision) == [{"engine_id": "e0"}]  # found again, and answers
     assert len(starts) == 2
+
+
+def test_the_state_of_agents_on_departed_nodes_is_deleted(kv, monkeypatch):
+    """A node id is never reused: once its node is gone no agent reads or deletes its key, so starting the agents
+    deletes the keys of nodes not alive (and only those); a KV that fails is logged, not raised."""
+    from bullet_ray.control.node_agent import forget_departed_nodes
+
+    for node in ("alive-1", "gone-1", "gone-2"):
+        kv[("node_agent", node, "state")] = GOOD
+    kv[("controller", "gone-1", "state")] = {"other": "owner"}
+    monkeypatch.setattr(autoscale, "kv_names",
+                        lambda owner: sorted({name for o, name, _ in kv if o == owner}))
+    assert forget_departed_nodes({"alive-1", "alive-2"}) == ["gone-1", "gone-2"]
+    assert set(kv) == {("node_agent", "alive-1", "state"), ("controller", "gone-1", "state")}
+
+    def broken(owner):
+        raise OSError("KV unreachable")
+
+    monkeypatch.setattr(autoscale, "kv_names", broken)
+    assert forget_departed_nodes(set()) == []

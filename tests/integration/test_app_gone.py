@@ -83,3 +83,20 @@ def _own_cluster() -> None:
 
 if __name__ == "__main__":
     _own_cluster()
+
+
+def test_persisted_agent_state_lists_and_deletes_in_rays_kv(ray_session):
+    """autoscale.kv_names / kv_delete against Ray's internal KV: the names an owner persisted under, and only the
+    departed nodes' agent state deleted."""
+    from bullet_ray.control import autoscale
+    from bullet_ray.control.node_agent import KV_OWNER, forget_departed_nodes
+
+    alive, gone = f"kv-alive-{os.getpid()}", f"kv-gone-{os.getpid()}"
+    for node in (alive, gone):
+        autoscale.kv_put(node, "state", {"version": 1}, owner=KV_OWNER)
+    assert {alive, gone} <= set(autoscale.kv_names(KV_OWNER))
+    others_alive = set(autoscale.kv_names(KV_OWNER)) - {gone}  # (other tests' agents in this session stay)
+    assert forget_departed_nodes(others_alive) == [gone]
+    assert autoscale.kv_get(gone, "state", owner=KV_OWNER) is None
+    assert autoscale.kv_get(alive, "state", owner=KV_OWNER) == {"version": 1}
+    autoscale.kv_delete(alive, "state", owner=KV_OWNER)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -319,15 +320,23 @@ def start_node_agents(accelerator: str | None) -> dict[str, Any]:
             name=agent_name(node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
             max_restarts=-1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(node_id, accelerator)
-    forget_departed_nodes(set(agents))
+    forget_departed_nodes()
     return agents
 
 
-def forget_departed_nodes(alive: set[str]) -> list[str]:
-    """Delete the persisted state of agents whose node is not in `alive`; the node ids deleted. A failure is
-    logged (the next start tries again)."""
+def _alive_node_ids() -> set[str]:
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+
+
+def forget_departed_nodes(alive_node_ids: Callable[[], set[str]] = _alive_node_ids) -> list[str]:
+    """Delete the persisted state of agents whose node is no longer alive; the node ids deleted. The keys are
+    listed before the nodes are asked: a key exists only once its node has registered, so a node that joins
+    meanwhile (another application's controller starting its agent, which writes its state) is among the alive.
+    A failure is logged and deletes nothing more (the next start tries again)."""
     try:
-        departed = [name for name in autoscale.kv_names(KV_OWNER) if name not in alive]
+        names = autoscale.kv_names(KV_OWNER)
+        alive = alive_node_ids()
+        departed = [name for name in names if name not in alive]
         for node_id in departed:
             autoscale.kv_delete(node_id, "state", owner=KV_OWNER)
     except Exception as e:  # noqa: BLE001 - housekeeping must not keep the agents from starting

@@ -96,7 +96,7 @@ def test_persisted_agent_state_lists_and_deletes_in_rays_kv(ray_session):
         autoscale.kv_put(node, "state", {"version": 1}, owner=KV_OWNER)
     assert {alive, gone} <= set(autoscale.kv_names(KV_OWNER))
     others_alive = set(autoscale.kv_names(KV_OWNER)) - {gone}  # (other tests' agents in this session stay)
-    assert forget_departed_nodes(others_alive) == [gone]
+    assert forget_departed_nodes(lambda: others_alive) == [gone]
     assert autoscale.kv_get(gone, "state", owner=KV_OWNER) is None
     assert autoscale.kv_get(alive, "state", owner=KV_OWNER) == {"version": 1}
     autoscale.kv_delete(alive, "state", owner=KV_OWNER)

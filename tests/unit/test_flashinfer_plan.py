@@ -92,6 +92,18 @@ def test_holistic_mode_splits_off_the_default_stream_and_when_its_planner_refuse
     assert [w for w, _ in backend.fence.plans] == ["decode", "prefill"] and backend.holistic_fallbacks == 1
 
 
+def test_an_mps_thread_cap_is_read_from_the_environment(monkeypatch):
+    """Holistic attention (a cooperative grid over every SM) is off in a process whose MPS share is capped."""
+    from bullet_ray.engine.attention.flashinfer_backend import mps_thread_cap
+
+    for value, cap in ((None, None), ("100", None), ("", None), ("60", "60"), (" 45.5 ", "45.5")):
+        if value is None:
+            monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
+        assert mps_thread_cap() == cap
+
+
 def test_holistic_attention_plans_and_runs_the_compiled_module_with_its_arguments():
     """After the wrapper's first plan (which loads the module), every plan and run goes to the module directly,
     in BatchAttention's argument order: no device sync, no LSE, q and K/V as given, the output written in place."""

@@ -194,6 +194,12 @@ def default_mixed_attention() -> str:
     return value
 
 
+def mps_thread_cap() -> str | None:
+    """This process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when it caps the SMs (set, and not 100); else None."""
+    value = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    return value if value not in ("", "100", "100.0") else None
+
+
 def default_decode_split_kv_rows() -> int | None:
     """From how many rows on a tensor-core decode plan is split by `balanced_kv_chunk_pages` (None: never, below
     it and at any batch flashinfer splits as it chooses; 0: no plan splits), from BULLET_RAY_DECODE_SPLIT_KV:
@@ -242,9 +248,14 @@ class FlashInferBackend(AttentionBackend):
         decode_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device) if overlap \
             else self.workspace
         self._side_stream = torch.cuda.Stream(device) if overlap else None
-        # holistic: every row of a mixed batch in one persistent kernel (its own workspaces: flashinfer's 384 MiB)
+        # holistic: every row of a mixed batch in one persistent kernel (its own workspaces: flashinfer's 384 MiB);
+        # not under an MPS thread percentage below 100: its cooperative grid is sized for every SM of the device
+        cap = mps_thread_cap()
+        if self.mixed_attention == "holistic" and cap is not None:
+            logger.warning("mixed_attention holistic needs every SM; under CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s mixed "
+                           "batches run split", cap)
         self.holistic = HolisticAttention(device, num_heads, num_kv_heads, head_dim, kv_cache.dtype, scale) \
-            if self.mixed_attention == "holistic" else None
+            if self.mixed_attention == "holistic" and cap is None else None
         self._holistic_planned = False
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
@@ -252,8 +263,13 @@ class FlashInferBackend(AttentionBackend):
         self.fence = PlanFence()
         self.holistic_fallbacks = 0  # mixed batches the holistic planner refused (they ran split)
         if self.holistic is not None:  # load its module now (its first plan syncs the device), not mid-serving
-            self.fence.plan(self.holistic, _pinned([0, 1, 3]), _pinned([0, 1, 2]), _pinned([1, 2]),
-                            torch.zeros(2, dtype=torch.int32, device=device), kv_cache.shape[3])
+            try:
+                self.fence.plan(self.holistic, _pinned([0, 1, 3]), _pinned([0, 1, 2]), _pinned([1, 2]),
+                                torch.zeros(2, dtype=torch.int32, device=device), kv_cache.shape[3])
+            except RuntimeError:  # e.g. a model whose KV heads outgrow the planner's workspace: every plan would fail
+                logger.warning("mixed_attention holistic cannot plan for this model; mixed batches run split",
+                               exc_info=True)
+                self.holistic = None
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
@@ -297,19 +313,20 @@ class FlashInferBackend(AttentionBackend):
         self._num_decode_rows = 0 if metadata.is_decode else nd
         # holistic: decode rows and prompt chunks in one kernel, only on the default stream: the persistent kernel is
         # a cooperative launch sized for every SM of the device, which a green context's partition does not hold
-        self._holistic_planned = bool(nd) and not metadata.is_decode and self.holistic is not None \
-            and torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream
-        if self._holistic_planned:
+        self._holistic_planned = False
+        if nd and not metadata.is_decode and self.holistic is not None \
+                and torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
             try:
                 self.fence.plan(self.holistic, _pinned([0, *_cumsum(metadata.query_lens_list)]),
                                 _pinned([0, *_cumsum(num_blocks)]), _pinned(seq_lens), kv_indices, bs)
-                return
             except RuntimeError:  # past the planner's limits (65,536 work items, its KV-split cap): split this step
-                self._holistic_planned = False
                 self.holistic_fallbacks += 1
                 if self.holistic_fallbacks == 1:
                     logger.warning("holistic attention could not plan a mixed batch of %d rows; it runs split "
                                    "(counted in holistic_fallbacks)", len(seq_lens), exc_info=True)
+            else:
+                self._holistic_planned = True
+                return
         first_prefill_block = sum(num_blocks[:nd])
         if nd:
             self._plan_decode(num_blocks[:nd], kv_indices[:first_prefill_block], last_page_len[:nd], bs)

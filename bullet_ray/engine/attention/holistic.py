@@ -20,7 +20,8 @@ class HolisticAttention:
     `PlanFence` guards like any other wrapper's (the copy is the planner's whole work list, ~6 MB at Llama-3.1-8B's
     heads on 132 SMs, queued before the step's kernels). `run` calls the module's run per layer (q read at its
     strides, `out` written in place; no LSE). The kernel is a cooperative launch of two CTAs per SM of the device,
-    so FlashInferBackend uses it on the default stream only (a green context's partition holds fewer SMs), and
+    so FlashInferBackend uses it on the default stream only and not under an MPS thread cap (a green context's
+    partition or an MPS share holds fewer SMs; a batch there, or one the planner refuses, runs split), and
     its workspaces (384 MiB + 8 MiB on the device, 8 MiB page-locked) are allocated when the backend is built."""
 
     def __init__(self, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -294,3 +294,7 @@ def test_mixed_attention_splits_unless_the_environment_says_otherwise(monkeypatc
     monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION", "1")
     with pytest.raises(ValueError, match="BULLET_RAY_MIXED_ATTENTION must be one of split, overlap, holistic, got '1'"):
         default_mixed_attention()
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION", "split")
+    monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "1")  # the old opt-in's name: an error, not ignored
+    with pytest.raises(ValueError, match="set BULLET_RAY_MIXED_ATTENTION=overlap"):
+        default_mixed_attention()

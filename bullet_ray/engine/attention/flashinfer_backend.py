@@ -188,6 +188,9 @@ def default_mixed_attention() -> str:
     prompt tiles lose to the SM90 prefill kernel), 1.00x in serving at a 2,048-token budget and -18% offline at
     16,384: so "split" stays the default. Only a batch launched on the default stream overlaps (a green context's
     stream keeps its SMs)."""
+    if "BULLET_RAY_MIXED_ATTENTION_OVERLAP" in os.environ:  # the twentieth session's name: say so, not ignore it
+        raise ValueError("BULLET_RAY_MIXED_ATTENTION_OVERLAP is gone: set BULLET_RAY_MIXED_ATTENTION=overlap "
+                         "(or split, holistic) instead")
     value = os.environ.get("BULLET_RAY_MIXED_ATTENTION", "split")
     if value not in MIXED_ATTENTION_MODES:
         raise ValueError(f"BULLET_RAY_MIXED_ATTENTION must be one of {', '.join(MIXED_ATTENTION_MODES)}, got {value!r}")

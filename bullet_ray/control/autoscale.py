@@ -21,6 +21,14 @@ KV_NAMESPACE = "bullet_ray"
 POLICY_PATH = "bullet_ray.control.autoscale:follow_controller"
 
 
+def actor_id() -> str | None:
+    """The calling actor's id, the same across Ray's restarts of it (what persisted state is keyed with, so a
+    restart takes it back and another actor does not); None outside an actor."""
+    import ray
+
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+
+
 def kv_key(name: str, what: str, owner: str = "controller") -> bytes:
     """The key of `what` persisted by `owner` `name` ("controller", an application; "node_agent", a node id)."""
     return f"{owner}/{name}/{what}".encode()

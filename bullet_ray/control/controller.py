@@ -32,6 +32,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from bullet_ray.control import autoscale
+from bullet_ray.control.autoscale import actor_id as _actor_id  # (tests replace it here)
 from bullet_ray.control.config import ControllerConfig
 from bullet_ray.control.decide import ControllerInputs, ControllerState, Decision, decide
 from bullet_ray.control.forecast import LoadForecaster
@@ -69,11 +70,6 @@ class AppSpec:
         workers = 2 * app.worker_num_cpus if app.worker_launcher == "ray" else 0.0  # else child processes
         return cls(app.model_name, app.accelerator, app.num_engines, app.engine_num_cpus + workers,
                    app.mps_name if app.uses_mps else None, app.ingress_cpus)
-
-
-def _actor_id() -> str | None:
-    """This actor's id (the same across Ray's restarts of it); None outside an actor."""
-    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 def engine_budget(cfg: ControllerConfig, spec: AppSpec, cluster: Mapping[str, float]) -> int:

@@ -42,6 +42,7 @@ from typing import Any
 import ray
 
 from bullet_ray.control import autoscale
+from bullet_ray.control.autoscale import actor_id as _actor_id  # (tests replace it here)
 from bullet_ray.control.serve_apps import APP_GONE_S, AppWatch, serve_app_names
 from bullet_ray.gpu import nvml
 from bullet_ray.gpu.mps import MpsDaemon, MpsError
@@ -60,11 +61,6 @@ class AgentLeavingError(RuntimeError):
 
 def agent_name(node_id: str) -> str:
     return f"bullet_node_agent:{node_id}"
-
-
-def _actor_id() -> str | None:
-    """This actor's id (the same across Ray's restarts of it); None outside an actor (nothing is persisted)."""
-    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 def stop_unused_daemon(daemon: MpsDaemon) -> bool:

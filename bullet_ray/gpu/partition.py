@@ -193,6 +193,19 @@ class NonePartitioner(SmPartitioner):
         return None
 
 
+def mps_thread_percentage(env: dict[str, str] | None = None) -> float:
+    """This process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (100 when unset): the share of the SMs its kernels may use
+    under MPS. ConfigError when it is not a number in (0, 100]."""
+    raw = (os.environ if env is None else env).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    try:
+        pct = float(raw)
+    except ValueError:
+        raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{raw!r} is not a number") from None
+    if not 0 < pct <= 100:
+        raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{pct} is outside (0, 100]")
+    return pct
+
+
 class MpsPartitioner(SmPartitioner):
     """One fixed split from this process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its side's share)."""
 
@@ -203,13 +216,7 @@ class MpsPartitioner(SmPartitioner):
         super().__init__(side, capabilities or _cpu_caps(sm_count, "mps backend"))
         if side == "both":
             raise ConfigError("side", "the mps backend partitions per process: make it for 'prefill' or 'decode'")
-        raw = (os.environ if env is None else env).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
-        try:
-            pct = float(raw)
-        except ValueError:
-            raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{raw!r} is not a number") from None
-        if not 0 < pct <= 100:
-            raise ConfigError("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", f"{pct} is outside (0, 100]")
+        pct = mps_thread_percentage(env)
         mine = min(sm_count, max(1, round(sm_count * pct / 100)))
         decode = mine if side == "decode" else sm_count - mine
         self.ladder = [LadderEntry(0, decode, sm_count - decode)]

@@ -54,6 +54,7 @@ from bullet_ray.engine.attention.base import AttentionBackend, AttentionMetadata
 from bullet_ray.engine.attention.direct_run import DirectRun
 from bullet_ray.engine.attention.holistic import HolisticAttention
 from bullet_ray.engine.transfer import to_device
+from bullet_ray.gpu.partition import mps_thread_percentage
 from bullet_ray.models.gpu_kernels import PDL
 
 logger = logging.getLogger(__name__)
@@ -198,9 +199,10 @@ def default_mixed_attention() -> str:
 
 
 def mps_thread_cap() -> str | None:
-    """This process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when it caps the SMs (set, and not 100); else None."""
+    """This process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE when it caps the SMs (below 100: gpu.partition's reading);
+    else None."""
     value = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
-    return value if value not in ("", "100", "100.0") else None
+    return value if value and mps_thread_percentage() < 100 else None
 
 
 def default_decode_split_kv_rows() -> int | None:
@@ -253,8 +255,8 @@ class FlashInferBackend(AttentionBackend):
         self._side_stream = torch.cuda.Stream(device) if overlap else None
         # holistic: every row of a mixed batch in one persistent kernel (its own workspaces: flashinfer's 384 MiB);
         # not under an MPS thread percentage below 100: its cooperative grid is sized for every SM of the device
-        cap = mps_thread_cap()
-        if self.mixed_attention == "holistic" and cap is not None:
+        cap = mps_thread_cap() if self.mixed_attention == "holistic" else None
+        if cap is not None:
             logger.warning("mixed_attention holistic needs every SM; under CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s mixed "
                            "batches run split", cap)
         self.holistic = HolisticAttention(device, num_heads, num_kv_heads, head_dim, kv_cache.dtype, scale) \
@@ -317,8 +319,7 @@ class FlashInferBackend(AttentionBackend):
         # holistic: decode rows and prompt chunks in one kernel, only on the default stream: the persistent kernel is
         # a cooperative launch sized for every SM of the device, which a green context's partition does not hold
         self._holistic_planned = False
-        if nd and not metadata.is_decode and self.holistic is not None \
-                and torch.cuda.current_stream(dev).cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
+        if nd and not metadata.is_decode and self.holistic is not None and _on_default_stream(dev):
             try:
                 self.fence.plan(self.holistic, _pinned([0, *_cumsum(metadata.query_lens_list)]),
                                 _pinned([0, *_cumsum(num_blocks)]), _pinned(seq_lens), kv_indices, bs)
@@ -412,11 +413,11 @@ class FlashInferBackend(AttentionBackend):
         if not nd:
             return self._run(self.prefill).run(q, k_cache, v_cache, out)
         side = self._side_stream
-        main = torch.cuda.current_stream(q.device) if side is not None else None
-        if side is None or main is None or main.cuda_stream != torch.cuda.default_stream(q.device).cuda_stream:
+        if side is None or not _on_default_stream(q.device):
             self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
             self._run(self.prefill).run(q[nd:], k_cache, v_cache, out[nd:])
             return out
+        main = torch.cuda.current_stream(q.device)
         side.wait_stream(main)  # this layer's q and K/V write are in
         with torch.cuda.stream(side):
             self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
@@ -481,6 +482,12 @@ def _adjacent_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     if k.stride(1) != dim or v.data_ptr() != k.data_ptr() + heads * dim * k.element_size():
         return None
     return k.as_strided((tokens, 2, heads, dim), (k.stride(0), heads * dim, dim, 1))
+
+
+def _on_default_stream(device: torch.device) -> bool:
+    """Whether work is being launched on the device's default stream, which every SM serves (a green context's
+    stream holds its partition's): the condition of both mixed-attention modes beyond "split"."""
+    return torch.cuda.current_stream(device).cuda_stream == torch.cuda.default_stream(device).cuda_stream
 
 
 def _num_leading_ones(values: list[int]) -> int:

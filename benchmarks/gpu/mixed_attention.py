@@ -45,6 +45,11 @@ def metadata(num_decode: int, ctx: int, chunks: list[int], prefix: int, dev: str
                                         BS, dev)
 
 
+def rel_diff(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """|got - ref| / |ref| (Frobenius norms, in float32)."""
+    return float((got.float() - ref.float()).norm() / ref.float().norm())
+
+
 def step_ms(backend: FlashInferBackend, md: AttentionMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             split: bool, repeats: int) -> tuple[float, torch.Tensor]:
     times, out = [], q
@@ -92,21 +97,18 @@ def main(argv: list[str] | None = None) -> int:
         out = out.float().clone()
         tc_ms, tc_out = step_ms(tensor_cores, md, q, k, v, True, args.repeats)
         if chunks and num_decode:  # the decode rows on a second stream beside the prompt chunks; every row in one kernel
-            ov_ms, ov_out = step_ms(overlapped, md, q, k, v, True, args.repeats)
-            row.update(overlap_ms=round(ov_ms, 3), overlap_speedup=round(tc_ms / ov_ms, 3),
-                       overlap_rel_diff=round(float((ov_out.float() - tc_out.float()).norm() / tc_out.float().norm()), 6))
-            ho_ms, ho_out = step_ms(holistic, md, q, k, v, True, args.repeats)
-            row.update(holistic_ms=round(ho_ms, 3), holistic_speedup=round(tc_ms / ho_ms, 3),
-                       holistic_rel_diff=round(float((ho_out.float() - tc_out.float()).norm() / tc_out.float().norm()), 6))
+            for mode, backend in (("overlap", overlapped), ("holistic", holistic)):
+                mode_ms, mode_out = step_ms(backend, md, q, k, v, True, args.repeats)
+                row.update({f"{mode}_ms": round(mode_ms, 3), f"{mode}_speedup": round(tc_ms / mode_ms, 3),
+                            f"{mode}_rel_diff": round(rel_diff(mode_out, tc_out), 6)})
         if chunks:
-            rel = float((out - ref).norm() / ref.norm())
             row.update(unsplit_ms=round(unsplit_ms, 3), split_ms=round(split_ms, 3),
-                       speedup=round(unsplit_ms / split_ms, 2), rel_diff=round(rel, 5))
+                       speedup=round(unsplit_ms / split_ms, 2), rel_diff=round(rel_diff(out, ref), 5))
         else:
             row.update(split_ms=round(split_ms, 3))
         kv_bytes = num_decode * ctx * 2 * KV_HEADS * DIM * 2 * LAYERS
         row.update(tc_ms=round(tc_ms, 3), tc_speedup=round(split_ms / tc_ms, 2),
-                   tc_rel_diff=round(float((tc_out.float() - out).norm() / out.norm()), 5),
+                   tc_rel_diff=round(rel_diff(tc_out, out), 5),
                    tc_kv_gbs=round(kv_bytes / tc_ms / 1e6, 1), cc_kv_gbs=round(kv_bytes / split_ms / 1e6, 1))
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -44,8 +44,14 @@ def records(path: str) -> list[dict]:
 
 
 def switches(path: str) -> list[float]:
-    """Decision-to-new-split times (ms) of the switches both sides completed, sorted."""
+    """Decision-to-new-split times (ms) of the switches both sides acked (their next launches on it), sorted."""
     return sorted(r["decision_to_split_us"] / 1e3 for r in records(path) if r.get("kind") == "switch")
+
+
+def drains(path: str) -> list[float]:
+    """Decision-to-drained times (ms) of the switches that took effect (no step of either side left on the old
+    entry), sorted; logs from before the drain was recorded have none."""
+    return sorted(r["decision_to_drained_us"] / 1e3 for r in records(path) if r.get("kind") == "switch_drained")
 
 
 def run_start_unix_s(run: dict) -> float:
@@ -217,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
               f"median {row['tokens_per_s_p50']:.0f} tokens/s")
     done = switches(args.log)
     if done:
-        print(f"switches: {len(done)}, decision to both sides on the new split p50 {_q(done, 0.5):.3f} ms, "
-              f"p99 {_q(done, 0.99):.3f} ms")
+        print(f"switches: {len(done)}, decision to both sides launching on the new split (acked) p50 "
+              f"{_q(done, 0.5):.3f} ms, p99 {_q(done, 0.99):.3f} ms")
+        drained = drains(args.log)
+        if drained:
+            print(f"  drained (no step of either side left on the old split): {len(drained)}, p50 "
+                  f"{_q(drained, 0.5):.3f} ms, p99 {_q(drained, 0.99):.3f} ms")
         for (reason, last), row in switches_by_reason(args.log).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")

@@ -28,7 +28,10 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_step_seconds_{bucket,sum,count}{phase}           (bullet's own: measured step time per side)
     ray_bullet_step_predicted_seconds_{bucket,sum,count}{phase} (bullet's own: the model's prediction of it)
     ray_bullet_step_prediction_error_{bucket,sum,count}{phase}  (bullet's own: |predicted - measured| / measured)
-    ray_bullet_split_switch_seconds_{bucket,sum,count}          (bullet's own: split decision -> both sides on it)
+    ray_bullet_split_switch_seconds_{bucket,sum,count}          (bullet's own: split decision -> both sides
+                                                                launching on it, their acks)
+    ray_bullet_split_switch_drain_seconds_{bucket,sum,count}    (bullet's own: split decision -> no step of
+                                                                either side left on the old split)
     ray_bullet_split_decision_seconds                           (bullet's own: what the last decision cost)
     ray_bullet_graph_captures_serving                           (bullet's own: CUDA graphs captured after start;
                                                                 every one is captured at start, so 0)
@@ -123,8 +126,10 @@ class EngineMetrics:
                                           boundaries=STEP_BUCKETS_S, tag_keys=step_tags)
         self.step_error = m.Histogram("bullet_step_prediction_error", "|predicted - measured| / measured step time.",
                                       boundaries=REL_ERROR_BUCKETS, tag_keys=step_tags)
-        self.switch = m.Histogram("bullet_split_switch_seconds", "Split decision to both sides on the new split (s).",
-                                  boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
+        self.switch = m.Histogram("bullet_split_switch_seconds", "Split decision to both sides launching on the new "
+                                  "split (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
+        self.switch_drain = m.Histogram("bullet_split_switch_drain_seconds", "Split decision to no step of either "
+                                        "side left on the old split (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
         self.decision_cost = m.Gauge("bullet_split_decision_seconds", "Time the last split decision took (s).",
                                      tag_keys=TAGS)
         self.captures_serving = m.Gauge("bullet_graph_captures_serving", "CUDA graphs the engine's workers captured "
@@ -133,8 +138,8 @@ class EngineMetrics:
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
-                       self.max_decode_sms, self.max_waiting, self.switch, self.decision_cost, self.captures_serving,
-                       self.success, self.slo_total, self.step, self.step_predicted, self.step_error):
+                       self.max_decode_sms, self.max_waiting, self.switch, self.switch_drain, self.decision_cost,
+                       self.captures_serving, self.success, self.slo_total, self.step, self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
         self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
         self.set_targets(ttft_target_s, tpot_target_s)
@@ -227,6 +232,8 @@ class EngineMetrics:
                     self.step_error.observe(abs(predicted_s - measured_s) / measured_s, tags=tags)
         for seconds in records.get("switch_s", []):
             self.switch.observe(seconds)
+        for seconds in records.get("switch_drain_s", []):
+            self.switch_drain.observe(seconds)
 
 
 class ControllerMetrics:

@@ -56,6 +56,11 @@ def quantiles(metric: str, qs: tuple[float, ...] = (0.5, 0.9, 0.99), by: str = "
                         f"[{window}])))", f"p{int(q * 100)}{legend}") for q in qs)
 
 
+def labelled(prefix: str, targets: tuple[Target, ...]) -> tuple[Target, ...]:
+    """`targets` with `prefix` before each legend (two histograms' quantiles in one panel)."""
+    return tuple(Target(t.expr, f"{prefix} {t.legend}") for t in targets)
+
+
 def rate(metric: str, extra: str = "", by: str = "") -> str:
     sel = SEL + ("," + extra if extra else "")
     return f"sum{f' by ({by})' if by else ''}(rate(ray_bullet_{metric}{{{sel}}}[{RI}]))"
@@ -115,9 +120,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Step Prediction Error", "|predicted - measured| / measured step time of each side, median and p90 "
               "over the window: how well the performance model knows the GPU (issue 12's goal: 10% / 25%).",
               quantiles("step_prediction_error", (0.5, 0.9), by="phase"), "percentunit"),
-        Panel("Split Switch Time", "From a split decision to both sides running on the new split, p50 and p99 over "
-              "the switches of the last 5 minutes (a steady load may not switch for minutes).",
-              quantiles("split_switch_seconds", (0.5, 0.99), over="increase", window="5m"), "s", after_switch=True),
+        Panel("Split Switch Time", "From a split decision to both sides launching on the new split (acked) and to "
+              "no step of either side left on the old one (drained: a step launched before still runs where it was "
+              "launched), p50 and p99 over the switches of the last 5 minutes (a steady load may not switch for "
+              "minutes).",
+              (*labelled("acked", quantiles("split_switch_seconds", (0.5, 0.99), over="increase", window="5m")),
+               *labelled("drained", quantiles("split_switch_drain_seconds", (0.5, 0.99), over="increase",
+                                              window="5m"))), "s", after_switch=True),
         Panel("CUDA Graphs Captured While Serving", "Graphs each engine's workers captured after start: every one "
               "is captured at start, so anything above 0 is a step shape the start-up missed (and a stall).",
               (Target(f"max by (engine) (ray_bullet_graph_captures_serving{{{SEL}}})", "{{engine}}"),)),

@@ -142,7 +142,7 @@ class LLMEngine(EngineClient):
         # the split policy (split_policy: slo) runs in the prefill worker at its step boundaries
         # (bullet_ray.engine.worker.policy_link); the front only reads its records from the state block
         self._drained_steps = {Side.PREFILL: 0, Side.DECODE: 0}
-        self._drained_switches = 0
+        self._drained_switches = self._drained_drains = 0
         self._split_bounds = (0, len(self.ladder_decode_sms) - 1)  # ladder indexes allowed (set_split_bounds)
 
     # start-up ---------------------------------------------------------------------------------------
@@ -537,8 +537,8 @@ class LLMEngine(EngineClient):
     def drain_step_records(self) -> dict[str, Any]:
         """Per-step records since the last call (at most the state block's ring per side; older ones are
         dropped): {"prefill"/"decode": [(measured_s, predicted_s, ladder index, -1 across a switch)], "switch_s":
-        [...]} for the
-        metrics (predicted vs measured step time, decision-to-new-split time)."""
+        [decision to both sides launching on the new split], "switch_drain_s": [decision to no step left on the
+        old split]} for the metrics (predicted vs measured step time, the switches' times)."""
         out: dict[str, Any] = {}
         with self._lock:
             for side in (Side.PREFILL, Side.DECODE):
@@ -546,7 +546,9 @@ class LLMEngine(EngineClient):
                 self._drained_steps[side] = step
                 out[side.name.lower()] = [(m / 1e6, p / 1e6, i) for m, p, i in entries]
             self._drained_switches, switches = self.state.recent_switches(self._drained_switches)
+            self._drained_drains, drains = self.state.recent_drains(self._drained_drains)
         out["switch_s"] = [us / 1e6 for us in switches]
+        out["switch_drain_s"] = [us / 1e6 for us in drains]
         return out
 
     def split_indexes(self) -> dict[str, int]:

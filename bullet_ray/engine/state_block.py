@@ -5,9 +5,11 @@ switch read both. Values are plain int64 (times in microseconds) so a write is o
 
 Besides the rows: the split switch's slots (bullet_ray.gpu.switch), the policy's slots (the last split
 decision, made by the prefill worker at its step boundaries: when, which entry, why, what it cost, the
-predicted TTFT of a new request, and the time from a decision to both sides running on the new split),
-the mixed fallback's hand-over counters (`num_handed_prompts_held`), and two rings the front reads for the metrics: each side's last RING_SIZE steps (measured and predicted
-time, ladder entry) and the last RING_SIZE decision-to-new-split times.
+predicted TTFT of a new request, the time from a decision to both sides launching on the new split (their acks)
+and to its taking effect (no step of either side left on the old split: its drain)), the mixed fallback's
+hand-over counters (`num_handed_prompts_held`), and three rings the front reads for the metrics: each side's last
+RING_SIZE steps (measured and predicted time, ladder entry), the last RING_SIZE decision-to-new-split times and
+the last RING_SIZE decision-to-drained times.
 """
 
 from __future__ import annotations
@@ -77,7 +79,14 @@ class Policy(enum.IntEnum):
     HANDED_PROMPTS_DROPPED = 15  # of those, dropped by the front in transit: finished or aborted meanwhile (front)
     PREDICTED_TTFT_TOKENS = 16  # the prompt length PREDICTED_TTFT_US is for
     PREDICTED_TTFT_NS_PER_TOKEN = 17  # how much longer it is per prompt token more (ns), 0: unknown
-    NUM_SLOTS = 18
+    # a switch's drain: both sides ack at their next launch, but a step either launched before (launched ahead,
+    # or in flight in overlap mode) still runs on the old entry; the switch has taken effect once none does
+    DRAIN_START_US = 18  # decision time of the settled switch whose older steps still run (0: none)
+    DRAIN_INDEX = 19  # the entry that switch settled on
+    NUM_DRAINS = 20  # settled switches whose older steps have all ended (each timed)
+    LAST_DRAIN_US = 21  # decision to no step of either side on another entry, of the last of them
+    NUM_DRAINS_OVERTAKEN = 22  # settled switches a newer request overtook before their older steps ended (not timed)
+    NUM_SLOTS = 23
 
 
 RING_SIZE = 64
@@ -101,21 +110,23 @@ class StateBlockHandle:
     policy: TensorSpec
     steps: TensorSpec
     switches: TensorSpec
+    drains: TensorSpec
 
 
 class StateBlock:
     """rows: int64 [2, NUM_FIELDS]; switch: int64 [NUM_SWITCH_SLOTS]; policy: int64 [Policy.NUM_SLOTS];
-    steps: int64 [2, RING_SIZE, STEP_RING_FIELDS]; switches: int64 [RING_SIZE]."""
+    steps: int64 [2, RING_SIZE, STEP_RING_FIELDS]; switches, drains: int64 [RING_SIZE]."""
 
     def __init__(self, arena: TensorArena, rows: TensorSpec, switch: TensorSpec, policy: TensorSpec,
-                 steps: TensorSpec, switches: TensorSpec) -> None:
+                 steps: TensorSpec, switches: TensorSpec, drains: TensorSpec) -> None:
         self._arena = arena
-        self._specs = (rows, switch, policy, steps, switches)
+        self._specs = (rows, switch, policy, steps, switches, drains)
         self.rows: np.ndarray = arena.view(rows).numpy()
         self.switch: np.ndarray = arena.view(switch).numpy()
         self.policy: np.ndarray = arena.view(policy).numpy()
         self.steps: np.ndarray = arena.view(steps).numpy()
         self.switches: np.ndarray = arena.view(switches).numpy()
+        self.drains: np.ndarray = arena.view(drains).numpy()
         # the backing file, for `flock` (opened now: the owner unlinks it when it closes, maybe before our last use)
         self._lock_fd: int | None = os.open(arena.handle.path, os.O_RDWR) if arena.handle.path else None
 
@@ -127,12 +138,13 @@ class StateBlock:
         _, policy = arena.allocate((int(Policy.NUM_SLOTS),), torch.int64)
         _, steps = arena.allocate((2, RING_SIZE, STEP_RING_FIELDS), torch.int64)
         _, switches = arena.allocate((RING_SIZE,), torch.int64)
-        return cls(arena, rows, switch, policy, steps, switches)
+        _, drains = arena.allocate((RING_SIZE,), torch.int64)
+        return cls(arena, rows, switch, policy, steps, switches, drains)
 
     @classmethod
     def attach(cls, handle: StateBlockHandle) -> StateBlock:
         return cls(TensorArena.attach(handle.arena), handle.rows, handle.switch, handle.policy, handle.steps,
-                   handle.switches)
+                   handle.switches, handle.drains)
 
     def export(self) -> StateBlockHandle:
         return StateBlockHandle(self._arena.handle, *self._specs)
@@ -281,13 +293,50 @@ class StateBlock:
         self.switches[int(p[Policy.NUM_SWITCHES]) % RING_SIZE] = latency
         p[Policy.LAST_SWITCH_US] = latency
         p[Policy.NUM_SWITCHES] += 1
+        if p[Policy.DRAIN_START_US]:  # the last switch's older steps still ran: this one overtook it
+            p[Policy.NUM_DRAINS_OVERTAKEN] += 1
+        p[Policy.DRAIN_START_US] = pending
+        p[Policy.DRAIN_INDEX] = int(sw[REQUESTED])
         return latency
+
+    def record_drain_if_done(self) -> int | None:
+        """Called by a side after it published its oldest step in flight (`set_inflight_index`): once a settled
+        switch has no step of either side left on another entry (each side's oldest uncollected step is on the new
+        one, or none is in flight), the time from its decision to then in microseconds (the switch has taken
+        effect: every SM runs the new split's work); else None. A newer request before that ends the wait
+        untimed (`NUM_DRAINS_OVERTAKEN`). One unlocked read while nothing waits."""
+        if not self.policy[Policy.DRAIN_START_US]:
+            return None
+        with self._locked():
+            p = self.policy
+            start, index = int(p[Policy.DRAIN_START_US]), int(p[Policy.DRAIN_INDEX])
+            if not start:
+                return None  # the other side timed it meanwhile
+            if int(self.switch[REQUESTED]) != index:
+                p[Policy.DRAIN_START_US] = 0
+                p[Policy.NUM_DRAINS_OVERTAKEN] += 1
+                return None
+            if any(self.inflight_index(side) not in (None, index) for side in Side):
+                return None
+            p[Policy.DRAIN_START_US] = 0
+            latency = time.monotonic_ns() // 1000 - start
+            self.drains[int(p[Policy.NUM_DRAINS]) % RING_SIZE] = latency
+            p[Policy.LAST_DRAIN_US] = latency
+            p[Policy.NUM_DRAINS] += 1
+            return latency
 
     def recent_switches(self, after: int) -> tuple[int, list[int]]:
         """(switches completed, the decision-to-new-split times of those after `after`, microseconds)."""
-        n = int(self.policy[Policy.NUM_SWITCHES])
-        ring = self.switches.copy()
-        return n, [int(ring[i % RING_SIZE]) for i in range(max(after, n - RING_SIZE), n)]
+        return self._recent(self.switches, Policy.NUM_SWITCHES, after)
+
+    def recent_drains(self, after: int) -> tuple[int, list[int]]:
+        """(switches drained, the decision-to-drained times of those after `after`, microseconds)."""
+        return self._recent(self.drains, Policy.NUM_DRAINS, after)
+
+    def _recent(self, ring: np.ndarray, count: Policy, after: int) -> tuple[int, list[int]]:
+        n = int(self.policy[count])
+        values = ring.copy()
+        return n, [int(values[i % RING_SIZE]) for i in range(max(after, n - RING_SIZE), n)]
 
     def read_policy(self) -> dict[str, int]:
         p = self.policy.copy()

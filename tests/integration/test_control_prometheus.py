@@ -242,6 +242,9 @@ def test_lowering_max_decode_sms_moves_the_split_gauge(real_app, prometheus):
     # panel's queries are valid PromQL against it
     wait_for(lambda: promql(prometheus, 'sum(ray_bullet_split_switch_seconds_count{model_name="dummy:tiny-llama"}) > 0'),
              60, "the split switch's time in Prometheus")
+    wait_for(lambda: promql(prometheus,
+                            'sum(ray_bullet_split_switch_drain_seconds_count{model_name="dummy:tiny-llama"}) > 0'),
+             60, "the split switch's drain time in Prometheus")
     generate = _dashboard_generator()
     exprs = [t.expr for p in generate.panels() if p.after_switch for t in p.targets]
     for var, value in VARIABLE_VALUES.items():

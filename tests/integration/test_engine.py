@@ -200,6 +200,11 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     switched = [r for r in records if r["kind"] == "switch"]  # one per switch both sides completed
     assert switched and all(0 < r["decision_to_split_us"] < 5_000_000 for r in switched)
     assert all(r["overlap"] == (split_switch == "overlap") for r in switched)
+    # each switch takes effect once no step of either side runs on the old entry (the last may still wait)
+    drains = [r for r in records if r["kind"] == "switch_drained"]
+    assert drains and all(0 < r["decision_to_drained_us"] < 5_000_000 for r in drains)
+    assert policy["num_drains"] == len(drains)
+    assert policy["num_drains"] + policy["num_drains_overtaken"] <= policy["num_switches"]
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"prefill", "decode"}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)
@@ -208,6 +213,7 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
         assert not any(r["across_switch"] for r in steps)
     assert drained["decode"] and all(m > 0 and p > 0 for m, p, _ in drained["decode"])
     assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])
+    assert drained["switch_drain_s"] and all(0 < t < 5 for t in drained["switch_drain_s"])
 
 
 def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):

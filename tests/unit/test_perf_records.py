@@ -82,10 +82,66 @@ def test_a_switch_completed_by_both_sides_at_once_is_counted_once(tmp_path: Path
         block.close()
 
 
+def test_a_switch_drains_once_no_step_of_either_side_runs_on_the_old_entry(tmp_path: Path):
+    """Both sides ack a switch at their next launch; a step launched before (ahead, or in flight in overlap mode)
+    still runs on the old entry. The drain is timed when each side's oldest step in flight is on the new entry or
+    none is; a newer request before then leaves it untimed and counted as overtaken."""
+    block = StateBlock.create(str(tmp_path / "state"))
+    other = StateBlock.attach(block.export())  # the other worker's view
+    try:
+        block.set_inflight_index(Side.DECODE, 5)  # decode's step launched ahead on the old entry
+        block.record_decision(3, 2, 80, 250_000, is_switch=True)
+        block.switch[0] = 3  # requested ...
+        assert block.record_drain_if_done() is None  # nothing settled yet
+        block.switch[1] = block.switch[2] = 3  # ... and acked by both
+        acked = block.record_switch_done()
+        assert acked is not None
+        assert block.record_drain_if_done() is None  # decode's old step still runs
+        block.set_inflight_index(Side.PREFILL, 3)  # prefill launched on the new entry
+        assert other.record_drain_if_done() is None
+        other.set_inflight_index(Side.DECODE, None)  # decode collected its old step, nothing else in flight
+        drained = other.record_drain_if_done()
+        assert drained is not None and drained >= acked
+        assert block.record_drain_if_done() is None  # timed once
+        assert block.recent_drains(0) == (1, [drained])
+        policy = block.read_policy()
+        assert policy["num_drains"] == 1 and policy["last_drain_us"] == drained
+        assert policy["num_drains_overtaken"] == 0 and policy["drain_start_us"] == 0
+        # a switch that settles with nothing on the old entry drains at once
+        block.record_decision(4, 2, 80, 250_000, is_switch=True)
+        block.switch[:3] = 4
+        assert block.record_switch_done() is not None
+        block.set_inflight_index(Side.PREFILL, 4)
+        assert block.record_drain_if_done() is not None and block.recent_drains(1)[0] == 2
+        # overtaken: a newer request before the old steps end
+        block.set_inflight_index(Side.DECODE, 4)
+        block.record_decision(6, 2, 80, 250_000, is_switch=True)
+        block.switch[:3] = 6
+        assert block.record_switch_done() is not None
+        block.switch[0] = 2  # the next request, before decode's step on entry 4 ended
+        assert block.record_drain_if_done() is None
+        block.set_inflight_index(Side.DECODE, None)
+        assert block.record_drain_if_done() is None  # nothing is waiting any more
+        policy = block.read_policy()
+        assert policy["num_drains"] == 2 and policy["num_drains_overtaken"] == 1
+        # a switch that settles while the last one's old steps still run overtakes it too
+        block.switch[:3] = 2
+        block.set_inflight_index(Side.DECODE, 6)
+        block.record_decision(2, 2, 80, 250_000, is_switch=True)
+        assert block.record_switch_done() is not None and block.record_drain_if_done() is None
+        block.record_decision(1, 2, 80, 250_000, is_switch=True)
+        block.switch[:3] = 1
+        assert block.record_switch_done() is not None
+        assert block.read_policy()["num_drains_overtaken"] == 2
+    finally:
+        other.close()
+        block.close()
+
+
 def test_metrics_take_step_records_outside_ray():
     metrics = EngineMetrics("m", "e")  # Ray's metrics are no-ops outside a Ray worker
     metrics.observe_steps({"prefill": [(0.05, 0.045, 0)], "decode": [(0.02, 0.021, 6), (0.0, 0.0, 6)],
-                           "switch_s": [0.0004]})
+                           "switch_s": [0.0004], "switch_drain_s": [0.02]})
 
 
 def test_slo_metric_judges_ttft_against_the_per_prompt_token_target():

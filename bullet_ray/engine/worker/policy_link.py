@@ -196,9 +196,16 @@ class StepRecorder:
         self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
 
     def log_switch(self, latency_us: int, index: int) -> None:
-        """A switch both sides completed: the time from the decision to both running on `index`."""
+        """A switch both sides acked: the time from the decision to both launching on `index` (a step either
+        launched before may still run on the old entry: `log_drain`)."""
         self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower(),
                        overlap=self.worker.switch.overlap)
+
+    def log_drain(self, latency_us: int, index: int) -> None:
+        """A switch that took effect: the time from the decision to no step of either side running on another
+        entry than `index` (this side saw it last: it collected the last old step, or acked last with none)."""
+        self.log.write("switch_drained", index=index, decision_to_drained_us=latency_us,
+                       drained_last=self.side.name.lower(), overlap=self.worker.switch.overlap)
 
     def log_decision(self, record: dict[str, Any]) -> None:
         self.log.write("decision", **record)

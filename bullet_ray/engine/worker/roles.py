@@ -112,9 +112,10 @@ class SideWorker(WorkerBase):
         before = self.partitioner.current_index
         super().follow_split(target)
         if self.partitioner.current_index != before and self.switch.is_settled():
-            latency_us = self.res.state.record_switch_done()  # this side acked last: both run on the new split
+            latency_us = self.res.state.record_switch_done()  # this side acked last: both launch on the new split
             if latency_us is not None:
                 self.recorder.log_switch(latency_us, self.partitioner.current_index)
+                self._note_drain()  # neither side may have a step in flight on the old entry
 
     def on_idle(self) -> None:
         """The row's IS_ACTIVE is written at each published step, but a side can run out of work without a step
@@ -147,7 +148,16 @@ class SideWorker(WorkerBase):
         result = super().collect(step)
         # `self.inflight` is the next step if one was launched ahead (else None, or still `step` itself)
         self._publish_inflight(self.inflight if self.inflight is not step else None)
+        self._note_drain()  # this may have been the last step on an entry a switch left
         return result
+
+    def _note_drain(self) -> None:
+        """Log a settled switch's drain once no step of either side runs on the old entry any more (the acks
+        mean each side's next launch is on the new one; a step launched ahead or in flight still runs where it
+        was launched)."""
+        latency_us = self.res.state.record_drain_if_done()
+        if latency_us is not None:
+            self.recorder.log_drain(latency_us, self.partitioner.current_index)
 
     def _publish_inflight(self, oldest: Any) -> None:
         """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing). A

@@ -203,6 +203,9 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     # each switch takes effect once no step of either side runs on the old entry (the last may still wait)
     drains = [r for r in records if r["kind"] == "switch_drained"]
     assert drains and all(0 < r["decision_to_drained_us"] < 5_000_000 for r in drains)
+    for drain in drains:  # after its switch's acks (the two sides write their records in either order), no quicker
+        acked = [r for r in switched if r["t"] <= drain["t"] + 0.05 and r["index"] == drain["index"]]
+        assert acked and drain["decision_to_drained_us"] >= acked[-1]["decision_to_split_us"]
     assert policy["num_drains"] == len(drains)
     assert policy["num_drains"] + policy["num_drains_overtaken"] <= policy["num_switches"]
     steps = [r for r in records if r["kind"] == "step"]

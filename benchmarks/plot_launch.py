@@ -9,7 +9,8 @@ One panel per log: each prefill or mixed step's `launch_ms` (the host enqueueing
 GPU waits for the host. Prints the medians per token range (the table of the results README), and per kind of
 forward (decode graph, piecewise, eager) the medians of every part of the launch the log holds (`prep_ms`,
 `attn_plan_ms`, `replay_ms`, `attention_ms`, `forward_ms`, `sample_ms`; step logs since the eighth session),
-and of the steps without prompt tokens their sequences, context tokens and device time.
+and of the steps without prompt tokens their sequences, context tokens and device time; and the launches that
+waited for the GPU inside (`blocked_launches`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,35 @@ def decode_only_by_graphs(path: str) -> dict[str, dict[str, float]]:
             for kind, steps in sorted(by_kind.items())}
 
 
+HOST_PARTS = ("plan_ms", "prep_ms", "attn_plan_ms", "replay_ms", "attention_ms", "sample_rows_ms", "logits_ms",
+              "sampler_ms", "to_host_ms", "sample_ms")
+
+
+def blocked_launches(path: str, share: float = 0.7, min_ms: float = 20.0) -> dict[str, object]:
+    """Steps whose launch held the host for >= `share` of their own device time (and >= `min_ms`): with
+    launch-ahead the host should enqueue a step long before the GPU finishes the one before, so a launch that
+    long waited for the GPU inside (a synchronizing call: e.g. an allocator that must grow), and the GPU then
+    idles while the host plans and prepares the next step. How many, by phase, the part of the launch that took
+    longest (the finest the log holds: `sample_ms` is split into its parts from the twenty-second session on),
+    and the host time before the next step's forward (its gap, inputs and attention plan: the idle GPU's upper
+    bound), summed."""
+    steps = sorted((r for r in records(path) if r.get("kind") == "step" and "launch_ms" in r), key=lambda r: r["t"])
+    blocked, by_phase, by_part, idle_ms = [], {}, {}, 0.0
+    for i, r in enumerate(steps):
+        if r["launch_ms"] < max(min_ms, share * r["measured_ms"]):
+            continue
+        blocked.append(r)
+        by_phase[r["phase"]] = by_phase.get(r["phase"], 0) + 1
+        parts = [k for k in HOST_PARTS if k in r and not (k == "sample_ms" and "logits_ms" in r)]
+        worst = max(parts, key=lambda k: r[k]) if parts else "?"
+        by_part[worst] = by_part.get(worst, 0) + 1
+        if i + 1 < len(steps):
+            nxt = steps[i + 1]
+            idle_ms += sum(nxt.get(k, 0.0) for k in ("gap_ms", "prep_ms", "attn_plan_ms"))
+    return {"steps": len(steps), "blocked": len(blocked), "by_phase": by_phase, "longest_part": by_part,
+            "next_host_ms_sum": round(idle_ms, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", help="NAME=step-log.jsonl[.gz], one panel each")
@@ -95,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {kind} steps, medians: " + ", ".join(f"{k} {v:g}" for k, v in row.items()))
         for kind, row in decode_only_by_graphs(item.partition("=")[2]).items():
             print(f"  {kind} steps without prompt tokens, medians: " + ", ".join(f"{k} {v:g}" for k, v in row.items()))
+        held = blocked_launches(item.partition("=")[2])
+        print(f"  launches that waited for the GPU (>= 70% of their own device time): {held['blocked']} of "
+              f"{held['steps']} steps, by phase {held['by_phase']}, longest part {held['longest_part']}; the next "
+              f"steps' host time before their forward {held['next_host_ms_sum']} ms in all")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -69,13 +69,15 @@ class InFlightStep:
     # inputs and attention metadata (prep: build_metadata), the forward enqueued (forward, which includes the
     # attention plan: attn_plan, or a decode graph's; for piecewise graphs its graph replays and eager
     # attention calls: replay, attention), logits and sampling enqueued (sample), the whole launch, and the
-    # host's gap since it finished collecting the step before
+    # host's gap since it finished collecting the step before; `sample` is split into its rows' copy to the device
+    # (sample_rows), the logits (logits), the sampler's kernels (sampler) and the ids' copy back (to_host)
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `attn_plan_ms`, `forward_ms`,
-        `replay_ms`, `attention_ms`, `sample_ms`, `launch_ms`, `gap_ms`, where the step had them)."""
+        `replay_ms`, `attention_ms`, `sample_ms` with its parts `sample_rows_ms`, `logits_ms`, `sampler_ms`,
+        `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
 
 
@@ -209,10 +211,15 @@ class ModelRunner:
         seqs = [batch[i].seq for i in sample_idx]
         sample = host_ids = done = None
         if sample_idx:
+            # each part timed on its own: a call that blocks the host (a new pinned or device block where the
+            # allocators must grow synchronizes with the GPU) shows where in the step log
             rows = to_device([last_rows[i] for i in sample_idx], torch.long, hidden.device)
+            logits_started = time.perf_counter()
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+            sampler_started = time.perf_counter()
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids
+            to_host_started = time.perf_counter()
             if sample.token_ids.device.type == "cuda":
                 # the host reads these after the step's event: a blocking copy would wait for the next step too
                 host_ids = torch.empty(len(seqs), dtype=torch.long, pin_memory=True)
@@ -220,6 +227,8 @@ class ModelRunner:
                 sample = sample.logprobs_to_host()
             else:
                 host_ids = sample.token_ids
+            host_s.update(sample_rows=logits_started - sample_started, logits=sampler_started - logits_started,
+                          sampler=to_host_started - sampler_started, to_host=time.perf_counter() - to_host_started)
         if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free
             done = torch.cuda.Event(enable_timing=True)
             done.record()

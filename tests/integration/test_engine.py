@@ -324,5 +324,8 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
         # the launch's parts: inputs and metadata, the forward enqueued, logits and sampling enqueued
         assert r["forward_ms"] > 0 and r["sample_ms"] > 0
         assert r["prep_ms"] + r["forward_ms"] + r["sample_ms"] <= r["launch_ms"] + 1e-3
+        parts = [r[k] for k in ("sample_rows_ms", "logits_ms", "sampler_ms", "to_host_ms") if k in r]
+        assert len(parts) in (0, 4) and sum(parts) <= r["sample_ms"] + 1e-3  # where sampling blocked, if it did
         assert r.get("gap_ms", r["plan_ms"]) >= r["plan_ms"]  # no gap after an idle wait
     assert sum("gap_ms" in r for r in steps) >= len(steps) - 2
+    assert any("logits_ms" in r for r in steps)  # the sampling steps split their sample time

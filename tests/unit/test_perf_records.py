@@ -309,3 +309,25 @@ def test_decode_only_steps_by_how_the_forward_ran(tmp_path):
     assert decode_only_by_graphs(str(log)) == {
         "decode": {"steps": 1, "num_seqs": 4, "num_context_tokens": 5000, "measured_ms": 7.0},
         "piecewise": {"steps": 3, "num_seqs": 320, "num_context_tokens": 320000, "measured_ms": 44.0}}
+
+
+def test_blocked_launches_count_the_launches_that_waited_for_the_gpu(tmp_path):
+    """plot_launch: a launch holding the host for most of its own step's device time waited for the GPU inside;
+    the longest part names where (the sample's parts where the log splits it), the next step's host time before
+    its forward is what the GPU may have idled."""
+    from benchmarks.plot_launch import blocked_launches
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "step", "t": 1.0, "phase": "mixed", "launch_ms": 15.0, "measured_ms": 400.0, "prep_ms": 9.0},
+            {"kind": "step", "t": 2.0, "phase": "mixed", "launch_ms": 810.0, "measured_ms": 420.0, "prep_ms": 7.0,
+             "sample_ms": 800.0},
+            {"kind": "step", "t": 3.0, "phase": "decode", "launch_ms": 60.0, "measured_ms": 31.0, "prep_ms": 7.0,
+             "sample_ms": 51.0, "sample_rows_ms": 0.1, "logits_ms": 50.0, "sampler_ms": 0.3, "to_host_ms": 0.2,
+             "gap_ms": 1.5},
+            {"kind": "step", "t": 4.0, "phase": "decode", "launch_ms": 12.0, "measured_ms": 14.0, "prep_ms": 1.0,
+             "gap_ms": 2.0, "attn_plan_ms": 0.5},  # under 20 ms: never counted
+            {"kind": "decision", "t": 2.5}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert blocked_launches(str(log)) == {"steps": 4, "blocked": 2, "by_phase": {"mixed": 1, "decode": 1},
+                                          "longest_part": {"sample_ms": 1, "logits_ms": 1},
+                                          "next_host_ms_sum": 1.5 + 7.0 + 2.0 + 1.0 + 0.5}

@@ -54,6 +54,19 @@ def drains(path: str) -> list[float]:
     return sorted(r["decision_to_drained_us"] / 1e3 for r in records(path) if r.get("kind") == "switch_drained")
 
 
+def switch_summary(path: str) -> dict[str, float] | None:
+    """A step log's switches in numbers (serve_h100 saves them per system): how many both sides acked and their
+    decision-to-ack p50 / p99 (ms), how many drained and their decision-to-drained p50 / p99; None without any."""
+    acked, drained = switches(path), drains(path)
+    if not acked:
+        return None
+    out = {"acked": len(acked), "acked_p50_ms": round(_q(acked, 0.5), 3), "acked_p99_ms": round(_q(acked, 0.99), 3),
+           "drained": len(drained)}
+    if drained:
+        out.update(drained_p50_ms=round(_q(drained, 0.5), 3), drained_p99_ms=round(_q(drained, 0.99), 3))
+    return out
+
+
 def run_start_unix_s(run: dict) -> float:
     """Wall-clock time of the run's first scheduled request. Runs saved before `started_unix_s` existed
     carry only the end time to the second (`date_utc`), so their start is that minus the run's duration."""

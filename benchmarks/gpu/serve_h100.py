@@ -239,6 +239,13 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                                                         system.extra["check_prompt_tokens"])
             yield
             system.extra["graph_captures_serving"] = graph_captures_serving()
+            steps = out_dir / f"{system.name}-steps.jsonl"
+            if steps.is_file():  # a bullet system's split switches: to both acks and to the drain
+                from benchmarks.plot_steps import switch_summary
+
+                summary = switch_summary(str(steps))
+                if summary is not None:
+                    system.extra["switches"] = summary
         finally:
             _stop(proc, idle_gib)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)

@@ -331,3 +331,20 @@ def test_blocked_launches_count_the_launches_that_waited_for_the_gpu(tmp_path):
     assert blocked_launches(str(log)) == {"steps": 4, "blocked": 2, "by_phase": {"mixed": 1, "decode": 1},
                                           "longest_part": {"sample_ms": 1, "logits_ms": 1},
                                           "next_host_ms_sum": 1.5 + 7.0 + 2.0 + 1.0 + 0.5}
+
+
+def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):
+    """plot_steps.switch_summary (what serve_h100 saves per bullet system): counts and p50 / p99 of the
+    decision-to-ack and decision-to-drained times; None for a log without switches."""
+    from benchmarks.plot_steps import switch_summary
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "switch", "t": float(i), "decision_to_split_us": 1000 * (i + 1), "acked_last": "decode"}
+            for i in range(4)]
+    rows += [{"kind": "switch_drained", "t": i + 0.5, "decision_to_drained_us": 10_000 * (i + 1)} for i in range(3)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert switch_summary(str(log)) == {"acked": 4, "acked_p50_ms": 3.0, "acked_p99_ms": 4.0, "drained": 3,
+                                        "drained_p50_ms": 20.0, "drained_p99_ms": 30.0}
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"kind": "step", "t": 0.0}) + "\n")
+    assert switch_summary(str(empty)) is None

@@ -24,9 +24,11 @@ from bullet_ray.engine.layerwise import BetweenGroups, forward_in_groups
 from bullet_ray.engine.outputs import TokenLogprob
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.transfer import to_device
+from bullet_ray.engine.transfer import allocator_counts, to_device
 
 logger = logging.getLogger(__name__)
+
+SLOW_LAUNCH_S = 0.03  # a launch this long likely waited for the GPU inside (piecewise steps take ~9-15 ms)
 
 
 @dataclass
@@ -73,12 +75,20 @@ class InFlightStep:
     # (sample_rows), the logits (logits), the sampler's kernels (sampler) and the ids' copy back (to_host)
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
+    # after a launch that held the host SLOW_LAUNCH_S or more (on GPU): the caching allocators' block counts so
+    # far (transfer.allocator_counts), so a step log shows whether an allocator grew there (and synchronized)
+    allocator: dict[str, int] = field(default_factory=dict)
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `attn_plan_ms`, `forward_ms`,
         `replay_ms`, `attention_ms`, `sample_ms` with its parts `sample_rows_ms`, `logits_ms`, `sampler_ms`,
         `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
+
+    def log_fields(self) -> dict[str, float]:
+        """What the step log records of the launch: `host_ms()`, and after a slow launch the allocators' counts
+        (`host_allocs`, `device_allocs`: cumulative)."""
+        return {**self.host_ms(), **self.allocator}
 
 
 class ModelRunner:
@@ -236,10 +246,12 @@ class ModelRunner:
         for seq in seqs:
             seq.num_pending_tokens += 1
         needs_history = any(_uses_history(s) for s in seqs)
-        host_s["sample"] = time.perf_counter() - sample_started
+        launched = time.perf_counter()
+        host_s["sample"] = launched - sample_started
+        allocator = allocator_counts() if done is not None and launched - prep_started >= SLOW_LAUNCH_S else {}
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event, host_s=host_s, graphs=ran)
+                            start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

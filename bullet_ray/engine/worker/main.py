@@ -79,6 +79,13 @@ class WorkerBase:
             self._enable_decode_graphs()
         if uses_graphs and self.config.piecewise_limit(self.role) > 0:
             self._enable_piecewise_graphs()
+        if self.config.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
+            from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
+
+            cfg, bs = self.config, self.config.block_size
+            max_blocks = (resources.handles.max_model_len + bs - 1) // bs
+            warm_pinned(step_copy_bytes(max(cfg.max_num_batched_tokens, cfg.max_num_seqs), cfg.max_num_seqs,
+                                        max_blocks))
 
     def _enable_decode_graphs(self) -> None:
         """Decode graphs for every batch bucket on every partition this side may run on, captured now:

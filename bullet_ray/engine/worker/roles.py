@@ -193,7 +193,7 @@ class SideWorker(WorkerBase):
             or self._other_runs_elsewhere(step) \
             or (self.switch.overlap and self.switch.epoch() != step.launch_epoch)  # asked to move meanwhile
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups, step.gpu_time_s, step.host_ms(), step.graphs,
+                             step.num_layer_groups, step.gpu_time_s, step.log_fields(), step.graphs,
                              across_switch=across)
         self.recorder.enter_ring()  # before the count: a reader of the new STEP finds the step's entry
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued, index)
@@ -499,4 +499,4 @@ class HybridWorker(WorkerBase):
             "step", side="hybrid", phase=phase, num_tokens=step.num_tokens, num_seqs=len(step.batch),
             num_prefill_seqs=num_prefill, num_context_tokens=step.num_context_tokens,
             num_queued=self.scheduler.num_waiting, measured_ms=round(measured_s * 1e3, 4),
-            host_ms=round(host_s * 1e3, 4), graphs=step.graphs, **step.host_ms())
+            host_ms=round(host_s * 1e3, 4), graphs=step.graphs, **step.log_fields())

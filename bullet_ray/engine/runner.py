@@ -225,7 +225,7 @@ class ModelRunner:
             # allocators must grow synchronizes with the GPU) shows where in the step log
             rows = to_device([last_rows[i] for i in sample_idx], torch.long, hidden.device)
             logits_started = time.perf_counter()
-            logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+            logits = self.model.compute_logits(hidden.index_select(0, rows), upcast=False)  # the sampler upcasts
             sampler_started = time.perf_counter()
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids

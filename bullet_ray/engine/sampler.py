@@ -148,6 +148,10 @@ class Sampler:
         logprobs never sync; top-p rows sync once to size their sort)."""
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits must be [num_states={len(states)}, vocab], got {tuple(logits.shape)}")
+        if all(_is_plain_greedy(s.params) for s in states):
+            # argmax in the logits' own dtype: the same index as over their float32 copy (the same values; ties ->
+            # the lowest index either way), without writing and reading that copy ([rows, vocab] float32)
+            return DeviceSample(logits.argmax(dim=-1), [], None, None, None, [])
         logits = logits.float()
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in states):
@@ -191,6 +195,12 @@ class Sampler:
             counts, freq, pres = counts.to(device), freq.to(device), pres.to(device)
             logits = logits - freq * counts - pres * (counts > 0).to(logits.dtype)
         return logits
+
+
+def _is_plain_greedy(p: SamplingParams) -> bool:
+    """Greedy without logprobs or penalties: the argmax of the raw logits decides the token."""
+    return p.temperature < MIN_TEMPERATURE and p.logprobs is None and p.repetition_penalty == 1.0 \
+        and not p.presence_penalty and not p.frequency_penalty
 
 
 def _row_col(pairs: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:

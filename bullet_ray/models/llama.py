@@ -173,8 +173,11 @@ class LlamaForCausalLM(nn.Module):
         """The last layer's output and residual summed and normed: the hidden states logits are taken from."""
         return self.model.norm(hidden) if residual is None else self.model.norm.add_forward(hidden, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.output_weight()).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """The LM head's logits, float32 unless `upcast` is False (the runner's: the sampler upcasts only where
+        it must, and a greedy batch's argmax needs no float32 copy of [rows, vocab])."""
+        logits = torch.nn.functional.linear(hidden, self.output_weight())
+        return logits.float() if upcast else logits
 
     # weight loading ---------------------------------------------------------------------------------
     def expected_weights(self) -> set[str]:

@@ -105,7 +105,7 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
     step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled is True,
                            moved_while_launching=unsettled == "moved",
                            beside_other_entry=beside[0], launch_epoch=epochs[0], num_layer_groups=1, gpu_time_s=0.01,
-                           host_ms=lambda: {}, graphs=None, batch=[1, 2])
+                           log_fields=lambda: {}, graphs=None, batch=[1, 2])
     result = SimpleNamespace(num_tokens=2, num_context_tokens=20)
     SideWorker.publish_step(fake, step, 0.0, result, 0, 0)  # type: ignore[arg-type]
     args, kwargs = calls["record"]

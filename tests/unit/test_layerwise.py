@@ -41,8 +41,8 @@ class _Grouped(torch.nn.Module):
     def forward(self, ids, positions, ctx):
         return forward_in_groups(self.inner, ids, positions, ctx, self.num_groups, lambda: self.calls.append(1))
 
-    def compute_logits(self, hidden):
-        return self.inner.compute_logits(hidden)
+    def compute_logits(self, hidden, upcast=True):
+        return self.inner.compute_logits(hidden, upcast)
 
 
 def test_group_bounds_cover_every_layer_in_order():

@@ -43,8 +43,8 @@ class _Piecewise(torch.nn.Module):
         self.ran.append(hidden is not None)
         return hidden if hidden is not None else self.inner.forward(ids, positions, ctx)
 
-    def compute_logits(self, hidden):
-        return self.inner.compute_logits(hidden)
+    def compute_logits(self, hidden, upcast=True):
+        return self.inner.compute_logits(hidden, upcast)
 
 
 # step time (ms, all layers' GEMMs) of Llama-3.1-8B's projections on the H100 at every 32 rows of 1,025-2,048

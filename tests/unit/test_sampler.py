@@ -29,6 +29,22 @@ def test_greedy_is_argmax_of_the_raw_logits_with_ties_to_the_lowest_index():
     assert out.token_ids[0] == 7
 
 
+def test_plain_greedy_takes_the_argmax_in_the_logits_own_dtype():
+    """A batch of plain greedy rows (no logprobs, no penalties) is sampled without a float32 copy of its logits,
+    and picks the same tokens as over that copy, ties to the lowest index; a batch with any other row (sampled,
+    penalised, logprobs) upcasts as before and still decides its greedy rows by the argmax."""
+    logits = (_logits(8, 300, 5) * 4).to(torch.bfloat16)  # bf16 rounding makes ties common
+    logits[2, 10] = logits[2, 250] = 50.0
+    greedy = Sampler().sample_on_device(logits, [_state(temperature=0.0) for _ in range(8)])
+    assert greedy.token_ids.dtype == torch.int64
+    assert greedy.token_ids.tolist() == logits.float().argmax(-1).tolist() and greedy.token_ids[2] == 10
+    mixed = [_state(temperature=0.0) for _ in range(7)] + [_state(temperature=0.0, logprobs=2)]
+    out = Sampler().sample(logits, mixed)
+    assert out.token_ids == greedy.token_ids.tolist()
+    assert out.logprobs[7] is not None and out.logprobs[0] is None
+    assert math.isclose(out.logprobs[7].logprob, float(torch.log_softmax(logits[7].float(), -1).max()), abs_tol=1e-5)
+
+
 @pytest.mark.parametrize("kw", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}, {"temperature": 1e-7}])
 def test_degenerate_masks_reduce_to_greedy(kw):
     logits = _logits(8, 50, 1)

@@ -76,30 +76,35 @@ def decode_only_by_graphs(path: str) -> dict[str, dict[str, float]]:
             for kind, steps in sorted(by_kind.items())}
 
 
-HOST_PARTS = ("plan_ms", "prep_ms", "attn_plan_ms", "replay_ms", "attention_ms", "sample_rows_ms", "logits_ms",
-              "sampler_ms", "to_host_ms", "sample_ms")
+# the launch's consecutive parts (runner.InFlightStep.host_s): the inputs, the forward enqueued (its attention
+# plan, graph replays and eager attention inside it), then the sampling, split into its parts where the log has them
+LAUNCH_PARTS = ("prep_ms", "forward_ms", "sample_ms")
+SAMPLE_PARTS = ("sample_rows_ms", "logits_ms", "sampler_ms", "to_host_ms")
 
 
 def blocked_launches(path: str, share: float = 0.7, min_ms: float = 20.0) -> dict[str, object]:
     """Steps whose launch held the host for >= `share` of their own device time (and >= `min_ms`): with
     launch-ahead the host should enqueue a step long before the GPU finishes the one before, so a launch that
-    long waited for the GPU inside (a synchronizing call: e.g. an allocator that must grow), and the GPU then
-    idles while the host plans and prepares the next step. How many, by phase, the part of the launch that took
-    longest (the finest the log holds: `sample_ms` is split into its parts from the twenty-second session on),
-    and the host time before the next step's forward (its gap, inputs and attention plan: the idle GPU's upper
-    bound), summed."""
-    steps = sorted((r for r in records(path) if r.get("kind") == "step" and "launch_ms" in r), key=lambda r: r["t"])
+    long waited for the GPU inside (a synchronizing call: e.g. an allocator that must grow, or an eager step's
+    full launch queue), and the GPU then idles while the host plans and prepares the next step. Layer-wise steps
+    (`layer_groups` > 1) wait between their groups by design and are left out. How many, by phase, the part of
+    the launch that took longest (`sample_ms` split into its parts from the twenty-second session on), and the
+    host time before the same side's next step's forward (its gap, inputs and attention plan: the idle GPU's
+    upper bound), summed."""
+    steps = sorted((r for r in records(path) if r.get("kind") == "step" and "launch_ms" in r
+                    and r.get("layer_groups", 1) == 1), key=lambda r: r["t"])
     blocked, by_phase, by_part, idle_ms = [], {}, {}, 0.0
     for i, r in enumerate(steps):
         if r["launch_ms"] < max(min_ms, share * r["measured_ms"]):
             continue
         blocked.append(r)
         by_phase[r["phase"]] = by_phase.get(r["phase"], 0) + 1
-        parts = [k for k in HOST_PARTS if k in r and not (k == "sample_ms" and "logits_ms" in r)]
+        names = [k for k in LAUNCH_PARTS if k != "sample_ms"] + list(SAMPLE_PARTS if "logits_ms" in r else ["sample_ms"])
+        parts = [k for k in names if k in r]
         worst = max(parts, key=lambda k: r[k]) if parts else "?"
         by_part[worst] = by_part.get(worst, 0) + 1
-        if i + 1 < len(steps):
-            nxt = steps[i + 1]
+        nxt = next((n for n in steps[i + 1:] if n.get("side") == r.get("side")), None)
+        if nxt is not None:
             idle_ms += sum(nxt.get(k, 0.0) for k in ("gap_ms", "prep_ms", "attn_plan_ms"))
     return {"steps": len(steps), "blocked": len(blocked), "by_phase": by_phase, "longest_part": by_part,
             "next_host_ms_sum": round(idle_ms, 1)}

@@ -71,13 +71,16 @@ class InFlightStep:
     # inputs and attention metadata (prep: build_metadata), the forward enqueued (forward, which includes the
     # attention plan: attn_plan, or a decode graph's; for piecewise graphs its graph replays and eager
     # attention calls: replay, attention), logits and sampling enqueued (sample), the whole launch, and the
-    # host's gap since it finished collecting the step before; `sample` is split into its rows' copy to the device
-    # (sample_rows), the logits (logits), the sampler's kernels (sampler) and the ids' copy back (to_host)
+    # host's gap since it finished collecting the step before; `sample` is split into the sampled rows (their
+    # indices, the sequences' counts and the rows' copy to the device: sample_rows), the logits (logits), the
+    # sampler's kernels (sampler) and the ids' copy back (to_host)
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
     # after a launch that held the host SLOW_LAUNCH_S or more (on GPU): the caching allocators' block counts so
-    # far (transfer.allocator_counts), so a step log shows whether an allocator grew there (and synchronized)
+    # far (transfer.allocator_counts, cumulative), so a step log shows whether an allocator grew since the last
+    # slow launch (and synchronized); a layer-wise launch waits between its groups and always counts as slow
     allocator: dict[str, int] = field(default_factory=dict)
+    runs_on: int | None = None  # the ladder entry its last launched kernels run on (set by the bullet sides)
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `attn_plan_ms`, `forward_ms`,

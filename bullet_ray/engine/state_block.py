@@ -286,8 +286,9 @@ class StateBlock:
     def _record_switch_done(self) -> int | None:
         p, sw = self.policy, self.switch
         pending = int(p[Policy.PENDING_SWITCH_US])
-        if pending == 0 or not _is_settled(sw):
-            return None  # none pending, or a newer request came after the caller saw the switch settle
+        requested = int(sw[REQUESTED])  # read once: the deciding side may request anew meanwhile (unlocked)
+        if pending == 0 or not requested == int(sw[PREFILL_ACK]) == int(sw[DECODE_ACK]):
+            return None  # none pending, not acked by both yet, or a newer request came after the acks
         p[Policy.PENDING_SWITCH_US] = 0
         latency = time.monotonic_ns() // 1000 - pending
         self.switches[int(p[Policy.NUM_SWITCHES]) % RING_SIZE] = latency
@@ -296,15 +297,15 @@ class StateBlock:
         if p[Policy.DRAIN_START_US]:  # the last switch's older steps still ran: this one overtook it
             p[Policy.NUM_DRAINS_OVERTAKEN] += 1
         p[Policy.DRAIN_START_US] = pending
-        p[Policy.DRAIN_INDEX] = int(sw[REQUESTED])
+        p[Policy.DRAIN_INDEX] = requested
         return latency
 
-    def record_drain_if_done(self) -> int | None:
+    def record_drain_if_done(self) -> tuple[int, int] | None:
         """Called by a side after it published its oldest step in flight (`set_inflight_index`): once a settled
         switch has no step of either side left on another entry (each side's oldest uncollected step is on the new
-        one, or none is in flight), the time from its decision to then in microseconds (the switch has taken
-        effect: every SM runs the new split's work); else None. A newer request before that ends the wait
-        untimed (`NUM_DRAINS_OVERTAKEN`). One unlocked read while nothing waits."""
+        one, or none is in flight), (the time from its decision to then in microseconds, the entry): the switch
+        has taken effect, every SM runs the new split's work; else None. A newer request before that ends the
+        wait untimed (`NUM_DRAINS_OVERTAKEN`). One unlocked read while nothing waits."""
         if not self.policy[Policy.DRAIN_START_US]:
             return None
         with self._locked():
@@ -323,7 +324,7 @@ class StateBlock:
             self.drains[int(p[Policy.NUM_DRAINS]) % RING_SIZE] = latency
             p[Policy.LAST_DRAIN_US] = latency
             p[Policy.NUM_DRAINS] += 1
-            return latency
+            return latency, index
 
     def recent_switches(self, after: int) -> tuple[int, list[int]]:
         """(switches completed, the decision-to-new-split times of those after `after`, microseconds)."""

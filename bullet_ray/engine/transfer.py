@@ -26,8 +26,10 @@ _ARRAY_CODES = {torch.int32: "i", torch.int64: "q", torch.float32: "f", torch.fl
 
 logger = logging.getLogger(__name__)
 
-# blocks kept per size class: a step asks for at most four (its int64 and int32 inputs, the sampled rows, the
-# sampled ids back) and up to three steps hold theirs (one running, one launched ahead, one being collected)
+# blocks kept per size class: a step asks for a handful (its int64 and int32 inputs, the sampled rows, the sampled
+# ids back; sampling with temperature or logprobs and the attention backend ask for more, the small ones often
+# of one size) and up to three steps hold theirs (one running, one launched ahead, one being collected); a size
+# that still runs short grows once (`allocator_counts` in the step log after a slow launch shows it)
 PINNED_PER_SIZE = 8
 PINNED_PER_LARGE_SIZE = 4  # from LARGE_PINNED_BYTES: only the biggest steps' inputs come in these sizes
 LARGE_PINNED_BYTES = 512 * 1024
@@ -94,8 +96,12 @@ def warm_pinned(max_bytes: int, allocate: Callable[[int], torch.Tensor] | None =
 
 def allocator_counts() -> dict[str, int]:
     """Blocks the CUDA caching allocators created so far: page-locked host blocks (`host_allocs`) and device
-    segments (`device_allocs`, cudaMalloc calls); both synchronize with the GPU. {} where unknown."""
+    segments (`device_allocs`, cudaMalloc calls); both synchronize with the GPU. {} where unknown, and before
+    CUDA is initialized in this process (PyTorch's statistics read empty until then, a page-locked block
+    allocated before then included)."""
     counts: dict[str, int] = {}
+    if not torch.cuda.is_initialized():
+        return counts
     try:
         counts["host_allocs"] = int(torch.cuda.host_memory_stats().get("num_host_alloc", 0))
     except (AttributeError, RuntimeError):

@@ -18,6 +18,7 @@ def test_warmed_pinned_blocks_serve_copies_in_flight_without_growing():
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    torch.cuda.init()  # the allocators' statistics read empty until then (a pinned allocation does not initialize)
     warm_pinned(1 << 20)
     if "host_allocs" not in allocator_counts():
         pytest.skip("this torch has no torch.cuda.host_memory_stats")

@@ -139,8 +139,11 @@ def _recording_side(side, block):
 
 def _launched(worker, index, num_layer_groups=1):
     """What `WorkerBase.step` does around a launch: predict, launch, `after_launch`, then the new step is in
-    flight (the previous one, if any, still uncollected)."""
+    flight (the previous one, if any, still uncollected). A one-group step launches where it was planned; a
+    layer-wise one's last groups where the side is by then."""
     worker._next_record = ("shape", 0.01, True, index)
+    if num_layer_groups == 1:
+        worker.partitioner.select(index)
     step = SimpleNamespace(perf_record=None, num_layer_groups=num_layer_groups)
     worker.after_launch(step)
     return step
@@ -184,6 +187,57 @@ def test_a_step_beside_the_other_sides_step_on_another_entry_is_flagged(tmp_path
         prefill.partitioner.current_index = 3
         prefill.launch_on(2, groups=4)
         assert block.inflight_index(Side.PREFILL) == 3
+    finally:
+        block.close()
+
+
+def test_the_oldest_step_is_published_where_it_runs_not_where_its_side_moved_since(tmp_path, monkeypatch):
+    """Overlap mode: a layer-wise step's last groups launched on entry 1, then its side moved to 2 and launched the
+    next step ahead there; until the layer-wise step is collected the row names entry 1 (the other side's records
+    and the switch's drain read it)."""
+    from bullet_ray.engine.state_block import Side, StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        prefill, base = _recording_side(Side.PREFILL, block)
+        monkeypatch.setattr(base, "collect", lambda self, step: "result")
+        prefill.partitioner.select(1)
+        layerwise = prefill.launch_on(1, groups=4)
+        prefill.inflight = layerwise
+        ahead = prefill.launch_on(2)  # the side moved at its next plan; the step launched ahead runs on 2
+        assert block.inflight_index(Side.PREFILL) == 1
+        prefill.inflight = ahead
+        prefill.collect(layerwise)
+        assert block.inflight_index(Side.PREFILL) == 2
+    finally:
+        block.close()
+
+
+def test_a_switch_drains_when_the_last_step_on_the_old_entry_is_collected(tmp_path, monkeypatch):
+    """Both sides acked a switch to entry 2 while decode's step launched ahead on entry 1 still runs: the drain
+    is logged when decode collects it (after publishing its next step, on entry 2), not before, and once."""
+    from bullet_ray.engine.state_block import Side, StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        decode, base = _recording_side(Side.DECODE, block)
+        monkeypatch.setattr(base, "collect", lambda self, step: "result")
+        drains: list[tuple[int, int]] = []
+        decode.recorder = SimpleNamespace(log_drain=lambda us, index: drains.append((us, index)))
+        old = decode.launch_on(1)
+        decode.inflight = old
+        block.record_decision(2, 0, 0, 0, is_switch=True)
+        block.switch[:3] = 2  # requested and acked by both
+        assert block.record_switch_done() is not None
+        ahead = decode.launch_on(2)  # its next launch is on entry 2; `old` still runs on 1
+        decode._note_drain()
+        assert drains == []
+        decode.inflight = ahead
+        decode.collect(old)
+        assert len(drains) == 1 and drains[0][1] == 2 and drains[0][0] >= 0
+        decode.inflight = None
+        decode.collect(ahead)
+        assert len(drains) == 1 and block.read_policy()["num_drains"] == 1
     finally:
         block.close()
 
@@ -260,7 +314,7 @@ def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(re
                            partitioner=SimpleNamespace(ladder=[LadderEntry(0, 64, 68), LadderEntry(1, 132, 0)],
                                                        side="prefill", current_stream=lambda side: "stream",
                                                        current_index=0),
-                           follow_split=lambda target: followed.append(target == requested),
+                           follow_split=lambda target: followed.append(target == requested), _note_drain=lambda: None,
                            res=SimpleNamespace(state=SimpleNamespace(
                                set_inflight_index=lambda side, index: published.append(index))))
     assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]

@@ -100,8 +100,10 @@ def test_a_switch_drains_once_no_step_of_either_side_runs_on_the_old_entry(tmp_p
         block.set_inflight_index(Side.PREFILL, 3)  # prefill launched on the new entry
         assert other.record_drain_if_done() is None
         other.set_inflight_index(Side.DECODE, None)  # decode collected its old step, nothing else in flight
-        drained = other.record_drain_if_done()
-        assert drained is not None and drained >= acked
+        done = other.record_drain_if_done()
+        assert done is not None and done[1] == 3
+        drained = done[0]
+        assert drained >= acked
         assert block.record_drain_if_done() is None  # timed once
         assert block.recent_drains(0) == (1, [drained])
         policy = block.read_policy()
@@ -313,24 +315,29 @@ def test_decode_only_steps_by_how_the_forward_ran(tmp_path):
 
 def test_blocked_launches_count_the_launches_that_waited_for_the_gpu(tmp_path):
     """plot_launch: a launch holding the host for most of its own step's device time waited for the GPU inside;
-    the longest part names where (the sample's parts where the log splits it), the next step's host time before
-    its forward is what the GPU may have idled."""
+    the longest part names where (the sample's parts where the log splits it), the same side's next step's host
+    time before its forward is what the GPU may have idled; layer-wise steps wait between groups by design."""
     from benchmarks.plot_launch import blocked_launches
 
     log = tmp_path / "log.jsonl"
-    rows = [{"kind": "step", "t": 1.0, "phase": "mixed", "launch_ms": 15.0, "measured_ms": 400.0, "prep_ms": 9.0},
-            {"kind": "step", "t": 2.0, "phase": "mixed", "launch_ms": 810.0, "measured_ms": 420.0, "prep_ms": 7.0,
-             "sample_ms": 800.0},
-            {"kind": "step", "t": 3.0, "phase": "decode", "launch_ms": 60.0, "measured_ms": 31.0, "prep_ms": 7.0,
-             "sample_ms": 51.0, "sample_rows_ms": 0.1, "logits_ms": 50.0, "sampler_ms": 0.3, "to_host_ms": 0.2,
-             "gap_ms": 1.5},
-            {"kind": "step", "t": 4.0, "phase": "decode", "launch_ms": 12.0, "measured_ms": 14.0, "prep_ms": 1.0,
-             "gap_ms": 2.0, "attn_plan_ms": 0.5},  # under 20 ms: never counted
+    rows = [{"kind": "step", "t": 1.0, "side": "prefill", "phase": "prefill", "launch_ms": 15.0,
+             "measured_ms": 400.0, "prep_ms": 9.0},
+            {"kind": "step", "t": 2.0, "side": "prefill", "phase": "prefill", "launch_ms": 810.0,
+             "measured_ms": 420.0, "prep_ms": 7.0, "forward_ms": 2.0, "sample_ms": 800.0},
+            {"kind": "step", "t": 2.5, "side": "decode", "phase": "decode", "launch_ms": 2.0, "measured_ms": 9.0,
+             "prep_ms": 50.0, "gap_ms": 50.0},  # the other side's: not the next step of this one
+            {"kind": "step", "t": 3.0, "side": "prefill", "phase": "prefill", "launch_ms": 60.0, "measured_ms": 31.0,
+             "prep_ms": 7.0, "forward_ms": 1.0, "sample_ms": 51.0, "sample_rows_ms": 0.1, "logits_ms": 50.0,
+             "sampler_ms": 0.3, "to_host_ms": 0.2, "gap_ms": 1.5},
+            {"kind": "step", "t": 3.5, "side": "prefill", "phase": "prefill", "launch_ms": 500.0, "measured_ms": 90.0,
+             "prep_ms": 2.0, "forward_ms": 495.0, "layer_groups": 4},  # waits between its groups: left out
+            {"kind": "step", "t": 4.0, "side": "prefill", "phase": "mixed", "launch_ms": 70.0, "measured_ms": 60.0,
+             "prep_ms": 1.0, "forward_ms": 65.0, "gap_ms": 2.0, "attn_plan_ms": 0.5},
             {"kind": "decision", "t": 2.5}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert blocked_launches(str(log)) == {"steps": 4, "blocked": 2, "by_phase": {"mixed": 1, "decode": 1},
-                                          "longest_part": {"sample_ms": 1, "logits_ms": 1},
-                                          "next_host_ms_sum": 1.5 + 7.0 + 2.0 + 1.0 + 0.5}
+    assert blocked_launches(str(log)) == {"steps": 5, "blocked": 3, "by_phase": {"prefill": 2, "mixed": 1},
+                                          "longest_part": {"sample_ms": 1, "logits_ms": 1, "forward_ms": 1},
+                                          "next_host_ms_sum": (1.5 + 7.0) + (2.0 + 1.0 + 0.5)}
 
 
 def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):

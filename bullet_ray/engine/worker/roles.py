@@ -111,8 +111,10 @@ class SideWorker(WorkerBase):
     def follow_split(self, target: int | None = None) -> None:
         before = self.partitioner.current_index
         super().follow_split(target)
-        if self.partitioner.current_index != before and self.switch.is_settled():
-            latency_us = self.res.state.record_switch_done()  # this side acked last: both launch on the new split
+        if self.partitioner.current_index != before:
+            # whether the other side acked too is read under the state block's lock (never only here: both sides
+            # could store their ack and each read the other's old one), so the side that acks last records it
+            latency_us = self.res.state.record_switch_done()  # None: the other side has not acked yet
             if latency_us is not None:
                 self.recorder.log_switch(latency_us, self.partitioner.current_index)
                 self._note_drain()  # neither side may have a step in flight on the old entry
@@ -135,6 +137,7 @@ class SideWorker(WorkerBase):
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
+        step.runs_on = self.partitioner.current_index  # where its last launched kernels run (layer-wise: its last groups)
         if step.perf_record is not None:  # a layer-wise step that moved between its groups (and maybe back)
             moved_to = self.partitioner.selected_since(self._selects_at_plan)
             step.moved_while_launching = any(i != step.perf_record[3] for i in moved_to)
@@ -155,20 +158,19 @@ class SideWorker(WorkerBase):
         """Log a settled switch's drain once no step of either side runs on the old entry any more (the acks
         mean each side's next launch is on the new one; a step launched ahead or in flight still runs where it
         was launched)."""
-        latency_us = self.res.state.record_drain_if_done()
-        if latency_us is not None:
-            self.recorder.log_drain(latency_us, self.partitioner.current_index)
+        drained = self.res.state.record_drain_if_done()
+        if drained is not None:
+            self.recorder.log_drain(*drained)
 
     def _publish_inflight(self, oldest: Any) -> None:
-        """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing). A
-        layer-wise step's last groups run where the side is now, not where it was planned."""
+        """Tell the other side which entry this side's oldest uncollected step runs on (None: nothing): where it
+        was launched (`runs_on`); a layer-wise step's last groups run where the side was when they were launched,
+        not where it was planned, nor where the side has moved since (a step launched ahead after it)."""
         record = oldest.perf_record if oldest is not None else None
         if record is None:
             self.res.state.set_inflight_index(self.side, None)
-        elif oldest.num_layer_groups > 1:
-            self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
         else:
-            self.res.state.set_inflight_index(self.side, record[3])
+            self.res.state.set_inflight_index(self.side, oldest.runs_on if oldest.runs_on is not None else record[3])
 
     def _other_runs_elsewhere(self, step: Any) -> bool:
         """Whether the other side has a step in flight on another ladder entry than `step`'s whose SMs overlap
@@ -315,6 +317,7 @@ class PrefillWorker(SideWorker):
         if not (0 <= want < len(ladder) and ladder[want].prefill_sms == 0):
             self.follow_split(want)  # the entry just checked: a request landing now waits for the next boundary
             self.res.state.set_inflight_index(self.side, self.partitioner.current_index)  # the next groups run here
+            self._note_drain()  # the groups so far have finished: this side may have left the old entry now
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         self._last_stream = stream
         return stream

@@ -67,6 +67,35 @@ def switch_summary(path: str) -> dict[str, float] | None:
     return out
 
 
+def drain_idle(path: str) -> dict[str, float] | None:
+    """What the drains cost in SMs: after a switch that gives prefill more SMs, decode leaves them at its next
+    launch while prefill's step on the old entry still runs (its next step waits on it), so the SMs prefill gains
+    idle from the acks to the drain when prefill drained last. Summed over the log as SM-milliseconds and as a
+    share of the SM time between its first and last step (None without drains or ladder entries)."""
+    recs = sorted(records(path), key=lambda r: r["t"])
+    ladder = {r["split_index"]: r["prefill_sms"] for r in recs if r.get("kind") == "step" and "split_index" in r}
+    steps = [r["t"] for r in recs if r.get("kind") == "step"]
+    acked: dict[int, float] = {}  # entry -> decision-to-ack ms of the last switch to it
+    current, idle_sm_ms, count = None, 0.0, 0
+    for r in recs:
+        if r.get("kind") == "switch":
+            acked[r["index"]] = r["decision_to_split_us"] / 1e3
+        elif r.get("kind") == "switch_drained":
+            index, grown = r["index"], 0
+            if current in ladder and index in ladder:
+                grown = ladder[index] - ladder[current]
+            if grown > 0 and r["drained_last"] == "prefill" and index in acked:
+                idle_sm_ms += grown * max(0.0, r["decision_to_drained_us"] / 1e3 - acked[index])
+                count += 1
+            current = index
+    if current is None or len(steps) < 2:
+        return None
+    sms = max((r.get("decode_sms", 0) + r.get("prefill_sms", 0) for r in recs if r.get("kind") == "step"), default=0)
+    total = (steps[-1] - steps[0]) * 1e3 * sms
+    return {"switches": count, "idle_sm_ms": round(idle_sm_ms, 1),
+            "share": round(idle_sm_ms / total, 6) if total else math.nan}
+
+
 def run_start_unix_s(run: dict) -> float:
     """Wall-clock time of the run's first scheduled request. Runs saved before `started_unix_s` existed
     carry only the end time to the second (`date_utc`), so their start is that minus the run's duration."""
@@ -242,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         if drained:
             print(f"  drained (no step of either side left on the old split): {len(drained)}, p50 "
                   f"{_q(drained, 0.5):.3f} ms, p99 {_q(drained, 0.99):.3f} ms")
+            idle = drain_idle(args.log)
+            if idle is not None:
+                print(f"  SMs prefill gained, idle from the acks to the drain: {idle['switches']} switches, "
+                      f"{idle['idle_sm_ms']:.0f} SM-ms, {idle['share']:.4%} of the log's SM time")
         for (reason, last), row in switches_by_reason(args.log).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")

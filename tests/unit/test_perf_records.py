@@ -355,3 +355,23 @@ def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"kind": "step", "t": 0.0}) + "\n")
     assert switch_summary(str(empty)) is None
+
+
+def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_path):
+    """plot_steps.drain_idle: a switch that grows prefill (entry 1 -> 0: 108 -> 116 prefill SMs) drained last by
+    prefill idles the 8 SMs it gained from the acks (5 ms) to the drain (25 ms); one that shrinks prefill, or one
+    that decode drained last, costs nothing here."""
+    from benchmarks.plot_steps import drain_idle
+
+    log = tmp_path / "log.jsonl"
+    step = {"kind": "step", "side": "decode", "num_tokens": 1}
+    rows = [{**step, "t": 0.0, "split_index": 1, "decode_sms": 24, "prefill_sms": 108},
+            {"kind": "switch", "t": 0.1, "index": 1, "decision_to_split_us": 1000},
+            {"kind": "switch_drained", "t": 0.2, "index": 1, "decision_to_drained_us": 2000, "drained_last": "decode"},
+            {"kind": "switch", "t": 0.3, "index": 0, "decision_to_split_us": 5000},
+            {"kind": "switch_drained", "t": 0.4, "index": 0, "decision_to_drained_us": 25000, "drained_last": "prefill"},
+            {"kind": "switch", "t": 0.5, "index": 1, "decision_to_split_us": 3000},
+            {"kind": "switch_drained", "t": 0.6, "index": 1, "decision_to_drained_us": 90000, "drained_last": "prefill"},
+            {**step, "t": 1.0, "split_index": 0, "decode_sms": 16, "prefill_sms": 116}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert drain_idle(str(log)) == {"switches": 1, "idle_sm_ms": 8 * 20.0, "share": round(160.0 / (1000 * 132), 6)}

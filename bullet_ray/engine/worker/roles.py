@@ -137,8 +137,8 @@ class SideWorker(WorkerBase):
 
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
-        step.runs_on = self.partitioner.current_index  # where its last launched kernels run (layer-wise: its last groups)
         if step.perf_record is not None:  # a layer-wise step that moved between its groups (and maybe back)
+            step.runs_on = self.partitioner.current_index  # where its last kernels run (layer-wise: its last groups)
             moved_to = self.partitioner.selected_since(self._selects_at_plan)
             step.moved_while_launching = any(i != step.perf_record[3] for i in moved_to)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()

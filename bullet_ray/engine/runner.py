@@ -285,5 +285,4 @@ class ModelRunner:
 def _uses_history(seq: Sequence) -> bool:
     """Whether sampling this sequence's next token reads its output ids on the host (penalties): then its
     pending token must be learned before the next step is planned."""
-    p = seq.params
-    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+    return seq.params.has_penalties

@@ -199,8 +199,7 @@ class Sampler:
 
 def _is_plain_greedy(p: SamplingParams) -> bool:
     """Greedy without logprobs or penalties: the argmax of the raw logits decides the token."""
-    return p.temperature < MIN_TEMPERATURE and p.logprobs is None and p.repetition_penalty == 1.0 \
-        and not p.presence_penalty and not p.frequency_penalty
+    return p.temperature < MIN_TEMPERATURE and p.logprobs is None and not p.has_penalties
 
 
 def _row_col(pairs: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:

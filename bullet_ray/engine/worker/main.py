@@ -63,6 +63,8 @@ class WorkerBase:
                                   resources.device)
         self.is_stopped = False
         cfg = self.config
+        # pages the longest sequence the model admits holds: decode graphs' page tables, a step's largest copy
+        self.max_blocks_per_seq = (resources.handles.max_model_len + cfg.block_size - 1) // cfg.block_size
         self.profiler = StepProfiler(cfg.profile_dir, cfg.profile_start_step, cfg.profile_num_steps, self.role,
                                      cfg.is_gpu)
         self.partitioner = self._make_partitioner()
@@ -82,10 +84,8 @@ class WorkerBase:
         if self.config.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
             from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
 
-            cfg, bs = self.config, self.config.block_size
-            max_blocks = (resources.handles.max_model_len + bs - 1) // bs
             warm_pinned(step_copy_bytes(max(cfg.max_num_batched_tokens, cfg.max_num_seqs), cfg.max_num_seqs,
-                                        max_blocks))
+                                        self.max_blocks_per_seq))
 
     def _enable_decode_graphs(self) -> None:
         """Decode graphs for every batch bucket on every partition this side may run on, captured now:
@@ -93,9 +93,8 @@ class WorkerBase:
         from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
         bs = self.config.block_size
-        graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs,
-                              (self.res.handles.max_model_len + bs - 1) // bs, self.res.device,
-                              scratch_slot=self.res.kv_pool.scratch_slot)
+        graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs, self.max_blocks_per_seq,
+                              self.res.device, scratch_slot=self.res.kv_pool.scratch_slot)
         self.runner.graphs = graphs
         partitions = self._graph_partitions()
         if self.partitioner.side == "decode":  # green-context streams: cuBLAS may be told their SMs

@@ -18,6 +18,7 @@ Schedule = Literal["bullet", "chunked", "static"]
 SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
+HANDOFFS: tuple[str, ...] = ("front", "direct")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
@@ -107,6 +108,11 @@ class EngineConfig:
     # "overlap" is the default since the H100 A/B of the eighteenth session (benchmarks/results/serve_h100_m2v/): switch p50
     # 7.1 ms / p99 20 ms against disjoint's 24 / 411 ms, goodput alike
     split_switch: str = "overlap"
+    # how a prefilled sequence reaches the decode worker (the bullet and static schedules): "front" (default):
+    # in the prefill worker's step message to the engine front, which relays it; "direct": the prefill worker
+    # sends it to the decode worker over a socket of their own and tells the front (bullet_ray.engine.worker.handoff).
+    # Both record each hand-off's time from the prefill worker's send to the decode worker taking it
+    handoff: str = "front"
     # the bullet schedule's fallback to chunked prefill under overload (split_policy slo): once this many
     # prompt tokens wait for prefill (>= 1) while decode runs, the prefill worker hands its queued prompts to
     # the decode worker, which takes them in chunks into its steps (decode rows first, the token budget
@@ -183,6 +189,8 @@ class EngineConfig:
             raise ConfigError("piecewise_buckets", f"unknown bucket choice {self.piecewise_buckets!r}; choose tuned or fixed")
         if self.split_switch not in SPLIT_SWITCHES:
             raise ConfigError("split_switch", f"unknown split switch {self.split_switch!r}; choose disjoint or overlap")
+        if self.handoff not in HANDOFFS:
+            raise ConfigError("handoff", f"unknown hand-off {self.handoff!r}; choose front or direct")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
             raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:

@@ -30,6 +30,7 @@ from bullet_ray.engine.messages import (
     AbortMissed,
     AbortRequests,
     AddRequest,
+    ConnectHandoff,
     Handoff,
     Ready,
     Shutdown,
@@ -109,6 +110,9 @@ class LLMEngine(EngineClient):
         self._worker_recomputes: dict[str, int] = {}  # role -> its own recomputes so far (StepOutputs)
         # token path measurements: the last worker -> front hops (s); CUDA graphs captured while serving
         self.hop_worker_to_front_s: collections.deque[float] = collections.deque(maxlen=4096)
+        # prefill worker's send -> decode worker's take of each hand-off, by either way (config.handoff)
+        self.hop_handoff_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self.num_direct_handoffs = 0  # prefilled sequences the prefill worker sent to decode itself
         self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
         self._prefill_time = PrefillTimeModel(self.config.max_num_batched_tokens)
@@ -159,6 +163,9 @@ class LLMEngine(EngineClient):
         self.state = StateBlock.attach(handles.state)
         if self.config.is_disaggregated:
             self._launch("decode", handles, timeout_s)
+            address = self.worker_info["decode"].get("handoff_address")
+            if address:  # handoff: direct: the prefill worker connects to the decode worker's socket
+                self._send("prefill", ConnectHandoff(address))
             if self.config.is_gpu:
                 uuids = {self.worker_info[r].get("gpu_uuid") for r in ("prefill", "decode")}
                 if len(uuids) != 1:
@@ -345,25 +352,48 @@ class LLMEngine(EngineClient):
 
     # receiving --------------------------------------------------------------------------------------
     def _receive_loop(self) -> None:
+        """Every worker's messages, the prefill worker's first: before a decode worker's message it takes every
+        prefill message already there, so a request's first token (in the prefill side's message, sent before
+        its direct hand-off) is handled before the decode side's next one."""
         conns = {conn: role for role, conn in self._conns.items()}
+        prefill = self._conns.get("prefill")
         while not self._is_shut_down:
             try:
                 ready = wait(list(conns), timeout=0.5)
             except OSError:
                 break
             for conn in ready:
-                try:
-                    msg = conn.recv()  # type: ignore[union-attr,call-arg]
-                except (EOFError, OSError):
-                    if not self._is_shut_down:
-                        self._mark_dead(f"{conns[conn]} worker exited")  # type: ignore[index]
+                if conn is prefill:
+                    continue  # taken before the decode worker's, or below
+                if prefill is not None and not self._take_all(prefill, "prefill"):
                     return
-                try:
-                    self._on_message(msg)
-                    if conns[conn] != "decode":  # type: ignore[index]
-                        self._observe_prefill_step()
-                except Exception:
-                    logger.exception("engine front failed on %s", type(msg).__name__)
+                if not self._take(conn, conns[conn]):  # type: ignore[arg-type,index]
+                    return
+            if prefill in ready and not self._take_all(prefill, "prefill"):
+                return
+
+    def _take_all(self, conn: Connection, role: str) -> bool:
+        """Every message waiting on `conn` (False once its worker is gone)."""
+        while not self._is_shut_down and conn.poll(0):
+            if not self._take(conn, role):
+                return False
+        return True
+
+    def _take(self, conn: Connection, role: str) -> bool:
+        """One message from `role`'s worker, handled (False once that worker is gone)."""
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            if not self._is_shut_down:
+                self._mark_dead(f"{role} worker exited")
+            return False
+        try:
+            self._on_message(msg)
+            if role != "decode":
+                self._observe_prefill_step()
+        except Exception:
+            logger.exception("engine front failed on %s", type(msg).__name__)
+        return True
 
     def _observe_prefill_step(self) -> None:
         """Feed the prefill side's (or hybrid worker's) last published step to the TTFT model."""
@@ -377,14 +407,19 @@ class LLMEngine(EngineClient):
                 self.hop_worker_to_front_s.append(time.time() - msg.sent_s)
             self.num_graph_captures_serving = max(self.num_graph_captures_serving, msg.num_graph_captures_serving)
             self._worker_recomputes[msg.role] = max(self._worker_recomputes.get(msg.role, 0), msg.num_recomputed)
+            self.num_direct_handoffs += len(msg.handed_direct)
+            for request_id in msg.handed_direct:  # before the updates: a stop string aborts where the sequence went
+                self._on_direct_handoff(request_id)
+            if msg.handoff_hops_s:
+                self.hop_handoff_s.extend(msg.handoff_hops_s)
             deliveries = _Deliveries()
             for update in msg.updates():
                 self._on_update(update, deliveries)
             deliveries.flush()
             for wire in msg.handoffs:
-                self._on_handoff(wire)
+                self._on_handoff(wire, sent_s=msg.sent_s)
             for wire in msg.prompts_handed_over:
-                self._on_handoff(wire, is_prompt=True)
+                self._on_handoff(wire, is_prompt=True, sent_s=msg.sent_s)
             for wire in msg.preempted:
                 self._on_preempted(wire)
         elif isinstance(msg, WorkerFailed):
@@ -422,8 +457,19 @@ class LLMEngine(EngineClient):
         else:
             state.sink.put(out)
 
-    def _on_handoff(self, wire: Any, is_prompt: bool = False) -> None:
-        """Relay a prefilled sequence (or with `is_prompt` a prompt the mixed fallback hands over) to decode."""
+    def _on_direct_handoff(self, request_id: str) -> None:
+        """The prefill worker sent this prefilled sequence to the decode worker itself: aborts go there now. One
+        that finished or was aborted meanwhile is aborted at decode (which drops it as it arrives if need be)."""
+        with self._lock:
+            state = self._requests.get(request_id)
+            if state is not None:
+                state.location = "decode"
+        if state is None:
+            self._send("decode", AbortRequests([request_id]))
+
+    def _on_handoff(self, wire: Any, is_prompt: bool = False, sent_s: float = 0.0) -> None:
+        """Relay a prefilled sequence (or with `is_prompt` a prompt the mixed fallback hands over) to decode;
+        `sent_s`: when the prefill worker sent it (the hand-off's hop, timed by the decode worker)."""
         with self._lock:
             state = self._requests.get(wire.request_id)
             if state is not None:
@@ -433,7 +479,7 @@ class LLMEngine(EngineClient):
             if is_prompt:  # it will never reach decode: the prefill worker must not wait for it
                 self.state.count_handed_prompts(Policy.HANDED_PROMPTS_DROPPED)
             return
-        self._send("decode", Handoff(wire, is_prompt))
+        self._send("decode", Handoff(wire, is_prompt, sent_s, via="front"))
         with self._lock:
             aborted = wire.request_id not in self._requests
         if aborted:

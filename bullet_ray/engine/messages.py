@@ -1,11 +1,13 @@
 """Messages between the engine front and its workers (pickled over one Unix-socket connection each).
 
-Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake.
+Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake, ConnectHandoff (to the prefill worker, once).
 Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
 WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`) and, under
 the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine relays each to the decode
-worker as a `Handoff` (`is_prompt` for the second kind). A decode worker's StepOutputs carry
-sequences it preempted (blocks already freed); the engine sends them back to prefill for recompute.
+worker as a `Handoff` (`is_prompt` for the second kind). With `handoff: direct` the prefill worker sends a
+prefilled sequence's `Handoff` to the decode worker itself and names it in `handed_direct` instead
+(bullet_ray.engine.worker.handoff). A decode worker's StepOutputs carry sequences it preempted (blocks already
+freed); the engine sends them back to prefill for recompute.
 """
 
 from __future__ import annotations
@@ -58,6 +60,17 @@ class Handoff:
 
     seq: SequenceWire
     is_prompt: bool = False
+    # time.time() of the prefill worker's send (its StepOutputs' when the front relays it): the hand-off's hop
+    sent_s: float = 0.0
+    # the way it came: "direct" from the prefill worker, "front" relayed by the engine front
+    via: str = "direct"
+
+
+@dataclass(frozen=True)
+class ConnectHandoff:
+    """To the prefill worker: connect to the decode worker's hand-off socket at `address` (`handoff: direct`)."""
+
+    address: str
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,10 @@ class StepOutputs:
     # the prefill worker's queued prompts handed to the decode worker (mixed fallback; part-way ones with blocks)
     prompts_handed_over: list[SequenceWire] = field(default_factory=list)
     preempted: list[SequenceWire] = field(default_factory=list)
+    # ids of prefilled sequences this prefill worker sent to the decode worker itself (`handoff: direct`)
+    handed_direct: list[str] = field(default_factory=list)
+    # the decode worker's hand-offs taken since its last message: seconds from the prefill worker's send
+    handoff_hops_s: list[float] = field(default_factory=list)
     sent_s: float = 0.0
     # CUDA graphs this worker captured while serving so far (0 unless a shape was missed at start)
     num_graph_captures_serving: int = 0

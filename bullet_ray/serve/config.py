@@ -61,6 +61,9 @@ class EngineArgs(BaseModel):
                                "flight), disjoint (the shrinking side finishes its step in flight first, the "
                                "growing side waits for it: their SMs never overlap, switches take a step longer); "
                                "applies to every split request, the slo policy's and a manual request_split")
+    handoff: Literal["front", "direct"] = Field(
+        "front", description="how a prefilled sequence reaches the decode worker: front (relayed by the engine "
+                             "front, the default) or direct (prefill worker to decode worker over their own socket)")
     mixed_fallback_tokens: int | None = Field(None, ge=1, description="bullet with split_policy slo: once this "
                                               "many prompt tokens wait while decode runs, the decode worker "
                                               "takes the queued prompts in chunks into its steps (chunked "

@@ -55,12 +55,13 @@ def run_worker(spec: WorkerSpec) -> None:
         worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
         info = {**_device_info(device), "graphs": worker.graph_capture or None,
                 "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
+                "handoff_address": getattr(worker, "handoff_address", None),  # handoff: direct (decode worker)
                 "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode
         conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
         try:
             worker.run()
         finally:
-            worker.profiler.close()
+            worker.close()
     except (EOFError, ConnectionError, BrokenPipeError):
         logger.warning("%s worker: engine front went away; exiting", spec.role)
     except BaseException:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
@@ -323,7 +323,29 @@ class WorkerBase:
     def abort(self, request_ids: list[str]) -> None:
         raise NotImplementedError
 
+    def inbox(self) -> list[Connection]:
+        """Connections besides the front's that bring this worker messages (the decode worker's hand-off socket)."""
+        return []
+
+    def receive(self, conn: Connection) -> Any:
+        """The next message on `conn` (None: nothing to dispatch)."""
+        return conn.recv()
+
+    def close(self) -> None:
+        """At the worker's end, before its shared resources are closed."""
+        self.profiler.close()
+
     # loop -------------------------------------------------------------------------------------------
+    def ready(self, timeout: float) -> Connection | None:
+        """A connection with a message, waiting up to `timeout` (the front's first when several have one)."""
+        extra = self.inbox()
+        if not extra:
+            return self.conn if self.conn.poll(timeout) else None
+        ready = wait([self.conn, *extra], timeout)
+        if not ready:
+            return None
+        return self.conn if self.conn in ready else ready[0]  # type: ignore[return-value]
+
     def run(self) -> None:
         while not self.is_stopped:
             timeout = 0.0 if self.has_work() or self.inflight is not None else _IDLE_WAIT_S
@@ -333,15 +355,20 @@ class WorkerBase:
                 if self.has_work():  # e.g. a split requested while it marked itself idle (the requester saw it
                     timeout = 0.0    # active and sent no wake): do not sleep on the messages. Two processes'
                     # stores without a fence leave a window of a few instructions, where the poll's timeout bounds it
-            while not self.is_stopped and self.conn.poll(timeout):
-                self.dispatch(self.conn.recv())
+            while not self.is_stopped:
+                conn = self.ready(timeout)
+                if conn is None:
+                    break
+                msg = self.receive(conn)
+                if msg is not None:
+                    self.dispatch(msg)
                 timeout = 0.0
             self.follow_split()
             if self.is_stopped or not (self.has_work() or self.inflight is not None):
                 continue
             if not self.step():
                 # blocked on memory: wait for the other side to free blocks or for a message
-                self.conn.poll(self.config.idle_poll_ms / 1000)
+                self.ready(self.config.idle_poll_ms / 1000)
 
     def dispatch(self, msg: Any) -> None:
         """One message from the front: shutdown, aborts, a wake (the split), else the role's own (`handle`)."""

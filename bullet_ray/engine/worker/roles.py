@@ -21,11 +21,12 @@ prefilled sequences join its running set.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any
 
 from bullet_ray.engine.layerwise import LayerGroups
-from bullet_ray.engine.messages import AbortMissed, AddRequest, Handoff, StepOutputs
+from bullet_ray.engine.messages import AbortMissed, AddRequest, ConnectHandoff, Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.chunked import ChunkedScheduler, promote, prompt_chunks
@@ -33,6 +34,7 @@ from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.state_block import Policy, Side
+from bullet_ray.engine.worker.handoff import AbortTombstones, HandoffInbox, HandoffOutbox
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.policy_link import (
     FirstTokenLog,
@@ -212,11 +214,19 @@ class PrefillWorker(SideWorker):
         cfg = self.config
         self.layer_groups = LayerGroups(cfg.prefill_layer_groups, cfg.prefill_layer_group_min_tokens)
         self.first_tokens = FirstTokenLog(self.recorder.log)  # the same file as the recorder's rows
+        self.handoff_outbox = HandoffOutbox()  # connected by the front's ConnectHandoff (handoff: direct)
 
     def num_recomputed(self) -> int:
         return self.scheduler.num_reclaimed
 
+    def close(self) -> None:
+        self.handoff_outbox.close()
+        super().close()
+
     def handle(self, msg: Any) -> None:
+        if isinstance(msg, ConnectHandoff):
+            self.handoff_outbox.connect(msg.address, self.spec.authkey)
+            return
         add = expect_add_request(self, msg)
         self.scheduler.add(sequence_from_request(add), front=add.resume is not None)
         self.first_tokens.received(add)
@@ -336,8 +346,21 @@ class PrefillWorker(SideWorker):
             self.decider.note_handoff()
         queued_tokens = sum(s.num_uncomputed_tokens for s in self.scheduler.waiting)
         self.publish_step(step, started_s, result, len(self.scheduler), queued_tokens)
-        if msg.request_ids or handoffs:
-            self.conn.send(dataclasses.replace(msg, handoffs=handoffs))
+        if not (msg.request_ids or handoffs):
+            return
+        if not self.handoff_outbox.is_connected:
+            self.conn.send(dataclasses.replace(msg, handoffs=handoffs, sent_s=time.time()))
+            return
+        # handoff: direct. The front hears first: its message (with these first tokens) is then in its socket
+        # before the decode worker can send a token of theirs, and it reads the prefill side's socket first
+        # (LLMEngine._receive_loop), so a request's tokens reach the client in order
+        direct = [wire.request_id for wire in handoffs]
+        self.conn.send(dataclasses.replace(msg, handed_direct=direct, sent_s=time.time()))
+        for i, wire in enumerate(handoffs):
+            if not self.handoff_outbox.send(Handoff(wire, sent_s=time.time())):
+                # the decode worker went away: the front relays the rest (and finds decode gone)
+                self.conn.send(StepOutputs(self.role, handoffs=handoffs[i:], sent_s=time.time()))
+                break
 
 
 class DecodeWorker(SideWorker):
@@ -356,16 +379,50 @@ class DecodeWorker(SideWorker):
         self._num_without_slot = 0  # running sequences the last plan left out (max_num_seqs): a hidden queue
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []
+        # handoff: direct: the prefill worker's own socket to this worker (bullet_ray.engine.worker.handoff)
+        self.handoff_inbox = (HandoffInbox(os.path.dirname(self.spec.address), self.spec.authkey)
+                              if self.config.handoff == "direct" else None)
+        self.tombstones = AbortTombstones()  # aborts of sequences not (yet) here: their hand-off is dropped
+        self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
+
+    @property
+    def handoff_address(self) -> str | None:
+        return self.handoff_inbox.address if self.handoff_inbox is not None else None
+
+    def inbox(self) -> list[Any]:
+        return self.handoff_inbox.connections() if self.handoff_inbox is not None else []
+
+    def receive(self, conn: Any) -> Any:
+        if conn is self.conn or self.handoff_inbox is None:
+            return conn.recv()
+        return self.handoff_inbox.receive(conn)
+
+    def close(self) -> None:
+        if self.handoff_inbox is not None:
+            self.handoff_inbox.close()
+        super().close()
 
     def num_recomputed(self) -> int:
         return self.prompts.num_reclaimed  # its preemptions travel to the front as `preempted`
 
     def handle(self, msg: Any) -> None:
         """A prompt the mixed fallback hands over joins `prompts`; a prefilled sequence joins the running set
-        (its one uncomputed token is its sampled one: it may be preempted there, never waits in a queue)."""
+        (its one uncomputed token is its sampled one: it may be preempted there, never waits in a queue). One
+        whose abort came first is dropped, its blocks freed."""
         if not isinstance(msg, Handoff):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
         seq = Sequence.from_wire(msg.seq)
+        if msg.sent_s:
+            hop_s = time.time() - msg.sent_s
+            self._handoff_hops_s.append(hop_s)
+            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via,
+                                    is_prompt=msg.is_prompt, hop_ms=round(hop_s * 1e3, 3),
+                                    num_running=len(self.scheduler))
+        if self.tombstones.take(seq.request_id):
+            release(seq, self.allocator)
+            if msg.is_prompt:  # it leaves this side's hands without running (the prefill side may plan again)
+                self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
+            return
         if msg.is_prompt:
             self.prompts.add(seq)
         else:
@@ -390,6 +447,9 @@ class DecodeWorker(SideWorker):
                     self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
             if seq is not None:
                 seq.finish_reason = "abort"
+            else:  # finished or preempted here already, or its hand-off is still on its way (handoff: direct,
+                # or an abort the front sent between its relabel and its relay): dropped if it arrives
+                self.tombstones.add(rid)
 
     def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()
@@ -432,7 +492,8 @@ class DecodeWorker(SideWorker):
         # queued here: prompts handed over (mixed fallback) and prefilled sequences waiting for a decode slot
         self.publish_step(step, started_s, result, len(self.prompts) + self._num_without_slot,
                           sum(s.num_uncomputed_tokens for s in self.prompts.waiting))
-        self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted()))
+        hops, self._handoff_hops_s = self._handoff_hops_s, []
+        self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted(), handoff_hops_s=hops))
 
 
 class HybridWorker(WorkerBase):

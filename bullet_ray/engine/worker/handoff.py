@@ -1,0 +1,140 @@
+"""The direct prefill -> decode hand-off (`handoff: direct`): a prefilled sequence goes from the prefill worker to
+the decode worker over a Unix socket of their own, not through the engine front.
+
+With `handoff: front` (the default) a prefilled sequence rides in the prefill worker's `StepOutputs` to the front,
+whose receive thread (beside the Serve replica's event loop, under one GIL) relabels it and sends it on to decode:
+two pickles and two socket hops, and a wait for the front's thread. With `direct` the prefill worker sends a
+`Handoff` straight to the decode worker and then tells the front which ids it handed (`StepOutputs.handed_direct`),
+so that aborts go to where the sequence now is.
+
+How the pair connects: the decode worker listens on `<runtime dir>/handoff.sock` (`HandoffInbox`, the engine's
+authkey) and names it in its Ready info; the front then sends the prefill worker `ConnectHandoff`, and the prefill
+worker connects (`HandoffOutbox`). Until then, and after a failed send, hand-offs take the front's way.
+
+Aborts: the front sends an abort to where it last knew the request to be. An abort can reach the decode worker
+before the hand-off it concerns (two sockets, no order between them), so the decode worker remembers the ids it
+was asked to abort and did not hold (`AbortTombstones`) and drops a hand-off of one of them on arrival, freeing
+its blocks. Both ways record each hand-off's time from the prefill worker's send to the decode worker taking it
+(`hop_s`): the decode worker reports them to the front (`StepOutputs.handoff_hops_s`) and into its step log.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "handoff.sock"
+# how long the decode worker remembers an abort of a sequence it did not hold (a hand-off in transit arrives
+# within milliseconds; ids the front finished are refused for reuse for RETIRED_ID_HOLD_S, 10 s)
+TOMBSTONE_HOLD_S = 30.0
+MAX_TOMBSTONES = 4096
+
+
+class HandoffInbox:
+    """The decode worker's end: a listener that accepts the prefill worker's one connection in a thread."""
+
+    def __init__(self, runtime_dir: str, authkey: bytes) -> None:
+        self.address = os.path.join(runtime_dir, SOCKET_NAME)
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=authkey)
+        self._conn: Connection | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="bullet-handoff-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        try:
+            conn = self._listener.accept()
+        except Exception as e:  # closed before the prefill worker connected, or a client that failed the key
+            if not self._closed:
+                logger.warning("hand-off listener stopped: %s", e)
+            return
+        self._conn = conn
+        self._listener.close()  # one peer: the socket file goes
+
+    def connections(self) -> list[Connection]:
+        """The prefill worker's connection once it has connected (an empty list before, or after it went away)."""
+        return [self._conn] if self._conn is not None else []
+
+    def receive(self, conn: Connection) -> Any:
+        """The next message on `conn`; None when the prefill worker went away (the front sees that too: its own
+        connection to the prefill worker ends, and it marks the engine dead)."""
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            logger.warning("decode worker: the prefill worker's hand-off connection closed")
+            self._conn = None
+            return None
+
+    def close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+class HandoffOutbox:
+    """The prefill worker's end: `send` returns False (the caller then sends by the front) until connected, or
+    once a send failed."""
+
+    def __init__(self) -> None:
+        self._conn: Connection | None = None
+
+    @property
+    def is_connected(self) -> bool:
+        return self._conn is not None
+
+    def connect(self, address: str, authkey: bytes) -> None:
+        try:
+            self._conn = Client(address, family="AF_UNIX", authkey=authkey)
+        except (OSError, EOFError, multiprocessing.AuthenticationError) as e:  # hand-offs keep going by the front
+            logger.warning("prefill worker: cannot connect to the decode worker's hand-off socket %s: %s", address, e)
+
+    def send(self, msg: Any) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            self._conn.send(msg)
+            return True
+        except (OSError, EOFError) as e:
+            logger.warning("prefill worker: direct hand-off failed (%s); hand-offs go through the front", e)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class AbortTombstones:
+    """Request ids the decode worker was asked to abort while it did not hold them, for `TOMBSTONE_HOLD_S`: a
+    hand-off of one of them that arrives later is dropped."""
+
+    def __init__(self, hold_s: float = TOMBSTONE_HOLD_S) -> None:
+        self.hold_s = hold_s
+        self._until: dict[str, float] = {}
+
+    def add(self, request_id: str) -> None:
+        now = time.monotonic()
+        if len(self._until) >= MAX_TOMBSTONES:
+            self._until = {r: t for r, t in self._until.items() if t > now}
+        self._until[request_id] = now + self.hold_s
+
+    def take(self, request_id: str) -> bool:
+        """Whether `request_id` was aborted before its hand-off arrived (forgotten once asked)."""
+        until = self._until.pop(request_id, None)
+        return until is not None and until > time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._until)

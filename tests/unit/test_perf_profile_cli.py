@@ -52,7 +52,33 @@ def test_shipped_profiles_load_and_match():
     assert model.predict_decode_s(64, 64 * 1024, 132) == pytest.approx(0.01094, rel=0.12)
     assert find_profile("cpu", _cfg("tiny-llama"), "float32", [PACKAGE_DIR]) is not None
     for path in PACKAGE_DIR.glob("*.json"):
-        assert load_profile(path).samples
+        profile = load_profile(path)
+        assert bool(profile.samples) == (profile.source == "measured")  # a derived one holds no steps of its GPU
+
+
+def test_the_derived_h200_profile_is_the_h100s_with_faster_memory(tmp_path: Path):
+    from benchmarks.derive_profile import main as derive_main
+
+    cfg = _cfg("llama-3.1-8b")
+    h100 = find_profile("NVIDIA H100 80GB HBM3", cfg, "bfloat16", [PACKAGE_DIR])
+    h200 = find_profile("NVIDIA H200", cfg, "bfloat16", [PACKAGE_DIR])
+    assert h100 is not None and h200 is not None and h200.source == "derived" and not h200.samples
+    assert h200.calibration == h100.calibration and h200.ladder == h100.ladder
+    # the shipped file is what the script makes from the H100's (its command is in the file)
+    assert derive_main([str(PACKAGE_DIR / h100.file_name), "--gpu-name", "NVIDIA H200", "--bandwidth-scale", "1.433",
+                        "--out", str(tmp_path)]) == 0
+    assert load_profile(tmp_path / h200.file_name).gpu == h200.gpu and "derive_profile" in h200.command
+    old, new = PerfModel.from_profile(h100, cfg), PerfModel.from_profile(h200, cfg)
+    # decode (weights streamed) gains up to the bandwidth's 1.43x, more the more SMs it has (an SM pulls no more bytes
+    # per second on the H200); a long prefill (matrix-bound) stays within a few percent
+    gains = [old.predict_decode_s(64, 64 * 1024, n) / new.predict_decode_s(64, 64 * 1024, n) for n in (16, 32, 64, 132)]
+    assert gains == sorted(gains) and gains[0] > 1.0 and 1.3 < gains[-1] < 1.45
+    for sms in (32, 64, 104):
+        assert old.predict_prefill_s(4096, sms=sms) / new.predict_prefill_s(4096, sms=sms) == pytest.approx(1, abs=0.05)
+    assert derive_main([str(tmp_path / "nope.json"), "--gpu-name", "x", "--bandwidth-scale", "1",
+                        "--out", str(tmp_path)]) == 2
+    assert derive_main([str(PACKAGE_DIR / h100.file_name), "--gpu-name", "x", "--bandwidth-scale", "0",
+                        "--out", str(tmp_path)]) == 2
 
 
 def test_no_profile_falls_back_to_the_roofline_with_a_warning(caplog, monkeypatch, tmp_path):

@@ -67,6 +67,19 @@ def switch_summary(path: str) -> dict[str, float] | None:
     return out
 
 
+def handoff_summary(path: str) -> dict[str, dict[str, float]]:
+    """The prefill -> decode hand-offs of a step log by the way they came ("front": relayed by the engine front,
+    "direct": from the prefill worker itself): count and the prefill worker's send -> the decode worker taking it
+    p50 / p90 / p99 (ms); {} for logs from before hand-offs were timed."""
+    by_via: dict[str, list[float]] = {}
+    for r in records(path):
+        if r.get("kind") == "handoff":
+            by_via.setdefault(r["via"], []).append(r["hop_ms"])
+    return {via: {"handoffs": len(hops), "p50_ms": round(_q(sorted(hops), 0.5), 3),
+                  "p90_ms": round(_q(sorted(hops), 0.9), 3), "p99_ms": round(_q(sorted(hops), 0.99), 3)}
+            for via, hops in sorted(by_via.items())}
+
+
 def drain_idle(path: str) -> dict[str, float] | None:
     """What the drains cost in SMs: after a switch that gives prefill more SMs, decode leaves them at its next
     launch while prefill's step on the old entry still runs (its next step waits on it), so the SMs prefill gains
@@ -278,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         for (reason, last), row in switches_by_reason(args.log).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")
+    for via, row in handoff_summary(args.log).items():
+        print(f"hand-offs via {via}: {row['handoffs']}, prefill send -> decode takes it p50 {row['p50_ms']} ms, "
+              f"p90 {row['p90_ms']} ms, p99 {row['p99_ms']} ms")
     if run is not None:
         plot_run(ax3, ax4, steps, run)
         parts = first_tokens_of_run(args.log, run)

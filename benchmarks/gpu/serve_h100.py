@@ -38,6 +38,10 @@ apart) and the difference saved with the rate (`probes.vllm_metrics` in compare.
 runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode time; benchmarks.vllm_metrics);
 `python -m benchmarks.step_breakdown ... --peers vllm` sets them beside our step log's.
 
+A "+handoff" suffix on a bullet system (bullet-slo+handoff) sets engine.handoff: direct (the prefill worker hands
+prefilled sequences to the decode worker itself, not through the engine front; both ways time each hand-off in
+the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them).
+
 A "+direct" suffix on an engine system (chunked-2048+direct, bullet-slo+direct, chunked-2048+pw1024+direct)
 launches the same YAML with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in `serve run`'s environment (Ray Serve's
 experimental direct ingress: the replica serves HTTP on its own port, 30000 and up, and the proxy's port 8000
@@ -99,18 +103,18 @@ def gpu_memory_gib() -> float:
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
-    +attnoverlap, +attnholistic); "+direct" may come with it, in either order."""
+    +attnoverlap, +attnholistic, +handoff); "+direct" may come with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, and/or +direct")
+                         "+attnoverlap, +attnholistic, +handoff, and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", *SUFFIX_ENV) \
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic or +direct")
+                         "+attnoverlap, +attnholistic, +handoff or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -139,7 +143,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
     session), "+fixedpw" the fixed piecewise token buckets (piecewise_buckets: fixed, before the twentieth session's
     tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
-    schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch). "+direct" leaves
+    schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
+    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct). "+direct" leaves
     the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
@@ -154,6 +159,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_buckets"] = "fixed"
     elif scheduling.startswith("pw"):
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
+    elif scheduling == "handoff":
+        engine["handoff"] = "direct"
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
@@ -240,12 +247,15 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
             yield
             system.extra["graph_captures_serving"] = graph_captures_serving()
             steps = out_dir / f"{system.name}-steps.jsonl"
-            if steps.is_file():  # a bullet system's split switches: to both acks and to the drain
-                from benchmarks.plot_steps import switch_summary
+            if steps.is_file():  # a bullet system's split switches (to both acks and to the drain) and hand-offs
+                from benchmarks.plot_steps import handoff_summary, switch_summary
 
                 summary = switch_summary(str(steps))
                 if summary is not None:
                     system.extra["switches"] = summary
+                handoffs = handoff_summary(str(steps))
+                if handoffs:
+                    system.extra["handoffs"] = handoffs
         finally:
             _stop(proc, idle_gib)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)
@@ -465,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                              "+ '+fixedpw' the fixed piecewise buckets, + '+attnoverlap' a mixed step's two attention "
                              "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
                              "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
-                             "+ '+pw<N>' piecewise graphs up to N tokens (one of these), and/or + '+direct': Ray "
+                             "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
+                             "prefill -> decode hand-off (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

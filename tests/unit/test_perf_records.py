@@ -357,6 +357,23 @@ def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):
     assert switch_summary(str(empty)) is None
 
 
+def test_handoff_summary_splits_the_hops_by_the_way_they_came(tmp_path):
+    """plot_steps.handoff_summary (serve_h100's extra.handoffs): per way, count and p50 / p90 / p99 of the decode
+    worker's `handoff` records; {} for a log without any."""
+    from benchmarks.plot_steps import handoff_summary
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"kind": "handoff", "t": float(i), "via": "direct", "hop_ms": float(i + 1)} for i in range(10)]
+    rows += [{"kind": "handoff", "t": 0.0, "via": "front", "hop_ms": 7.5}, {"kind": "step", "t": 0.0}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert handoff_summary(str(log)) == {
+        "direct": {"handoffs": 10, "p50_ms": 6.0, "p90_ms": 10.0, "p99_ms": 10.0},
+        "front": {"handoffs": 1, "p50_ms": 7.5, "p90_ms": 7.5, "p99_ms": 7.5}}
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"kind": "step", "t": 0.0}) + "\n")
+    assert handoff_summary(str(empty)) == {}
+
+
 def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_path):
     """plot_steps.drain_idle: a switch that grows prefill (entry 1 -> 0: 108 -> 116 prefill SMs) drained last by
     prefill idles the 8 SMs it gained from the acks (5 ms) to the drain (25 ms); one that shrinks prefill, or one

@@ -36,6 +36,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert (overlap["split_policy"], overlap["split_switch"]) == ("slo", "overlap") and "split_switch" not in slo
     disjoint = _engine(system_yaml("bullet-slo-disjoint+direct", tmp_path))
     assert (disjoint["split_policy"], disjoint["split_switch"]) == ("slo", "disjoint")
+    handoff = _engine(system_yaml("bullet-slo+handoff", tmp_path))
+    assert (handoff["split_policy"], handoff["handoff"]) == ("slo", "direct") and "handoff" not in slo
+    assert handoff["step_log_path"].endswith("bullet-slo+handoff-steps.jsonl")
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
     assert (relaxed["split_policy"], relaxed["ttft_target_ms"], relaxed["tpot_target_ms"]) == ("slo", 1000.0, 50.0)
     assert "ttft_target_ms" not in slo and relaxed["step_log_path"].endswith("bullet-slo-relaxed-steps.jsonl")

@@ -439,12 +439,14 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     (out / "compare.json").write_text(json.dumps(doc, indent=1))
     (out / "compare.md").write_text(comparison_markdown(doc) + "\n")
     primary = doc["slo"]["name"]
+    devices = {str(run.get("device", "")).split(",")[0] for run in doc.get("runs", [])} - {""}
+    device = " + ".join(sorted(devices)) or "GPU"  # nvidia-smi's name of the machine(s) the runs came from
     for slo in doc["slos"]:  # compare.png for the primary SLO, compare-<name>.png for the others
         name = slo["name"]
         report.plot_sweep({n: e["points"] for n, e in doc["systems"].items()}, name,
                           out / ("compare.png" if name == primary else f"compare-{name}.png"),
                           {n: e["goodput"][name] for n, e in doc["systems"].items()},
-                          title=f"H100, dummy Llama-3.1-8B, {doc['config']['workload']['dataset']} lengths, Poisson; "
+                          title=f"{device}, dummy Llama-3.1-8B, {doc['config']['workload']['dataset']} lengths, Poisson; "
                                 f"SLO {parse_slo(name).describe()}")
     return doc
 

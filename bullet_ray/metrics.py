@@ -32,6 +32,9 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
                                                                 launching on it, their acks)
     ray_bullet_split_switch_drain_seconds_{bucket,sum,count}    (bullet's own: split decision -> no step of
                                                                 either side left on the old split)
+    ray_bullet_handoff_seconds_{bucket,sum,count}               (bullet's own: a prefilled sequence from the
+                                                                prefill worker's send to the decode worker taking
+                                                                it, relayed by the front or direct: engine.handoff)
     ray_bullet_split_decision_seconds                           (bullet's own: what the last decision cost)
     ray_bullet_graph_captures_serving                           (bullet's own: CUDA graphs captured after start;
                                                                 every one is captured at start, so 0)
@@ -131,6 +134,8 @@ class EngineMetrics:
                                   "split (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
         self.switch_drain = m.Histogram("bullet_split_switch_drain_seconds", "Split decision to no step of either "
                                         "side left on the old split (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
+        self.handoff = m.Histogram("bullet_handoff_seconds", "A prefilled sequence from the prefill worker's send "
+                                   "to the decode worker taking it (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
         self.decision_cost = m.Gauge("bullet_split_decision_seconds", "Time the last split decision took (s).",
                                      tag_keys=TAGS)
         self.captures_serving = m.Gauge("bullet_graph_captures_serving", "CUDA graphs the engine's workers captured "
@@ -139,7 +144,8 @@ class EngineMetrics:
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
-                       self.max_decode_sms, self.max_waiting, self.switch, self.switch_drain, self.decision_cost,
+                       self.max_decode_sms, self.max_waiting, self.switch, self.switch_drain, self.handoff,
+                       self.decision_cost,
                        self.captures_serving, self.success, self.slo_total, self.step, self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
         self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
@@ -235,6 +241,8 @@ class EngineMetrics:
             self.switch.observe(seconds)
         for seconds in records.get("switch_drain_s", []):
             self.switch_drain.observe(seconds)
+        for seconds in records.get("handoff_s", []):
+            self.handoff.observe(seconds)
 
 
 class ControllerMetrics:

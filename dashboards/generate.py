@@ -127,6 +127,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               (*labelled("acked", quantiles("split_switch_seconds", (0.5, 0.99), over="increase", window="5m")),
                *labelled("drained", quantiles("split_switch_drain_seconds", (0.5, 0.99), over="increase",
                                               window="5m"))), "s", after_switch=True),
+        Panel("Prefill to Decode Hand-off", "From the prefill worker sending a prefilled sequence to the decode "
+              "worker taking it (relayed by the engine front, or direct: engine.handoff), p50 and p99; it includes "
+              "waiting for the decode side's step in flight.",
+              quantiles("handoff_seconds", (0.5, 0.99)), "s"),
         Panel("CUDA Graphs Captured While Serving", "Graphs each engine's workers captured after start: every one "
               "is captured at start, so anything above 0 is a step shape the start-up missed (and a stall).",
               (Target(f"max by (engine) (ray_bullet_graph_captures_serving{{{SEL}}})", "{{engine}}"),)),

@@ -112,6 +112,7 @@ class LLMEngine(EngineClient):
         self.hop_worker_to_front_s: collections.deque[float] = collections.deque(maxlen=4096)
         # prefill worker's send -> decode worker's take of each hand-off, by either way (config.handoff)
         self.hop_handoff_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self._handoffs_undrained: collections.deque[float] = collections.deque(maxlen=4096)  # drain_step_records'
         self.num_direct_handoffs = 0  # prefilled sequences the prefill worker sent to decode itself
         self.num_graph_captures_serving = 0
         # the prefill side's step times -> predicted TTFT (stats); guarded by _lock
@@ -412,6 +413,7 @@ class LLMEngine(EngineClient):
                 self._on_direct_handoff(request_id)
             if msg.handoff_hops_s:
                 self.hop_handoff_s.extend(msg.handoff_hops_s)
+                self._handoffs_undrained.extend(msg.handoff_hops_s)
             deliveries = _Deliveries()
             for update in msg.updates():
                 self._on_update(update, deliveries)
@@ -584,7 +586,8 @@ class LLMEngine(EngineClient):
         """Per-step records since the last call (at most the state block's ring per side; older ones are
         dropped): {"prefill"/"decode": [(measured_s, predicted_s, ladder index, -1 across a switch)], "switch_s":
         [decision to both sides launching on the new split], "switch_drain_s": [decision to no step left on the
-        old split]} for the metrics (predicted vs measured step time, the switches' times)."""
+        old split], "handoff_s": [prefill worker's send to the decode worker taking a prefilled sequence]} for the
+        metrics (predicted vs measured step time, the switches' and hand-offs' times)."""
         out: dict[str, Any] = {}
         with self._lock:
             for side in (Side.PREFILL, Side.DECODE):
@@ -595,6 +598,8 @@ class LLMEngine(EngineClient):
             self._drained_drains, drains = self.state.recent_drains(self._drained_drains)
         out["switch_s"] = [us / 1e6 for us in switches]
         out["switch_drain_s"] = [us / 1e6 for us in drains]
+        handoffs = self._handoffs_undrained
+        out["handoff_s"] = [handoffs.popleft() for _ in range(len(handoffs))]  # appended meanwhile: the next call's
         return out
 
     def split_indexes(self) -> dict[str, int]:

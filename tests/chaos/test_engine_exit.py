@@ -92,3 +92,25 @@ def test_a_front_killed_with_sigkill_leaves_no_folder_and_no_worker(tmp_path):
     front.wait()
     assert wait_for(lambda: not os.path.exists(folder), 30.0, 0.05), os.listdir(folder)
     assert wait_for(lambda: not any(ref.is_running() for ref in workers.values()), 30.0, 0.05)
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_a_killed_worker_with_the_direct_hand_off_fails_requests_and_cleans_up(tmp_path, role):
+    """With `handoff: direct` the workers hold a socket of their own: a killed decode worker breaks the prefill
+    worker's sends (it falls back to the front, which finds decode gone), a killed prefill worker closes the decode
+    worker's end (it carries on until shut down). Either way the engine is dead, its requests end with an error,
+    and shutdown leaves no folder and no worker."""
+    config = EngineConfig(model="dummy:tiny-llama", num_kv_blocks=512, block_size=16, runtime_dir=str(tmp_path),
+                          handoff="direct")
+    engine = LLMEngine(config)
+    folder, workers = engine.runtime_dir, worker_refs(engine.runtime_dir)
+    stream = engine.stream([5, 6, 7], LONG)
+    _first_token(stream)
+    assert engine.num_direct_handoffs == 1
+    os.kill(workers[role].pid, signal.SIGKILL)
+    assert list(stream)[-1].finish_reason == "error"
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+    engine.shutdown()
+    assert not os.path.exists(folder)
+    assert not any(ref.is_running() for ref in workers.values())

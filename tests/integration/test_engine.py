@@ -217,6 +217,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert drained["decode"] and all(m > 0 and p > 0 for m, p, _ in drained["decode"])
     assert drained["switch_s"] and all(0 < t < 5 for t in drained["switch_s"])
     assert drained["switch_drain_s"] and all(0 < t < 5 for t in drained["switch_drain_s"])
+    # every request was handed to decode once (no preemption in this pool): each hand-off timed, drained once
+    assert len(drained["handoff_s"]) == len(PROMPTS) and all(0 <= t < 5 for t in drained["handoff_s"])
 
 
 def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):

@@ -143,7 +143,7 @@ def test_a_switch_drains_once_no_step_of_either_side_runs_on_the_old_entry(tmp_p
 def test_metrics_take_step_records_outside_ray():
     metrics = EngineMetrics("m", "e")  # Ray's metrics are no-ops outside a Ray worker
     metrics.observe_steps({"prefill": [(0.05, 0.045, 0)], "decode": [(0.02, 0.021, 6), (0.0, 0.0, 6)],
-                           "switch_s": [0.0004], "switch_drain_s": [0.02]})
+                           "switch_s": [0.0004], "switch_drain_s": [0.02], "handoff_s": [0.003]})
 
 
 def test_slo_metric_judges_ttft_against_the_per_prompt_token_target():

@@ -6,7 +6,8 @@ a round sends `--num-requests` streams from this process's event loop at a Poiss
 thread shares the GIL with them, as it does with a Serve replica's event loop). Per way:
   hop        the prefill worker's send -> the decode worker taking the hand-off (the workers' clock; it includes
              waiting for the decode side's step in flight, which both ways share)
-  gap12      the client's gap between a request's first and second token: the hand-off sits in it
+  gap12      the client's gap between a request's first and second token: the hand-off sits in it (0 where one
+             wake-up of the client's loop brought both)
   ttft, itl  the client's time to the first token and between later tokens
 
     python -m benchmarks.handoff_ab                              # CPU, dummy tiny-llama, ~1 minute
@@ -29,9 +30,9 @@ from typing import Any
 WAYS = ("front", "direct")
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def _percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"p50_ms": float("nan"), "p90_ms": float("nan"), "n": 0}
+        return {"p50_ms": None, "p90_ms": None, "n": 0}
     ordered = sorted(values)
     return {"p50_ms": round(1e3 * statistics.median(ordered), 3),
             "p90_ms": round(1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3), "n": len(ordered)}
@@ -124,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                "model": args.model, "device": args.device, "rate": args.rate, "rounds": args.rounds,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": [lo, hi],
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result,
-               "direct_minus_front_ms": {k: round(result["direct"][k]["p50_ms"] - result["front"][k]["p50_ms"], 3)
-                                         for k in ("hop", "gap12", "ttft", "itl")}}
+               "direct_minus_front_p50_ms": {
+                   k: round(result["direct"][k]["p50_ms"] - result["front"][k]["p50_ms"], 3)
+                   if result["direct"][k]["p50_ms"] is not None and result["front"][k]["p50_ms"] is not None else None
+                   for k in ("hop", "gap12", "ttft", "itl")}}
     print(json.dumps(payload, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

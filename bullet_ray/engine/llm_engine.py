@@ -429,7 +429,7 @@ class LLMEngine(EngineClient):
         elif isinstance(msg, Wake):
             self._send("decode", Wake())  # the prefill worker moved the split; an idle decode side must ack
         elif isinstance(msg, AbortMissed):
-            pass  # the sequence was handed off first; its Handoff (already handled) dropped it
+            pass  # handed off first: the front dropped its relay (or, direct, aborted it at decode) already
         else:
             logger.warning("unexpected message from a worker: %r", msg)
 
@@ -652,6 +652,7 @@ class LLMEngine(EngineClient):
                               "num_requests": self.num_split_requests + policy["num_switches"],
                               "decode_sms": counts}
             extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
+            extra["handoff"] = {"way": self.config.handoff, "num_direct": self.num_direct_handoffs}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions + sum(self._worker_recomputes.values()),

@@ -152,7 +152,7 @@ class EngineReplica:
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "num_requests_total": self.num_requests_total, "num_rejected_total": self.num_rejected_total,
                 "predicted_ttft_s": s.predicted_ttft_s, "admission": dataclasses.asdict(self.admission),
-                **self._process_info()}
+                "handoff": s.extra.get("handoff"), **self._process_info()}
 
     def _process_info(self) -> dict[str, Any]:
         """Where this engine's memory and processes are (operators, the chaos tests, benchmarks/soak.py)."""

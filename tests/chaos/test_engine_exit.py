@@ -96,10 +96,10 @@ def test_a_front_killed_with_sigkill_leaves_no_folder_and_no_worker(tmp_path):
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_killed_worker_with_the_direct_hand_off_fails_requests_and_cleans_up(tmp_path, role):
-    """With `handoff: direct` the workers hold a socket of their own: a killed decode worker breaks the prefill
-    worker's sends (it falls back to the front, which finds decode gone), a killed prefill worker closes the decode
-    worker's end (it carries on until shut down). Either way the engine is dead, its requests end with an error,
-    and shutdown leaves no folder and no worker."""
+    """With `handoff: direct` the workers hold a socket of their own besides the front's (a failed direct send
+    falling back to the front is tests/unit/test_handoff.py's): a killed worker of either side still makes the engine
+    dead, its requests end with an error, and shutdown leaves no folder and no worker, the surviving worker
+    included (a killed prefill worker closes the decode worker's end of their socket)."""
     config = EngineConfig(model="dummy:tiny-llama", num_kv_blocks=512, block_size=16, runtime_dir=str(tmp_path),
                           handoff="direct")
     engine = LLMEngine(config)

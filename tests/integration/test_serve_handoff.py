@@ -46,10 +46,12 @@ def test_completions_over_the_direct_hand_off_equal_the_front_relay(app):
         assert response.status_code == 200, response.text
         got.append(response.json()["choices"][0]["text"])
     assert got == want
+    stats = httpx.get(f"{app}/v1/internal/stats", timeout=30).json()
+    assert stats["handoff"]["way"] == "direct" and stats["handoff"]["num_direct"] >= len(PROMPTS)  # none relayed
 
 
 def test_streams_closed_early_give_every_block_back(app):
-    body = {"model": "dummy:tiny-llama", "prompt": PROMPTS[2], "max_tokens": 100, "ignore_eos": True, "stream": True}
+    body = {"model": "dummy:tiny-llama", "prompt": PROMPTS[2], "max_tokens": 80, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=60) as client:
         for chunks in (1, 2, 3, 1, 2):
             with client.stream("POST", f"{app}/v1/completions", json=body) as response:

@@ -9,14 +9,14 @@ import time
 from multiprocessing import Pipe
 from types import SimpleNamespace
 
-from bullet_ray.engine.llm_engine import LLMEngine
+from bullet_ray.engine.llm_engine import RETIRED_ID_HOLD_S, LLMEngine
 from bullet_ray.engine.messages import AbortRequests, ConnectHandoff, Handoff, StepOutputs
 from bullet_ray.engine.sampler import SamplingState
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.worker import roles
+from bullet_ray.engine.worker import handoff, roles
 from bullet_ray.engine.worker.handoff import AbortTombstones, HandoffInbox, HandoffOutbox
 from bullet_ray.engine.worker.roles import DecodeWorker, PrefillWorker
 from tests.unit.test_mixed_fallback_stall import FakeState
@@ -41,7 +41,7 @@ def _decode(blocks: FakeBlocks) -> DecodeWorker:
     return d
 
 
-def test_tombstones_forget_once_taken_and_after_their_hold():
+def test_tombstones_forget_once_taken_after_their_hold_and_the_oldest_when_full(monkeypatch):
     stones = AbortTombstones()
     stones.add("a")
     assert stones.take("a") and not stones.take("a") and not stones.take("never")
@@ -49,6 +49,17 @@ def test_tombstones_forget_once_taken_and_after_their_hold():
     short.add("b")
     time.sleep(0.001)
     assert not short.take("b")
+    monkeypatch.setattr(handoff, "MAX_TOMBSTONES", 3)
+    full = AbortTombstones()
+    for rid in "wxyz":
+        full.add(rid)
+    assert len(full) == 3 and not full.take("w") and full.take("z")
+
+
+def test_a_tombstone_is_gone_before_the_front_lets_its_id_be_used_again():
+    """The front refuses a finished id for RETIRED_ID_HOLD_S; a tombstone lasting longer would drop the hand-off of
+    a new request of the same id, which would then hang."""
+    assert handoff.TOMBSTONE_HOLD_S < RETIRED_ID_HOLD_S
 
 
 def test_a_hand_off_whose_abort_came_first_is_dropped_with_its_blocks():
@@ -66,6 +77,17 @@ def test_a_hand_off_whose_abort_came_first_is_dropped_with_its_blocks():
     (y,) = d.scheduler.running
     d.abort(["y"])
     assert y.finish_reason == "abort" and len(d.tombstones) == 0  # held here: no tombstone
+
+
+def test_through_the_front_an_abort_of_a_sequence_not_here_leaves_nothing_behind():
+    """handoff: front: a hand-off and its abort come in order on the front's socket (it aborts again behind a relay
+    it raced), so decode keeps no tombstones and a later hand-off of the id runs."""
+    blocks = FakeBlocks(8)
+    d = _decode(blocks)
+    d.tombstones = None
+    d.abort(["x"])
+    d.handle(Handoff(_wire("x", blocks), via="front"))
+    assert [s.request_id for s in d.scheduler.running] == ["x"]
 
 
 class _Queue:
@@ -86,7 +108,7 @@ def _prefill(monkeypatch, outbox: HandoffOutbox, wires: list) -> list:
     p.publish_step = lambda *a: None
     p.handoff_outbox = outbox
     seqs = [SimpleNamespace(finish_reason=None, to_wire=lambda w=w: w) for w in wires]
-    msg = StepOutputs("prefill", [w.request_id for w in wires], [9] * len(wires))
+    msg = StepOutputs("prefill", [w.request_id for w in wires], [9] * len(wires), sent_s=123.0)
     monkeypatch.setattr(roles, "step_outputs", lambda worker, result: (msg, []))
     p.process(SimpleNamespace(sampled=seqs), None, 0.0)
     return sent
@@ -113,7 +135,8 @@ def test_the_prefill_worker_tells_the_front_before_it_hands_off(monkeypatch):
     assert [w for w, _ in log] == ["front"] and [w for w, _ in sent] == ["decode", "decode"]
     front = log[0][1]
     assert front.handed_direct == ["a", "b"] and front.handoffs == [] and front.request_ids == ["a", "b"]
-    assert [m.seq.request_id for _, m in sent] == ["a", "b"] and all(m.sent_s >= front.sent_s for _, m in sent)
+    # both ways time a hand-off from the step message's stamp (the front's relay copies it into its Handoff)
+    assert [m.seq.request_id for _, m in sent] == ["a", "b"] and {m.sent_s for _, m in sent} == {front.sent_s} == {123.0}
 
 
 def test_a_failed_direct_send_hands_the_rest_to_the_front(monkeypatch):
@@ -159,7 +182,10 @@ def test_the_front_reads_every_prefill_message_before_the_decode_workers_next():
     for m in ("p1", "p2", "p3"):
         pre_send.send(m)
     dec_send.send("d1")
-    front._receive_loop()
+    loop = threading.Thread(target=front._receive_loop, daemon=True)
+    loop.start()
+    loop.join(5)
+    front._is_shut_down = True
     assert seen == ["p1", "p2", "p3", "d1"]
 
 
@@ -194,9 +220,17 @@ def test_the_two_ends_connect_over_the_runtime_folder_and_carry_a_hand_off(tmp_p
     inbox.close()
 
 
-def test_a_wrong_key_does_not_connect(tmp_path):
+def test_a_wrong_key_does_not_connect_and_the_prefill_worker_still_can(tmp_path):
     inbox = HandoffInbox(str(tmp_path), b"a" * 16)
+    stray = HandoffOutbox()
+    stray.connect(inbox.address, b"b" * 16)
+    assert not stray.is_connected and inbox.is_pending  # turned away; the listener waits for the next
     outbox = HandoffOutbox()
-    outbox.connect(inbox.address, b"b" * 16)
-    assert not outbox.is_connected  # hand-offs keep going through the front
+    outbox.connect(inbox.address, b"a" * 16)
+    assert outbox.is_connected
+    deadline = time.monotonic() + 5
+    while inbox.is_pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(inbox.connections()) == 1
+    outbox.close()
     inbox.close()

@@ -21,7 +21,6 @@ from bullet_ray.engine.scheduler.base import release
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.worker.handoff import AbortTombstones
 from bullet_ray.engine.worker.roles import DecodeWorker, PrefillWorker, sequence_from_request
 from tests.unit.test_schedulers import FakeBlocks
 
@@ -91,7 +90,7 @@ class TwoSides:
         d.scheduler = DecodeScheduler(self.blocks, block_size, 8)
         d.prompts = PrefillScheduler(self.blocks, block_size, budget, 8, watermark_blocks)
         d.conn, d.res, d.inflight, d.preempted, d._num_without_slot = Outbox(), SimpleNamespace(state=state), None, [], 0
-        d.tombstones, d._handoff_hops_s, d.allocator = AbortTombstones(), [], self.blocks
+        d.tombstones, d._handoff_hops_s, d.allocator = None, [], self.blocks  # handoff: front (the relay)
         d.predicted, d._next_record = _identity, None
         d._order_prompts = lambda: None  # first come, first served here (the real order needs the model)
         # the disjoint protocol (after_launch reads it; no step here shares SMs with the other side's)
@@ -253,9 +252,8 @@ def test_prompts_handed_over_are_counted_until_prefilled_aborted_or_dropped_in_t
 
 def test_an_abort_racing_a_hand_off_at_the_front_still_reaches_decode():
     """The front relabels a hand-off's request as on decode under its lock and sends the Handoff after it; an
-    abort in between is sent to decode first and misses there (decode keeps a tombstone and drops the Handoff as it
-    arrives). The front also sends the abort again behind the Handoff. Either way decode drops the request (and,
-    under the fallback, counts the handed prompt done)."""
+    abort in between is sent to decode first and misses there. The front then sends the abort again behind the
+    Handoff, so decode drops the request (and, under the fallback, counts the handed prompt done)."""
     sides = TwoSides(num_blocks=16, block_size=2, budget=4, chunk_tokens=4)
     sides.add("a", 8, 2)
     sides.prefill.decider.is_mixed = True

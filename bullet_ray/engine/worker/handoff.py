@@ -11,11 +11,20 @@ How the pair connects: the decode worker listens on `<runtime dir>/handoff.sock`
 authkey) and names it in its Ready info; the front then sends the prefill worker `ConnectHandoff`, and the prefill
 worker connects (`HandoffOutbox`). Until then, and after a failed send, hand-offs take the front's way.
 
+Order: the prefill worker sends its message to the front (the first tokens, `handed_direct`) before the hand-offs,
+and the front reads every waiting prefill message before a decode message, so a request's second token (from
+decode) never reaches the client before its first (from prefill). The price: a hand-off also waits for that send.
+
 Aborts: the front sends an abort to where it last knew the request to be. An abort can reach the decode worker
-before the hand-off it concerns (two sockets, no order between them), so the decode worker remembers the ids it
-was asked to abort and did not hold (`AbortTombstones`) and drops a hand-off of one of them on arrival, freeing
-its blocks. Both ways record each hand-off's time from the prefill worker's send to the decode worker taking it
-(`hop_s`): the decode worker reports them to the front (`StepOutputs.handoff_hops_s`) and into its step log.
+before the hand-off it concerns (two sockets, no order between them), so with `direct` the decode worker
+remembers the ids it was asked to abort and did not hold (`AbortTombstones`) and drops a hand-off of one of them on
+arrival, freeing its blocks. A tombstone lasts `TOMBSTONE_HOLD_S`, less than the front refuses a finished id for
+reuse (`RETIRED_ID_HOLD_S`), so it never meets a new request of the same id; a hand-off held up longer than that
+after its abort (a decode loop stalled for seconds) would run to its end unwatched, its blocks then freed.
+
+Both ways time each hand-off from the prefill worker's step message (`StepOutputs.sent_s`, stamped as its tokens
+are sent) to the decode worker taking it: the decode worker reports them to the front
+(`StepOutputs.handoff_hops_s`: the `bullet_handoff_seconds` metric) and into its step log (`handoff` records).
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "handoff.sock"
-# how long the decode worker remembers an abort of a sequence it did not hold (a hand-off in transit arrives
-# within milliseconds; ids the front finished are refused for reuse for RETIRED_ID_HOLD_S, 10 s)
-TOMBSTONE_HOLD_S = 30.0
+# how long the decode worker remembers an abort of a sequence it did not hold: a hand-off in transit arrives within
+# a decode step; below the front's RETIRED_ID_HOLD_S (5 s, tests/unit/test_handoff.py checks it), after which a
+# finished id may be submitted again
+TOMBSTONE_HOLD_S = 2.0
 MAX_TOMBSTONES = 4096
 
 
@@ -49,14 +59,24 @@ class HandoffInbox:
         self._thread.start()
 
     def _accept(self) -> None:
-        try:
-            conn = self._listener.accept()
-        except Exception as e:  # closed before the prefill worker connected, or a client that failed the key
-            if not self._closed:
-                logger.warning("hand-off listener stopped: %s", e)
+        """Until the prefill worker has connected: a client that fails the key (or drops mid-handshake) is
+        turned away and the next one awaited."""
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError, multiprocessing.AuthenticationError) as e:
+                if self._closed:
+                    return  # closed before the prefill worker connected
+                logger.warning("hand-off listener: a client was turned away: %s", e)
+                continue
+            self._conn = conn
+            self._listener.close()  # one peer: the socket file goes
             return
-        self._conn = conn
-        self._listener.close()  # one peer: the socket file goes
+
+    @property
+    def is_pending(self) -> bool:
+        """Listening, the prefill worker not connected yet (its first hand-offs may come any moment)."""
+        return self._conn is None and not self._closed and self._thread.is_alive()
 
     def connections(self) -> list[Connection]:
         """The prefill worker's connection once it has connected (an empty list before, or after it went away)."""
@@ -69,6 +89,7 @@ class HandoffInbox:
             return conn.recv()
         except (EOFError, OSError):
             logger.warning("decode worker: the prefill worker's hand-off connection closed")
+            conn.close()
             self._conn = None
             return None
 
@@ -127,8 +148,10 @@ class AbortTombstones:
 
     def add(self, request_id: str) -> None:
         now = time.monotonic()
-        if len(self._until) >= MAX_TOMBSTONES:
-            self._until = {r: t for r, t in self._until.items() if t > now}
+        if len(self._until) >= MAX_TOMBSTONES:  # the oldest first (insertion order: same hold for all)
+            while self._until and (next(iter(self._until.values())) <= now or len(self._until) >= MAX_TOMBSTONES):
+                del self._until[next(iter(self._until))]
+        self._until.pop(request_id, None)  # re-added: to the end
         self._until[request_id] = now + self.hold_s
 
     def take(self, request_id: str) -> bool:

@@ -349,17 +349,17 @@ class PrefillWorker(SideWorker):
         if not (msg.request_ids or handoffs):
             return
         if not self.handoff_outbox.is_connected:
-            self.conn.send(dataclasses.replace(msg, handoffs=handoffs, sent_s=time.time()))
+            self.conn.send(dataclasses.replace(msg, handoffs=handoffs))
             return
         # handoff: direct. The front hears first: its message (with these first tokens) is then in its socket
         # before the decode worker can send a token of theirs, and it reads the prefill side's socket first
-        # (LLMEngine._receive_loop), so a request's tokens reach the client in order
-        direct = [wire.request_id for wire in handoffs]
-        self.conn.send(dataclasses.replace(msg, handed_direct=direct, sent_s=time.time()))
+        # (LLMEngine._receive_loop), so a request's tokens reach the client in order. The hand-offs carry the
+        # message's stamp: both ways time a hand-off from the same point (the front's relay: Handoff.sent_s)
+        self.conn.send(dataclasses.replace(msg, handed_direct=[wire.request_id for wire in handoffs]))
         for i, wire in enumerate(handoffs):
-            if not self.handoff_outbox.send(Handoff(wire, sent_s=time.time())):
+            if not self.handoff_outbox.send(Handoff(wire, sent_s=msg.sent_s)):
                 # the decode worker went away: the front relays the rest (and finds decode gone)
-                self.conn.send(StepOutputs(self.role, handoffs=handoffs[i:], sent_s=time.time()))
+                self.conn.send(StepOutputs(self.role, handoffs=handoffs[i:], sent_s=msg.sent_s))
                 break
 
 
@@ -380,9 +380,11 @@ class DecodeWorker(SideWorker):
         # preempted sequences (blocks freed) not yet sent back to the front for recompute
         self.preempted: list[Sequence] = []
         # handoff: direct: the prefill worker's own socket to this worker (bullet_ray.engine.worker.handoff)
-        self.handoff_inbox = (HandoffInbox(os.path.dirname(self.spec.address), self.spec.authkey)
-                              if self.config.handoff == "direct" else None)
-        self.tombstones = AbortTombstones()  # aborts of sequences not (yet) here: their hand-off is dropped
+        direct = self.config.handoff == "direct"
+        self.handoff_inbox = HandoffInbox(os.path.dirname(self.spec.address), self.spec.authkey) if direct else None
+        # direct: aborts of sequences not (yet) here, whose hand-off is then dropped as it arrives (through the
+        # front a hand-off and its abort travel in order on one socket: the front aborts again behind a relay)
+        self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
 
     @property
@@ -391,6 +393,11 @@ class DecodeWorker(SideWorker):
 
     def inbox(self) -> list[Any]:
         return self.handoff_inbox.connections() if self.handoff_inbox is not None else []
+
+    def ready(self, timeout: float) -> Any:
+        if self.handoff_inbox is not None and self.handoff_inbox.is_pending:
+            timeout = min(timeout, PLAN_WAIT_POLL_S)  # the prefill worker's socket joins the wait once connected
+        return super().ready(timeout)
 
     def receive(self, conn: Any) -> Any:
         if conn is self.conn or self.handoff_inbox is None:
@@ -412,13 +419,13 @@ class DecodeWorker(SideWorker):
         if not isinstance(msg, Handoff):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
         seq = Sequence.from_wire(msg.seq)
+        dropped = self.tombstones is not None and self.tombstones.take(seq.request_id)
         if msg.sent_s:
             hop_s = time.time() - msg.sent_s
             self._handoff_hops_s.append(hop_s)
-            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via,
-                                    is_prompt=msg.is_prompt, hop_ms=round(hop_s * 1e3, 3),
-                                    num_running=len(self.scheduler))
-        if self.tombstones.take(seq.request_id):
+            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via, is_prompt=msg.is_prompt,
+                                    hop_ms=round(hop_s * 1e3, 3), num_running=len(self.scheduler), dropped=dropped)
+        if dropped:
             release(seq, self.allocator)
             if msg.is_prompt:  # it leaves this side's hands without running (the prefill side may plan again)
                 self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
@@ -447,9 +454,8 @@ class DecodeWorker(SideWorker):
                     self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
             if seq is not None:
                 seq.finish_reason = "abort"
-            else:  # finished or preempted here already, or its hand-off is still on its way (handoff: direct,
-                # or an abort the front sent between its relabel and its relay): dropped if it arrives
-                self.tombstones.add(rid)
+            elif self.tombstones is not None:  # finished or preempted here already, or (handoff: direct) its
+                self.tombstones.add(rid)  # hand-off still on its way: dropped if it arrives
 
     def plan(self) -> list[ScheduledSeq]:
         batch, preempted = self.scheduler.schedule()

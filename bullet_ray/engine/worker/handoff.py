@@ -88,7 +88,7 @@ class HandoffInbox:
         try:
             return conn.recv()
         except (EOFError, OSError):
-            logger.warning("decode worker: the prefill worker's hand-off connection closed")
+            logger.info("decode worker: the prefill worker's hand-off connection closed (it stopped)")
             conn.close()
             self._conn = None
             return None

@@ -9,7 +9,8 @@ import time
 from multiprocessing import Pipe
 from types import SimpleNamespace
 
-from bullet_ray.engine.llm_engine import RETIRED_ID_HOLD_S, LLMEngine
+from bullet_ray.engine.front_link import RETIRED_ID_HOLD_S
+from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.messages import AbortRequests, ConnectHandoff, Handoff, StepOutputs
 from bullet_ray.engine.sampler import SamplingState
 from bullet_ray.engine.sampling_params import SamplingParams

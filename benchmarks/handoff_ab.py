@@ -18,24 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.hops import emit, percentiles
+
 WAYS = ("front", "direct")
-
-
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50_ms": None, "p90_ms": None, "n": 0}
-    ordered = sorted(values)
-    return {"p50_ms": round(1e3 * statistics.median(ordered), 3),
-            "p90_ms": round(1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3), "n": len(ordered)}
 
 
 def _prompts(n: int, vocab: int, rng: random.Random, lengths: tuple[int, int]) -> list[list[int]]:
@@ -84,10 +76,10 @@ def run_way(args: argparse.Namespace, way: str, round_index: int) -> dict[str, A
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     hops = [h for s in samples for h in s["hop_s"]]
     stamps = [r for s in samples for r in s["stamps"] if len(r) >= 3]
-    return {"hop": _percentiles(hops),
-            "gap12": _percentiles([r[2] - r[1] for r in stamps]),
-            "ttft": _percentiles([r[1] - r[0] for r in stamps]),
-            "itl": _percentiles([b - a for r in stamps for a, b in zip(r[2:], r[3:])]),
+    return {"hop": percentiles(hops),
+            "gap12": percentiles([r[2] - r[1] for r in stamps]),
+            "ttft": percentiles([r[1] - r[0] for r in stamps]),
+            "itl": percentiles([b - a for r in stamps for a, b in zip(r[2:], r[3:])]),
             "num_requests": len(stamps), "num_direct_handoffs": sum(s["num_direct_handoffs"] for s in samples)}
 
 
@@ -125,14 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                "model": args.model, "device": args.device, "rate": args.rate, "rounds": args.rounds,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": [lo, hi],
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result,
-               "direct_minus_front_p50_ms": {
-                   k: round(result["direct"][k]["p50_ms"] - result["front"][k]["p50_ms"], 3)
-                   if result["direct"][k]["p50_ms"] is not None and result["front"][k]["p50_ms"] is not None else None
-                   for k in ("hop", "gap12", "ttft", "itl")}}
-    print(json.dumps(payload, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=2))
+               "direct_minus_front_p50_ms": {k: round(result["direct"][k]["p50_ms"] - result["front"][k]["p50_ms"], 3)
+                                             for k in ("hop", "gap12", "ttft", "itl")}}
+    emit(payload, args.out)
     return 0
 
 

@@ -35,7 +35,8 @@ from typing import Any
 PROMPT_LEN = 64
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 and p90 (ms) of durations in seconds, and their count."""
     if not values:
         return {"p50_ms": float("nan"), "p90_ms": float("nan"), "n": 0}
     ordered = sorted(values)
@@ -47,7 +48,7 @@ def _timings(stamps: list[list[float]], starts: list[float]) -> dict[str, Any]:
     """TTFT and inter-token gaps from each request's token arrival times."""
     ttft = [s[0] - t0 for s, t0 in zip(stamps, starts) if s]
     itl = [b - a for s in stamps for a, b in zip(s, s[1:])]
-    return {"ttft": _percentiles(ttft), "itl": _percentiles(itl)}
+    return {"ttft": percentiles(ttft), "itl": percentiles(itl)}
 
 
 def _prompts(n: int, vocab: int) -> list[list[int]]:
@@ -72,7 +73,7 @@ def in_process(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
                     got.extend([time.perf_counter()] * len(out.token_ids_delta))
             stamps.append(got)
         result = _timings(stamps, starts)
-        result["worker_to_front"] = _percentiles(list(engine.hop_worker_to_front_s))
+        result["worker_to_front"] = percentiles(list(engine.hop_worker_to_front_s))
         return result, engine.vocab_size
 
 
@@ -206,11 +207,16 @@ def main(argv: list[str] | None = None) -> int:
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": PROMPT_LEN,
                # other processes on the host skew every figure: the 1/5/15-minute load averages, and the cores
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result}
-    print(json.dumps(payload, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=2))
+    emit(payload, args.out)
     return 0
+
+
+def emit(payload: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON and write it to `out` (its folder made), if given."""
+    print(json.dumps(payload, indent=1))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":

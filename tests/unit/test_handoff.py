@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from multiprocessing import Pipe
+from multiprocessing.connection import wait
 from types import SimpleNamespace
 
 from bullet_ray.engine.front_link import RETIRED_ID_HOLD_S
@@ -201,17 +202,24 @@ def test_a_direct_hand_off_moves_aborts_to_decode_and_aborts_one_already_gone():
     assert sent == [("decode", AbortRequests(["gone"]))]
 
 
+def _connected(inbox: HandoffInbox, word):
+    """The prefill worker's connection, after a wait begun before it connected (on `word`, what `connections`
+    gave then) woke up for the accept thread's word of it."""
+    assert wait([word], 5) == [word] and inbox.receive(word) is None  # it came; nothing to dispatch
+    (conn,) = inbox.connections()
+    assert conn is not word
+    return conn
+
+
 def test_the_two_ends_connect_over_the_runtime_folder_and_carry_a_hand_off(tmp_path):
     key = b"k" * 16
     inbox = HandoffInbox(str(tmp_path), key)
     assert ConnectHandoff(inbox.address).address.endswith("handoff.sock")
+    (word,) = inbox.connections()  # until the prefill worker connects, the decode worker waits on this
     outbox = HandoffOutbox()
     outbox.connect(inbox.address, key)
     assert outbox.is_connected
-    deadline = time.monotonic() + 5
-    while not inbox.connections() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (conn,) = inbox.connections()
+    conn = _connected(inbox, word)
     assert not (tmp_path / "handoff.sock").exists()  # one peer: the listener is gone
     assert outbox.send(Handoff(_wire("a", FakeBlocks(2)), sent_s=1.0))
     assert inbox.receive(conn).seq.request_id == "a"
@@ -225,13 +233,12 @@ def test_a_wrong_key_does_not_connect_and_the_prefill_worker_still_can(tmp_path)
     inbox = HandoffInbox(str(tmp_path), b"a" * 16)
     stray = HandoffOutbox()
     stray.connect(inbox.address, b"b" * 16)
-    assert not stray.is_connected and inbox.is_pending  # turned away; the listener waits for the next
+    assert not stray.is_connected  # turned away, and no word of a connection: the listener waits for the next
+    (word,) = inbox.connections()
+    assert not wait([word], 0.2)
     outbox = HandoffOutbox()
     outbox.connect(inbox.address, b"a" * 16)
-    assert outbox.is_connected
-    deadline = time.monotonic() + 5
-    while inbox.is_pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(inbox.connections()) == 1
+    assert outbox.is_connected and _connected(inbox, word) is not None
     outbox.close()
     inbox.close()
+    assert inbox.connections() == []

@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import threading
 import time
+from multiprocessing import Pipe
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -55,6 +56,9 @@ class HandoffInbox:
         self._listener = Listener(self.address, family="AF_UNIX", authkey=authkey)
         self._conn: Connection | None = None
         self._closed = False
+        # the accept thread's word that the prefill worker connected: the worker waits on it meanwhile, so a wait
+        # begun before the connection wakes up for it (and the first hand-offs) at once
+        self._connected_r, self._connected_w = Pipe(duplex=False)
         self._thread = threading.Thread(target=self._accept, name="bullet-handoff-accept", daemon=True)
         self._thread.start()
 
@@ -71,20 +75,24 @@ class HandoffInbox:
                 continue
             self._conn = conn
             self._listener.close()  # one peer: the socket file goes
+            self._connected_w.send(True)
             return
 
-    @property
-    def is_pending(self) -> bool:
-        """Listening, the prefill worker not connected yet (its first hand-offs may come any moment)."""
-        return self._conn is None and not self._closed and self._thread.is_alive()
-
     def connections(self) -> list[Connection]:
-        """The prefill worker's connection once it has connected (an empty list before, or after it went away)."""
-        return [self._conn] if self._conn is not None else []
+        """What the worker waits on besides the front: the prefill worker's connection once it has connected,
+        the accept thread's word of it until then (nothing once closed, or after the prefill worker went away)."""
+        if self._conn is not None:
+            return [self._conn]
+        return [] if self._closed or self._connected_r.closed else [self._connected_r]
 
     def receive(self, conn: Connection) -> Any:
-        """The next message on `conn`; None when the prefill worker went away (the front sees that too: its own
-        connection to the prefill worker ends, and it marks the engine dead)."""
+        """The next message on `conn`; None when there is nothing to dispatch: the word that the prefill worker
+        connected, or the prefill worker went away (the front sees that too: its own connection to the prefill
+        worker ends, and it marks the engine dead)."""
+        if conn is self._connected_r:
+            conn.recv()
+            conn.close()
+            return None
         try:
             return conn.recv()
         except (EOFError, OSError):
@@ -102,6 +110,8 @@ class HandoffInbox:
             self._listener.close()
         except OSError:
             pass
+        self._connected_r.close()
+        self._connected_w.close()
 
 
 class HandoffOutbox:

@@ -394,11 +394,6 @@ class DecodeWorker(SideWorker):
     def inbox(self) -> list[Any]:
         return self.handoff_inbox.connections() if self.handoff_inbox is not None else []
 
-    def ready(self, timeout: float) -> Any:
-        if self.handoff_inbox is not None and self.handoff_inbox.is_pending:
-            timeout = min(timeout, PLAN_WAIT_POLL_S)  # the prefill worker's socket joins the wait once connected
-        return super().ready(timeout)
-
     def receive(self, conn: Any) -> Any:
         if conn is self.conn or self.handoff_inbox is None:
             return conn.recv()

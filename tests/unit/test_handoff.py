@@ -203,12 +203,47 @@ def test_a_direct_hand_off_moves_aborts_to_decode_and_aborts_one_already_gone():
 
 
 def _connected(inbox: HandoffInbox, word):
-    """The prefill worker's connection, after a wait begun before it connected (on `word`, what `connections`
-    gave then) woke up for the accept thread's word of it."""
+    """The prefill worker's connection, once the accept thread's word of it (`word`, what `connections` gave before
+    the prefill worker connected) has come and been taken."""
     assert wait([word], 5) == [word] and inbox.receive(word) is None  # it came; nothing to dispatch
     (conn,) = inbox.connections()
     assert conn is not word
     return conn
+
+
+def test_a_wait_begun_before_the_prefill_worker_connects_wakes_up_for_it(tmp_path):
+    """The decode worker waits on the front's connection and `connections()`; a prefill worker connecting while it
+    waits wakes it at once (not at the wait's timeout), and its hand-offs are waited on from then."""
+    key = b"k" * 16
+    inbox = HandoffInbox(str(tmp_path), key)
+    front_r, front_w = Pipe(duplex=False)
+    woke: list = []
+    waiter = threading.Thread(target=lambda: woke.append((wait([front_r, *inbox.connections()], 5),
+                                                          time.monotonic())))
+    waiter.start()
+    time.sleep(0.1)
+    connected_at = time.monotonic()
+    outbox = HandoffOutbox()
+    outbox.connect(inbox.address, key)
+    waiter.join(6)
+    (ready, woke_at), = woke
+    assert woke_at - connected_at < 1.0 and front_r not in ready
+    (word,) = ready
+    assert inbox.receive(word) is None
+    (conn,) = inbox.connections()
+    assert outbox.send(Handoff(_wire("a", FakeBlocks(2)), sent_s=1.0))
+    assert wait([front_r, *inbox.connections()], 5) == [conn] and inbox.receive(conn).seq.request_id == "a"
+    outbox.close()
+    inbox.close()
+    front_r.close()
+    front_w.close()
+
+
+def test_an_inbox_closed_before_anyone_connects_stops_its_thread_and_socket(tmp_path):
+    inbox = HandoffInbox(str(tmp_path), b"k" * 16)
+    inbox.close()
+    assert not inbox._thread.is_alive() and inbox.connections() == []
+    assert not (tmp_path / "handoff.sock").exists()
 
 
 def test_the_two_ends_connect_over_the_runtime_folder_and_carry_a_hand_off(tmp_path):

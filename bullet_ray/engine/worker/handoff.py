@@ -29,9 +29,11 @@ are sent) to the decode worker taking it: the decode worker reports them to the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
+import socket
 import threading
 import time
 from multiprocessing import Pipe
@@ -56,6 +58,7 @@ class HandoffInbox:
         self._listener = Listener(self.address, family="AF_UNIX", authkey=authkey)
         self._conn: Connection | None = None
         self._closed = False
+        self._lock = threading.Lock()  # the accept thread's taking of the connection against close()
         # the accept thread's word that the prefill worker connected: the worker waits on it meanwhile, so a wait
         # begun before the connection wakes up for it (and the first hand-offs) at once
         self._connected_r, self._connected_w = Pipe(duplex=False)
@@ -73,43 +76,55 @@ class HandoffInbox:
                     return  # closed before the prefill worker connected
                 logger.warning("hand-off listener: a client was turned away: %s", e)
                 continue
-            self._conn = conn
-            self._listener.close()  # one peer: the socket file goes
-            self._connected_w.send(True)
+            with self._lock:
+                if self._closed:  # closed while the prefill worker's handshake ran
+                    conn.close()
+                    return
+                self._conn = conn
+                self._listener.close()  # one peer: the socket file goes
+                self._connected_w.send(True)
+                self._connected_w.close()
             return
 
     def connections(self) -> list[Connection]:
         """What the worker waits on besides the front: the prefill worker's connection once it has connected,
         the accept thread's word of it until then (nothing once closed, or after the prefill worker went away)."""
+        if self._closed:
+            return []
         if self._conn is not None:
             return [self._conn]
-        return [] if self._closed or self._connected_r.closed else [self._connected_r]
+        return [] if self._connected_r.closed else [self._connected_r]
 
     def receive(self, conn: Connection) -> Any:
         """The next message on `conn`; None when there is nothing to dispatch: the word that the prefill worker
         connected, or the prefill worker went away (the front sees that too: its own connection to the prefill
         worker ends, and it marks the engine dead)."""
-        if conn is self._connected_r:
-            conn.recv()
-            conn.close()
-            return None
         try:
+            if conn is self._connected_r:
+                conn.recv()
+                return None
             return conn.recv()
         except (EOFError, OSError):
-            logger.info("decode worker: the prefill worker's hand-off connection closed (it stopped)")
-            conn.close()
-            self._conn = None
+            if conn is not self._connected_r:
+                logger.info("decode worker: the prefill worker's hand-off connection closed (it stopped)")
+                self._conn = None
             return None
+        finally:
+            if conn is self._connected_r or self._conn is None:
+                conn.close()
 
     def close(self) -> None:
-        self._closed = True
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        try:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        if self._thread.is_alive():  # wake an accept() still waiting: its handshake fails, it sees `_closed`
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as poke:
+                poke.connect(self.address)
+        with contextlib.suppress(OSError):
             self._listener.close()
-        except OSError:
-            pass
+        self._thread.join(1.0)
         self._connected_r.close()
         self._connected_w.close()
 

@@ -221,11 +221,13 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert len(drained["handoff_s"]) == len(PROMPTS) and all(0 <= t < 5 for t in drained["handoff_s"])
 
 
-def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path):
+@pytest.mark.parametrize("handoff", ["front", "direct"])
+def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, handoff):
     """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while
     decode runs), launching ahead (asynchronous scheduling): the prefill worker hands its queued prompts
     (partly prefilled ones too) to the decode worker, which prefills them in chunks inside its steps on the
-    whole-GPU entry; the tokens stay HF's and every KV block comes back."""
+    whole-GPU entry; the tokens stay HF's and every KV block comes back. With `handoff: direct` the prefilled
+    sequences go to decode by the workers' own socket while the handed-over prompts still go through the front."""
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = PROMPTS + [p[::-1] for p in PROMPTS]
     expected = _hf_greedy(hf_greedy, folder, prompts, NUM_NEW)
@@ -233,12 +235,13 @@ def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf
     log = tmp_path / "steps.jsonl"
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
                           split_policy="slo", mixed_fallback_tokens=1, mixed_chunk_tokens=16, async_scheduling=True,
-                          step_log_path=str(log))
+                          step_log_path=str(log), handoff=handoff)
     with LLMEngine(config) as engine:
         results = engine.generate(prompts, params)
         stats = engine.stats()
         assert stats.num_free_kv_blocks == 64
     assert [r.token_ids for r in results] == expected
+    assert (stats.extra["handoff"]["num_direct"] > 0) == (handoff == "direct")
     records = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     mixed = [r for r in steps if r["phase"] == "mixed"]

@@ -75,6 +75,9 @@ def test_the_derived_h200_profile_is_the_h100s_with_faster_memory(tmp_path: Path
     assert gains == sorted(gains) and gains[0] > 1.0 and 1.3 < gains[-1] < 1.45
     for sms in (32, 64, 104):
         assert old.predict_prefill_s(4096, sms=sms) / new.predict_prefill_s(4096, sms=sms) == pytest.approx(1, abs=0.05)
+    # what a worker on an H200 loads at start (the device name torch reports)
+    model, source = load_perf_model("NVIDIA H200", 132, cfg, "bfloat16")
+    assert source == h200.file_name and model.gpu == h200.gpu
     assert derive_main([str(tmp_path / "nope.json"), "--gpu-name", "x", "--bandwidth-scale", "1",
                         "--out", str(tmp_path)]) == 2
     assert derive_main([str(PACKAGE_DIR / h100.file_name), "--gpu-name", "x", "--bandwidth-scale", "0",

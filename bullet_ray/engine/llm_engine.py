@@ -10,6 +10,7 @@ sends preempted ones back to prefill (`bullet_ray.engine.front_link.WorkerLink`,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import queue
@@ -448,7 +449,12 @@ class LLMEngine(WorkerLink, EngineClient):
                               "num_requests": self.num_split_requests + policy["num_switches"],
                               "decode_sms": counts}
             extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
-            extra["handoff"] = {"way": self.config.handoff, "num_direct": self.num_direct_handoffs}
+            # the last 256 hand-offs, prefill's send -> decode takes it (stats() runs often: a short sort)
+            hops = sorted(itertools.islice(reversed(self.hop_handoff_s), 256))
+            extra["handoff"] = {"way": self.config.handoff, "num_direct": self.num_direct_handoffs,
+                                "hop_p50_ms": round(hops[len(hops) // 2] * 1e3, 3) if hops else None,
+                                "hop_p99_ms": round(hops[min(len(hops) - 1, int(0.99 * len(hops)))] * 1e3, 3)
+                                if hops else None}
         return EngineStats(num_waiting=waiting, num_running=len(located) - waiting,
                            num_kv_blocks=self.allocator.num_blocks, num_free_kv_blocks=self.allocator.num_free,
                            num_preemptions=self.num_preemptions + sum(self._worker_recomputes.values()),

@@ -39,6 +39,7 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     handoff = _engine(system_yaml("bullet-slo+handoff", tmp_path))
     assert (handoff["split_policy"], handoff["handoff"]) == ("slo", "direct") and "handoff" not in slo
     assert handoff["step_log_path"].endswith("bullet-slo+handoff-steps.jsonl")
+    assert parse_system("bullet-slo+handoff+direct") == ("bullet-slo", "handoff", True)
     relaxed = _engine(system_yaml("bullet-slo-relaxed", tmp_path))
     assert (relaxed["split_policy"], relaxed["ttft_target_ms"], relaxed["tpot_target_ms"]) == ("slo", 1000.0, 50.0)
     assert "ttft_target_ms" not in slo and relaxed["step_log_path"].endswith("bullet-slo-relaxed-steps.jsonl")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {flag}: must be > 0, got {value}", file=sys.stderr)
             return 2
     source = load_profile(args.profile)
-    command = "python -m benchmarks.derive_profile " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.derive_profile " + shlex.join(sys.argv[1:] if argv is None else argv)
     derived = derive(source, args.gpu_name, args.bandwidth_scale, args.compute_scale, command)
     path = save_profile(derived, args.out)
     print(f"{path}: {derived.gpu}")

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -67,9 +68,10 @@ def run_way(args: argparse.Namespace, way: str, round_index: int) -> dict[str, A
                            args.lengths)
         engine.generate(prompts[:2], params)  # warm-up
         engine.hop_handoff_s.clear()
+        warm_direct = engine.num_direct_handoffs
         runs = asyncio.run(_round(engine, prompts, params, args.rate, seed=round_index))
         hops = list(engine.hop_handoff_s)
-        direct = engine.num_direct_handoffs
+        direct = engine.num_direct_handoffs - warm_direct
     return {"hop_s": hops, "stamps": runs, "num_direct_handoffs": direct}
 
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update(1)
     result = {w: summarize(s) for w, s in samples.items()}
     payload = {"benchmark": "handoff_ab", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "command": "python -m benchmarks.handoff_ab " + " ".join(sys.argv[1:] if argv is None else argv),
+               "command": "python -m benchmarks.handoff_ab " + shlex.join(sys.argv[1:] if argv is None else argv),
                "model": args.model, "device": args.device, "rate": args.rate, "rounds": args.rounds,
                "num_requests": args.num_requests, "num_tokens": args.num_tokens, "prompt_tokens": [lo, hi],
                "host_load_avg": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count(), **result,

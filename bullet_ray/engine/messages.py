@@ -60,7 +60,7 @@ class Handoff:
 
     seq: SequenceWire
     is_prompt: bool = False
-    # time.time() of the prefill worker's send (its StepOutputs' when the front relays it): the hand-off's hop
+    # the prefill worker's StepOutputs stamp (either way): the decode worker times the hand-off's hop from it
     sent_s: float = 0.0
     # the way it came: "direct" from the prefill worker, "front" relayed by the engine front
     via: str = "direct"

@@ -353,7 +353,7 @@ class PrefillWorker(SideWorker):
             return
         # handoff: direct. The front hears first: its message (with these first tokens) is then in its socket
         # before the decode worker can send a token of theirs, and it reads the prefill side's socket first
-        # (LLMEngine._receive_loop), so a request's tokens reach the client in order. The hand-offs carry the
+        # (front_link.WorkerLink._receive_loop), so a request's tokens reach the client in order. The hand-offs carry the
         # message's stamp: both ways time a hand-off from the same point (the front's relay: Handoff.sent_s)
         self.conn.send(dataclasses.replace(msg, handed_direct=[wire.request_id for wire in handoffs]))
         for i, wire in enumerate(handoffs):
@@ -415,11 +415,11 @@ class DecodeWorker(SideWorker):
             raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
         seq = Sequence.from_wire(msg.seq)
         dropped = self.tombstones is not None and self.tombstones.take(seq.request_id)
-        if msg.sent_s:
+        if msg.sent_s and not msg.is_prompt:  # a prefilled sequence's hop (not the mixed fallback's prompts)
             hop_s = time.time() - msg.sent_s
             self._handoff_hops_s.append(hop_s)
-            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via, is_prompt=msg.is_prompt,
-                                    hop_ms=round(hop_s * 1e3, 3), num_running=len(self.scheduler), dropped=dropped)
+            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via, hop_ms=round(hop_s * 1e3, 3),
+                                    num_running=len(self.scheduler), dropped=dropped)
         if dropped:
             release(seq, self.allocator)
             if msg.is_prompt:  # it leaves this side's hands without running (the prefill side may plan again)

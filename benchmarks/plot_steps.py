@@ -75,9 +75,11 @@ def handoff_summary(path: str) -> dict[str, dict[str, float]]:
     for r in records(path):
         if r.get("kind") == "handoff":
             by_via.setdefault(r["via"], []).append(r["hop_ms"])
-    return {via: {"handoffs": len(hops), "p50_ms": round(_q(sorted(hops), 0.5), 3),
-                  "p90_ms": round(_q(sorted(hops), 0.9), 3), "p99_ms": round(_q(sorted(hops), 0.99), 3)}
-            for via, hops in sorted(by_via.items())}
+    out = {}
+    for via, hops in sorted(by_via.items()):
+        hops.sort()
+        out[via] = {"handoffs": len(hops), **{f"p{round(q * 100)}_ms": round(_q(hops, q), 3) for q in (0.5, 0.9, 0.99)}}
+    return out
 
 
 def drain_idle(path: str) -> dict[str, float] | None:

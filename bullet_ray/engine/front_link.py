@@ -31,7 +31,7 @@ from bullet_ray.engine.messages import (
     WorkerFailed,
 )
 from bullet_ray.engine.outputs import FinishReason, RequestOutput
-from bullet_ray.engine.request_table import OutputSink, RequestState
+from bullet_ray.engine.request_table import Location, OutputSink, RequestState
 from bullet_ray.engine.state_block import Policy, Side, StateBlock
 from bullet_ray.policy.ttft import PrefillTimeModel
 
@@ -180,24 +180,25 @@ class WorkerLink:
         else:
             state.sink.put(out)
 
-    def _on_direct_handoff(self, request_id: str) -> None:
-        """The prefill worker sent this prefilled sequence to the decode worker itself: aborts go there now. One
-        that finished or was aborted meanwhile is aborted at decode (which drops it as it arrives if need be)."""
+    def _relabel(self, request_id: str, location: Location) -> RequestState | None:
+        """The request's state with its worker now `location` (where its aborts go); None once it finished or was
+        aborted."""
         with self._lock:
             state = self._requests.get(request_id)
             if state is not None:
-                state.location = "decode"
-        if state is None:
+                state.location = location
+        return state
+
+    def _on_direct_handoff(self, request_id: str) -> None:
+        """The prefill worker sent this prefilled sequence to the decode worker itself: aborts go there now. One
+        that finished or was aborted meanwhile is aborted at decode (which drops it as it arrives if need be)."""
+        if self._relabel(request_id, "decode") is None:
             self._send("decode", AbortRequests([request_id]))
 
     def _on_handoff(self, wire: Any, is_prompt: bool = False, sent_s: float = 0.0) -> None:
         """Relay a prefilled sequence (or with `is_prompt` a prompt the mixed fallback hands over) to decode;
         `sent_s`: when the prefill worker sent it (the hand-off's hop, timed by the decode worker)."""
-        with self._lock:
-            state = self._requests.get(wire.request_id)
-            if state is not None:
-                state.location = "decode"
-        if state is None:
+        if self._relabel(wire.request_id, "decode") is None:
             self.allocator.free(wire.block_ids)  # finished or aborted while in flight: nobody holds it
             if is_prompt:  # it will never reach decode: the prefill worker must not wait for it
                 self.state.count_handed_prompts(Policy.HANDED_PROMPTS_DROPPED)
@@ -211,10 +212,7 @@ class WorkerLink:
             self._send("decode", AbortRequests([wire.request_id]))
 
     def _on_preempted(self, wire: Any) -> None:
-        with self._lock:
-            state = self._requests.get(wire.request_id)
-            if state is not None:
-                state.location = "prefill"
+        state = self._relabel(wire.request_id, "prefill")
         self.num_preemptions += 1
         if state is not None:
             self._send("prefill", AddRequest(wire.request_id, wire.prompt_token_ids, state.params,

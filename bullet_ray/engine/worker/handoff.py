@@ -99,19 +99,18 @@ class HandoffInbox:
         """The next message on `conn`; None when there is nothing to dispatch: the word that the prefill worker
         connected, or the prefill worker went away (the front sees that too: its own connection to the prefill
         worker ends, and it marks the engine dead)."""
-        try:
-            if conn is self._connected_r:
+        if conn is self._connected_r:  # read once: from now on the prefill worker's connection is waited on
+            with contextlib.suppress(EOFError, OSError):
                 conn.recv()
-                return None
+            conn.close()
+            return None
+        try:
             return conn.recv()
         except (EOFError, OSError):
-            if conn is not self._connected_r:
-                logger.info("decode worker: the prefill worker's hand-off connection closed (it stopped)")
-                self._conn = None
+            logger.info("decode worker: the prefill worker's hand-off connection closed (it stopped)")
+            conn.close()
+            self._conn = None
             return None
-        finally:
-            if conn is self._connected_r or self._conn is None:
-                conn.close()
 
     def close(self) -> None:
         with self._lock:

@@ -396,7 +396,7 @@ class DecodeWorker(SideWorker):
 
     def receive(self, conn: Any) -> Any:
         if conn is self.conn or self.handoff_inbox is None:
-            return conn.recv()
+            return super().receive(conn)
         return self.handoff_inbox.receive(conn)
 
     def close(self) -> None:

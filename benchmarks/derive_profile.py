@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="memory bandwidth of the new GPU over the profiled one (> 0)")
     parser.add_argument("--compute-scale", type=float, default=1.0, help="matrix rate ratio (> 0; default 1)")
     parser.add_argument("--out", type=Path, required=True, help="folder (or file) for the derived profile")
+    parser.add_argument("--model", default="dummy:llama-3.1-8b",
+                        help="the profile's model, for the printed step-time predictions (default dummy:llama-3.1-8b)")
     args = parser.parse_args(argv)
     if not args.profile.is_file():
         print(f"error: profile: {args.profile} is not a file", file=sys.stderr)
@@ -62,7 +64,27 @@ def main(argv: list[str] | None = None) -> int:
     derived = derive(source, args.gpu_name, args.bandwidth_scale, args.compute_scale, command)
     path = save_profile(derived, args.out)
     print(f"{path}: {derived.gpu}")
+    print(predictions(source, derived, args.model))
     return 0
+
+
+def predictions(source: Profile, derived: Profile, model: str) -> str:
+    """Step times (ms) both profiles predict for `model`, to hold against the new GPU's first measured steps: decode
+    steps of 64 and 16 sequences x 1k context by decode SMs, a 2,048-token prefill by prefill SMs."""
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.perf.model import PerfModel
+
+    cfg = resolve_source(model).config
+    old, new = PerfModel.from_profile(source, cfg), PerfModel.from_profile(derived, cfg)
+    rows = [f"predicted step times, ms: {source.gpu.name} / {derived.gpu.name} ({model})"]
+    for batch in (64, 16):
+        for sms in (16, 32, 64, derived.gpu.sm_count):
+            rows.append(f"  decode {batch} x 1k context on {sms:3d} SMs: {old.predict_decode_s(batch, batch * 1024, sms) * 1e3:6.2f}"
+                        f" / {new.predict_decode_s(batch, batch * 1024, sms) * 1e3:6.2f}")
+    for sms in (68, 116, derived.gpu.sm_count):
+        rows.append(f"  prefill 2,048 tokens on {sms:3d} SMs: {old.predict_prefill_s(2048, sms=sms) * 1e3:6.2f}"
+                    f" / {new.predict_prefill_s(2048, sms=sms) * 1e3:6.2f}")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_LIMIT = 64 * 1024 * 1024
+MIN_FOLDER = 10_000_000  # below this a part would need dozens of calls
 
 
 def tracked_bytes() -> int:
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     max_bytes = int(args.max_mb * 1e6) if args.max_mb else CALL_LIMIT - tracked_bytes() - 1_000_000
     if not args.carry.is_dir():
         print(f"error: no {args.carry} (run ../shared/gpu/fetch_wheels.sh first)", file=sys.stderr)
+        return 2
+    if max_bytes < MIN_FOLDER:  # before this check a tree over the limit made every folder empty: all wheels lost
+        print(f"error: the tracked tree is {tracked_bytes() / 2**20:.0f} MiB, leaving {max_bytes / 1e6:.0f} MB per "
+              f"folder of a 64 MiB call: move benchmarks/results out of the tree first (docs/gpu.md)", file=sys.stderr)
         return 2
     for prefix, n in resplit(args.carry, max_bytes).items():
         print(f"{prefix}: {n} folders of <= {max_bytes / 1e6:.1f} MB")

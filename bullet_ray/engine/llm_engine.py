@@ -30,6 +30,7 @@ from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLaun
 from bullet_ray.engine.messages import (
     AbortRequests,
     AddRequest,
+    AddRequests,
     ConnectHandoff,
     Ready,
     Shutdown,
@@ -223,6 +224,14 @@ class LLMEngine(WorkerLink, EngineClient):
 
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
+        state, add = self._admit(prompt, params, request_id, loop, sink)
+        self._send(state.location, add)
+        return state
+
+    def _admit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
+               loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> tuple[RequestState, AddRequest]:
+        """Check a request and register it (it can be aborted from here on); the message that starts it is the
+        caller's to send."""
         self.check_health()
         ids = self.prompt_ids(prompt)
         params = params.fitted_to_context(len(ids), self._max_model_len)
@@ -247,8 +256,7 @@ class LLMEngine(WorkerLink, EngineClient):
                                      f"hold it; use a new id", "request_id")
             self._requests[rid] = state
             self._prefill_time.observe_prompt(len(ids))
-        self._send(target, AddRequest(rid, ids, params, time.time(), self._max_model_len))
-        return state
+        return state, AddRequest(rid, ids, params, time.time(), self._max_model_len)
 
     def stream(self, prompt: Prompt, params: SamplingParams,
                request_id: str | None = None) -> Iterator[RequestOutput]:
@@ -287,16 +295,23 @@ class LLMEngine(WorkerLink, EngineClient):
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
                  use_tqdm: bool = False) -> list[CompletionOutput]:
         """Run every prompt to completion and return the outputs in the prompts' order (vLLM's offline
-        `LLM.generate`). All requests are submitted at once; one queue collects every request's updates,
-        so the optional tqdm bar moves as requests finish, in whatever order."""
+        `LLM.generate`). All requests are checked, then sent to the worker in one message; one queue collects
+        every request's updates, so the optional tqdm bar moves as requests finish, in whatever order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequest(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
         shared: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
         states: list[RequestState] = []
+        is_sent = False
         try:
+            adds = []
             for prompt, sp in zip(prompts, plist):
-                states.append(self._submit(prompt, sp, None, None, sink=_SharedSink(shared)))
+                state, add = self._admit(prompt, sp, None, None, sink=_SharedSink(shared))
+                states.append(state)
+                adds.append(add)
+            if adds:
+                is_sent = True
+                self._send(states[0].location, AddRequests(adds))
             collected: dict[str, list[RequestOutput]] = {s.request_id: [] for s in states}
             bar = None
             if use_tqdm:
@@ -313,9 +328,13 @@ class LLMEngine(WorkerLink, EngineClient):
                         bar.update(1)
             if bar is not None:
                 bar.close()
-        except BaseException:
+        except BaseException:  # e.g. a bad prompt in the list (nothing sent yet) or Ctrl-C while they run
             for state in states:
-                self.abort(state.request_id)
+                if is_sent:
+                    self.abort(state.request_id)
+                else:
+                    with self._lock:
+                        self._requests.pop(state.request_id, None)
             raise
         return [_completion(state, collected[state.request_id]) for state in states]
 

@@ -1,6 +1,6 @@
 """Messages between the engine front and its workers (pickled over one Unix-socket connection each).
 
-Engine -> worker: AddRequest, AbortRequests, Shutdown, Wake, ConnectHandoff (to the prefill worker, once).
+Engine -> worker: AddRequest (AddRequests: several in one message), AbortRequests, Shutdown, Wake, ConnectHandoff (to the prefill worker, once).
 Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
 WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`) and, under
 the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine relays each to the decode
@@ -50,6 +50,14 @@ class AddRequest:
     max_model_len: int
     # a preempted sequence coming back for recompute (its output so far and RNG state); None for new ones
     resume: SequenceWire | None = None
+
+
+@dataclass(frozen=True)
+class AddRequests:
+    """Several new requests in one message, in order: `LLMEngine.generate` submits its whole list this way, one
+    write instead of one per request (a pipe holds ~12 prompts of ~1k tokens: the front then waited for the busy
+    worker to read each dozen between its steps)."""
+    requests: list[AddRequest]
 
 
 @dataclass(frozen=True)

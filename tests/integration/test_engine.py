@@ -17,6 +17,7 @@ import torch
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.errors import InvalidRequest
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,13 @@ def test_greedy_matches_transformers(preset, schedule, hf_root, hf_greedy):
         assert stats.num_free_kv_blocks == 64
         # measured prefill steps give a prediction; an idle engine's is about one step of an average prompt
         assert stats.predicted_ttft_s is not None and 0 < stats.predicted_ttft_s < 5
+        if preset == "tiny-llama":  # generate checks the whole list before it sends any (one message for all)
+            with pytest.raises(InvalidRequest) as bad:
+                engine.generate([PROMPTS[0], [10**9]], params)
+            assert bad.value.field == "prompt"
+            stats = engine.stats()
+            assert (stats.num_waiting, stats.num_running, stats.num_free_kv_blocks) == (0, 0, 64)
+            assert [r.token_ids for r in engine.generate(PROMPTS[:1], params)] == expected[:1]
     assert [r.token_ids for r in results] == expected
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bullet_ray.engine.messages import AbortRequests, Shutdown, Wake, WorkerSpec
+from bullet_ray.engine.messages import AbortRequests, AddRequests, Shutdown, Wake, WorkerSpec
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.deferred_free import DeferredFree
 from bullet_ray.engine.sequence import Sequence
@@ -378,6 +378,9 @@ class WorkerBase:
             self.abort(msg.request_ids)
         elif isinstance(msg, Wake):
             pass  # the loop follows the shared state block right after its messages
+        elif isinstance(msg, AddRequests):
+            for add in msg.requests:
+                self.handle(add)
         else:
             self.handle(msg)
 

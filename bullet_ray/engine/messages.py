@@ -1,6 +1,7 @@
 """Messages between the engine front and its workers (pickled over one Unix-socket connection each).
 
-Engine -> worker: AddRequest (AddRequests: several in one message), AbortRequests, Shutdown, Wake, ConnectHandoff (to the prefill worker, once).
+Engine -> worker: AddRequest (AddRequests: several in one message), AbortRequests, Shutdown, Wake, ConnectHandoff
+(to the prefill worker, once).
 Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
 WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`) and, under
 the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine relays each to the decode

@@ -135,6 +135,14 @@ class EngineConfig:
     # prompt tokens), for the split policy and the engine's SLO metrics; ttft_target_ms stays the floor.
     # None (default): ttft_target_ms for every request
     ttft_target_ms_per_prompt_token: float | None = None
+    # the split policy plans as if every request's TTFT target (the two fields above, and a target a controller
+    # pushes) were this much shorter (ms, >= 0 and < ttft_target_ms; 0, the default: off; never below a tenth
+    # of the target): the prefill queue's least-slack order and which requests count as lost, the batches' fit,
+    # the split rule's TTFT risk and backlog. It leaves the SLO metrics, admission (admission_ttft_s) and the
+    # predicted TTFT the engine publishes as they are. Headroom for prediction error and the time the client sees
+    # outside the workers (~14 ms on the H200: benchmarks/results/serve_h200_m2z); opt-in until a serving run
+    # measures it
+    ttft_margin_ms: float = 0.0
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -206,6 +214,9 @@ class EngineConfig:
         per_token = self.ttft_target_ms_per_prompt_token
         if per_token is not None and not per_token > 0:
             raise ConfigError("ttft_target_ms_per_prompt_token", f"must be > 0 or null (off), got {per_token}")
+        if not 0 <= self.ttft_margin_ms < self.ttft_target_ms:
+            raise ConfigError("ttft_margin_ms", f"must be >= 0 and < ttft_target_ms ({self.ttft_target_ms:g}), "
+                              f"got {self.ttft_margin_ms}")
         if self.profile_start_step < 0:
             raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")
         if self.profile_num_steps < 1:
@@ -246,13 +257,18 @@ class EngineConfig:
         return self.max_num_batched_tokens if role == "hybrid" else min(2048, self.max_num_batched_tokens)
 
     def slo_targets(self) -> SloTargets:
-        """The split policy's targets (seconds) from `ttft_target_ms`, `tpot_target_ms` and
-        `ttft_target_ms_per_prompt_token`."""
+        """The SLO targets (seconds) from `ttft_target_ms`, `tpot_target_ms` and
+        `ttft_target_ms_per_prompt_token`: what the SLO metrics judge by."""
         from bullet_ray.policy.slo import SloTargets
 
         per_token = self.ttft_target_ms_per_prompt_token
         return SloTargets(self.ttft_target_ms / 1e3, self.tpot_target_ms / 1e3,
                           None if per_token is None else per_token / 1e3)
+
+    def planning_targets(self) -> SloTargets:
+        """The targets the split policy plans for: `slo_targets` with `ttft_margin_ms` taken off each TTFT
+        target (SloTargets.margin_s; the same as `slo_targets` at margin 0)."""
+        return dataclasses.replace(self.slo_targets(), margin_s=self.ttft_margin_ms / 1e3)
 
     def split_settings(self) -> Any:
         """The split rule's SplitSettings from `split_rule`."""

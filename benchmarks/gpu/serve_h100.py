@@ -16,7 +16,9 @@ Systems: bullet (prefill and decode workers side by side under MPS on a fixed co
 deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
-predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-m2 (bullet-slo with the
+predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-margin<ms> (bullet-slo
+whose policy plans for each TTFT target <ms> shorter: engine.ttft_margin_ms; the SLO is scored as before),
+bullet-slo-m2 (bullet-slo with the
 split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-overlap (bullet-slo whose
 split switches let each side move at its next launch without waiting for the other: engine.split_switch
 overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
@@ -165,7 +167,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
-            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-mixed")):
+            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-margin", "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
             engine.update(targets)
@@ -186,6 +188,11 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             if not lead.isdigit():
                 raise SystemExit(f"unknown system {name!r}: bullet-slo-late<ms>")
             engine["prefill_plan_lead_ms"] = int(lead)
+        margin = name.removeprefix("bullet-slo-margin") if name.startswith("bullet-slo-margin") else ""
+        if margin:  # the policy plans as if each TTFT target were <margin> ms shorter
+            if not margin.isdigit():
+                raise SystemExit(f"unknown system {name!r}: bullet-slo-margin<ms>")
+            engine["ttft_margin_ms"] = int(margin)
         mixed = name.removeprefix("bullet-slo-mixed") if name.startswith("bullet-slo-mixed") else ""
         if mixed:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
             if not mixed.isdigit() or int(mixed) < 1:
@@ -197,8 +204,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         schedule, _, budget = name.partition("-")
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
-            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-mixed<tokens>|"
-                             f"-m2|-overlap|-<SLO preset: {presets}>], "
+            raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
+                             f"-mixed<tokens>|-m2|-overlap|-<SLO preset: {presets}>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -466,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
-                             "prefill side plans <ms> before its step in flight ends), bullet-slo-mixed<tokens> (the "
+                             "prefill side plans <ms> before its step in flight ends), bullet-slo-margin<ms> (the "
+                             "policy plans for each TTFT target <ms> shorter), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from bullet_ray.errors import ConfigError
 
+# a planning margin never shortens a TTFT target below this share of it (a pushed target shorter than the
+# margin): a planned target must stay > 0
+MIN_PLANNED_TTFT_SHARE = 0.1
+
 
 @dataclass(frozen=True)
 class SloTargets:
@@ -15,6 +19,10 @@ class SloTargets:
     # ttft_target_ms_per_prompt_token): when set, a request's TTFT target is max(ttft_s, ttft_per_token_s x prompt
     # tokens), ttft_s its floor
     ttft_per_token_s: float | None = None
+    # planning margin (EngineConfig.ttft_margin_ms): `ttft_target_s` is this much shorter, never below
+    # MIN_PLANNED_TTFT_SHARE of the target. Only the policy's targets carry one (EngineConfig.planning_targets);
+    # the SLO metrics judge against the real targets (margin 0)
+    margin_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.ttft_s > 0:
@@ -24,8 +32,13 @@ class SloTargets:
         if self.ttft_per_token_s is not None and not self.ttft_per_token_s > 0:
             raise ConfigError("ttft_target_ms_per_prompt_token",
                               f"must be > 0 or null, got {self.ttft_per_token_s * 1e3:g}")
+        if not self.margin_s >= 0:
+            raise ConfigError("ttft_margin_ms", f"must be >= 0, got {self.margin_s * 1e3:g}")
 
     def ttft_target_s(self, num_prompt_tokens: int) -> float:
-        if self.ttft_per_token_s is None:
-            return self.ttft_s
-        return max(self.ttft_s, self.ttft_per_token_s * num_prompt_tokens)
+        target = self.ttft_s
+        if self.ttft_per_token_s is not None:
+            target = max(target, self.ttft_per_token_s * num_prompt_tokens)
+        if self.margin_s:
+            target = max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target)
+        return target

@@ -28,6 +28,9 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     late = _engine(system_yaml("bullet-slo-late20+direct", tmp_path))
     assert (late["split_policy"], late["prefill_plan_lead_ms"]) == ("slo", 20) and "prefill_plan_lead_ms" not in slo
     assert late["step_log_path"].endswith("bullet-slo-late20+direct-steps.jsonl")
+    margin = _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
+    assert (margin["split_policy"], margin["ttft_margin_ms"]) == ("slo", 50) and "ttft_margin_ms" not in slo
+    assert "ttft_target_ms" not in margin and margin["step_log_path"].endswith("bullet-slo-margin50+direct-steps.jsonl")
     mixed = _engine(system_yaml("bullet-slo-mixed8192", tmp_path))
     assert (mixed["split_policy"], mixed["mixed_fallback_tokens"]) == ("slo", 8192) and "mixed_fallback_tokens" not in slo
     m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
@@ -58,6 +61,16 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert old["piecewise_graph_tokens"] == 1024 and old["step_log_path"].endswith("chunked-2048+pw1024-steps.jsonl")
 
 
+def test_margin_system_plans_shorter_and_scores_the_strict_targets(tmp_path):
+    """bullet-slo-margin<ms>: a valid engine config whose policy plans for 500 - <ms> ms while its SLO metrics
+    keep 500 ms."""
+    from bullet_ray.serve.config import EngineArgs
+
+    cfg = EngineArgs(**_engine(system_yaml("bullet-slo-margin50", tmp_path))).to_engine_config()
+    assert cfg.planning_targets().ttft_target_s(100) == pytest.approx(0.45)
+    assert cfg.slo_targets().ttft_target_s(100) == 0.5
+
+
 def test_per_prompt_token_presets_reach_the_engine_config(tmp_path):
     """bullet-slo-<preset> for Bullet's per-prompt-token presets: the per-token target, a floor of one token's
     worth (a request's target is then 1.5 ms x its prompt tokens, as the bench scores it), the preset's TPOT; and
@@ -78,7 +91,7 @@ def test_per_prompt_token_presets_reach_the_engine_config(tmp_path):
     assert late["prefill_plan_lead_ms"] == 100 and "ttft_target_ms" not in late
 
 
-@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "fancy", "bullet+fast",
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "bullet-slo-marginx", "fancy", "bullet+fast",
                                   "chunked-2048+pwx", "bullet-slo-foo", "bullet-slo-strict", "bullet-slo-bullet"])
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):

@@ -226,7 +226,7 @@ class SplitDecider:
         self.mixed_index = whole if whole is not None else self.top_index
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
-                                   cfg.slo_targets(),
+                                   cfg.planning_targets(),
                                    token_cap=cfg.max_num_batched_tokens, settings=cfg.split_settings())
         self.model = model
         self._seen_decode_step = -1
@@ -413,7 +413,8 @@ def queued_requests(seqs: Any, now: float) -> list[QueuedRequest]:
 
 def with_pushed(targets: SloTargets, pushed: tuple[float, float] | None) -> SloTargets:
     """`targets` with the (ttft_s, tpot_s) a controller pushed (StateBlock.slo_targets; None: none pushed) in
-    place of its floor and TPOT target; the per-prompt-token TTFT, which a push does not carry, is kept."""
+    place of its floor and TPOT target; the per-prompt-token TTFT and the planning margin, which a push does not
+    carry, are kept."""
     if pushed is None or pushed == (targets.ttft_s, targets.tpot_s):
         return targets
     return dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])

@@ -468,7 +468,7 @@ class DecodeWorker(SideWorker):
     def _order_prompts(self) -> None:
         """The handed-over prompts in the policy's least-slack order before they are chunked (first come, first
         served made a whole burst wait alike: benchmarks/results/serve_h100_m2n)."""
-        targets = with_pushed(self.config.slo_targets(), self.res.state.slo_targets())  # per-token part kept
+        targets = with_pushed(self.config.planning_targets(), self.res.state.slo_targets())  # per-token, margin kept
         ordered = order_by_slack(self.prompts.waiting, self.recorder.model, self.partitioner.current.decode_sms,
                                  targets)
         self.prompts.waiting.clear()

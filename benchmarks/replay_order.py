@@ -5,21 +5,24 @@ What it models:
 - arrivals and prompt lengths of one run (`scheduled_s`, `prompt_tokens` of a serve_bench run file); each request
   reaches the prefill queue `overhead_ms` / 2 after it is sent and its first token reaches the client
   `overhead_ms` / 2 after its prefill ends (the time outside the workers: HTTP, Serve, the engine front);
-- one prefill side that runs one batch after another at a fixed prompt-token rate (by default the median rate of
-  the run's prefill steps of >= 1,500 tokens on 116 SMs, from its step log), a batch taking the queue in order up to
-  `cap_tokens` (a longer prompt in chunks; a started prompt stays first, as the scheduler does) and only while
-  the batch's first request still meets its (planned) target, unless it cannot anyway (BulletPolicy.plan's fit);
-- at every step boundary the queue ordered by the policy's own `least_slack_order` (bullet_ray.policy.ordering),
-  its prefill time predicted without error (tokens / rate) and its TTFT target shortened by the margin
+- one prefill side that runs one batch after another, a step taking fixed + per prompt token + per attention pair
+  (`--step-model linear`, the default: least squares over the run's prefill steps on 116 SMs) or tokens at a fixed
+  rate (`rate`: the median of its steps of >= 1,500 tokens); a batch takes the queue in order up to `cap_tokens`
+  (a longer prompt in chunks; a started prompt stays first, as the scheduler does) and only while the batch's
+  first request still meets its (planned) target, unless it cannot anyway (BulletPolicy.plan's fit);
+- the next batch planned when the one before launches (the engine's asynchronous planning: arrivals during a step
+  wait for the plan after it, and slack counts the step in flight), or with `--no-plan-ahead` when the side is free;
+- the queue ordered by the policy's own `least_slack_order` (bullet_ray.policy.ordering), each request's prefill
+  time predicted without error by the same step model and its TTFT target shortened by the margin
   (SloTargets.margin_s);
 - each step's real time = predicted x lognormal noise (median 1), its sigma such that the p90 of |error| is the
   step log's measured p90 prefill error (|predicted - measured| / measured over every prefill step).
 
-What it leaves out: the decode side (its SMs: prefill here always runs at the 116-SM rate, while the real split
-gives prefill fewer SMs when decode is busy, and the split rule that moves it), a step's fixed cost (small steps
-are as efficient as large ones here), the length buckets and saturation size of the real batch planner, planning
-the next batch while the step in flight runs (an arrival here joins the next step boundary), TPOT, and errors
-that persist over many steps (the noise here is independent per step). Attainment here is TTFT <= target only.
+What it leaves out: the decode side (its SMs: prefill here always runs on 116 SMs, while the real split gives it
+fewer when decode is busy, and the split rule that moves it), the length buckets and saturation size of the real
+batch planner (`--cap-tokens` stands in for the latter), TPOT, and errors that persist over many steps (the noise
+here is independent per step). Attainment here is TTFT <= target only. Calibrated against the run it replays, it
+is more pessimistic than the GPU (benchmarks/results/replay_order_h200/README.md).
 
     python -m benchmarks.replay_order                              # the H200 m2z run at 32 req/s
     python -m benchmarks.replay_order --margins 0,25,50 --seeds 10 --json out.json
@@ -93,52 +96,119 @@ def load_step_rate(path: Path, min_tokens: int = 1500, prefill_sms: int = 116) -
     return StepRate(statistics.median(s["num_tokens"] / s["measured_ms"] * 1e3 for s in big), len(big), p90)
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """A prefill step's time: fixed + per prompt token + per attention (query, key) pair, in seconds."""
+    fixed_s: float
+    per_token_s: float
+    per_pair_s: float = 0.0
+
+    @classmethod
+    def at_rate(cls, tokens_per_s: float) -> StepCost:
+        return cls(0.0, 1.0 / tokens_per_s)
+
+    def seconds(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """One step of `chunks`: (tokens computed now, tokens computed before) per request."""
+        pairs = sum(q * c + q * (q + 1) // 2 for q, c in chunks)
+        return self.fixed_s + self.per_token_s * sum(q for q, _ in chunks) + self.per_pair_s * pairs
+
+
+def fit_step_cost(path: Path, prefill_sms: int = 116, min_tokens: int = 64) -> tuple[StepCost, float] | None:
+    """Least squares of the log's prefill steps on `prefill_sms` SMs: measured = fixed + a x tokens + b x pairs;
+    also the fit's median relative error. None: fewer than 8 such steps with attention pairs in the log."""
+    import numpy as np
+
+    rows = []
+    with _open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") == "step" and rec.get("side") == "prefill" and rec.get("phase") == "prefill" \
+                    and rec.get("prefill_sms") == prefill_sms and rec.get("num_tokens", 0) >= min_tokens \
+                    and rec.get("measured_ms", 0) > 0 and "num_attention_pairs" in rec:
+                rows.append(rec)
+    if len(rows) < 8:
+        return None
+    x = np.array([[1.0, r["num_tokens"], r["num_attention_pairs"]] for r in rows])
+    y = np.array([r["measured_ms"] / 1e3 for r in rows])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    return (StepCost(max(0.0, float(coef[0])), float(coef[1]), max(0.0, float(coef[2]))),
+            float(np.median(np.abs(x @ coef - y) / y)))
+
+
 def sigma_for_p90_error(p90_error: float) -> float:
     """Sigma of a lognormal factor whose |log| has its p90 at log(1 + p90_error)."""
     return math.log1p(p90_error) / Z90
 
 
-def replay(arrivals: Sequence[Arrival], tokens_per_s: float, targets: SloTargets, cap_tokens: int = 8192,
-           noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None) -> list[float]:
-    """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring."""
+def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
+           noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
+           plan_ahead: bool = True) -> list[float]:
+    """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: the next
+    batch is planned when the one before launches (the engine's asynchronous planning: arrivals during a step
+    wait for the plan after it, and slack counts the step in flight, `prefill_remaining_s`); False: each batch
+    is planned when the prefill side is free. `cost`: a StepCost, or a fixed rate in prompt tokens/s."""
+    step = cost if isinstance(cost, StepCost) else StepCost.at_rate(cost)
     rng = rng or random.Random(0)
     half = overhead_s / 2
     pending = sorted(range(len(arrivals)), key=lambda i: arrivals[i].scheduled_s)
     enters = {i: arrivals[i].scheduled_s + half for i in pending}
-    computed: dict[str, int] = {}  # queued request id -> prompt tokens prefilled so far
+    computed: dict[str, int] = {}  # queued request id -> prompt tokens prefilled so far (in flight counted)
     index_of = {a.request_id: i for i, a in enumerate(arrivals)}
     ttft = [math.nan] * len(arrivals)
-    now, nxt = 0.0, 0
+    now, nxt = 0.0, 0  # now: when the next batch is planned
+    free_at = 0.0  # when the step in flight ends
+    in_flight: list[tuple[str, int]] = []  # (id, tokens) of the step in flight
 
     def own_s(r: QueuedRequest) -> float:
-        return r.num_remaining_tokens / tokens_per_s
+        return step.seconds([(r.num_remaining_tokens, r.num_computed_tokens)])
+
+    def finish(batch: list[tuple[str, int]], end: float) -> None:
+        for rid, _ in batch:
+            i = index_of[rid]
+            if computed.get(rid, -1) >= arrivals[i].num_prompt_tokens and math.isnan(ttft[i]):
+                del computed[rid]
+                ttft[i] = end + half - arrivals[i].scheduled_s
 
     while nxt < len(pending) or computed:
-        if not computed:
-            now = max(now, enters[pending[nxt]])
+        flying = {rid for rid, _ in in_flight}
+        waiting = [rid for rid, done in computed.items()
+                   if done < arrivals[index_of[rid]].num_prompt_tokens and not
+                   (rid in flying and done >= arrivals[index_of[rid]].num_prompt_tokens)]
+        if not waiting:  # nothing to plan: finish the step in flight, then wait for the next arrival
+            finish(in_flight, free_at)
+            in_flight = []
+            if nxt >= len(pending):
+                break
+            now = max(now, free_at, enters[pending[nxt]])
         while nxt < len(pending) and enters[pending[nxt]] <= now:
             computed[arrivals[pending[nxt]].request_id] = 0
             nxt += 1
+        start_s = max(0.0, free_at - now)
         queue = [QueuedRequest(rid, arrivals[index_of[rid]].num_prompt_tokens, now - enters[index_of[rid]], done)
-                 for rid, done in computed.items()]
-        order = least_slack_order(queue, own_s, targets)
+                 for rid, done in computed.items() if done < arrivals[index_of[rid]].num_prompt_tokens]
+        if not queue:
+            continue
+        order = least_slack_order(queue, own_s, targets, start_s)
         head, head_target = order[0], targets.ttft_target_s(order[0].num_prompt_tokens)
         batch: list[tuple[str, int]] = []
+        chunks: list[tuple[int, int]] = []
         used = 0
         for r in order:  # BulletPolicy.plan's fit: the batch grows while its head still makes its target
             take = min(r.num_remaining_tokens, cap_tokens - used)
-            late = head.waited_s + (used + take) / tokens_per_s > head_target
-            if take <= 0 or (batch and late and head.waited_s + own_s(head) <= head_target):
+            late = head.waited_s + start_s + step.seconds([*chunks, (take, r.num_computed_tokens)]) > head_target
+            if take <= 0 or (batch and late and head.waited_s + start_s + own_s(head) <= head_target):
                 break
             batch.append((r.request_id, take))
+            chunks.append((take, r.num_computed_tokens))
             used += take
-        now += used / tokens_per_s * (math.exp(rng.gauss(0.0, noise_sigma)) if noise_sigma else 1.0)
         for rid, take in batch:
             computed[rid] += take
-            i = index_of[rid]
-            if computed[rid] >= arrivals[i].num_prompt_tokens:
-                del computed[rid]
-                ttft[i] = now + half - arrivals[i].scheduled_s
+        launch = max(now, free_at)
+        finish(in_flight, launch)  # the step before ends as this one launches
+        free_at = launch + step.seconds(chunks) * (math.exp(rng.gauss(0.0, noise_sigma)) if noise_sigma else 1.0)
+        in_flight = batch
+        now = launch if plan_ahead else free_at
+    finish(in_flight, free_at)
     return ttft
 
 
@@ -154,7 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="noise seeds per margin (averaged)")
     parser.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     parser.add_argument("--overhead-ms", type=float, default=14.0, help="time outside the workers (ms), half each way")
-    parser.add_argument("--cap-tokens", type=int, default=8192, help="token budget of one prefill batch")
+    parser.add_argument("--cap-tokens", type=int, default=4096,
+                        help="tokens of one prefill batch at most (the served run's batches under a backlog: 2-4k, "
+                             "BulletPolicy's saturation size; the engine's budget was 8,192)")
+    parser.add_argument("--step-model", choices=("linear", "rate"), default="linear",
+                        help="linear: a step takes fixed + per token + per attention pair, fitted to the step log's "
+                             "prefill steps on --sms SMs; rate: tokens / the median rate of its >= 1,500-token steps")
+    parser.add_argument("--no-plan-ahead", dest="plan_ahead", action="store_false",
+                        help="plan each batch when the prefill side is free (default: when the one before launches, "
+                             "as the engine's asynchronous planning does)")
     parser.add_argument("--tokens-per-s", type=float, default=None,
                         help="prefill rate (prompt tokens/s); default: the step log's median on --sms SMs")
     parser.add_argument("--sms", type=int, default=116, help="prefill SMs of the steps the rate is taken from")
@@ -166,6 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     arrivals, measured = load_run(args.run)
     rate = load_step_rate(args.steps, prefill_sms=args.sms)
     tokens_per_s = args.tokens_per_s or rate.tokens_per_s
+    cost: StepCost | float = tokens_per_s
+    cost_text = f"prefill rate {tokens_per_s:,.0f} tokens/s"
+    fitted = fit_step_cost(args.steps, args.sms) if args.step_model == "linear" and args.tokens_per_s is None \
+        else None
+    if args.step_model == "linear" and fitted is None:
+        cost_text += " (too few steps with attention pairs for the linear model)"
+    if fitted is not None:
+        cost, fit_error = fitted
+        cost_text = (f"step = {cost.fixed_s * 1e3:.2f} ms + {cost.per_token_s * 1e6:.2f} ms per 1k tokens + "
+                     f"{cost.per_pair_s * 1e9:.3f} ms per M attention pairs (fit median error {fit_error:.1%})")
     p90 = rate.p90_error if args.p90_error is None else args.p90_error
     sigma = sigma_for_p90_error(p90)
     target_s = args.ttft_ms / 1e3
@@ -174,19 +262,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(a.num_prompt_tokens for a in arrivals)} prompt tokens; measured TTFT <= {args.ttft_ms:g} ms: "
           f"{attainment(measured, target_s):.1%}, TTFT p50 "
           f"{statistics.median(t for t in measured if t is not None) * 1e3:.0f} ms")
-    print(f"prefill rate {tokens_per_s:,.0f} tokens/s (step log: median of {rate.num_steps} steps on {args.sms} SMs "
-          f"{rate.tokens_per_s:,.0f}), step noise lognormal sigma {sigma:.4f} (p90 error {p90:.1%}), overhead "
-          f"{args.overhead_ms:g} ms, batch cap {args.cap_tokens} tokens, {args.seeds} seeds")
+    print(f"{cost_text} (step log: median rate of {rate.num_steps} steps on {args.sms} SMs "
+          f"{rate.tokens_per_s:,.0f} tokens/s), plan ahead {args.plan_ahead}, step noise lognormal sigma "
+          f"{sigma:.4f} (p90 error {p90:.1%}), overhead {args.overhead_ms:g} ms, batch cap {args.cap_tokens} tokens, "
+          f"{args.seeds} seeds")
     rows = []
     print(f"{'margin_ms':>9} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} {'p50_ms':>7}")
     for margin in margins:
         targets = SloTargets(target_s, margin_s=margin / 1e3)
-        clean = attainment(replay(arrivals, tokens_per_s, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3),
-                           target_s)
+        clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
+                                  plan_ahead=args.plan_ahead), target_s)
         shares, near, p50s = [], [], []
         for seed in range(args.seeds):
-            ttfts = replay(arrivals, tokens_per_s, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
-                           random.Random(seed))
+            ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
+                           random.Random(seed), plan_ahead=args.plan_ahead)
             shares.append(attainment(ttfts, target_s))
             near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
             p50s.append(statistics.median(ttfts))
@@ -198,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({
             "run": str(args.run), "steps": str(args.steps), "measured_attainment": attainment(measured, target_s),
-            "tokens_per_s": tokens_per_s, "noise_sigma": sigma, "p90_error": p90, "overhead_ms": args.overhead_ms,
+            "tokens_per_s": tokens_per_s, "step_model": args.step_model,
+            "step_cost": cost.__dict__ if isinstance(cost, StepCost) else None, "plan_ahead": args.plan_ahead,
+            "noise_sigma": sigma, "p90_error": p90, "overhead_ms": args.overhead_ms,
             "cap_tokens": args.cap_tokens, "ttft_ms": args.ttft_ms, "seeds": args.seeds, "rows": rows}, indent=1))
     return 0
 

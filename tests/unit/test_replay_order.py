@@ -8,7 +8,15 @@ import random
 
 import pytest
 
-from benchmarks.replay_order import Arrival, load_step_rate, main, replay, sigma_for_p90_error
+from benchmarks.replay_order import (
+    Arrival,
+    StepCost,
+    fit_step_cost,
+    load_step_rate,
+    main,
+    replay,
+    sigma_for_p90_error,
+)
 from bullet_ray.policy.slo import SloTargets
 
 
@@ -48,3 +56,35 @@ def test_the_command_line_reads_a_run_and_a_step_log(tmp_path, capsys):
     assert "measured TTFT <= 500 ms: 75.0%" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert [r["margin_ms"] for r in doc["rows"]] == [0.0, 50.0] and all(0 <= r["mean"] <= 1 for r in doc["rows"])
+
+
+def test_planning_ahead_commits_the_next_batch_before_a_later_arrival():
+    # a and c (1,000 tokens each, 0.1 s, target 1 s) at 0; b (100 tokens, target 0.1 s) arrives at 0.05, while a
+    # runs. Planned when the side is free, b (least slack) goes next, alone; planned as a launches (the engine's
+    # way), c was already committed and b waits for it
+    arrivals = [Arrival("a", 0.0, 1000), Arrival("c", 0.0, 1000), Arrival("b", 0.05, 100)]
+    targets = SloTargets(0.1, ttft_per_token_s=0.001)
+    free = replay(arrivals, 10_000.0, targets, cap_tokens=1000, plan_ahead=False)
+    ahead = replay(arrivals, 10_000.0, targets, cap_tokens=1000, plan_ahead=True)
+    assert free == pytest.approx([0.1, 0.21, 0.06])
+    assert ahead == pytest.approx([0.1, 0.2, 0.16])
+
+
+def test_the_linear_step_model_is_fitted_from_the_log(tmp_path):
+    truth = StepCost(0.007, 31e-6, 0.6e-9)
+    steps = tmp_path / "steps.jsonl"
+    rows = []
+    for n, seqs in [(200, 1), (900, 2), (1500, 1), (2100, 3), (3000, 2), (3600, 1), (4000, 4), (5000, 1), (700, 1)]:
+        q = n // seqs
+        pairs = seqs * (q * (q + 1) // 2)
+        rows.append({"kind": "step", "side": "prefill", "phase": "prefill", "num_tokens": n, "prefill_sms": 116,
+                     "num_attention_pairs": pairs, "predicted_ms": 1.0,
+                     "measured_ms": (truth.fixed_s + truth.per_token_s * n + truth.per_pair_s * pairs) * 1e3})
+    steps.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    fitted = fit_step_cost(steps)
+    assert fitted is not None
+    cost, error = fitted
+    assert cost.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6) and cost.per_token_s == pytest.approx(
+        truth.per_token_s, rel=1e-6) and error < 1e-9
+    assert cost.seconds([(1000, 0)]) == pytest.approx(0.007 + 0.031 + 0.6e-9 * 500500)
+    assert fit_step_cost(steps, prefill_sms=100) is None  # no steps on that entry

@@ -143,51 +143,54 @@ def sigma_for_p90_error(p90_error: float) -> float:
 def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
            noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
            plan_ahead: bool = True) -> list[float]:
-    """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: the next
-    batch is planned when the one before launches (the engine's asynchronous planning: arrivals during a step
-    wait for the plan after it, and slack counts the step in flight, `prefill_remaining_s`); False: each batch
-    is planned when the prefill side is free. `cost`: a StepCost, or a fixed rate in prompt tokens/s."""
+    """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: a batch is
+    planned while the step before runs (the engine's asynchronous planning: as that step launches, or as a request
+    arrives to an empty queue; slack counts the step's predicted rest, `prefill_remaining_s`), and arrivals after
+    the plan wait for the next one; False: each batch is planned when the prefill side is free. `cost`: a
+    StepCost, or a fixed rate in prompt tokens/s."""
+    if cap_tokens < 1:
+        raise ValueError(f"cap_tokens must be >= 1, got {cap_tokens}")
     step = cost if isinstance(cost, StepCost) else StepCost.at_rate(cost)
     rng = rng or random.Random(0)
     half = overhead_s / 2
     pending = sorted(range(len(arrivals)), key=lambda i: arrivals[i].scheduled_s)
     enters = {i: arrivals[i].scheduled_s + half for i in pending}
-    computed: dict[str, int] = {}  # queued request id -> prompt tokens prefilled so far (in flight counted)
     index_of = {a.request_id: i for i, a in enumerate(arrivals)}
+    scheduled: dict[str, int] = {}  # request id -> prompt tokens in batches so far (the step in flight's too)
     ttft = [math.nan] * len(arrivals)
     now, nxt = 0.0, 0  # now: when the next batch is planned
-    free_at = 0.0  # when the step in flight ends
-    in_flight: list[tuple[str, int]] = []  # (id, tokens) of the step in flight
+    free_at = predicted_end = 0.0  # when the step in flight ends, and when the planner expects it to
+    in_flight: list[str] = []  # requests whose last prompt tokens the step in flight computes
+
+    def prompt(rid: str) -> int:
+        return arrivals[index_of[rid]].num_prompt_tokens
 
     def own_s(r: QueuedRequest) -> float:
         return step.seconds([(r.num_remaining_tokens, r.num_computed_tokens)])
 
-    def finish(batch: list[tuple[str, int]], end: float) -> None:
-        for rid, _ in batch:
-            i = index_of[rid]
-            if computed.get(rid, -1) >= arrivals[i].num_prompt_tokens and math.isnan(ttft[i]):
-                del computed[rid]
-                ttft[i] = end + half - arrivals[i].scheduled_s
+    def finish(end: float) -> None:  # the step in flight ends at `end`: its completed prompts' first tokens
+        for rid in in_flight:
+            del scheduled[rid]
+            ttft[index_of[rid]] = end + half - arrivals[index_of[rid]].scheduled_s
+        in_flight.clear()
 
-    while nxt < len(pending) or computed:
-        flying = {rid for rid, _ in in_flight}
-        waiting = [rid for rid, done in computed.items()
-                   if done < arrivals[index_of[rid]].num_prompt_tokens and not
-                   (rid in flying and done >= arrivals[index_of[rid]].num_prompt_tokens)]
-        if not waiting:  # nothing to plan: finish the step in flight, then wait for the next arrival
-            finish(in_flight, free_at)
-            in_flight = []
+    while True:
+        while nxt < len(pending) and enters[pending[nxt]] <= now:
+            scheduled[arrivals[pending[nxt]].request_id] = 0
+            nxt += 1
+        queue = [QueuedRequest(rid, prompt(rid), now - enters[index_of[rid]], done)
+                 for rid, done in scheduled.items() if done < prompt(rid)]
+        if not queue:  # nothing to plan now: the next arrival, planned during the step in flight if that runs
             if nxt >= len(pending):
                 break
-            now = max(now, free_at, enters[pending[nxt]])
-        while nxt < len(pending) and enters[pending[nxt]] <= now:
-            computed[arrivals[pending[nxt]].request_id] = 0
-            nxt += 1
-        start_s = max(0.0, free_at - now)
-        queue = [QueuedRequest(rid, arrivals[index_of[rid]].num_prompt_tokens, now - enters[index_of[rid]], done)
-                 for rid, done in computed.items() if done < arrivals[index_of[rid]].num_prompt_tokens]
-        if not queue:
+            arrival = enters[pending[nxt]]
+            if plan_ahead and in_flight and arrival < free_at:
+                now = arrival
+            else:
+                finish(free_at)
+                now = max(now, free_at, arrival)
             continue
+        start_s = max(0.0, predicted_end - now)
         order = least_slack_order(queue, own_s, targets, start_s)
         head, head_target = order[0], targets.ttft_target_s(order[0].num_prompt_tokens)
         batch: list[tuple[str, int]] = []
@@ -201,19 +204,29 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
             batch.append((r.request_id, take))
             chunks.append((take, r.num_computed_tokens))
             used += take
-        for rid, take in batch:
-            computed[rid] += take
         launch = max(now, free_at)
-        finish(in_flight, launch)  # the step before ends as this one launches
-        free_at = launch + step.seconds(chunks) * (math.exp(rng.gauss(0.0, noise_sigma)) if noise_sigma else 1.0)
-        in_flight = batch
+        finish(launch)  # the step before ends as this one launches
+        for rid, take in batch:
+            scheduled[rid] += take
+            if scheduled[rid] >= prompt(rid):
+                in_flight.append(rid)
+        predicted = step.seconds(chunks)
+        predicted_end = launch + predicted
+        free_at = launch + predicted * (math.exp(rng.gauss(0.0, noise_sigma)) if noise_sigma else 1.0)
         now = launch if plan_ahead else free_at
-    finish(in_flight, free_at)
+    finish(free_at)
     return ttft
 
 
 def attainment(ttfts: Sequence[float | None], target_s: float) -> float:
     return sum(t is not None and t <= target_s for t in ttfts) / len(ttfts)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="noise seeds per margin (averaged)")
     parser.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     parser.add_argument("--overhead-ms", type=float, default=14.0, help="time outside the workers (ms), half each way")
-    parser.add_argument("--cap-tokens", type=int, default=4096,
+    parser.add_argument("--cap-tokens", type=_positive_int, default=4096,
                         help="tokens of one prefill batch at most (the served run's batches under a backlog: 2-4k, "
                              "BulletPolicy's saturation size; the engine's budget was 8,192)")
     parser.add_argument("--step-model", choices=("linear", "rate"), default="linear",

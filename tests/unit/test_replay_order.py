@@ -88,3 +88,15 @@ def test_the_linear_step_model_is_fitted_from_the_log(tmp_path):
         truth.per_token_s, rel=1e-6) and error < 1e-9
     assert cost.seconds([(1000, 0)]) == pytest.approx(0.007 + 0.031 + 0.6e-9 * 500500)
     assert fit_step_cost(steps, prefill_sms=100) is None  # no steps on that entry
+
+
+def test_a_prompt_chunked_over_several_batches_gets_its_first_token_after_its_last_chunk():
+    # 3,000 tokens at 10k tokens/s in batches of at most 1,000: three 0.1 s steps, the first token after the third
+    for plan_ahead in (True, False):
+        assert replay([Arrival("a", 0.0, 3000)], 10_000.0, SloTargets(5.0), cap_tokens=1000,
+                      plan_ahead=plan_ahead) == pytest.approx([0.3])
+    # 200 + 800 tokens: the second shares its first batch with the first, then finishes in the next
+    assert replay([Arrival("a", 0.0, 200), Arrival("b", 0.0, 1600)], 10_000.0, SloTargets(5.0),
+                  cap_tokens=1000) == pytest.approx([0.1, 0.18])
+    with pytest.raises(ValueError, match="cap_tokens"):
+        replay([Arrival("a", 0.0, 10)], 10_000.0, SloTargets(5.0), cap_tokens=0)

@@ -6,6 +6,7 @@ The YAML/HTTP edge (Serve builder args) validates with pydantic and converts to 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -136,8 +137,8 @@ class EngineConfig:
     # None (default): ttft_target_ms for every request
     ttft_target_ms_per_prompt_token: float | None = None
     # the split policy plans as if every request's TTFT target (the two fields above, and a target a controller
-    # pushes) were this much shorter (ms, >= 0 and < ttft_target_ms; 0, the default: off; never below a tenth
-    # of the target): the prefill queue's least-slack order and which requests count as lost, the batches' fit,
+    # pushes) were this much shorter (ms, >= 0; < ttft_target_ms unless the targets are per prompt token; 0, the
+    # default: off; never below a tenth of the target): the prefill queue's least-slack order and which requests count as lost, the batches' fit,
     # the split rule's TTFT risk and backlog. It leaves the SLO metrics, admission (admission_ttft_s) and the
     # predicted TTFT the engine publishes as they are. Headroom for prediction error and the time the client sees
     # outside the workers (~14 ms on the H200: benchmarks/results/serve_h200_m2z); opt-in until a serving run
@@ -214,8 +215,12 @@ class EngineConfig:
         per_token = self.ttft_target_ms_per_prompt_token
         if per_token is not None and not per_token > 0:
             raise ConfigError("ttft_target_ms_per_prompt_token", f"must be > 0 or null (off), got {per_token}")
-        if not 0 <= self.ttft_margin_ms < self.ttft_target_ms:
-            raise ConfigError("ttft_margin_ms", f"must be >= 0 and < ttft_target_ms ({self.ttft_target_ms:g}), "
+        if not 0 <= self.ttft_margin_ms < math.inf:
+            raise ConfigError("ttft_margin_ms", f"must be >= 0 and finite, got {self.ttft_margin_ms}")
+        if per_token is None and not self.ttft_margin_ms < self.ttft_target_ms:
+            # with per-prompt-token targets ttft_target_ms is only their floor (1.5-3 ms in Bullet's presets): a
+            # target never goes under a tenth of itself (SloTargets), so no bound on the floor is needed there
+            raise ConfigError("ttft_margin_ms", f"must be < ttft_target_ms ({self.ttft_target_ms:g}), "
                               f"got {self.ttft_margin_ms}")
         if self.profile_start_step < 0:
             raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")

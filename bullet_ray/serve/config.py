@@ -79,8 +79,9 @@ class EngineArgs(BaseModel):
                                 "3, Azure code and arXiv 1.5): a request's TTFT target is max(ttft_target_ms, this "
                                 "x its prompt tokens), for the split policy and the SLO metrics; null: off")
     ttft_margin_ms: float = Field(0.0, ge=0, description="the split policy plans as if each TTFT target were this "
-                                  "much shorter (ms, < ttft_target_ms; 0: off): headroom for prediction error and "
-                                  "the time outside the workers; the SLO metrics and admission keep the real targets")
+                                  "much shorter (ms; < ttft_target_ms unless per prompt token; 0: off): headroom for "
+                                  "prediction error and the time outside the workers; the SLO metrics and admission "
+                                  "keep the real targets")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

@@ -93,11 +93,23 @@ def test_slo_metrics_keep_the_real_target():
     assert not metrics.meets_slo(0.51, 0.51 + 10 * 0.02, 11)
 
 
-@pytest.mark.parametrize(("target_ms", "margin_ms"), [(500.0, -1.0), (500.0, 500.0), (500.0, 600.0),
-                                                    (100.0, 150.0), (500.0, float("nan"))])
-def test_bad_margins_name_the_field(target_ms: float, margin_ms: float):
-    with pytest.raises(ConfigError, match="^ttft_margin_ms: must be >= 0 and < ttft_target_ms"):
+@pytest.mark.parametrize(("target_ms", "margin_ms", "message"), [
+    (500.0, -1.0, "must be >= 0 and finite"), (500.0, float("nan"), "must be >= 0 and finite"),
+    (500.0, float("inf"), "must be >= 0 and finite"), (500.0, 500.0, "must be < ttft_target_ms"),
+    (500.0, 600.0, "must be < ttft_target_ms"), (100.0, 150.0, "must be < ttft_target_ms")])
+def test_bad_margins_name_the_field(target_ms: float, margin_ms: float, message: str):
+    with pytest.raises(ConfigError, match=f"^ttft_margin_ms: {message}"):
         EngineConfig(ttft_target_ms=target_ms, ttft_margin_ms=margin_ms)
+
+
+def test_a_margin_may_exceed_the_floor_of_per_prompt_token_targets():
+    # Bullet's ShareGPT preset: 3 ms per prompt token, the floor one token's worth; a 25 ms margin is allowed and
+    # a 1,000-token prompt is planned for 3 s - 25 ms, a 2-token one for a tenth of its 6 ms
+    cfg = EngineConfig(ttft_target_ms=3.0, ttft_target_ms_per_prompt_token=3.0, ttft_margin_ms=25.0)
+    planned = cfg.planning_targets()
+    assert planned.ttft_target_s(1000) == pytest.approx(2.975)
+    assert planned.ttft_target_s(2) == pytest.approx(0.0006)
+    assert cfg.slo_targets().ttft_target_s(1000) == pytest.approx(3.0)
 
 
 def test_bad_margins_at_the_yaml_edge_name_the_field():

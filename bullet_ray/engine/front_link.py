@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from bullet_ray.config import EngineConfig
@@ -230,11 +231,15 @@ class WorkerLink:
         self._retired_ids[request_id] = now + RETIRED_ID_HOLD_S
 
     def _send(self, role: str, msg: Any) -> None:
+        data = ForkingPickler.dumps(msg)  # what Connection.send writes, pickled before the lock and the write
         try:
             with self._send_locks[role]:
-                self._conns[role].send(msg)
+                self._conns[role].send_bytes(data)
         except (OSError, KeyError) as e:
             self._mark_dead(f"cannot reach the {role} worker: {e}")
+        except BaseException:  # e.g. Ctrl-C inside a long write: the connection may hold part of a message
+            self._mark_dead(f"interrupted while sending to the {role} worker")
+            raise
 
     def _mark_dead(self, reason: str) -> None:
         if self._is_shut_down:

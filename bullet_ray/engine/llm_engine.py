@@ -10,6 +10,7 @@ sends preempted ones back to prefill (`bullet_ray.engine.front_link.WorkerLink`,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -225,6 +226,7 @@ class LLMEngine(WorkerLink, EngineClient):
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
         state, add = self._admit(prompt, params, request_id, loop, sink)
+        self._observe_prompts([add])
         self._send(state.location, add)
         return state
 
@@ -255,8 +257,13 @@ class LLMEngine(WorkerLink, EngineClient):
                 raise InvalidRequest(f"request id {rid!r} was aborted or stopped a moment ago and a worker may still "
                                      f"hold it; use a new id", "request_id")
             self._requests[rid] = state
-            self._prefill_time.observe_prompt(len(ids))
         return state, AddRequest(rid, ids, params, time.time(), self._max_model_len)
+
+    def _observe_prompts(self, adds: list[AddRequest]) -> None:
+        """Count sent prompts in the typical prompt length the predicted TTFT is quoted for."""
+        with self._lock:
+            for add in adds:
+                self._prefill_time.observe_prompt(len(add.prompt_token_ids))
 
     def stream(self, prompt: Prompt, params: SamplingParams,
                request_id: str | None = None) -> Iterator[RequestOutput]:
@@ -309,9 +316,11 @@ class LLMEngine(WorkerLink, EngineClient):
                 state, add = self._admit(prompt, sp, None, None, sink=_SharedSink(shared))
                 states.append(state)
                 adds.append(add)
-            if adds:
-                is_sent = True
-                self._send(states[0].location, AddRequests(adds))
+            is_sent = bool(adds)
+            for piece in _pieces(adds, GENERATE_PIECE_TOKENS):
+                now = time.time()  # arrival: when the worker can first see it, not when the list was checked
+                self._send(states[0].location, AddRequests([dataclasses.replace(a, arrival_s=now) for a in piece]))
+                self._observe_prompts(piece)
             collected: dict[str, list[RequestOutput]] = {s.request_id: [] for s in states}
             bar = None
             if use_tqdm:
@@ -329,25 +338,32 @@ class LLMEngine(WorkerLink, EngineClient):
             if bar is not None:
                 bar.close()
         except BaseException:  # e.g. a bad prompt in the list (nothing sent yet) or Ctrl-C while they run
-            for state in states:
-                if is_sent:
-                    self.abort(state.request_id)
-                else:
-                    with self._lock:
+            if is_sent:
+                self._abort_many([state.request_id for state in states])
+            else:
+                with self._lock:
+                    for state in states:
                         self._requests.pop(state.request_id, None)
             raise
         return [_completion(state, collected[state.request_id]) for state in states]
 
     # abort ------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
+        self._abort_many([request_id])
+
+    def _abort_many(self, request_ids: list[str]) -> None:
+        """Abort the ids still running: one abort output each, one message per worker that holds any."""
         with self._lock:
-            state = self._requests.pop(request_id, None)
-            if state is not None:
-                self._retire(request_id)
-        if state is None:
-            return
-        state.sink.put(state.make_output([], "", None, finish_reason="abort"))
-        self._send(state.location, AbortRequests([request_id]))
+            popped = [(rid, self._requests.pop(rid, None)) for rid in request_ids]
+            found = [(rid, state) for rid, state in popped if state is not None]
+            for rid, _ in found:
+                self._retire(rid)
+        by_location: dict[str, list[str]] = {}
+        for rid, state in found:
+            state.sink.put(state.make_output([], "", None, finish_reason="abort"))
+            by_location.setdefault(state.location, []).append(rid)
+        for location, ids in by_location.items():
+            self._send(location, AbortRequests(ids))
 
     # SM split ---------------------------------------------------------------------------------------
     def request_split(self, index: int) -> None:
@@ -543,6 +559,24 @@ class LLMEngine(WorkerLink, EngineClient):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+# generate sends its list in pieces of about this many prompt tokens (~1 MB pickled): one write per piece, not
+# per request, while the send lock (which the receiver thread's aborts also take) is held for a bounded time
+GENERATE_PIECE_TOKENS = 262_144
+
+
+def _pieces(adds: list[AddRequest], max_tokens: int) -> Iterator[list[AddRequest]]:
+    piece: list[AddRequest] = []
+    tokens = 0
+    for add in adds:
+        if piece and tokens + len(add.prompt_token_ids) > max_tokens:
+            yield piece
+            piece, tokens = [], 0
+        piece.append(add)
+        tokens += len(add.prompt_token_ids)
+    if piece:
+        yield piece
 
 
 class _SharedSink(OutputSink):

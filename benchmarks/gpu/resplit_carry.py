@@ -29,6 +29,8 @@ def tracked_bytes() -> int:
 
 
 def resplit(carry: Path, max_bytes: int) -> dict[str, int]:
+    if max_bytes < 1:  # nothing would fit: every folder would be emptied and its files lost
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
     groups: dict[str, list[Path]] = defaultdict(list)
     for folder in sorted(carry.iterdir()):
         prefix, _, letter = folder.name.rpartition("-")
@@ -90,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.carry.is_dir():
         print(f"error: no {args.carry} (run ../shared/gpu/fetch_wheels.sh first)", file=sys.stderr)
         return 2
-    if max_bytes < MIN_FOLDER:  # before this check a tree over the limit made every folder empty: all wheels lost
+    if args.max_mb and max_bytes < 1:
+        print(f"error: --max-mb must be > 0, got {args.max_mb:g}", file=sys.stderr)
+        return 2
+    if not args.max_mb and max_bytes < MIN_FOLDER:  # before this check a tree over the limit emptied every folder
         print(f"error: the tracked tree is {tracked_bytes() / 2**20:.0f} MiB, leaving {max_bytes / 1e6:.0f} MB per "
               f"folder of a 64 MiB call: move benchmarks/results out of the tree first (docs/gpu.md)", file=sys.stderr)
         return 2

@@ -7,9 +7,10 @@ What it models:
   `overhead_ms` / 2 after its prefill ends (the time outside the workers: HTTP, Serve, the engine front);
 - one prefill side that runs one batch after another, a step taking fixed + per prompt token + per attention pair
   (`--step-model linear`, the default: least squares over the run's prefill steps on 116 SMs) or tokens at a fixed
-  rate (`rate`: the median of its steps of >= 1,500 tokens); a batch takes the queue in order up to `cap_tokens`
-  (a longer prompt in chunks; a started prompt stays first, as the scheduler does) and only while the batch's
-  first request still meets its (planned) target, unless it cannot anyway (BulletPolicy.plan's fit);
+  rate (`rate`: the median of its steps of >= 1,500 tokens); batches formed by BulletPolicy.plan's own
+  `plan_batches` and `LengthBuckets` (`--planner bullet`, the default: the head, then whole requests from its
+  length bucket and the nearest while the head still meets its (planned) target, up to `cap_tokens` as the
+  saturation size) or by taking the order up to `cap_tokens`, the last request cut to fill it (`fill`);
 - the next batch planned when the one before launches (the engine's asynchronous planning: arrivals during a step
   wait for the plan after it, and slack counts the step in flight), or with `--no-plan-ahead` when the side is free;
 - the queue ordered by the policy's own `least_slack_order` (bullet_ray.policy.ordering), each request's prefill
@@ -19,10 +20,11 @@ What it models:
   step log's measured p90 prefill error (|predicted - measured| / measured over every prefill step).
 
 What it leaves out: the decode side (its SMs: prefill here always runs on 116 SMs, while the real split gives it
-fewer when decode is busy, and the split rule that moves it), the length buckets and saturation size of the real
-batch planner (`--cap-tokens` stands in for the latter), TPOT, and errors that persist over many steps (the noise
-here is independent per step). Attainment here is TTFT <= target only. Calibrated against the run it replays, it
-is more pessimistic than the GPU (benchmarks/results/replay_order_h200/README.md).
+fewer when decode is busy, and the split rule that moves it), the batch planner's saturation size as the online
+correction moves it (`--cap-tokens` stands in for it), TPOT, and
+errors that persist over many steps (the noise here is independent per step). Attainment here is TTFT <= target
+only. Against the H200 runs it replays (benchmarks/results/replay_order_h200/README.md): within 0.1 points at
+32 req/s, 8-9 points pessimistic at 40-48.
 
     python -m benchmarks.replay_order                              # the H200 m2z run at 32 req/s
     python -m benchmarks.replay_order --margins 0,25,50 --seeds 10 --json out.json
@@ -40,6 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bullet_ray.policy.batching import plan_batches
+from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.ordering import least_slack_order
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.state import QueuedRequest
@@ -142,12 +146,17 @@ def sigma_for_p90_error(p90_error: float) -> float:
 
 def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
            noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
-           plan_ahead: bool = True) -> list[float]:
+           plan_ahead: bool = True, planner: str = "fill", token_budget: int = 8192) -> list[float]:
     """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: a batch is
     planned while the step before runs (the engine's asynchronous planning: as that step launches, or as a request
     arrives to an empty queue; slack counts the step's predicted rest, `prefill_remaining_s`), and arrivals after
     the plan wait for the next one; False: each batch is planned when the prefill side is free. `cost`: a
-    StepCost, or a fixed rate in prompt tokens/s."""
+    StepCost, or a fixed rate in prompt tokens/s. `planner`: "fill" takes the order up to `cap_tokens`, cutting
+    the last request to fill it; "bullet" is BulletPolicy.plan's batching (`plan_batches`: the head, then requests
+    from its length bucket and the nearest, whole, up to `cap_tokens` as the saturation size; a head longer than
+    that runs alone, in chunks of `token_budget`)."""
+    if planner not in ("fill", "bullet"):
+        raise ValueError(f"planner must be 'fill' or 'bullet', got {planner!r}")
     if cap_tokens < 1:
         raise ValueError(f"cap_tokens must be >= 1, got {cap_tokens}")
     step = cost if isinstance(cost, StepCost) else StepCost.at_rate(cost)
@@ -161,6 +170,7 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
     now, nxt = 0.0, 0  # now: when the next batch is planned
     free_at = predicted_end = 0.0  # when the step in flight ends, and when the planner expects it to
     in_flight: list[str] = []  # requests whose last prompt tokens the step in flight computes
+    buckets = LengthBuckets()
 
     def prompt(rid: str) -> int:
         return arrivals[index_of[rid]].num_prompt_tokens
@@ -195,15 +205,27 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
         head, head_target = order[0], targets.ttft_target_s(order[0].num_prompt_tokens)
         batch: list[tuple[str, int]] = []
         chunks: list[tuple[int, int]] = []
-        used = 0
-        for r in order:  # BulletPolicy.plan's fit: the batch grows while its head still makes its target
-            take = min(r.num_remaining_tokens, cap_tokens - used)
-            late = head.waited_s + start_s + step.seconds([*chunks, (take, r.num_computed_tokens)]) > head_target
-            if take <= 0 or (batch and late and head.waited_s + start_s + own_s(head) <= head_target):
-                break
-            batch.append((r.request_id, take))
-            chunks.append((take, r.num_computed_tokens))
-            used += take
+        if planner == "bullet":
+            def fits(members: list[QueuedRequest], head: QueuedRequest = head, start_s: float = start_s,
+                     head_target: float = head_target) -> bool:  # BulletPolicy.plan's: the head still makes it
+                t = step.seconds([(m.num_remaining_tokens, m.num_computed_tokens) for m in members])
+                return head.waited_s + start_s + t <= head_target or \
+                    head.waited_s + start_s + own_s(head) > head_target
+            buckets.rebalance([r.num_prompt_tokens for r in queue])
+            for r in plan_batches(order, buckets, token_budget, cap_tokens, fits, max_batches=1)[0]:
+                take = min(r.num_remaining_tokens, token_budget)
+                batch.append((r.request_id, take))
+                chunks.append((take, r.num_computed_tokens))
+        else:
+            used = 0
+            for r in order:  # BulletPolicy.plan's fit: the batch grows while its head still makes its target
+                take = min(r.num_remaining_tokens, cap_tokens - used)
+                late = head.waited_s + start_s + step.seconds([*chunks, (take, r.num_computed_tokens)]) > head_target
+                if take <= 0 or (batch and late and head.waited_s + start_s + own_s(head) <= head_target):
+                    break
+                batch.append((r.request_id, take))
+                chunks.append((take, r.num_computed_tokens))
+                used += take
         launch = max(now, free_at)
         finish(launch)  # the step before ends as this one launches
         for rid, take in batch:
@@ -240,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-tokens", type=_positive_int, default=4096,
                         help="tokens of one prefill batch at most (the served run's batches under a backlog: 2-4k, "
                              "BulletPolicy's saturation size; the engine's budget was 8,192)")
+    parser.add_argument("--planner", choices=("bullet", "fill"), default="bullet",
+                        help="bullet: BulletPolicy.plan's batching (length buckets, whole requests up to --cap-tokens "
+                             "as the saturation size); fill: the order up to --cap-tokens, the last request cut to "
+                             "fill it")
     parser.add_argument("--step-model", choices=("linear", "rate"), default="linear",
                         help="linear: a step takes fixed + per token + per attention pair, fitted to the step log's "
                              "prefill steps on --sms SMs; rate: tokens / the median rate of its >= 1,500-token steps")
@@ -276,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{attainment(measured, target_s):.1%}, TTFT p50 "
           f"{statistics.median(t for t in measured if t is not None) * 1e3:.0f} ms")
     print(f"{cost_text} (step log: median rate of {rate.num_steps} steps on {args.sms} SMs "
-          f"{rate.tokens_per_s:,.0f} tokens/s), plan ahead {args.plan_ahead}, step noise lognormal sigma "
+          f"{rate.tokens_per_s:,.0f} tokens/s), planner {args.planner}, plan ahead {args.plan_ahead}, step noise lognormal sigma "
           f"{sigma:.4f} (p90 error {p90:.1%}), overhead {args.overhead_ms:g} ms, batch cap {args.cap_tokens} tokens, "
           f"{args.seeds} seeds")
     rows = []
@@ -284,11 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     for margin in margins:
         targets = SloTargets(target_s, margin_s=margin / 1e3)
         clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
-                                  plan_ahead=args.plan_ahead), target_s)
+                                  plan_ahead=args.plan_ahead, planner=args.planner), target_s)
         shares, near, p50s = [], [], []
         for seed in range(args.seeds):
             ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
-                           random.Random(seed), plan_ahead=args.plan_ahead)
+                           random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner)
             shares.append(attainment(ttfts, target_s))
             near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
             p50s.append(statistics.median(ttfts))
@@ -302,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": str(args.run), "steps": str(args.steps), "measured_attainment": attainment(measured, target_s),
             "tokens_per_s": tokens_per_s, "step_model": args.step_model,
             "step_cost": cost.__dict__ if isinstance(cost, StepCost) else None, "plan_ahead": args.plan_ahead,
-            "noise_sigma": sigma, "p90_error": p90, "overhead_ms": args.overhead_ms,
+            "planner": args.planner, "noise_sigma": sigma, "p90_error": p90, "overhead_ms": args.overhead_ms,
             "cap_tokens": args.cap_tokens, "ttft_ms": args.ttft_ms, "seeds": args.seeds, "rows": rows}, indent=1))
     return 0
 

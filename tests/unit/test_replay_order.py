@@ -100,3 +100,16 @@ def test_a_prompt_chunked_over_several_batches_gets_its_first_token_after_its_la
                   cap_tokens=1000) == pytest.approx([0.1, 0.18])
     with pytest.raises(ValueError, match="cap_tokens"):
         replay([Arrival("a", 0.0, 10)], 10_000.0, SloTargets(5.0), cap_tokens=0)
+
+
+def test_the_bullet_planner_batches_whole_requests_of_similar_length():
+    # four requests at 0 with loose targets, cap 1,000: the order puts the shorter first (its swap pass); a and c
+    # (bucket [0, 256)) share a batch, b does not join them (900 more would pass the cap) and is not cut to fill it
+    # (as `fill` would), d (1,500, over the cap) runs alone, whole
+    arrivals = [Arrival("a", 0.0, 100), Arrival("b", 0.0, 900), Arrival("c", 0.0, 120), Arrival("d", 0.0, 1500)]
+    assert replay(arrivals, 10_000.0, SloTargets(5.0), cap_tokens=1000, planner="bullet") == \
+        pytest.approx([0.022, 0.112, 0.022, 0.262])
+    filled = replay(arrivals, 10_000.0, SloTargets(5.0), cap_tokens=1000, planner="fill")
+    assert filled[1] > 0.112  # b cut: its last chunk waits for a second batch
+    with pytest.raises(ValueError, match="planner"):
+        replay(arrivals, 10_000.0, SloTargets(5.0), planner="greedy")

@@ -8,6 +8,11 @@ The base model is judged without the engine's online correction.
 
     python -m benchmarks.refit_from_steps --fit serve_h100_m2b/bullet-slo-steps.jsonl.gz \
         --check serve_h100_code/bullet-slo-steps.jsonl.gz [--write]     # --write: into the shipped profile
+    python -m benchmarks.refit_from_steps --fit serve_h200_m2z/bullet-slo+direct-steps.jsonl.gz --halves \
+        --profile bullet_ray/perf/profiles/nvidia-h200__llama-3-1-8b__bfloat16.json
+
+A serving log runs prefill alone mostly for a sweep's first requests (a few shapes): there the fit keeps the
+profile's base factors and fits the co-run slowdown only (bullet_ray.perf.calibration.fit.MIN_ALONE_SHAPES).
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ def report(model: PerfModel, samples: list[Sample]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase in ("prefill", "decode"):
         errs = relative_errors(model, [s for s in samples if s.phase == phase])
-        out[phase] = {"steps": len(errs), "median": round(quantile(errs, 0.5), 4), "p90": round(quantile(errs, 0.9), 4)}
+        out[phase] = {"steps": len(errs), "median": round(quantile(errs, 0.5), 4) if errs else None,
+                      "p90": round(quantile(errs, 0.9), 4) if errs else None}
     return out
 
 
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", type=Path, nargs="*", default=[], help="held-out step logs")
     parser.add_argument("--profile", type=Path, default=PROFILE)
     parser.add_argument("--preset", default="llama-3.1-8b", help="the model's dummy preset (its config)")
+    parser.add_argument("--halves", action="store_true",
+                        help="fit on the first half of the --fit logs' steps (in log order), check on the second")
     parser.add_argument("--write", action="store_true", help="store the refit factors in --profile")
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
@@ -74,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     base = PerfModel.from_profile(profile, cfg)
     fit_samples = [s for p in args.fit for s in samples_of(p)]
     check_samples = [s for p in args.check for s in samples_of(p)]
+    if args.halves:
+        half = len(fit_samples) // 2
+        fit_samples, check_samples = fit_samples[:half], fit_samples[half:] + check_samples
     refit = PerfModel(cfg, profile.gpu, base.fit(profile.samples + fit_samples), base.dtype_bytes)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": "python -m benchmarks.refit_from_steps " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -155,8 +155,9 @@ class PerfModel:
         return Observation(sample.phase, lin, att, sample.other_busy, sample.measured_s)
 
     def fit(self, samples: list[Sample], ridge: float = 1e-4) -> Calibration:
-        """Calibration factors fitted to profiled steps (does not change this model)."""
-        return fit_calibration([self.observation(s) for s in samples], ridge)
+        """Calibration factors fitted to profiled steps (does not change this model); this model's own factors are
+        the prior (the ridge's target, and what a phase keeps where the samples cannot tell its factors apart)."""
+        return fit_calibration([self.observation(s) for s in samples], ridge, self.calibration)
 
     def observe(self, shape: StepShape, sms: int, other_busy: bool, index: int, measured_s: float) -> float:
         """A measured step while serving: feeds the online correction; returns the relative error of the

@@ -26,6 +26,10 @@ from bullet_ray.perf.calibration.factors import Calibration, PhaseCalibration
 from bullet_ray.perf.kernels import PHASES, Phase
 
 FACTOR_BOUNDS = (0.05, 50.0)  # inverse efficiencies outside this are a broken profile, not a slow kernel
+# the fewest distinct step shapes (roofline GEMM and attention times) run alone from which a phase's three base factors are
+# fitted; fewer (a serving log, where prefill runs alone mostly at the first requests of a sweep: 3-4 shapes in the
+# H100 and H200 runs) left them at a corner (attention at its floor, GEMMs 4-17x), so the prior's stay
+MIN_ALONE_SHAPES = 6
 MAX_CORUN_SLOWDOWN = 2.0
 
 
@@ -86,6 +90,8 @@ def fit_phase(observations: Iterable[Observation], ridge: float = 1e-4,
     alone = [o for o in obs if not o.other_busy] or obs
     theta0 = [prior.overhead_s, prior.linear, prior.attention]
     theta = theta0
+    if len({(round(o.linear_s, 9), round(o.attention_s, 9)) for o in alone}) < MIN_ALONE_SHAPES:
+        alone = []  # too few shapes to tell overhead, GEMMs and attention apart: keep the prior's, fit the co-run
     if alone:
         rows = [(1.0, o.linear_s, o.attention_s) for o in alone]
         ys = [o.measured_s for o in alone]

@@ -11,8 +11,10 @@ The base model is judged without the engine's online correction.
     python -m benchmarks.refit_from_steps --fit serve_h200_m2z/bullet-slo+direct-steps.jsonl.gz --halves \
         --profile bullet_ray/perf/profiles/nvidia-h200__llama-3-1-8b__bfloat16.json
 
-A serving log runs prefill alone mostly for a sweep's first requests (a few shapes): there the fit keeps the
-profile's base factors and fits the co-run slowdown only (bullet_ray.perf.calibration.fit.MIN_ALONE_SHAPES).
+A serving log runs prefill alone mostly for each rate's first requests (a few shapes): where a phase ran alone in
+fewer than --min-alone-shapes shapes (default bullet_ray.perf.calibration.fit.SERVED_MIN_ALONE_SHAPES; 0: off) the
+fit keeps the profile's base factors and fits the co-run slowdown only; the output's "alone_shapes" says how many
+each phase had.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from benchmarks.plot_steps import records
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.models.loader import preset_hf_config
+from bullet_ray.perf.calibration.fit import SERVED_MIN_ALONE_SHAPES, num_shapes
 from bullet_ray.perf.model import PerfModel, quantile, relative_errors
 from bullet_ray.perf.profile import Profile, Sample, load_profile, save_profile
 
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", type=Path, nargs="*", default=[], help="held-out step logs")
     parser.add_argument("--profile", type=Path, default=PROFILE)
     parser.add_argument("--preset", default="llama-3.1-8b", help="the model's dummy preset (its config)")
+    parser.add_argument("--min-alone-shapes", type=int, default=SERVED_MIN_ALONE_SHAPES,
+                        help="a phase that ran alone in fewer shapes keeps the profile's base factors (0: off)")
+    parser.add_argument("--without-profile-samples", action="store_true",
+                        help="fit on the logs' steps alone, not with the profile's own samples")
     parser.add_argument("--halves", action="store_true",
                         help="fit on the first half of the --fit logs' steps (in log order), check on the second")
     parser.add_argument("--write", action="store_true", help="store the refit factors in --profile")
@@ -85,10 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.halves:
         half = len(fit_samples) // 2
         fit_samples, check_samples = fit_samples[:half], fit_samples[half:] + check_samples
-    refit = PerfModel(cfg, profile.gpu, base.fit(profile.samples + fit_samples), base.dtype_bytes)
+    samples = fit_samples + ([] if args.without_profile_samples else profile.samples)
+    refit = PerfModel(cfg, profile.gpu, base.fit(samples, min_alone_shapes=args.min_alone_shapes), base.dtype_bytes)
+    alone_shapes = {phase: num_shapes(base.observation(x) for x in samples if x.phase == phase and not x.other_busy)
+                    for phase in ("prefill", "decode")}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": "python -m benchmarks.refit_from_steps " + " ".join(sys.argv[1:] if argv is None else argv),
               "profile": str(args.profile.name), "fit_steps": len(fit_samples), "check_steps": len(check_samples),
+              "profile_samples": 0 if args.without_profile_samples else len(profile.samples),
+              "alone_shapes": alone_shapes, "min_alone_shapes": args.min_alone_shapes,
               "old": {"calibration": profile.calibration.to_dict(), "fit_logs": report(base, fit_samples),
                       "check_logs": report(base, check_samples)},
               "new": {"calibration": refit.calibration.to_dict(), "fit_logs": report(refit, fit_samples),

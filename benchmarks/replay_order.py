@@ -23,8 +23,8 @@ What it leaves out: the decode side (its SMs: prefill here always runs on 116 SM
 fewer when decode is busy, and the split rule that moves it), the batch planner's saturation size as the online
 correction moves it (`--cap-tokens` stands in for it), TPOT, and
 errors that persist over many steps (the noise here is independent per step). Attainment here is TTFT <= target
-only. Against the H200 runs it replays (benchmarks/results/replay_order_h200/README.md): within 0.1 points at
-32 req/s, 8-9 points pessimistic at 40-48.
+only. Against the H200 runs it replays (benchmarks/results/replay_order_h200/README.md), with the batch cap set
+from the run's batches: 87.9% against 88.0% at 32 req/s (seeds 79-93%), 8-9 points pessimistic at 40-48.
 
     python -m benchmarks.replay_order                              # the H200 m2z run at 32 req/s
     python -m benchmarks.replay_order --margins 0,25,50 --seeds 10 --json out.json
@@ -117,9 +117,10 @@ class StepCost:
         return self.fixed_s + self.per_token_s * sum(q for q, _ in chunks) + self.per_pair_s * pairs
 
 
-def fit_step_cost(path: Path, prefill_sms: int = 116, min_tokens: int = 64) -> tuple[StepCost, float] | None:
+def fit_step_cost(path: Path, prefill_sms: int = 116, min_tokens: int = 64) -> tuple[StepCost, float, int] | None:
     """Least squares of the log's prefill steps on `prefill_sms` SMs: measured = fixed + a x tokens + b x pairs;
-    also the fit's median relative error. None: fewer than 8 such steps with attention pairs in the log."""
+    also the fit's median relative error and its number of steps. None: fewer than 8 such steps with attention
+    pairs in the log."""
     import numpy as np
 
     rows = []
@@ -136,7 +137,7 @@ def fit_step_cost(path: Path, prefill_sms: int = 116, min_tokens: int = 64) -> t
     y = np.array([r["measured_ms"] / 1e3 for r in rows])
     coef = np.linalg.lstsq(x, y, rcond=None)[0]
     return (StepCost(max(0.0, float(coef[0])), float(coef[1]), max(0.0, float(coef[2]))),
-            float(np.median(np.abs(x @ coef - y) / y)))
+            float(np.median(np.abs(x @ coef - y) / y)), len(rows))
 
 
 def sigma_for_p90_error(p90_error: float) -> float:
@@ -146,7 +147,7 @@ def sigma_for_p90_error(p90_error: float) -> float:
 
 def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
            noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
-           plan_ahead: bool = True, planner: str = "fill", token_budget: int = 8192) -> list[float]:
+           plan_ahead: bool = True, planner: str = "bullet", token_budget: int = 8192) -> list[float]:
     """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: a batch is
     planned while the step before runs (the engine's asynchronous planning: as that step launches, or as a request
     arrives to an empty queue; slack counts the step's predicted rest, `prefill_remaining_s`), and arrivals after
@@ -157,8 +158,8 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
     that runs alone, in chunks of `token_budget`)."""
     if planner not in ("fill", "bullet"):
         raise ValueError(f"planner must be 'fill' or 'bullet', got {planner!r}")
-    if cap_tokens < 1:
-        raise ValueError(f"cap_tokens must be >= 1, got {cap_tokens}")
+    if cap_tokens < 1 or token_budget < 1:
+        raise ValueError(f"cap_tokens and token_budget must be >= 1, got {cap_tokens}, {token_budget}")
     step = cost if isinstance(cost, StepCost) else StepCost.at_rate(cost)
     rng = rng or random.Random(0)
     half = overhead_s / 2
@@ -290,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_model == "linear" and fitted is None:
         cost_text += " (too few steps with attention pairs for the linear model)"
     if fitted is not None:
-        cost, fit_error = fitted
+        cost, fit_error, fit_steps = fitted
         cost_text = (f"step = {cost.fixed_s * 1e3:.2f} ms + {cost.per_token_s * 1e6:.2f} ms per 1k tokens + "
-                     f"{cost.per_pair_s * 1e9:.3f} ms per M attention pairs (fit median error {fit_error:.1%})")
+                     f"{cost.per_pair_s * 1e9:.3f} ms per M attention pairs (fit over {fit_steps} steps on {args.sms} "
+                     f"SMs, median error {fit_error:.1%})")
     p90 = rate.p90_error if args.p90_error is None else args.p90_error
     sigma = sigma_for_p90_error(p90)
     target_s = args.ttft_ms / 1e3

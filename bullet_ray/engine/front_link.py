@@ -232,17 +232,23 @@ class WorkerLink:
 
     def _send(self, role: str, msg: Any) -> None:
         data = ForkingPickler.dumps(msg)  # what Connection.send writes, pickled before the lock and the write
+        is_writing = False
         try:
             with self._send_locks[role]:
+                is_writing = True
                 self._conns[role].send_bytes(data)
+                is_writing = False
         except (OSError, KeyError) as e:
             self._mark_dead(f"cannot reach the {role} worker: {e}")
-        except BaseException:  # e.g. Ctrl-C inside a long write: the connection may hold part of a message
-            self._mark_dead(f"interrupted while sending to the {role} worker")
+        except BaseException:
+            if is_writing:  # e.g. Ctrl-C inside a long write: the connection may hold part of a message. Closed,
+                # the worker reads its end (and exits) instead of taking the next message as this one's rest
+                self._conns[role].close()
+                self._mark_dead(f"interrupted while sending to the {role} worker")
             raise
 
     def _mark_dead(self, reason: str) -> None:
-        if self._is_shut_down:
+        if self._is_shut_down or self._dead_reason is not None:  # the first reason stands
             return
         logger.error("engine is dead: %s", reason)
         self._dead_reason = reason

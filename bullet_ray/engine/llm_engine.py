@@ -302,8 +302,9 @@ class LLMEngine(WorkerLink, EngineClient):
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
                  use_tqdm: bool = False) -> list[CompletionOutput]:
         """Run every prompt to completion and return the outputs in the prompts' order (vLLM's offline
-        `LLM.generate`). All requests are checked, then sent to the worker in one message; one queue collects
-        every request's updates, so the optional tqdm bar moves as requests finish, in whatever order."""
+        `LLM.generate`). All requests are checked, then sent to the worker in pieces of ~256k prompt tokens, one
+        message each; one queue collects every request's updates, so the optional tqdm bar moves as requests finish,
+        in whatever order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequest(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
@@ -318,6 +319,8 @@ class LLMEngine(WorkerLink, EngineClient):
                 adds.append(add)
             is_sent = bool(adds)
             for piece in _pieces(adds, GENERATE_PIECE_TOKENS):
+                if self._dead_reason is not None:  # a send failed (or a worker died): every request has its error
+                    break
                 now = time.time()  # arrival: when the worker can first see it, not when the list was checked
                 self._send(states[0].location, AddRequests([dataclasses.replace(a, arrival_s=now) for a in piece]))
                 self._observe_prompts(piece)

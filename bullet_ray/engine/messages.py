@@ -55,9 +55,9 @@ class AddRequest:
 
 @dataclass(frozen=True)
 class AddRequests:
-    """Several new requests in one message, in order: `LLMEngine.generate` submits its whole list this way, one
-    write instead of one per request (a pipe holds ~12 prompts of ~1k tokens: the front then waited for the busy
-    worker to read each dozen between its steps)."""
+    """Several new requests in one message, in order: `LLMEngine.generate` submits its list this way, one write
+    per ~256k prompt tokens instead of one per request (a pipe holds ~12 prompts of ~1k tokens: the front then
+    waited for the busy worker to read each dozen between its steps)."""
     requests: list[AddRequest]
 
 

@@ -154,10 +154,11 @@ class PerfModel:
         lin, att = self.group_times_s(sample.shape, sample.sms)
         return Observation(sample.phase, lin, att, sample.other_busy, sample.measured_s)
 
-    def fit(self, samples: list[Sample], ridge: float = 1e-4) -> Calibration:
+    def fit(self, samples: list[Sample], ridge: float = 1e-4, min_alone_shapes: int = 0) -> Calibration:
         """Calibration factors fitted to profiled steps (does not change this model); this model's own factors are
-        the prior (the ridge's target, and what a phase keeps where the samples cannot tell its factors apart)."""
-        return fit_calibration([self.observation(s) for s in samples], ridge, self.calibration)
+        the prior (the ridge's target; with `min_alone_shapes`, what a phase keeps whose samples ran alone in fewer
+        shapes: bullet_ray.perf.calibration.fit.SERVED_MIN_ALONE_SHAPES)."""
+        return fit_calibration([self.observation(s) for s in samples], ridge, self.calibration, min_alone_shapes)
 
     def observe(self, shape: StepShape, sms: int, other_busy: bool, index: int, measured_s: float) -> float:
         """A measured step while serving: feeds the online correction; returns the relative error of the

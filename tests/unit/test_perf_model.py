@@ -13,6 +13,7 @@ import pytest
 from bullet_ray.errors import ConfigError
 from bullet_ray.models.config import ModelConfig
 from bullet_ray.perf.calibration import Calibration, OnlineCorrection, PhaseCalibration
+from bullet_ray.perf.calibration.fit import SERVED_MIN_ALONE_SHAPES
 from bullet_ray.perf.kernels import KernelClass, StepShape, kernel_costs
 from bullet_ray.perf.model import PerfModel, quantile, relative_errors
 from bullet_ray.perf.profile import (
@@ -135,22 +136,24 @@ def test_calibration_fit_recovers_known_factors():
 
 
 def test_a_serving_log_with_few_alone_shapes_keeps_the_base_factors_and_fits_the_corun():
-    """Served steps run prefill alone only for a sweep's first requests (3 shapes in the H200 log): from those the
-    three base factors ran to a corner (GEMMs 4x, attention at its floor). Now the model's own factors stay and
-    the busy steps give the co-run slowdown."""
+    """Served steps run prefill alone only for each rate's first requests (4 shapes in the H200 log): from those the
+    three base factors ran to a corner (GEMMs 4x, attention at its floor). With the served logs' rule the model's
+    own factors stay and the busy steps give the co-run slowdown."""
     prior = Calibration(prefill=PhaseCalibration(0.002, 1.3, 1.8, 0.01), decode=PhaseCalibration(0.0008, 1.15, 1.4, 0.09))
     truth = Calibration(prefill=PhaseCalibration(0.002, 1.3, 1.8, 0.5), decode=prior.decode)
     model = PerfModel(LLAMA8B, FAKE, prior)
     served = [s for s in _sweep(model, truth, noise=0.02, seed=3) if s.phase == "prefill" and s.sms == 100]
     alone = [s for s in served if not s.other_busy and s.num_tokens in (64, 256)]  # 2 tokens x 2 contexts = 4 shapes
     busy = [s for s in served if s.other_busy]
-    fitted = model.fit(alone + busy).prefill
+    fitted = model.fit(alone + busy, min_alone_shapes=SERVED_MIN_ALONE_SHAPES).prefill
     assert (fitted.overhead_s, fitted.linear, fitted.attention) == (0.002, 1.3, 1.8)
     assert fitted.corun_slowdown == pytest.approx(0.5, abs=0.03)
+    # off by default (a profile sweep's few shapes are clean: the seed profile has 3): the base factors are fitted
+    assert PerfModel(LLAMA8B, FAKE).fit(alone + busy).prefill.linear != 1.0
     # with enough shapes run alone (8 here) the base factors are fitted as before, away from the prior's
     rich_alone = [s for s in served if not s.other_busy]
     assert len({(s.num_tokens, s.num_context_tokens) for s in rich_alone}) == 8
-    rich = PerfModel(LLAMA8B, FAKE).fit(rich_alone + busy).prefill
+    rich = PerfModel(LLAMA8B, FAKE).fit(rich_alone + busy, min_alone_shapes=SERVED_MIN_ALONE_SHAPES).prefill
     assert rich.linear == pytest.approx(1.3, rel=0.05) and rich.attention == pytest.approx(1.8, rel=0.1)
 
 

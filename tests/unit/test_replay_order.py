@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from benchmarks import replay_order
 from benchmarks.replay_order import (
     Arrival,
     StepCost,
@@ -23,6 +24,7 @@ from bullet_ray.policy.slo import SloTargets
 def test_an_idle_prefill_side_serves_each_request_alone():
     arrivals = [Arrival("a", 0.0, 1000), Arrival("b", 1.0, 2000)]
     assert replay(arrivals, 10_000.0, SloTargets(0.5), overhead_s=0.01) == pytest.approx([0.11, 0.21])
+    assert replay(arrivals, 10_000.0, SloTargets(0.5), overhead_s=0.01, planner="fill") == pytest.approx([0.11, 0.21])
 
 
 def test_a_margin_sends_a_request_inside_it_to_the_back():
@@ -83,7 +85,8 @@ def test_the_linear_step_model_is_fitted_from_the_log(tmp_path):
     steps.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     fitted = fit_step_cost(steps)
     assert fitted is not None
-    cost, error = fitted
+    cost, error, steps_fitted = fitted
+    assert steps_fitted == 9
     assert cost.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6) and cost.per_token_s == pytest.approx(
         truth.per_token_s, rel=1e-6) and error < 1e-9
     assert cost.seconds([(1000, 0)]) == pytest.approx(0.007 + 0.031 + 0.6e-9 * 500500)
@@ -95,21 +98,31 @@ def test_a_prompt_chunked_over_several_batches_gets_its_first_token_after_its_la
     for plan_ahead in (True, False):
         assert replay([Arrival("a", 0.0, 3000)], 10_000.0, SloTargets(5.0), cap_tokens=1000,
                       plan_ahead=plan_ahead) == pytest.approx([0.3])
-    # 200 + 800 tokens: the second shares its first batch with the first, then finishes in the next
+    # cut to fill: b's first 800 tokens share a's batch, its last 800 the next one
     assert replay([Arrival("a", 0.0, 200), Arrival("b", 0.0, 1600)], 10_000.0, SloTargets(5.0),
-                  cap_tokens=1000) == pytest.approx([0.1, 0.18])
-    with pytest.raises(ValueError, match="cap_tokens"):
-        replay([Arrival("a", 0.0, 10)], 10_000.0, SloTargets(5.0), cap_tokens=0)
+                  cap_tokens=1000, planner="fill") == pytest.approx([0.1, 0.18])
+    for bad in ({"cap_tokens": 0}, {"token_budget": 0}):
+        with pytest.raises(ValueError, match="cap_tokens and token_budget"):
+            replay([Arrival("a", 0.0, 10)], 10_000.0, SloTargets(5.0), **bad)
 
 
-def test_the_bullet_planner_batches_whole_requests_of_similar_length():
-    # four requests at 0 with loose targets, cap 1,000: the order puts the shorter first (its swap pass); a and c
-    # (bucket [0, 256)) share a batch, b does not join them (900 more would pass the cap) and is not cut to fill it
-    # (as `fill` would), d (1,500, over the cap) runs alone, whole
-    arrivals = [Arrival("a", 0.0, 100), Arrival("b", 0.0, 900), Arrival("c", 0.0, 120), Arrival("d", 0.0, 1500)]
-    assert replay(arrivals, 10_000.0, SloTargets(5.0), cap_tokens=1000, planner="bullet") == \
-        pytest.approx([0.022, 0.112, 0.022, 0.262])
-    filled = replay(arrivals, 10_000.0, SloTargets(5.0), cap_tokens=1000, planner="fill")
-    assert filled[1] > 0.112  # b cut: its last chunk waits for a second batch
+def test_the_bullet_planner_batches_whole_requests_of_similar_length(monkeypatch):
+    # a (100), b (600), c (120) at 0, targets 75 ms, cap 800. The order is c, b, a (b has the least slack, c passes
+    # it, a cannot: b would end at 82 ms). c's batch takes a, its length bucket's, not b, the order's next: b waits
+    # (and misses); taking the order's next instead would make a wait
+    arrivals = [Arrival("a", 0.0, 100), Arrival("b", 0.0, 600), Arrival("c", 0.0, 120)]
+    targets = SloTargets(0.075)
+    assert replay(arrivals, 10_000.0, targets, cap_tokens=800) == pytest.approx([0.022, 0.082, 0.022])
+    one_bucket = replay_order.LengthBuckets
+    monkeypatch.setattr(replay_order, "LengthBuckets", lambda: one_bucket([0]))  # every length in one bucket
+    assert replay(arrivals, 10_000.0, targets, cap_tokens=800) == pytest.approx([0.082, 0.072, 0.072])
+    monkeypatch.undo()
+    filled = replay(arrivals, 10_000.0, targets, cap_tokens=800, planner="fill")
+    assert filled == pytest.approx([0.082, 0.072, 0.072])  # by the order: b beside c; a, cut to fill, would make c late
+    # the head's target keeps others out (BulletPolicy.plan's fit): y (least slack) runs alone, since with x beside
+    # it it would end at 39 ms, past its 38
+    tight = [Arrival("x", 0.0, 200), Arrival("y", 0.0, 190)]
+    per_token = SloTargets(0.025, ttft_per_token_s=0.0002)  # x: 40 ms, y: 38 ms
+    assert replay(tight, 10_000.0, per_token, cap_tokens=800) == pytest.approx([0.039, 0.019])
     with pytest.raises(ValueError, match="planner"):
-        replay(arrivals, 10_000.0, SloTargets(5.0), planner="greedy")
+        replay(arrivals, 10_000.0, targets, planner="greedy")

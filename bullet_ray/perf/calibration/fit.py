@@ -26,10 +26,12 @@ from bullet_ray.perf.calibration.factors import Calibration, PhaseCalibration
 from bullet_ray.perf.kernels import PHASES, Phase
 
 FACTOR_BOUNDS = (0.05, 50.0)  # inverse efficiencies outside this are a broken profile, not a slow kernel
-# the fewest distinct step shapes (roofline GEMM and attention times) run alone from which a phase's three base factors are
-# fitted; fewer (a serving log, where prefill runs alone mostly at the first requests of a sweep: 3-4 shapes in the
-# H100 and H200 runs) left them at a corner (attention at its floor, GEMMs 4-17x), so the prior's stay
-MIN_ALONE_SHAPES = 6
+# what `refit_from_steps` asks of a served log (`min_alone_shapes`): a phase whose steps ran alone in fewer
+# distinct shapes (roofline GEMM and attention times) keeps the prior's base factors and fits the co-run slowdown
+# only. A serving log runs prefill alone mostly for each rate's first requests (4 shapes in the H200 and H100 runs),
+# from which the three base factors ran to a corner (GEMMs 3.9-17x, attention at its floor). Off (0) for profile
+# sweeps, whose few shapes are clean (the seed profile has 3 prefill shapes, `--quick` 2-3)
+SERVED_MIN_ALONE_SHAPES = 6
 MAX_CORUN_SLOWDOWN = 2.0
 
 
@@ -83,14 +85,14 @@ def _ridge(rows: Sequence[Sequence[float]], ys: Sequence[float], prior: Sequence
 
 
 def fit_phase(observations: Iterable[Observation], ridge: float = 1e-4,
-              prior: PhaseCalibration | None = None) -> PhaseCalibration:
+              prior: PhaseCalibration | None = None, min_alone_shapes: int = 0) -> PhaseCalibration:
     """The factors of one phase from its observations (the prior where there are none)."""
     prior = prior or PhaseCalibration()
     obs = [o for o in observations if o.measured_s > 0]
     alone = [o for o in obs if not o.other_busy] or obs
     theta0 = [prior.overhead_s, prior.linear, prior.attention]
     theta = theta0
-    if len({(round(o.linear_s, 9), round(o.attention_s, 9)) for o in alone}) < MIN_ALONE_SHAPES:
+    if num_shapes(alone) < min_alone_shapes:
         alone = []  # too few shapes to tell overhead, GEMMs and attention apart: keep the prior's, fit the co-run
     if alone:
         rows = [(1.0, o.linear_s, o.attention_s) for o in alone]
@@ -114,11 +116,17 @@ def fit_phase(observations: Iterable[Observation], ridge: float = 1e-4,
     return PhaseCalibration(fitted.overhead_s, fitted.linear, fitted.attention, corun)
 
 
+def num_shapes(observations: Iterable[Observation]) -> int:
+    """Distinct step shapes among `observations` (their roofline GEMM and attention times)."""
+    return len({(round(o.linear_s, 9), round(o.attention_s, 9)) for o in observations})
+
+
 def fit_calibration(observations: Iterable[Observation], ridge: float = 1e-4,
-                    prior: Calibration | None = None) -> Calibration:
-    """Both phases' factors; a phase without observations keeps the prior's."""
+                    prior: Calibration | None = None, min_alone_shapes: int = 0) -> Calibration:
+    """Both phases' factors; a phase without observations keeps the prior's, and one whose observations ran alone
+    in fewer than `min_alone_shapes` shapes keeps the prior's base factors (fit_phase)."""
     obs = list(observations)
     prior = prior or Calibration()
-    fitted = {phase: fit_phase([o for o in obs if o.phase == phase], ridge, prior.of(phase))
+    fitted = {phase: fit_phase([o for o in obs if o.phase == phase], ridge, prior.of(phase), min_alone_shapes)
               if any(o.phase == phase for o in obs) else prior.of(phase) for phase in PHASES}
     return Calibration(**fitted)

@@ -230,6 +230,20 @@ class WorkerLink:
             self._retired_ids = {r: t for r, t in self._retired_ids.items() if t > now}
         self._retired_ids[request_id] = now + RETIRED_ID_HOLD_S
 
+    def _abort_many(self, request_ids: list[str]) -> None:
+        """Abort the ids still running: one abort output each, one message per worker that holds any."""
+        with self._lock:
+            popped = [(rid, self._requests.pop(rid, None)) for rid in request_ids]
+            found = [(rid, state) for rid, state in popped if state is not None]
+            for rid, _ in found:
+                self._retire(rid)
+        by_location: dict[str, list[str]] = {}
+        for rid, state in found:
+            state.sink.put(state.make_output([], "", None, finish_reason="abort"))
+            by_location.setdefault(state.location, []).append(rid)
+        for location, ids in by_location.items():
+            self._send(location, AbortRequests(ids))
+
     def _send(self, role: str, msg: Any) -> None:
         data = ForkingPickler.dumps(msg)  # what Connection.send writes, pickled before the lock and the write
         is_writing = False

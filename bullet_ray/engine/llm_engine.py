@@ -29,7 +29,6 @@ from bullet_ray.engine.block_allocator import BlockAllocator
 from bullet_ray.engine.front_link import WorkerLink
 from bullet_ray.engine.launcher import ProcessLauncher, WorkerHandle, WorkerLauncher, WorkerRole, WorkerSpec
 from bullet_ray.engine.messages import (
-    AbortRequests,
     AddRequest,
     AddRequests,
     ConnectHandoff,
@@ -318,7 +317,7 @@ class LLMEngine(WorkerLink, EngineClient):
                 states.append(state)
                 adds.append(add)
             is_sent = bool(adds)
-            for piece in _pieces(adds, GENERATE_PIECE_TOKENS):
+            for piece in AddRequests.pieces(adds):
                 if self._dead_reason is not None:  # a send failed (or a worker died): every request has its error
                     break
                 now = time.time()  # arrival: when the worker can first see it, not when the list was checked
@@ -353,20 +352,6 @@ class LLMEngine(WorkerLink, EngineClient):
     # abort ------------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
         self._abort_many([request_id])
-
-    def _abort_many(self, request_ids: list[str]) -> None:
-        """Abort the ids still running: one abort output each, one message per worker that holds any."""
-        with self._lock:
-            popped = [(rid, self._requests.pop(rid, None)) for rid in request_ids]
-            found = [(rid, state) for rid, state in popped if state is not None]
-            for rid, _ in found:
-                self._retire(rid)
-        by_location: dict[str, list[str]] = {}
-        for rid, state in found:
-            state.sink.put(state.make_output([], "", None, finish_reason="abort"))
-            by_location.setdefault(state.location, []).append(rid)
-        for location, ids in by_location.items():
-            self._send(location, AbortRequests(ids))
 
     # SM split ---------------------------------------------------------------------------------------
     def request_split(self, index: int) -> None:
@@ -563,23 +548,6 @@ class LLMEngine(WorkerLink, EngineClient):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-
-# generate sends its list in pieces of about this many prompt tokens (~1 MB pickled): one write per piece, not
-# per request, while the send lock (which the receiver thread's aborts also take) is held for a bounded time
-GENERATE_PIECE_TOKENS = 262_144
-
-
-def _pieces(adds: list[AddRequest], max_tokens: int) -> Iterator[list[AddRequest]]:
-    piece: list[AddRequest] = []
-    tokens = 0
-    for add in adds:
-        if piece and tokens + len(add.prompt_token_ids) > max_tokens:
-            yield piece
-            piece, tokens = [], 0
-        piece.append(add)
-        tokens += len(add.prompt_token_ids)
-    if piece:
-        yield piece
 
 
 class _SharedSink(OutputSink):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bullet_ray.engine.outputs import FinishReason, TokenLogprob
 from bullet_ray.engine.sampling_params import SamplingParams
@@ -59,6 +59,24 @@ class AddRequests:
     per ~256k prompt tokens instead of one per request (a pipe holds ~12 prompts of ~1k tokens: the front then
     waited for the busy worker to read each dozen between its steps)."""
     requests: list[AddRequest]
+
+    # about this many prompt tokens per message (~1 MB pickled): one write per piece, and the front's send lock
+    # (which its receiver thread's aborts also take) held for a bounded time
+    PIECE_TOKENS: ClassVar[int] = 262_144
+
+    @staticmethod
+    def pieces(adds: list[AddRequest], max_tokens: int = PIECE_TOKENS) -> Iterator[list[AddRequest]]:
+        """`adds` cut, in order, into runs of at most `max_tokens` prompt tokens (a longer prompt alone)."""
+        piece: list[AddRequest] = []
+        tokens = 0
+        for add in adds:
+            if piece and tokens + len(add.prompt_token_ids) > max_tokens:
+                yield piece
+                piece, tokens = [], 0
+            piece.append(add)
+            tokens += len(add.prompt_token_ids)
+        if piece:
+            yield piece
 
 
 @dataclass(frozen=True)

@@ -204,24 +204,24 @@ class WorkerLink:
             if is_prompt:  # it will never reach decode: the prefill worker must not wait for it
                 self.state.count_handed_prompts(Policy.HANDED_PROMPTS_DROPPED)
             return
-        self._send("decode", Handoff(wire, is_prompt, sent_s, via="front"))
-        with self._lock:
-            aborted = wire.request_id not in self._requests
-        if aborted:
-            # an abort between the relabel and the send went to decode ahead of the hand-off and missed it:
-            # abort again behind it (decode ignores an abort of a request it does not hold)
-            self._send("decode", AbortRequests([wire.request_id]))
+        self._send_moved("decode", Handoff(wire, is_prompt, sent_s, via="front"), wire.request_id)
 
     def _on_preempted(self, wire: Any) -> None:
         state = self._relabel(wire.request_id, "prefill")
         self.num_preemptions += 1
         if state is not None:
-            self._send("prefill", AddRequest(wire.request_id, wire.prompt_token_ids, state.params,
-                                             wire.arrival_s, wire.max_model_len, resume=wire))
-            with self._lock:
-                aborted = wire.request_id not in self._requests
-            if aborted:  # an abort between the relabel and the send reached prefill first: abort behind it
-                self._send("prefill", AbortRequests([wire.request_id]))
+            self._send_moved("prefill", AddRequest(wire.request_id, wire.prompt_token_ids, state.params,
+                                                   wire.arrival_s, wire.max_model_len, resume=wire), wire.request_id)
+
+    def _send_moved(self, role: str, msg: Any, request_id: str) -> None:
+        """Send `role`'s worker the message that brings it `request_id` (relabelled there already). An abort
+        between the relabel and this send went to `role` ahead of the message and missed: abort again behind it
+        (a worker ignores an abort of a request it does not hold)."""
+        self._send(role, msg)
+        with self._lock:
+            aborted = request_id not in self._requests
+        if aborted:
+            self._send(role, AbortRequests([request_id]))
 
     def _retire(self, request_id: str) -> None:
         """(Under the lock.) `request_id` finished here while a worker may still hold its sequence."""

@@ -18,10 +18,9 @@ deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves st
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-margin<ms> (bullet-slo
 whose policy plans for each TTFT target <ms> shorter: engine.ttft_margin_ms; the SLO is scored as before),
-bullet-slo-m2 (bullet-slo with the
-split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest), bullet-slo-overlap (bullet-slo whose
-split switches let each side move at its next launch without waiting for the other: engine.split_switch
-overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
+bullet-slo-m2 (bullet-slo with the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
+bullet-slo-overlap (bullet-slo whose split switches let each side move at its next launch without waiting for
+the other: engine.split_switch overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
 gives up SMs only after its step in flight, the growing side waits for it), bullet-slo-mixed<tokens> (bullet-slo
 with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
 prompts in chunks inside its steps: engine.mixed_fallback_tokens),
@@ -138,6 +137,17 @@ def preset_targets(name: str) -> dict[str, float] | None:
     return {"ttft_target_ms": per_token, "ttft_target_ms_per_prompt_token": per_token, **targets}
 
 
+def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
+    """N of a system named <prefix><N>; None for `prefix` alone or another name. SystemExit naming the form when N
+    is not an integer >= `least`."""
+    text = name.removeprefix(prefix) if name.startswith(prefix) else ""
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < least:
+        raise SystemExit(f"unknown system {name!r}: {prefix}<{what}>" + (f", {what} >= {least}" if least else ""))
+    return int(text)
+
+
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
@@ -146,8 +156,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     session), "+fixedpw" the fixed piecewise token buckets (piecewise_buckets: fixed, before the twentieth session's
     tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
-    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct). "+direct" leaves
-    the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
+    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct). "+direct"
+    leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
     suffix = system[len(name):]  # every suffix, "+direct" included: the file names of two systems never meet
@@ -177,27 +187,19 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_switch"] = "overlap"  # the default since the eighteenth session; named for the A/B
         if name == "bullet-slo-disjoint":  # the shrinking side finishes its step in flight before it acks
             engine["split_switch"] = "disjoint"
-        groups = name.removeprefix("bullet-slo-lw") if name.startswith("bullet-slo-lw") else ""
-        if groups:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
-            if not groups.isdigit() or int(groups) < 2:
-                raise SystemExit(f"unknown system {name!r}: bullet-slo-lw<groups>, groups >= 2")
-            engine["prefill_layer_groups"] = int(groups)
+        groups = _numbered(name, "bullet-slo-lw", "groups", least=2)
+        if groups is not None:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
+            engine["prefill_layer_groups"] = groups
             engine["prefill_layer_group_min_tokens"] = 256
-        lead = name.removeprefix("bullet-slo-late") if name.startswith("bullet-slo-late") else ""
-        if lead:  # the prefill side plans its next batch <lead> ms before the step in flight ends
-            if not lead.isdigit():
-                raise SystemExit(f"unknown system {name!r}: bullet-slo-late<ms>")
-            engine["prefill_plan_lead_ms"] = int(lead)
-        margin = name.removeprefix("bullet-slo-margin") if name.startswith("bullet-slo-margin") else ""
-        if margin:  # the policy plans as if each TTFT target were <margin> ms shorter
-            if not margin.isdigit():
-                raise SystemExit(f"unknown system {name!r}: bullet-slo-margin<ms>")
-            engine["ttft_margin_ms"] = int(margin)
-        mixed = name.removeprefix("bullet-slo-mixed") if name.startswith("bullet-slo-mixed") else ""
-        if mixed:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
-            if not mixed.isdigit() or int(mixed) < 1:
-                raise SystemExit(f"unknown system {name!r}: bullet-slo-mixed<tokens>, tokens >= 1")
-            engine["mixed_fallback_tokens"] = int(mixed)
+        lead = _numbered(name, "bullet-slo-late", "ms")
+        if lead is not None:  # the prefill side plans its next batch <lead> ms before the step in flight ends
+            engine["prefill_plan_lead_ms"] = lead
+        margin = _numbered(name, "bullet-slo-margin", "ms")
+        if margin is not None:  # the policy plans as if each TTFT target were <margin> ms shorter
+            engine["ttft_margin_ms"] = margin
+        mixed = _numbered(name, "bullet-slo-mixed", "tokens", least=1)
+        if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
+            engine["mixed_fallback_tokens"] = mixed
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":

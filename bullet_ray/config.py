@@ -138,11 +138,11 @@ class EngineConfig:
     ttft_target_ms_per_prompt_token: float | None = None
     # the split policy plans as if every request's TTFT target (the two fields above, and a target a controller
     # pushes) were this much shorter (ms, >= 0; < ttft_target_ms unless the targets are per prompt token; 0, the
-    # default: off; never below a tenth of the target): the prefill queue's least-slack order and which requests count as lost, the batches' fit,
-    # the split rule's TTFT risk and backlog. It leaves the SLO metrics, admission (admission_ttft_s) and the
-    # predicted TTFT the engine publishes as they are. Headroom for prediction error and the time the client sees
-    # outside the workers (~14 ms on the H200: benchmarks/results/serve_h200_m2z); opt-in until a serving run
-    # measures it
+    # default: off; never below a tenth of the target): the prefill queue's least-slack order and which requests
+    # count as lost, the batches' fit, the split rule's TTFT risk and backlog. It leaves the SLO metrics, admission
+    # (admission_ttft_s) and the predicted TTFT the engine publishes as they are. Headroom for prediction error and
+    # the time the client sees outside the workers (~14 ms on the H200: benchmarks/results/serve_h200_m2z); opt-in
+    # until a serving run measures it
     ttft_margin_ms: float = 0.0
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults

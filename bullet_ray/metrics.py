@@ -145,8 +145,8 @@ class EngineMetrics:
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
                        self.max_decode_sms, self.max_waiting, self.switch, self.switch_drain, self.handoff,
-                       self.decision_cost,
-                       self.captures_serving, self.success, self.slo_total, self.step, self.step_predicted, self.step_error):
+                       self.decision_cost, self.captures_serving, self.success, self.slo_total, self.step,
+                       self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
         self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
         self.set_targets(ttft_target_s, tpot_target_s)

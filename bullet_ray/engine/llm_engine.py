@@ -549,7 +549,6 @@ class LLMEngine(WorkerLink, EngineClient):
         self.shutdown()
 
 
-
 class _SharedSink(OutputSink):
     """An output sink that feeds one queue shared by many requests (offline `generate`)."""
 

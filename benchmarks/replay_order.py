@@ -33,7 +33,6 @@ from the run's batches: 87.9% against 88.0% at 32 req/s (seeds 79-93%), 8-9 poin
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import random
@@ -42,6 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.plot_steps import records
+from benchmarks.rescore import load_run as load_bench_run
+from bullet_ray.perf.kernels import StepShape
 from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.ordering import least_slack_order
@@ -68,33 +70,27 @@ class StepRate:
     p90_error: float  # p90 of |predicted - measured| / measured over every prefill step
 
 
-def _open(path: Path):
-    return gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
-
-
 def load_run(path: Path) -> tuple[list[Arrival], list[float | None]]:
     """Arrivals (in send order) and the measured client TTFTs (None: failed) of a serve_bench run file."""
-    with _open(path) as f:
-        records = json.load(f)["requests"]
-    records = sorted(records, key=lambda r: r["scheduled_s"])
+    records = sorted(load_bench_run(path)["requests"], key=lambda r: r["scheduled_s"])
     arrivals = [Arrival(str(r["index"]), float(r["scheduled_s"]), int(r["prompt_tokens"] or r["prompt_tokens_requested"]))
                 for r in records]
     ttfts = [r["ttft_s"] if r.get("success") else None for r in records]
     return arrivals, ttfts
 
 
-def load_step_rate(path: Path, min_tokens: int = 1500, prefill_sms: int = 116) -> StepRate:
-    """The prefill side's token rate and prediction error from a step log (EngineConfig.step_log_path)."""
-    steps = []
-    with _open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") == "step" and rec.get("side") == "prefill" and rec.get("phase") == "prefill" \
-                    and rec.get("measured_ms", 0) > 0:
-                steps.append(rec)
+def prefill_steps(path: Path) -> list[dict]:
+    """The measured prefill steps of a step log (EngineConfig.step_log_path), read once for the rate and the fit."""
+    return [r for r in records(str(path)) if r.get("kind") == "step" and r.get("side") == "prefill"
+            and r.get("phase") == "prefill" and r.get("measured_ms", 0) > 0]
+
+
+def load_step_rate(steps: list[dict], min_tokens: int = 1500, prefill_sms: int = 116) -> StepRate | None:
+    """The prefill side's token rate and prediction error from a log's `prefill_steps`; None: no step of
+    `min_tokens` on `prefill_sms` SMs."""
     big = [s for s in steps if s["num_tokens"] >= min_tokens and s["prefill_sms"] == prefill_sms]
     if not big:
-        raise SystemExit(f"{path}: no prefill step of >= {min_tokens} tokens on {prefill_sms} SMs")
+        return None
     errors = [abs(s["predicted_ms"] - s["measured_ms"]) / s["measured_ms"] for s in steps]
     p90 = statistics.quantiles(errors, n=10)[-1] if len(errors) > 1 else errors[0]
     return StepRate(statistics.median(s["num_tokens"] / s["measured_ms"] * 1e3 for s in big), len(big), p90)
@@ -113,24 +109,19 @@ class StepCost:
 
     def seconds(self, chunks: Sequence[tuple[int, int]]) -> float:
         """One step of `chunks`: (tokens computed now, tokens computed before) per request."""
-        pairs = sum(q * c + q * (q + 1) // 2 for q, c in chunks)
+        pairs = StepShape.of_prompts([q + c for q, c in chunks], [c for _, c in chunks]).num_attention_pairs
         return self.fixed_s + self.per_token_s * sum(q for q, _ in chunks) + self.per_pair_s * pairs
 
 
-def fit_step_cost(path: Path, prefill_sms: int = 116, min_tokens: int = 64) -> tuple[StepCost, float, int] | None:
-    """Least squares of the log's prefill steps on `prefill_sms` SMs: measured = fixed + a x tokens + b x pairs;
+def fit_step_cost(steps: list[dict], prefill_sms: int = 116,
+                  min_tokens: int = 64) -> tuple[StepCost, float, int] | None:
+    """Least squares of a log's `prefill_steps` on `prefill_sms` SMs: measured = fixed + a x tokens + b x pairs;
     also the fit's median relative error and its number of steps. None: fewer than 8 such steps with attention
     pairs in the log."""
     import numpy as np
 
-    rows = []
-    with _open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") == "step" and rec.get("side") == "prefill" and rec.get("phase") == "prefill" \
-                    and rec.get("prefill_sms") == prefill_sms and rec.get("num_tokens", 0) >= min_tokens \
-                    and rec.get("measured_ms", 0) > 0 and "num_attention_pairs" in rec:
-                rows.append(rec)
+    rows = [r for r in steps if r.get("prefill_sms") == prefill_sms and r.get("num_tokens", 0) >= min_tokens
+            and "num_attention_pairs" in r]
     if len(rows) < 8:
         return None
     x = np.array([[1.0, r["num_tokens"], r["num_attention_pairs"]] for r in rows])
@@ -282,11 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     arrivals, measured = load_run(args.run)
-    rate = load_step_rate(args.steps, prefill_sms=args.sms)
+    steps = prefill_steps(args.steps)
+    rate = load_step_rate(steps, prefill_sms=args.sms)
+    if rate is None:
+        raise SystemExit(f"{args.steps}: no prefill step of >= 1500 tokens on {args.sms} SMs")
     tokens_per_s = args.tokens_per_s or rate.tokens_per_s
     cost: StepCost | float = tokens_per_s
     cost_text = f"prefill rate {tokens_per_s:,.0f} tokens/s"
-    fitted = fit_step_cost(args.steps, args.sms) if args.step_model == "linear" and args.tokens_per_s is None \
+    fitted = fit_step_cost(steps, args.sms) if args.step_model == "linear" and args.tokens_per_s is None \
         else None
     if args.step_model == "linear" and fitted is None:
         cost_text += " (too few steps with attention pairs for the linear model)"

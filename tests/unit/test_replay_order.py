@@ -15,6 +15,7 @@ from benchmarks.replay_order import (
     fit_step_cost,
     load_step_rate,
     main,
+    prefill_steps,
     replay,
     sigma_for_p90_error,
 )
@@ -51,7 +52,7 @@ def test_the_command_line_reads_a_run_and_a_step_log(tmp_path, capsys):
     steps.write_text("\n".join(json.dumps({"kind": "step", "side": "prefill", "phase": "prefill", "num_tokens": n,
                                            "prefill_sms": 116, "predicted_ms": n / 20, "measured_ms": n / 20 * 1.05})
                                for n in (1600, 2000, 400)) + "\n")
-    assert load_step_rate(steps).tokens_per_s == pytest.approx(20_000 / 1.05)
+    assert load_step_rate(prefill_steps(steps)).tokens_per_s == pytest.approx(20_000 / 1.05)
     out = tmp_path / "out.json"
     assert main(["--run", str(run), "--steps", str(steps), "--margins", "0,50", "--seeds", "2",
                  "--json", str(out)]) == 0
@@ -83,14 +84,14 @@ def test_the_linear_step_model_is_fitted_from_the_log(tmp_path):
                      "num_attention_pairs": pairs, "predicted_ms": 1.0,
                      "measured_ms": (truth.fixed_s + truth.per_token_s * n + truth.per_pair_s * pairs) * 1e3})
     steps.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    fitted = fit_step_cost(steps)
+    fitted = fit_step_cost(prefill_steps(steps))
     assert fitted is not None
     cost, error, steps_fitted = fitted
     assert steps_fitted == 9
     assert cost.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6) and cost.per_token_s == pytest.approx(
         truth.per_token_s, rel=1e-6) and error < 1e-9
     assert cost.seconds([(1000, 0)]) == pytest.approx(0.007 + 0.031 + 0.6e-9 * 500500)
-    assert fit_step_cost(steps, prefill_sms=100) is None  # no steps on that entry
+    assert fit_step_cost(prefill_steps(steps), prefill_sms=100) is None  # no steps on that entry
 
 
 def test_a_prompt_chunked_over_several_batches_gets_its_first_token_after_its_last_chunk():

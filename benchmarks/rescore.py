@@ -1,6 +1,7 @@
 """Score a saved rate sweep against other SLOs: attainment per (system, rate) and goodput per system,
 from the per-request results a comparison saved (`runs/<system>-rate<r>.json[.gz]`). Nothing is re-run:
-the same requests, judged by other targets (e.g. Bullet's per-prompt-token presets).
+the same requests, judged by other targets (e.g. Bullet's per-prompt-token presets), and why the misses
+missed: TTFT only, TPOT only, both, or failed (a rule that trades one target for the other shows here).
 
     python -m benchmarks.rescore benchmarks/results/serve_h100_code/runs --slo bullet-azure-code,strict \
         --out benchmarks/results/serve_h100_code/rescore.md
@@ -18,8 +19,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bullet_ray.bench.slo import attainment, goodput, parse_slo
+from bullet_ray.bench.slo import SLO, attainment, goodput, parse_slo
 
+MISS_KINDS = ("ttft", "tpot", "both", "failed")
 RUN_FILE_NAME = re.compile(r"^(?P<system>.+)-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
 
 
@@ -44,15 +46,31 @@ def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
     return out
 
 
+def miss_kinds(records: list[Any], slo: SLO) -> dict[str, int]:
+    """How many of `records` miss `slo`, by why: failed (or no first token), TTFT only, TPOT only, both."""
+    kinds = dict.fromkeys(MISS_KINDS, 0)
+    for r in records:
+        if not r.success or r.ttft_s is None:
+            kinds["failed"] += 1
+            continue
+        late = r.ttft_s > slo.ttft_target_s(r.prompt_tokens)
+        slow = r.tpot_s is not None and r.tpot_s > slo.tpot_s
+        if late or slow:
+            kinds["both" if late and slow else "ttft" if late else "tpot"] += 1
+    return kinds
+
+
 def rescore(runs: dict[str, dict[float, list[Any]]], slo_names: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for system, by_rate in runs.items():
-        entry: dict[str, Any] = {"attainment": {}, "goodput": {}}
+        entry: dict[str, Any] = {"attainment": {}, "goodput": {}, "misses": {}}
         for name in slo_names:
             slo = parse_slo(name)
             points = [(rate, attainment(records, slo)) for rate, records in sorted(by_rate.items())]
             entry["attainment"][name] = {str(rate): round(a, 4) for rate, a in points}
             entry["goodput"][name] = goodput(points, name).to_dict()
+            entry["misses"][name] = {str(rate): miss_kinds(records, slo) for rate, records in sorted(by_rate.items())}
+        entry["requests"] = {str(rate): len(records) for rate, records in sorted(by_rate.items())}
         result[system] = entry
     return result
 
@@ -72,6 +90,14 @@ def markdown(result: dict[str, Any], slo_names: list[str]) -> str:
         for n in slo_names:
             lines.append(f"| {system} | {n} | " + ", ".join(f"{r}: {a:.1%}" for r, a in entry["attainment"][n].items())
                          + " |")
+    lines += ["", "Misses by why (requests): TTFT only / TPOT only / both / failed", "",
+              "| system | SLO | rate (req/s) | requests | TTFT only | TPOT only | both | failed |",
+              "|---|---|---|---|---|---|---|---|"]
+    for system, entry in result.items():
+        for n in slo_names:
+            for rate, kinds in entry["misses"][n].items():
+                lines.append(f"| {system} | {n} | {rate} | {entry['requests'][rate]} | "
+                             + " | ".join(str(kinds[k]) for k in MISS_KINDS) + " |")
     return "\n".join(lines)
 
 

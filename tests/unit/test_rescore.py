@@ -43,3 +43,14 @@ def test_attainment_and_goodput_under_absolute_and_per_token_targets(tmp_path):
     assert result["b"]["attainment"]["strict"] == {"4.0": 0.75}  # a failed request is a miss
     text = markdown(result, ["strict", "bullet-azure-code"])
     assert "| a | 4.80 | >= 8.00 |" in text and "| b | 0.00 |" in text
+
+
+def test_misses_are_counted_by_why(tmp_path):
+    # strict: TTFT <= 0.5 s, TPOT <= 25 ms; a TPOT of None (one output token) cannot miss TPOT
+    _write(tmp_path, "a", 4, [_req(0.1, 0.01), _req(0.6, 0.01), _req(0.1, 0.03), _req(0.6, 0.03), _req(0.7, None),
+                              _req(0.1, 0.01, success=False), _req(None, None)])
+    result = rescore(load_runs(tmp_path), ["strict", "relaxed"])
+    assert result["a"]["misses"]["strict"] == {"4.0": {"ttft": 2, "tpot": 1, "both": 1, "failed": 2}}
+    assert result["a"]["misses"]["relaxed"] == {"4.0": {"ttft": 0, "tpot": 0, "both": 0, "failed": 2}}
+    assert result["a"]["attainment"]["strict"] == {"4.0": round(1 / 7, 4)}
+    assert "| a | strict | 4.0 | 7 | 2 | 1 | 1 | 2 |" in markdown(result, ["strict", "relaxed"])

@@ -185,6 +185,29 @@ def first_tokens_of_run(path: str, run: dict) -> dict:
     return first_token_parts(during_run([r for r in records(path) if r.get("kind") == "first_token"], run), run)
 
 
+def split_of_run(steps: list[dict], decisions: list[dict], run: dict) -> dict | None:
+    """How one run's window was split: the policy's decisions by reason (those that switched, of all logged),
+    the decode side's steps by its SMs (share of steps) and their measured p50 / p90 (ms); None without
+    decode steps in the window."""
+    decode = [s for s in during_run(steps, run) if s["side"] == "decode"]
+    if not decode:
+        return None
+    mine = during_run(decisions, run)
+    by_reason: dict[str, list[int]] = {}
+    for d in mine:
+        row = by_reason.setdefault(d.get("reason", "?"), [0, 0])
+        row[0] += bool(d.get("switch"))
+        row[1] += 1
+    by_sms: dict[int, int] = {}
+    for s in decode:
+        by_sms[int(s["decode_sms"])] = by_sms.get(int(s["decode_sms"]), 0) + 1
+    times = sorted(s["measured_ms"] for s in decode)
+    return {"decisions": {k: {"switched": v[0], "logged": v[1]} for k, v in sorted(by_reason.items())},
+            "decode_steps": len(decode),
+            "decode_share_by_sms": {sms: round(n / len(decode), 3) for sms, n in sorted(by_sms.items())},
+            "decode_step_ms_p50": round(_q(times, 0.5), 2), "decode_step_ms_p90": round(_q(times, 0.9), 2)}
+
+
 def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500) -> dict[int, dict[str, float]]:
     """Prefill steps of >= `min_tokens` tokens taken while the decode side was busy, by their prefill SMs: how
     many, and their median tokens per second of step time (what the prefill side beside decode delivers)."""
@@ -305,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{parts['engine_prefill_ms_p50']}, the engine's TTFT {parts['engine_worker_ttft_ms_p50']}; the "
                   f"client's TTFT p50 is {parts['client_minus_engine_ttft_p50_ms']} ms above it (outside the "
                   f"workers: HTTP, Serve, the front, in and back)")
+        split = split_of_run(steps, decisions, run)
+        if split:
+            print("decisions of this run (switched / logged): " + ", ".join(
+                f"{k} {v['switched']}/{v['logged']}" for k, v in split["decisions"].items()))
+            print(f"decode steps of this run: {split['decode_steps']}, measured p50 {split['decode_step_ms_p50']} ms, "
+                  f"p90 {split['decode_step_ms_p90']} ms; share by decode SMs: " + ", ".join(
+                      f"{sms}: {share:.0%}" for sms, share in split["decode_share_by_sms"].items()))
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

@@ -222,9 +222,30 @@ def test_plot_steps_zooms_into_a_run(tmp_path: Path):
     run.write_text(json.dumps(_run(t0 + 0.5)))
     out = tmp_path / "zoom.png"
     root = Path(__file__).resolve().parents[2]
-    subprocess.run([sys.executable, "-m", "benchmarks.plot_steps", str(log), "--requests", str(run), "--out", str(out)],
-                   cwd=root, capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.plot_steps", str(log), "--requests", str(run),
+                             "--out", str(out)], cwd=root, capture_output=True, text=True, check=True)
     assert out.stat().st_size > 1000
+    assert "decode steps of this run: 28, measured p50" in result.stdout  # i = 10..50 in the 2 s window, 13 of them prefill
+
+
+def test_split_of_run_counts_decisions_and_decode_sms_in_the_window():
+    from benchmarks.plot_steps import split_of_run
+
+    t0 = 1795462938.0
+
+    def decode(t, sms, ms):
+        return {"t": t0 + t, "side": "decode", "decode_sms": sms, "measured_ms": ms}
+
+    steps = [decode(-1.0, 40, 99.0), decode(0.1, 16, 20.0), decode(0.2, 16, 24.0), decode(0.3, 32, 12.0),
+             decode(1.0, 24, 16.0), {"t": t0 + 0.4, "side": "prefill", "decode_sms": 16, "measured_ms": 80.0},
+             decode(3.0, 40, 99.0)]  # the first and the last fall outside the run's 2 s
+    decisions = [{"t": t0 + 0.1, "reason": "balance", "switch": True}, {"t": t0 + 0.2, "reason": "balance"},
+                 {"t": t0 + 0.9, "reason": "backlog", "switch": True}, {"t": t0 + 5.0, "reason": "balance"}]
+    split = split_of_run(steps, decisions, _run(t0))
+    assert split == {"decisions": {"backlog": {"switched": 1, "logged": 1}, "balance": {"switched": 1, "logged": 2}},
+                     "decode_steps": 4, "decode_share_by_sms": {16: 0.5, 24: 0.25, 32: 0.25},
+                     "decode_step_ms_p50": 20.0, "decode_step_ms_p90": 24.0}
+    assert split_of_run([s for s in steps if s["measured_ms"] == 80.0], decisions, _run(t0)) is None
 
 
 def test_queued_prefill_batches_and_client_side_figures():

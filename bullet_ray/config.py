@@ -20,6 +20,7 @@ SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
+TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
@@ -139,11 +140,17 @@ class EngineConfig:
     # the split policy plans as if every request's TTFT target (the two fields above, and a target a controller
     # pushes) were this much shorter (ms, >= 0; < ttft_target_ms unless the targets are per prompt token; 0, the
     # default: off; never below a tenth of the target): the prefill queue's least-slack order and which requests
-    # count as lost, the batches' fit, the split rule's TTFT risk and backlog. It leaves the SLO metrics, admission
-    # (admission_ttft_s) and the predicted TTFT the engine publishes as they are. Headroom for prediction error and
-    # the time the client sees outside the workers (~14 ms on the H200: benchmarks/results/serve_h200_m2z); opt-in
-    # until a serving run measures it
+    # count as lost, the batches' fit, the split rule's TTFT risk and backlog (ttft_margin_scope says which of
+    # these). It leaves the SLO metrics, admission (admission_ttft_s) and the predicted TTFT the engine publishes as
+    # they are. Headroom for prediction error and the time the client sees outside the workers (~14 ms on the H200:
+    # benchmarks/results/serve_h200_m2z); opt-in until a serving run measures it
     ttft_margin_ms: float = 0.0
+    # what plans with ttft_margin_ms: "all" (default): the prefill queue's order, the batches' fit and the split
+    # rule (the setting of the H200 A/B: at 40 req/s the rule judged TTFT at risk more often, kept decode on its
+    # fewest SMs and TPOT misses rose); "order": the order and the batches' fit (and the decode side's order of
+    # the mixed fallback's prompts) only, while the split rule judges TTFT risk and backlog against the real
+    # targets (split_targets); unmeasured on a GPU
+    ttft_margin_scope: str = "all"
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -222,6 +229,9 @@ class EngineConfig:
             # target never goes under a tenth of itself (SloTargets), so no bound on the floor is needed there
             raise ConfigError("ttft_margin_ms", f"must be < ttft_target_ms ({self.ttft_target_ms:g}), "
                               f"got {self.ttft_margin_ms}")
+        if self.ttft_margin_scope not in TTFT_MARGIN_SCOPES:
+            raise ConfigError("ttft_margin_scope", f"unknown margin scope {self.ttft_margin_scope!r}; choose all "
+                              "(order, batch fit and split rule) or order (order and batch fit only)")
         if self.profile_start_step < 0:
             raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")
         if self.profile_num_steps < 1:
@@ -274,6 +284,11 @@ class EngineConfig:
         """The targets the split policy plans for: `slo_targets` with `ttft_margin_ms` taken off each TTFT
         target (SloTargets.margin_s; the same as `slo_targets` at margin 0)."""
         return dataclasses.replace(self.slo_targets(), margin_s=self.ttft_margin_ms / 1e3)
+
+    def split_targets(self) -> SloTargets:
+        """The targets the split rule judges TTFT risk and backlog by: `planning_targets` (the margin) with
+        ttft_margin_scope "all", `slo_targets` (the real targets) with "order"."""
+        return self.planning_targets() if self.ttft_margin_scope == "all" else self.slo_targets()
 
     def split_settings(self) -> Any:
         """The split rule's SplitSettings from `split_rule`."""

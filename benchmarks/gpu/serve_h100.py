@@ -17,7 +17,9 @@ deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves st
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-margin<ms> (bullet-slo
-whose policy plans for each TTFT target <ms> shorter: engine.ttft_margin_ms; the SLO is scored as before),
+whose policy plans for each TTFT target <ms> shorter: engine.ttft_margin_ms, in the queue's order, the batches' fit
+and the split rule; the SLO is scored as before), bullet-slo-omargin<ms> (the same margin in the order and the
+batches' fit only, the split rule judging against the real targets: engine.ttft_margin_scope order),
 bullet-slo-m2 (bullet-slo with the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest),
 bullet-slo-overlap (bullet-slo whose split switches let each side move at its next launch without waiting for
 the other: engine.split_switch overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
@@ -177,7 +179,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["async_scheduling"] = scheduling == "async"
     targets = preset_targets(name)
     if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
-            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-margin", "bullet-slo-mixed")):
+            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-margin", "bullet-slo-omargin",
+                                "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
             engine.update(targets)
@@ -196,7 +199,11 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["prefill_plan_lead_ms"] = lead
         margin = _numbered(name, "bullet-slo-margin", "ms")
         if margin is not None:  # the policy plans as if each TTFT target were <margin> ms shorter
-            engine["ttft_margin_ms"] = margin
+            engine["ttft_margin_ms"] = margin  # scope: the engine's default, all (the YAML of the measured runs)
+        order_margin = _numbered(name, "bullet-slo-omargin", "ms")
+        if order_margin is not None:  # the same, in the queue's order and the batches' fit only
+            engine["ttft_margin_ms"] = order_margin
+            engine["ttft_margin_scope"] = "order"
         mixed = _numbered(name, "bullet-slo-mixed", "tokens", least=1)
         if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
             engine["mixed_fallback_tokens"] = mixed
@@ -207,7 +214,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
-                             f"-mixed<tokens>|-m2|-overlap|-<SLO preset: {presets}>], "
+                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -476,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: bullet (fixed split), bullet-slo (the SLO split policy), "
                              "bullet-slo-lw<G> (and layer-wise prefill in G groups), bullet-slo-late<ms> (the "
                              "prefill side plans <ms> before its step in flight ends), bullet-slo-margin<ms> (the "
-                             "policy plans for each TTFT target <ms> shorter), bullet-slo-mixed<tokens> (the "
+                             "policy plans for each TTFT target <ms> shorter: order, batch fit and split rule), "
+                             "bullet-slo-omargin<ms> (the same in the order and batch fit only; the split rule "
+                             "keeps the real targets), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

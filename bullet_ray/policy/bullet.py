@@ -30,9 +30,13 @@ SATURATION_REFRESH_S = 2.0
 class BulletPolicy:
     def __init__(self, model: PerfModel, decode_sms: Sequence[int], sm_count: int, targets: SloTargets,
                  token_cap: int = 2048, settings: SplitSettings | None = None,
-                 buckets: LengthBuckets | None = None, lookahead_batches: int = 8) -> None:
+                 buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
+                 split_targets: SloTargets | None = None) -> None:
+        """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
+        judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets)."""
         self.model = model
-        self.rule = SplitRule(model, decode_sms, sm_count, targets, settings)
+        self.rule = SplitRule(model, decode_sms, sm_count, targets if split_targets is None else split_targets,
+                              settings)
         self.targets = targets
         self.token_cap = token_cap
         self.buckets = buckets or LengthBuckets()

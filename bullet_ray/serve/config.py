@@ -81,7 +81,11 @@ class EngineArgs(BaseModel):
     ttft_margin_ms: float = Field(0.0, ge=0, description="the split policy plans as if each TTFT target were this "
                                   "much shorter (ms; < ttft_target_ms unless per prompt token; 0: off): headroom for "
                                   "prediction error and the time outside the workers; the SLO metrics and admission "
-                                  "keep the real targets")
+                                  "keep the real targets; ttft_margin_scope says what plans with it")
+    ttft_margin_scope: Literal["all", "order"] = Field(
+        "all", description="what plans with ttft_margin_ms: all (the prefill queue's order, the batches' fit and "
+                           "the split rule's TTFT risk and backlog; what the H200 A/B measured) or order (the "
+                           "order and the batches' fit only: the split rule judges against the real targets)")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

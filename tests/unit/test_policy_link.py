@@ -65,14 +65,14 @@ def test_pushed_targets_and_bounds_reach_the_decider(tmp_path: Path):
         block.set_split_bounds(2, 4)
         decider._follow_pushed_targets()
         assert (decider.policy.targets.ttft_s, decider.policy.targets.tpot_s) == (1.0, 0.05)
-        assert decider.policy.rule.targets is decider.policy.targets
+        assert decider.policy.rule.targets == decider.policy.targets
         assert [block.clamp_to_bounds(i) for i in (0, 3, 9)] == [2, 3, 4]
         # a push replaces the floor and the TPOT target; the config's per-prompt-token TTFT stays
         rule = SimpleNamespace(targets=SloTargets(0.0015, 0.2, ttft_per_token_s=0.0015))
         decider.policy = SimpleNamespace(targets=rule.targets, rule=rule)
         decider._follow_pushed_targets()
         assert decider.policy.targets == SloTargets(1.0, 0.05, ttft_per_token_s=0.0015)
-        assert decider.policy.rule.targets is decider.policy.targets
+        assert decider.policy.rule.targets == decider.policy.targets
         assert decider.policy.targets.ttft_target_s(500) == 1.0  # the pushed floor
         assert decider.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)  # the per-token part
     finally:
@@ -205,6 +205,6 @@ def test_the_decider_aims_at_the_configs_per_prompt_token_target():
     on = decider(EngineConfig(model="dummy:tiny-llama", ttft_target_ms=1.5, tpot_target_ms=200.0,
                               ttft_target_ms_per_prompt_token=1.5))
     assert on.policy.targets == SloTargets(0.0015, 0.2, ttft_per_token_s=0.0015)
-    assert on.policy.rule.targets is on.policy.targets and on.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)
+    assert on.policy.rule.targets == on.policy.targets and on.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)
     off = decider(EngineConfig(model="dummy:tiny-llama"))
     assert off.policy.targets == SloTargets(0.5, 0.025) and off.policy.targets.ttft_target_s(2000) == 0.5

@@ -31,6 +31,10 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     margin = _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
     assert (margin["split_policy"], margin["ttft_margin_ms"]) == ("slo", 50) and "ttft_margin_ms" not in slo
     assert "ttft_target_ms" not in margin and margin["step_log_path"].endswith("bullet-slo-margin50+direct-steps.jsonl")
+    assert "ttft_margin_scope" not in margin  # the engine's default, all: the YAML of the measured runs
+    omargin = _engine(system_yaml("bullet-slo-omargin25", tmp_path))
+    assert (omargin["split_policy"], omargin["ttft_margin_ms"], omargin["ttft_margin_scope"]) == ("slo", 25, "order")
+    assert "ttft_margin_scope" not in slo and omargin["step_log_path"].endswith("bullet-slo-omargin25-steps.jsonl")
     mixed = _engine(system_yaml("bullet-slo-mixed8192", tmp_path))
     assert (mixed["split_policy"], mixed["mixed_fallback_tokens"]) == ("slo", 8192) and "mixed_fallback_tokens" not in slo
     m2 = _engine(system_yaml("bullet-slo-m2", tmp_path))
@@ -69,6 +73,16 @@ def test_margin_system_plans_shorter_and_scores_the_strict_targets(tmp_path):
     cfg = EngineArgs(**_engine(system_yaml("bullet-slo-margin50", tmp_path))).to_engine_config()
     assert cfg.planning_targets().ttft_target_s(100) == pytest.approx(0.45)
     assert cfg.slo_targets().ttft_target_s(100) == 0.5
+    assert cfg.split_targets() == cfg.planning_targets()  # the split rule plans with the margin too
+
+
+def test_order_margin_system_keeps_the_real_targets_for_the_split_rule(tmp_path):
+    """bullet-slo-omargin<ms>: the order and the batches' fit plan for 500 - <ms> ms, the split rule for 500 ms."""
+    from bullet_ray.serve.config import EngineArgs
+
+    cfg = EngineArgs(**_engine(system_yaml("bullet-slo-omargin50", tmp_path))).to_engine_config()
+    assert cfg.ttft_margin_scope == "order" and cfg.planning_targets().ttft_target_s(100) == pytest.approx(0.45)
+    assert cfg.split_targets() == cfg.slo_targets() and cfg.split_targets().ttft_target_s(100) == 0.5
 
 
 def test_per_prompt_token_presets_reach_the_engine_config(tmp_path):
@@ -91,7 +105,8 @@ def test_per_prompt_token_presets_reach_the_engine_config(tmp_path):
     assert late["prefill_plan_lead_ms"] == 100 and "ttft_target_ms" not in late
 
 
-@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "bullet-slo-marginx", "fancy", "bullet+fast",
+@pytest.mark.parametrize("name", ["bullet-slo-lw1", "bullet-slo-lwx", "bullet-slo-latex", "bullet-slo-marginx",
+                                  "bullet-slo-omarginx", "fancy", "bullet+fast",
                                   "chunked-2048+pwx", "bullet-slo-foo", "bullet-slo-strict", "bullet-slo-bullet"])
 def test_unknown_systems_exit_with_a_message(tmp_path, name):
     with pytest.raises(SystemExit, match="unknown"):

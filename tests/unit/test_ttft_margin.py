@@ -1,15 +1,18 @@
 """The opt-in TTFT planning margin (EngineConfig.ttft_margin_ms, SloTargets.margin_s) on fake queues: the policy
-plans for target - margin, the SLO metrics keep the real target, and margin 0 changes nothing."""
+plans for target - margin, the SLO metrics keep the real target, and margin 0 changes nothing; with
+ttft_margin_scope "order" only the order and the batches' fit plan with it, the split rule with the real targets."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from bullet_ray.config import EngineConfig
-from bullet_ray.engine.worker.policy_link import with_pushed
+from bullet_ray.engine.worker.policy_link import SplitDecider, with_pushed
 from bullet_ray.errors import ConfigError
 from bullet_ray.metrics import EngineMetrics
 from bullet_ray.perf.model import PerfModel
@@ -17,7 +20,7 @@ from bullet_ray.perf.roofline import H100_SXM
 from bullet_ray.policy.ordering import least_slack_order
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule
-from bullet_ray.policy.state import QueuedRequest
+from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason
 from bullet_ray.serve.config import EngineArgs
 from tests.unit.test_policy import LADDER, LLAMA8B, _decide, _req, _state
 
@@ -120,3 +123,83 @@ def test_bad_margins_at_the_yaml_edge_name_the_field():
     with pytest.raises(ConfigError, match="ttft_margin_ms"):
         SloTargets(0.5, margin_s=-0.001)
     assert EngineArgs(ttft_margin_ms=25.0).to_engine_config().planning_targets().margin_s == 0.025
+
+
+# ttft_margin_scope: "all" plans the order, the batches' fit and the split rule with the margin; "order" leaves the
+# split rule the real targets
+
+
+def _decider(cfg: EngineConfig, state: object = None) -> SplitDecider:
+    """The prefill worker's SplitDecider as the worker builds it from `cfg`, on fakes (no GPU, no workers)."""
+    ladder = [SimpleNamespace(decode_sms=d, prefill_sms=132 - d) for d in LADDER]
+    worker = SimpleNamespace(config=cfg, partitioner=SimpleNamespace(ladder=ladder, whole_index=None),
+                             res=SimpleNamespace(state=state))
+    return SplitDecider(worker, PerfModel(LLAMA8B, H100_SXM), SimpleNamespace())  # type: ignore[arg-type]
+
+
+def test_scope_order_gives_the_split_rule_the_real_targets_and_the_order_the_margin():
+    both = _decider(EngineConfig(ttft_margin_ms=20.0)).policy
+    order_only = _decider(EngineConfig(ttft_margin_ms=20.0, ttft_margin_scope="order")).policy
+    assert both.targets.margin_s == both.rule.targets.margin_s == 0.02
+    assert order_only.targets.margin_s == 0.02 and order_only.rule.targets == SloTargets(0.5, 0.025)
+    # the order: X (2,048 tokens, 74 ms on entry 6's prefill SMs) would finish at 0.49 s, inside the margin, so
+    # the margin sends it behind Y under either scope
+    x, y = _req("X", 2048, 0.416), _req("Y", 2048, 0.0)
+    state = _state(6, [x, y])
+    assert _ids(order_only.plan(state, 6)[0]) == _ids(both.plan(state, 6)[0]) == ["Y", "X"]
+    assert _ids(_decider(EngineConfig()).policy.plan(state, 6)[0]) == ["X", "Y"]
+
+
+@pytest.mark.parametrize(("decode", "with_margin", "without"), [
+    # decode 20.6 ms on entry 6 (inside its band): the margin sees "a" at risk and squeezes decode to 24.1 ms
+    (DecodeLoad(128, 128 * 2048), (3, SplitReason.TO_PREFILL), (6, SplitReason.HOLD)),
+    # decode 28.9 ms, over its 25 ms target: the margin balances at 26.9 ms, the real target gives decode its SMs
+    (DecodeLoad(192, 192 * 2048), (8, SplitReason.BALANCE), (12, SplitReason.TO_DECODE)),
+])
+def test_a_request_inside_the_margin_moves_the_split_only_with_scope_all(decode, with_margin, without):
+    # 2,048 tokens after 0.42 s: 0.494 s on entry 6, over 0.48 s planned, under the real 0.5 s
+    state = _state(6, [_req("a", 2048, 0.42)], decode=decode)
+    decided = {scope: _decider(EngineConfig(ttft_margin_ms=20.0, ttft_margin_scope=scope)).policy.step(state).split
+               for scope in ("all", "order")}
+    assert (decided["all"].index, decided["all"].reason) == with_margin
+    assert (decided["order"].index, decided["order"].reason) == without
+    plain = _decider(EngineConfig()).policy.step(state).split  # no margin at all: what "order" decides
+    assert (plain.index, plain.reason) == without
+
+
+@pytest.mark.parametrize("scope", ["all", "order"])
+def test_pushed_targets_reach_the_order_and_the_split_rule_each_with_its_margin(tmp_path, scope: str):
+    from bullet_ray.engine.state_block import StateBlock
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        decider = _decider(EngineConfig(ttft_margin_ms=20.0, ttft_margin_scope=scope), block)
+        block.set_slo_targets(1.0, 0.05)
+        decider._follow_pushed_targets()
+        policy = decider.policy
+        assert policy.targets == SloTargets(1.0, 0.05, margin_s=0.02)
+        assert policy.rule.targets == SloTargets(1.0, 0.05, margin_s=0.02 if scope == "all" else 0.0)
+        assert policy.rule.targets.ttft_target_s(100) == pytest.approx(0.98 if scope == "all" else 1.0)
+    finally:
+        block.close()
+
+
+def test_a_bad_margin_scope_names_the_field_and_the_choices():
+    with pytest.raises(ConfigError, match=r"^ttft_margin_scope: unknown margin scope 'split'; choose all .* or order"):
+        EngineConfig(ttft_margin_ms=20.0, ttft_margin_scope="split")
+    with pytest.raises(ValidationError, match="ttft_margin_scope"):
+        EngineArgs(ttft_margin_scope="split")
+    cfg = EngineConfig(ttft_margin_ms=20.0)
+    assert cfg.ttft_margin_scope == "all" and cfg.split_targets() == cfg.planning_targets()  # the default: as measured
+
+
+def test_the_margin_scope_round_trips_through_the_yaml_edge():
+    from bullet_ray.serve.config import BulletAppConfig
+
+    text = yaml.safe_dump({"engine": {"ttft_margin_ms": 25.0, "ttft_margin_scope": "order"}})
+    args = BulletAppConfig(**yaml.safe_load(text)).engine
+    assert EngineArgs(**yaml.safe_load(yaml.safe_dump(args.model_dump()))) == args
+    cfg = args.to_engine_config()
+    assert (cfg.ttft_margin_ms, cfg.ttft_margin_scope) == (25.0, "order")
+    assert cfg.planning_targets().margin_s == 0.025 and cfg.split_targets() == cfg.slo_targets()
+    assert EngineArgs().to_engine_config().ttft_margin_scope == "all"

@@ -226,8 +226,8 @@ class SplitDecider:
         self.mixed_index = whole if whole is not None else self.top_index
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
-                                   cfg.planning_targets(),
-                                   token_cap=cfg.max_num_batched_tokens, settings=cfg.split_settings())
+                                   cfg.planning_targets(), token_cap=cfg.max_num_batched_tokens,
+                                   settings=cfg.split_settings(), split_targets=cfg.split_targets())
         self.model = model
         self._seen_decode_step = -1
         self._observed_decode_step = 0
@@ -297,11 +297,11 @@ class SplitDecider:
 
     # the decision -----------------------------------------------------------------------------------
     def _follow_pushed_targets(self) -> None:
-        """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's floor and TPOT target."""
-        targets = self.policy.targets
-        new = with_pushed(targets, self.state.slo_targets())
-        if new != targets:
-            self.policy.targets = self.policy.rule.targets = new
+        """SLO targets pushed at run time (LLMEngine.set_slo_targets) replace the config's floor and TPOT target,
+        in the policy's targets and in its split rule's, each keeping its own margin (ttft_margin_scope)."""
+        pushed = self.state.slo_targets()
+        self.policy.targets = with_pushed(self.policy.targets, pushed)
+        self.policy.rule.targets = with_pushed(self.policy.rule.targets, pushed)
 
     def update_mixed(self, state: StepState) -> bool:
         """Whether the schedule runs the mixed fallback from this step on: it starts once `mixed_tokens`

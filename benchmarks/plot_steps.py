@@ -187,9 +187,9 @@ def first_tokens_of_run(path: str, run: dict) -> dict:
 
 def split_of_run(steps: list[dict], decisions: list[dict], run: dict) -> dict | None:
     """How one run's window was split: the policy's decisions by reason (those that switched, of all logged),
-    the decode side's steps by its SMs (share of steps) and their measured p50 / p90 (ms); None without
-    decode steps in the window."""
-    decode = [s for s in during_run(steps, run) if s["side"] == "decode"]
+    the decode side's decode steps (not the mixed fallback's steps with prompt chunks, `group`) by its SMs (share
+    of steps) and their measured p50 / p90 (ms); None without decode steps in the window."""
+    decode = [s for s in during_run(steps, run) if group(s) == "decode"]
     if not decode:
         return None
     mine = during_run(decisions, run)

@@ -238,6 +238,7 @@ def test_split_of_run_counts_decisions_and_decode_sms_in_the_window():
 
     steps = [decode(-1.0, 40, 99.0), decode(0.1, 16, 20.0), decode(0.2, 16, 24.0), decode(0.3, 32, 12.0),
              decode(1.0, 24, 16.0), {"t": t0 + 0.4, "side": "prefill", "decode_sms": 16, "measured_ms": 80.0},
+             {**decode(0.5, 40, 50.0), "phase": "mixed"},  # the mixed fallback's step: not a decode step here
              decode(3.0, 40, 99.0)]  # the first and the last fall outside the run's 2 s
     decisions = [{"t": t0 + 0.1, "reason": "balance", "switch": True}, {"t": t0 + 0.2, "reason": "balance"},
                  {"t": t0 + 0.9, "reason": "backlog", "switch": True}, {"t": t0 + 5.0, "reason": "balance"}]

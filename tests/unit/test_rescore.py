@@ -6,6 +6,7 @@ import gzip
 import json
 
 from benchmarks.rescore import load_runs, markdown, rescore
+from bullet_ray.bench.slo import parse_slo
 
 
 def write_run_doc(path, doc, gz):
@@ -54,3 +55,15 @@ def test_misses_are_counted_by_why(tmp_path):
     assert result["a"]["misses"]["relaxed"] == {"4.0": {"ttft": 0, "tpot": 0, "both": 0, "failed": 2}}
     assert result["a"]["attainment"]["strict"] == {"4.0": round(1 / 7, 4)}
     assert "| a | strict | 4.0 | 7 | 2 | 1 | 1 | 2 |" in markdown(result, ["strict", "relaxed"])
+
+
+def test_misses_are_exactly_what_the_slo_rejects_under_per_token_targets(tmp_path):
+    # bullet-sharegpt: TTFT <= 3 ms x prompt tokens, TPOT <= 150 ms
+    reqs = [_req(0.25, 0.01, prompt_tokens=100), _req(0.35, 0.01, prompt_tokens=100), _req(0.35, 0.2, prompt_tokens=100),
+            _req(2.9, 0.2, prompt_tokens=1000), _req(0.1, 0.01, success=False)]
+    _write(tmp_path, "a", 4, reqs)
+    runs = load_runs(tmp_path)
+    kinds = rescore(runs, ["bullet-sharegpt"])["a"]["misses"]["bullet-sharegpt"]["4.0"]
+    assert kinds == {"ttft": 1, "tpot": 1, "both": 1, "failed": 1}
+    slo = parse_slo("bullet-sharegpt")
+    assert sum(kinds.values()) == sum(not slo.meets(r) for r in runs["a"][4.0])

@@ -67,6 +67,8 @@ RUN = RESULTS / "runs" / "bullet-slo+direct-rate40.json.gz"
 SCOPES = ("all", "order")
 SM_COUNT = 132
 MIN_FIT_STEPS = 20  # steps a (SMs, other busy) entry needs for its own least-squares fit
+MAX_FIT_ERROR = 0.2  # an entry whose own fit misses its median step by more takes a neighbour's, scaled
+TRIM_SHARE, TRIM_ROUNDS = 0.1, 2  # the fit leaves out its worst-fitted 10% of steps, twice
 PROFILE_MODEL = "llama-3.1-8b"
 PROFILE_DEVICE = "NVIDIA H200"
 
@@ -111,13 +113,19 @@ def shape_of_record(r: dict) -> StepShape:
 
 
 def fit_linear(rows: list[dict]) -> LinearFit:
-    """Least squares measured = c0 + c1 x1 + c2 x2 (features of `shape_of_record`), coefficients kept >= 0."""
+    """Least squares measured = c0 + c1 x1 + c2 x2 (features of `shape_of_record`), coefficients kept >= 0; the
+    TRIM_SHARE of steps worst fitted are left out, TRIM_ROUNDS times, before the last fit."""
     import numpy as np
 
     x = np.array([features(shape_of_record(r)) for r in rows])
     y = np.array([r["measured_ms"] / 1e3 for r in rows])
-    coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
-    err = np.abs(x @ coef - y) / y
+    keep = np.ones(len(y), dtype=bool)
+    for _ in range(TRIM_ROUNDS):  # refit without the steps the fit before misses by most (warm-up, stalls)
+        coef = np.clip(np.linalg.lstsq(x[keep], y[keep], rcond=None)[0], 0.0, None)
+        err = np.abs(x @ coef - y) / y
+        keep = err <= np.quantile(err, 1 - TRIM_SHARE)
+    coef = np.clip(np.linalg.lstsq(x[keep], y[keep], rcond=None)[0], 0.0, None)
+    err = np.abs(x @ coef - y) / y  # over every step, the trimmed ones too
     return LinearFit((float(coef[0]), float(coef[1]), float(coef[2])), len(rows), float(np.median(err)),
                      float(np.quantile(err, 0.9)))
 
@@ -131,7 +139,7 @@ class StepModel:
     p90_log_error: dict[str, float]  # the step log's p90 |predicted - measured| / measured per phase
 
     def seconds(self, shape: StepShape, sms: int, other_busy: bool) -> float:
-        key = (shape.phase, sms, other_busy)
+        key: tuple[str, int, bool] = (shape.phase, sms, other_busy)
         fit = self.fits.get(key)
         if fit is None:
             near = [k for k in self.fits if k[0] == shape.phase]
@@ -150,7 +158,8 @@ class StepModel:
 
 
 def fit_step_model(log_records: list[dict], roofline: PerfModel) -> StepModel:
-    """Fits per (phase, SMs, other busy) over the log's steps (not across a switch, not mixed); raises
+    """Fits per (phase, SMs, other busy) over the log's steps (not across a switch, not mixed; entries with
+    MIN_FIT_STEPS steps whose fit's median error is at most MAX_FIT_ERROR); raises
     ValueError when a phase has no entry with MIN_FIT_STEPS steps."""
     groups: dict[tuple[str, int, bool], list[dict]] = {}
     errors: dict[str, list[float]] = {"prefill": [], "decode": []}
@@ -163,6 +172,7 @@ def fit_step_model(log_records: list[dict], roofline: PerfModel) -> StepModel:
         sms = r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]
         groups.setdefault((r["phase"], sms, bool(r["other_busy"])), []).append(r)
     fits = {k: fit_linear(rows) for k, rows in groups.items() if len(rows) >= MIN_FIT_STEPS}
+    fits = {k: fit for k, fit in fits.items() if fit.median_error <= MAX_FIT_ERROR}  # else scaled from a neighbour
     for phase in ("prefill", "decode"):
         if not any(k[0] == phase for k in fits):
             raise ValueError(f"the step log has no {phase} entry with >= {MIN_FIT_STEPS} steps to fit")
@@ -177,11 +187,12 @@ class Outcome:
     tpot_s: list[float | None]  # None: one output token
     num_tokens: list[int]  # output tokens each request got
     decisions: Counter = field(default_factory=Counter)  # split decisions by reason
-    decode_sms_s: Counter = field(default_factory=Counter)  # decode step seconds by decode SMs
+    decode_sms_s: dict[int, float] = field(default_factory=dict)  # decode step seconds by decode SMs
     max_decode_seqs: int = 0
     model_errors: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
-    launches: list[tuple[str, float, int]] = field(default_factory=list)  # (side, time, ladder index)
-    requests: list[tuple[float, int]] = field(default_factory=list)  # (decision time, index requested)
+    # in order: ("prefill" | "decode", launch time, ladder entry it runs on) and ("request", decision time, entry
+    # requested) for each decision that changed the requested entry
+    timeline: list[tuple[str, float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -246,7 +257,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         result = policy.step(state)
         out.decisions[result.split.reason.value] += 1
         if result.split.index != requested:
-            out.requests.append((now, result.split.index))
+            out.timeline.append(("request", now, result.split.index))
         requested = result.split.index
         if result.batches and planned is None:
             cap, used, batch = policy.token_cap, 0, []
@@ -277,7 +288,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
                 done.append(i)
         p_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index, "predicted": predicted,
                       "predicted_end": now + predicted, "done": done}
-        out.launches.append(("prefill", now, index))
+        out.timeline.append(("prefill", now, index))
         push(now + real, "prefill_end", real)
         decide(now)  # plan-ahead: the next batch is planned (and the split decided) as this one launches
 
@@ -296,8 +307,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         d_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index,
                       "predicted": model.predict(shape, sms, busy, index).seconds}
         out.max_decode_seqs = max(out.max_decode_seqs, len(running))
-        out.decode_sms_s[sms] += real
-        out.launches.append(("decode", now, index))
+        out.decode_sms_s[sms] = out.decode_sms_s.get(sms, 0.0) + real
+        out.timeline.append(("decode", now, index))
         push(now + real, "decode_end", real)
 
     while events:
@@ -479,14 +490,18 @@ def main(argv: list[str] | None = None) -> int:
               f"p90 {fit.p90_error:.1%}")
     print(f"noise sigma prefill {steps.sigma['prefill']:.4f} decode {steps.sigma['decode']:.4f} (log's p90 error "
           f"prefill {steps.p90_log_error['prefill']:.1%}, decode {steps.p90_log_error['decode']:.1%})")
-    print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft':>5} {'tpot':>5} {'both':>5} "
-          f"{'fail':>4} {'balance':>7} {'pred_err_p/d':>12}")
-    print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>5} {real['tpot']:>5} "
+    print("misses by kind (rescore.miss_kinds, strict): mean over seeds [min, max]; balance: BALANCE decisions")
+    print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
+          f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12}")
+    print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>15} {real['tpot']:>15} "
           f"{real['both']:>5} {real['failed']:>4}")
+
+    def spread(v: dict[str, float]) -> str:
+        return f"{v['mean']:5.1f} [{v['min']:g},{v['max']:g}]"
     for row in rows:
         a = row["attainment"]
         print(f"{row['margin_ms']:>6g} {row['scope']:>5} {a['mean']:>7.1%} [{a['min']:>5.1%},{a['max']:>5.1%}] "
-              f"{row['ttft']['mean']:>5.1f} {row['tpot']['mean']:>5.1f} {row['both']['mean']:>5.1f} "
+              f"{spread(row['ttft']):>15} {spread(row['tpot']):>15} {row['both']['mean']:>5.1f} "
               f"{row['failed']['mean']:>4.1f} {row['balance']['mean']:>7.1f} "
               f"{row['model_error_median']['prefill']:>5.1%}/{row['model_error_median']['decode']:.1%}")
     if args.json is not None:

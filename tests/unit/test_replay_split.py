@@ -1,0 +1,129 @@
+"""benchmarks.replay_split on a tiny synthetic run and step log (CPU, no noise: deterministic)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks import replay_split as rs
+from benchmarks.plot_steps import records
+from bullet_ray.perf.kernels import StepShape
+
+PREFILL = (0.005, 30e-6, 1e-9)  # fixed s, per token, per attention pair
+DECODE = (0.02, 2e-4, 1e-8)  # fixed s, per sequence, per context token
+
+
+def _step(phase: str, shape: StepShape, sms: int, busy: bool, seconds: float) -> dict:
+    return {"kind": "step", "side": phase, "phase": phase, "num_tokens": shape.num_tokens, "num_seqs": shape.num_seqs,
+            "num_context_tokens": shape.num_context_tokens, "num_attention_pairs": shape.num_attention_pairs,
+            "decode_sms": 132 - sms if phase == "prefill" else sms,
+            "prefill_sms": sms if phase == "prefill" else 132 - sms, "other_busy": busy,
+            "predicted_ms": seconds * 1e3 * 1.05, "measured_ms": seconds * 1e3, "across_switch": False}
+
+
+def write_log(path: Path) -> None:
+    rows = []
+    for busy in (False, True):
+        for k in range(1, 31):
+            p = StepShape.of_prompts([100 * k, 37 * k + 5])
+            rows.append(_step("prefill", p, 116, busy, PREFILL[0] + PREFILL[1] * p.num_tokens
+                              + PREFILL[2] * p.num_attention_pairs))
+            d = StepShape.decode(k, 300 * k + 11 * k * k)
+            rows.append(_step("decode", d, 16, busy, DECODE[0] + DECODE[1] * d.num_seqs
+                              + DECODE[2] * d.num_context_tokens))
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def write_run(path: Path, num: int = 12) -> None:
+    reqs = [{"index": i, "scheduled_s": 0.03 * i, "prompt_tokens": 200 + 150 * (i % 5),
+             "prompt_tokens_requested": 200 + 150 * (i % 5), "output_tokens_requested": 1 + 7 * (i % 4),
+             "success": True, "ttft_s": 0.1, "tpot_s": 0.02 if i % 4 else None, "itl_s": [0.02] * (7 * (i % 4))}
+            for i in range(num)]
+    path.write_text(json.dumps({"requests": reqs}))
+
+
+@pytest.fixture(scope="module")
+def factory():
+    return rs.profile_model_factory()
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, factory):
+    write_log(tmp_path / "sys-steps.jsonl")
+    write_run(tmp_path / "run.json")
+    reqs, measured = rs.load_requests(tmp_path / "run.json")
+    steps = rs.fit_step_model(records(str(tmp_path / "sys-steps.jsonl")), factory())
+    steps.sigma = {"prefill": 0.0, "decode": 0.0}
+    return reqs, measured, steps
+
+
+def test_fits_recover_the_synthetic_coefficients(setup) -> None:
+    _, _, steps = setup
+    assert steps.fits[("prefill", 116, True)].coef == pytest.approx(PREFILL, rel=1e-3, abs=1e-12)
+    assert steps.fits[("decode", 16, False)].coef == pytest.approx(DECODE, rel=1e-3, abs=1e-12)
+    # an entry not in the log: the nearest fit scaled by the roofline, slower on fewer SMs
+    shape = StepShape.of_prompts([1000])
+    assert steps.seconds(shape, 100, True) > steps.seconds(shape, 116, True)
+
+
+def test_replay_is_deterministic_and_conserves_tokens(setup, factory) -> None:
+    reqs, _, steps = setup
+    a = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048))
+    b = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048))
+    assert a.ttft_s == b.ttft_s and a.tpot_s == b.tpot_s
+    for r, ttft, tpot, tokens in zip(reqs, a.ttft_s, a.tpot_s, a.num_tokens):
+        assert ttft is not None and ttft > 0
+        assert tokens == r.num_output_tokens
+        assert (tpot is None) == (r.num_output_tokens == 1)
+    assert 0 < a.max_decode_seqs <= len(reqs)
+
+
+def test_a_requested_split_applies_at_each_sides_next_launch(setup, factory) -> None:
+    reqs, _, steps = setup
+    out = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048))
+    requested, num_requests = 0, 0
+    for kind, _, index in out.timeline:
+        if kind == "request":
+            requested, num_requests = index, num_requests + 1
+        else:
+            assert index == requested, (kind, index, requested)
+    assert num_requests >= 1  # the split moved at least once (ONLY_PREFILL / ONLY_DECODE)
+
+
+@pytest.mark.parametrize(("scope", "split_margin_s"), [("all", 0.05), ("order", 0.0)])
+def test_margin_and_scope_reach_the_policy(factory, scope: str, split_margin_s: float) -> None:
+    policy = rs.make_policy(factory, 50.0, scope, 4096)
+    assert policy.targets.margin_s == pytest.approx(0.05)
+    assert policy.rule.targets.margin_s == pytest.approx(split_margin_s)
+    assert policy.token_cap == 4096
+
+
+def test_scores_count_miss_kinds(setup) -> None:
+    reqs, _, _ = setup
+    n = len(reqs)
+    sc = rs.score(reqs, [0.6] + [0.1] * (n - 1), [0.03, 0.03] + [None] * (n - 2))
+    assert (sc["both"], sc["tpot"], sc["ttft"]) == (1, 1, 0)
+    assert sc["attainment"] == pytest.approx((n - 2) / n)
+
+
+def test_cli_rejects_a_bad_scope(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        rs.main(["--scopes", "all,bogus", "--run", str(tmp_path / "none.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--scopes" in err and "bogus" in err
+
+
+def test_cli_runs_end_to_end(tmp_path: Path) -> None:
+    write_log(tmp_path / "sys-steps.jsonl")
+    write_run(tmp_path / "run.json")
+    out = tmp_path / "out.json"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"),
+                    "--margins", "0,50", "--scopes", "order", "--seeds", "2", "--no-progress", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["token_cap"] == 2048 and [r["margin_ms"] for r in doc["rows"]] == [0.0, 50.0]
+    assert "not measured" in doc["note"]
+    random.Random(0)  # the CLI's replays seed their own generators

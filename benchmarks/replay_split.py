@@ -48,7 +48,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.plot_steps import records
+from benchmarks.plot_steps import records, run_start_unix_s
 from benchmarks.replay_order import sigma_for_p90_error
 from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_h200_m3a"
 RUN = RESULTS / "runs" / "bullet-slo+direct-rate40.json.gz"
 SCOPES = ("all", "order")
+COLLAPSE_TPOT_MISSES = 20  # a seed with this many TPOT-only misses counts as a TPOT collapse (the run: 45-48)
 SM_COUNT = 132
 MIN_FIT_STEPS = 20  # steps a (SMs, other busy) entry needs for its own least-squares fit
 MAX_FIT_ERROR = 0.2  # an entry whose own fit misses its median step by more takes a neighbour's, scaled
@@ -203,12 +204,27 @@ class _Seq:
     ready_s: float = 0.0  # when it may join decode
 
 
+def warm_up(model: PerfModel, log_steps: Sequence[dict]) -> None:
+    """Feed logged steps (`steps_before`) to the model's online correction, as the served engine had learned
+    them before the run began."""
+    for r in log_steps:
+        sms = r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]
+        model.observe(shape_of_record(r), sms, bool(r["other_busy"]), r["split_index"], r["measured_ms"] / 1e3)
+
+
+def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
+    """The log's steps learned from before `start_unix_s` (the run's start): the earlier rates' served steps."""
+    return [r for r in log_records if r.get("kind") == "step" and r["t"] < start_unix_s and not r.get("across_switch")
+            and r.get("phase") in ("prefill", "decode") and r.get("measured_ms", 0) > 0]
+
+
 def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng: random.Random | None = None,
-           overhead_s: float = 0.014, relay_s: float = 0.001) -> Outcome:
-    """One replay (see the module docstring); `policy` is fresh (its model's online correction starts empty);
-    `rng` None: no noise."""
+           overhead_s: float = 0.014, relay_s: float = 0.001, warm: Sequence[dict] = ()) -> Outcome:
+    """One replay (see the module docstring); `policy` is fresh (its model's online correction starts empty, then
+    learns the steps `warm`); `rng` None: no noise."""
     half = overhead_s / 2
     model = policy.model
+    warm_up(model, warm)
     rule = policy.rule
     n = len(reqs)
     out = Outcome([None] * n, [None] * n, [0] * n)
@@ -410,7 +426,7 @@ def _mean_min_max(values: list[float]) -> dict[str, float]:
 
 def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
-             progress: bool = True) -> list[dict[str, Any]]:
+             progress: bool = True, warm: Sequence[dict] = ()) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -420,7 +436,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
             outcome = replay(reqs, steps, make_policy(factory, margin, scope, token_cap), random.Random(seed),
-                             overhead_s)
+                             overhead_s, warm=warm)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
             busy = sum(outcome.decode_sms_s.values())
             sc["decisions"] = dict(outcome.decisions)
@@ -433,6 +449,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         for key in ("attainment", "ttft", "tpot", "both", "failed", "balance"):
             vals = [float(s["decisions"].get("balance", 0)) if key == "balance" else float(s[key]) for s in per_seed]
             row[key] = _mean_min_max(vals)
+        row["seeds_tpot_only_ge_20"] = sum(s["tpot"] >= COLLAPSE_TPOT_MISSES for s in per_seed)
         row["model_error_median"] = {p: statistics.fmean(s[f"{p}_model_error_median"] for s in per_seed)
                                      for p in ("prefill", "decode")}
         rows.append(row)
@@ -459,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-ms", type=float, default=14.0, help="time outside the workers (ms), half each way")
     parser.add_argument("--no-noise", action="store_true", help="step times exactly as fitted (one replay per cell)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--no-warm", dest="warm", action="store_false",
+                        help="start the online correction empty (default: it first learns the log's steps from before "
+                             "the run, the earlier rates the same server served)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     args = parser.parse_args(argv)
     try:
@@ -471,18 +491,21 @@ def main(argv: list[str] | None = None) -> int:
     steps_path = args.steps or steps_path_of(args.run)
     reqs, measured = load_requests(args.run)
     factory = profile_model_factory()
-    steps = fit_step_model(records(str(steps_path)), factory())
+    log_records = records(str(steps_path))
+    steps = fit_step_model(log_records, factory())
+    warm = steps_before(log_records, run_start_unix_s(load_bench_run(args.run))) if args.warm else []
     if args.no_noise:
         steps.sigma = {p: 0.0 for p in steps.sigma}
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress)
+                    args.overhead_ms / 1e3, args.progress, warm)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
           f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
-          f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}; {elapsed:.1f} s")
+          f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}; online correction warmed on {len(warm)} logged "
+          f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
     for (phase, sms, busy), fit in sorted(steps.fits.items()):
         print(f"  {phase:7} {sms:3} SMs other_busy={busy!s:5} n={fit.num_steps:4} fixed {fit.coef[0] * 1e3:7.3f} ms "
@@ -492,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill {steps.p90_log_error['prefill']:.1%}, decode {steps.p90_log_error['decode']:.1%})")
     print("misses by kind (rescore.miss_kinds, strict): mean over seeds [min, max]; balance: BALANCE decisions")
     print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
-          f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12}")
+          f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12} {'seeds_tpot>=20':>14}")
     print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>15} {real['tpot']:>15} "
           f"{real['both']:>5} {real['failed']:>4}")
 
@@ -503,11 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['margin_ms']:>6g} {row['scope']:>5} {a['mean']:>7.1%} [{a['min']:>5.1%},{a['max']:>5.1%}] "
               f"{spread(row['ttft']):>15} {spread(row['tpot']):>15} {row['both']['mean']:>5.1f} "
               f"{row['failed']['mean']:>4.1f} {row['balance']['mean']:>7.1f} "
-              f"{row['model_error_median']['prefill']:>5.1%}/{row['model_error_median']['decode']:.1%}")
+              f"{row['model_error_median']['prefill']:>5.1%}/{row['model_error_median']['decode']:.1%} "
+              f"{row['seeds_tpot_only_ge_20']:>8}/{len(row['seeds'])}")
     if args.json is not None:
         args.json.write_text(json.dumps({
             "note": "replayed by a model (benchmarks/replay_split.py), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
+            "num_warm_steps": len(warm),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             "fits": {f"{k[0]}/{k[1]}/{'busy' if k[2] else 'alone'}": fit.__dict__ for k, fit in steps.fits.items()},
             "measured": real, "rows": rows}, indent=1))

@@ -214,7 +214,8 @@ def warm_up(model: PerfModel, log_steps: Sequence[dict]) -> None:
 
 def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
     """The log's steps learned from before `start_unix_s` (the run's start): the earlier rates' served steps."""
-    return [r for r in log_records if r.get("kind") == "step" and r["t"] < start_unix_s and not r.get("across_switch")
+    return [r for r in log_records if r.get("kind") == "step" and r.get("t", math.inf) < start_unix_s
+            and not r.get("across_switch")
             and r.get("phase") in ("prefill", "decode") and r.get("measured_ms", 0) > 0]
 
 
@@ -493,7 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     factory = profile_model_factory()
     log_records = records(str(steps_path))
     steps = fit_step_model(log_records, factory())
-    warm = steps_before(log_records, run_start_unix_s(load_bench_run(args.run))) if args.warm else []
+    warm: list[dict] = []
+    if args.warm:
+        try:
+            warm = steps_before(log_records, run_start_unix_s(load_bench_run(args.run)))
+        except KeyError:  # a run file without its start time: nothing to warm on
+            logger.warning("%s has no start time: the online correction starts empty", args.run)
     if args.no_noise:
         steps.sigma = {p: 0.0 for p in steps.sigma}
     token_cap = token_cap_of(steps_path)

@@ -127,3 +127,15 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert doc["token_cap"] == 2048 and [r["margin_ms"] for r in doc["rows"]] == [0.0, 50.0]
     assert "not measured" in doc["note"]
     random.Random(0)  # the CLI's replays seed their own generators
+
+
+def test_warm_up_learns_only_the_steps_before_the_run(factory) -> None:
+    shape = StepShape.decode(8, 4000)
+    rec = {**_step("decode", shape, 16, True, 0.05), "split_index": 0}
+    rows = [{**rec, "t": 1.0}, {**rec, "t": 2.0, "across_switch": True}, {**rec, "t": 5.0}, {"kind": "decision", "t": 0.5}]
+    before = rs.steps_before(rows, 3.0)
+    assert [r["t"] for r in before] == [1.0]
+    model = factory()
+    cold = model.predict(shape, 16, True, 0).seconds
+    rs.warm_up(model, before * 3)  # the correction needs 3 samples
+    assert model.predict(shape, 16, True, 0).seconds == pytest.approx(0.05, rel=1e-6) != pytest.approx(cold)

@@ -13,7 +13,8 @@ What it models:
   of |log| at the log's p90 prediction error of that side, as benchmarks.replay_order does);
 - the real policy: BulletPolicy (order, batches, SplitRule) with EngineConfig's planning_targets / split_targets /
   split_settings, the deployment's token cap, the default ladder on 132 SMs, and the profile's PerfModel whose
-  online correction sees each simulated prefill step and, at each decision, decode's last step (as
+  online correction first learns the log's steps from before the run (the earlier rates the server served;
+  `--no-warm`: none), then each simulated prefill step and, at each decision, decode's last step (as
   policy_link.StepRecorder and SplitDecider._observe_decode feed it);
 - the engine's timing: prefill plans (and decides the split) as its step before launches, or when a request
   reaches an idle empty side; while prefill idles, a decision at each decode step; a requested split applies to
@@ -25,6 +26,9 @@ What it leaves out: the front -> worker wait and the pipe reads (only `overhead_
 admission (off in the H200 runs), the SM sharing while a switch drains (a step runs wholly on the entry it
 launched on), the KV pool, the decode side's launch-ahead, and errors that persist over steps (noise is
 independent per step).
+
+Against the six H200 margin runs (benchmarks/results/replay_split_h200/README.md) it matches 32 req/s and does NOT
+reproduce the TPOT collapse measured at 40 req/s with margins 25 / 50.
 
     python -m benchmarks.replay_split --run benchmarks/results/serve_h200_m3a/runs/bullet-slo+direct-rate40.json.gz \
         --margins 0,50 --scopes all,order --seeds 5 --json out.json

@@ -1,0 +1,42 @@
+"""Replay one served run through a model of BOTH sides of the bullet schedule and the real split rule, to predict
+what a TTFT planning margin (EngineConfig.ttft_margin_ms) and its scope (ttft_margin_scope) do to strict SLO
+attainment, TTFT and TPOT. A discrete-event MODEL calibrated on a step log, not a GPU measurement.
+
+What it models:
+- the run's arrivals, prompt and output lengths (`scheduled_s`, `prompt_tokens`, `output_tokens_requested`: the
+  bench ran with ignore_eos); a request reaches the prefill queue `overhead_ms` / 2 after it is sent, and each of
+  its tokens reaches the client `overhead_ms` / 2 after the step that made it ends;
+- step times fitted to the same system's step log by least squares, per (SMs, other side busy): prefill = fixed
+  + per token + per attention pair, decode = fixed + per sequence + per context token; an entry with fewer than
+  `MIN_FIT_STEPS` steps takes the nearest fitted entry's time scaled by the profile's roofline ratio between the
+  two (PerfModel without correction). A simulated step takes the fitted time x lognormal noise (median 1, the p90
+  of |log| at the log's p90 prediction error of that side, as benchmarks.replay_order does);
+- the real policy: BulletPolicy (order, batches, SplitRule) with EngineConfig's planning_targets / split_targets /
+  split_settings, the deployment's token cap, the default ladder on 132 SMs, and the profile's PerfModel whose
+  online correction first learns the log's steps from before the run (the earlier rates the server served;
+  `--no-warm`: none), then each simulated prefill step and, at each decision, decode's last step (as
+  policy_link.StepRecorder and SplitDecider._observe_decode feed it);
+- the engine's timing: prefill plans (and decides the split) as its step before launches, or when a request
+  reaches an idle empty side; while prefill idles, a decision at each decode step; a requested split applies to
+  each side at its next launch; decode steps while it has sequences; a prefilled sequence joins decode at decode's
+  first step boundary `relay_ms` after its prefill step ends, and every decode step gives each running sequence
+  one token. TPOT = (last token - first token) / (output tokens - 1).
+
+What it leaves out: the front -> worker wait and the pipe reads (only `overhead_ms`), the mixed fallback and
+admission (off in the H200 runs), the SM sharing while a switch drains (a step runs wholly on the entry it
+launched on), the KV pool, the decode side's launch-ahead, and errors that persist over steps (noise is
+independent per step).
+
+Against the six H200 margin runs (benchmarks/results/replay_split_h200/README.md) it matches 32 req/s and does NOT
+reproduce the TPOT collapse measured at 40 req/s with margins 25 / 50.
+
+    python -m benchmarks.replay_split --run benchmarks/results/serve_h200_m3a/runs/bullet-slo+direct-rate40.json.gz \
+        --margins 0,50 --scopes all,order --seeds 5 --json out.json
+"""
+
+from benchmarks.replay_split.cli import main, make_policy, profile_model_factory, score
+from benchmarks.replay_split.fits import StepModel, fit_step_model
+from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before, warm_up
+
+__all__ = ["Request", "StepModel", "fit_step_model", "load_requests", "main", "make_policy", "profile_model_factory",
+           "replay", "score", "steps_before", "warm_up"]

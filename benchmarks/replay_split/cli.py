@@ -1,0 +1,213 @@
+"""The command line of benchmarks.replay_split: a grid of (margin, scope) x noise seeds over one run, scored beside
+the measured run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.plot_steps import records, run_start_unix_s
+from benchmarks.replay_split.fits import StepModel, fit_step_model
+from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before
+from benchmarks.rescore import load_run as load_bench_run
+from benchmarks.rescore import miss_kinds
+from bullet_ray.bench.slo import PRESETS, attainment
+from bullet_ray.config import EngineConfig
+from bullet_ray.gpu.partition import default_ladder
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.policy.bullet import BulletPolicy
+
+logger = logging.getLogger(__name__)
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_h200_m3a"
+RUN = RESULTS / "runs" / "bullet-slo+direct-rate40.json.gz"
+SCOPES = ("all", "order")
+COLLAPSE_TPOT_MISSES = 20  # a seed with this many TPOT-only misses counts as a TPOT collapse (the run: 45-48)
+SM_COUNT = 132
+PROFILE_MODEL = "llama-3.1-8b"
+PROFILE_DEVICE = "NVIDIA H200"
+
+
+def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Sequence[float | None]) -> dict[str, Any]:
+    """Strict attainment and miss kinds (rescore.miss_kinds) of replayed or measured times."""
+    slo = PRESETS["strict"]
+    recs = [SimpleNamespace(success=t is not None, ttft_s=t, tpot_s=p, prompt_tokens=r.num_prompt_tokens)
+            for r, t, p in zip(reqs, ttft_s, tpot_s)]
+    return {"attainment": attainment(recs, slo), **miss_kinds(recs, slo)}
+
+
+def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, scope: str, token_cap: int,
+                ladder: Sequence[int] = tuple(default_ladder(SM_COUNT))) -> BulletPolicy:
+    """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty)."""
+    cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap)
+    return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
+                        settings=cfg.split_settings(), split_targets=cfg.split_targets())
+
+
+def profile_model_factory() -> Callable[[], PerfModel]:
+    """Fresh PerfModels from the H200 profile the runs loaded (as policy_link.make_perf_model finds it)."""
+    from bullet_ray.models.config import ModelConfig
+    from bullet_ray.models.loader import preset_hf_config
+    from bullet_ray.perf.profile import find_profile
+
+    cfg = ModelConfig.from_hf_dict(preset_hf_config(PROFILE_MODEL))
+    profile = find_profile(PROFILE_DEVICE, cfg, "bfloat16")
+    if profile is None:
+        raise SystemExit(f"no performance profile for {PROFILE_DEVICE}, {PROFILE_MODEL}")
+    return lambda: PerfModel.from_profile(profile, cfg)
+
+
+def token_cap_of(steps_path: Path) -> int:
+    """max_num_batched_tokens of the deployment YAML beside the step log (<system>.yaml), else EngineConfig's."""
+    import yaml
+
+    path = Path(str(steps_path).replace("-steps.jsonl.gz", ".yaml").replace("-steps.jsonl", ".yaml"))
+    if path.is_file():
+        doc = yaml.safe_load(path.read_text())
+        for app in doc.get("applications", []):
+            cap = app.get("args", {}).get("engine", {}).get("max_num_batched_tokens")
+            if cap:
+                return int(cap)
+    return EngineConfig().max_num_batched_tokens
+
+
+def steps_path_of(run: Path) -> Path:
+    """runs/<system>-rate<R>.json.gz -> <system>-steps.jsonl.gz beside runs/."""
+    system = run.name.split("-rate")[0]
+    return run.parent.parent / f"{system}-steps.jsonl.gz"
+
+
+def _mean_min_max(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+
+
+def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
+             margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
+             progress: bool = True, warm: Sequence[dict] = ()) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    cells = [(m, s) for m in margins for s in scopes]
+    bar = tqdm(total=len(cells) * seeds, disable=not progress, file=sys.stderr, desc="replays")
+    rows = []
+    for margin, scope in cells:
+        per_seed: list[dict[str, Any]] = []
+        for seed in range(seeds):
+            outcome = replay(reqs, steps, make_policy(factory, margin, scope, token_cap), random.Random(seed),
+                             overhead_s, warm=warm)
+            sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
+            busy = sum(outcome.decode_sms_s.values())
+            sc["decisions"] = dict(outcome.decisions)
+            sc["decode_time_share_by_sms"] = {str(k): v / busy for k, v in sorted(outcome.decode_sms_s.items())}
+            sc["prefill_model_error_median"] = statistics.median(outcome.model_errors["prefill"])
+            sc["decode_model_error_median"] = statistics.median(outcome.model_errors["decode"])
+            per_seed.append(sc)
+            bar.update()
+        row: dict[str, Any] = {"margin_ms": margin, "scope": scope, "seeds": per_seed}
+        for key in ("attainment", "ttft", "tpot", "both", "failed", "balance"):
+            vals = [float(s["decisions"].get("balance", 0)) if key == "balance" else float(s[key]) for s in per_seed]
+            row[key] = _mean_min_max(vals)
+        row["seeds_tpot_only_ge_20"] = sum(s["tpot"] >= COLLAPSE_TPOT_MISSES for s in per_seed)
+        row["model_error_median"] = {p: statistics.fmean(s[f"{p}_model_error_median"] for s in per_seed)
+                                     for p in ("prefill", "decode")}
+        rows.append(row)
+    bar.close()
+    return rows
+
+
+def _scopes(text: str) -> list[str]:
+    scopes = [s for s in text.split(",") if s]
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad or not scopes:
+        raise ValueError(f"--scopes: unknown scope(s) {bad or [text]}; choose from {', '.join(SCOPES)}")
+    return scopes
+
+
+def main(argv: list[str] | None = None) -> int:
+    package_doc = sys.modules[__package__].__doc__  # the package's docstring: what the replay models and leaves out
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replay_split", description=package_doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, default=RUN, help="serve_bench run file (.json or .json.gz)")
+    parser.add_argument("--steps", type=Path, default=None,
+                        help="step log of the same system (default: <system>-steps.jsonl.gz beside runs/)")
+    parser.add_argument("--margins", default="0,25,50", help="comma-separated TTFT planning margins (ms)")
+    parser.add_argument("--scopes", default="all,order", help="comma-separated margin scopes: all, order")
+    parser.add_argument("--seeds", type=int, default=5, help="noise seeds per (margin, scope)")
+    parser.add_argument("--overhead-ms", type=float, default=14.0, help="time outside the workers (ms), half each way")
+    parser.add_argument("--no-noise", action="store_true", help="step times exactly as fitted (one replay per cell)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--no-warm", dest="warm", action="store_false",
+                        help="start the online correction empty (default: it first learns the log's steps from before "
+                             "the run, the earlier rates the same server served)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        scopes = _scopes(args.scopes)
+        margins = [float(m) for m in args.margins.split(",") if m]
+    except ValueError as e:
+        parser.exit(2, f"replay_split: error: {e if str(e).startswith('--') else f'--margins: {e}'}\n")
+    if args.seeds < 1:
+        parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
+    steps_path = args.steps or steps_path_of(args.run)
+    reqs, measured = load_requests(args.run)
+    factory = profile_model_factory()
+    log_records = records(str(steps_path))
+    steps = fit_step_model(log_records, factory())
+    warm: list[dict] = []
+    if args.warm:
+        try:
+            warm = steps_before(log_records, run_start_unix_s(load_bench_run(args.run)))
+        except KeyError:  # a run file without its start time: nothing to warm on
+            logger.warning("%s has no start time: the online correction starts empty", args.run)
+    if args.no_noise:
+        steps.sigma = {p: 0.0 for p in steps.sigma}
+    token_cap = token_cap_of(steps_path)
+    started = time.perf_counter()
+    rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
+                    args.overhead_ms / 1e3, args.progress, warm)
+    elapsed = time.perf_counter() - started
+    real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
+    print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
+          f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
+          f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}; online correction warmed on {len(warm)} logged "
+          f"steps from before the run; {elapsed:.1f} s")
+    print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
+    for (phase, sms, busy), fit in sorted(steps.fits.items()):
+        print(f"  {phase:7} {sms:3} SMs other_busy={busy!s:5} n={fit.num_steps:4} fixed {fit.coef[0] * 1e3:7.3f} ms "
+              f"a {fit.coef[1] * 1e6:8.4f} us b {fit.coef[2] * 1e9:9.5f} ns  fit error median {fit.median_error:.1%} "
+              f"p90 {fit.p90_error:.1%}")
+    print(f"noise sigma prefill {steps.sigma['prefill']:.4f} decode {steps.sigma['decode']:.4f} (log's p90 error "
+          f"prefill {steps.p90_log_error['prefill']:.1%}, decode {steps.p90_log_error['decode']:.1%})")
+    print("misses by kind (rescore.miss_kinds, strict): mean over seeds [min, max]; balance: BALANCE decisions")
+    print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
+          f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12} {'seeds_tpot>=20':>14}")
+    print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>15} {real['tpot']:>15} "
+          f"{real['both']:>5} {real['failed']:>4}")
+
+    def spread(v: dict[str, float]) -> str:
+        return f"{v['mean']:5.1f} [{v['min']:g},{v['max']:g}]"
+    for row in rows:
+        a = row["attainment"]
+        print(f"{row['margin_ms']:>6g} {row['scope']:>5} {a['mean']:>7.1%} [{a['min']:>5.1%},{a['max']:>5.1%}] "
+              f"{spread(row['ttft']):>15} {spread(row['tpot']):>15} {row['both']['mean']:>5.1f} "
+              f"{row['failed']['mean']:>4.1f} {row['balance']['mean']:>7.1f} "
+              f"{row['model_error_median']['prefill']:>5.1%}/{row['model_error_median']['decode']:.1%} "
+              f"{row['seeds_tpot_only_ge_20']:>8}/{len(row['seeds'])}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
+            "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
+            "num_warm_steps": len(warm),
+            "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
+            "fits": {f"{k[0]}/{k[1]}/{'busy' if k[2] else 'alone'}": fit.__dict__ for k, fit in steps.fits.items()},
+            "measured": real, "rows": rows}, indent=1))
+    return 0
+

@@ -1,0 +1,228 @@
+"""The discrete-event replay of benchmarks.replay_split: a run's requests through both bullet sides and the real
+BulletPolicy (see the package docstring for what it models and leaves out)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.replay_split.fits import StepModel, shape_of_record
+from benchmarks.rescore import load_run as load_bench_run
+from bullet_ray.perf.kernels import StepShape
+from bullet_ray.perf.model import PerfModel
+from bullet_ray.policy.bullet import BulletPolicy
+from bullet_ray.policy.state import DecodeLoad, QueuedRequest, StepState
+
+
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    scheduled_s: float  # when the client sent it, from the run's start
+    num_prompt_tokens: int
+    num_output_tokens: int  # the first token (from prefill) included
+
+
+def load_requests(path: Path) -> tuple[list[Request], list[Any]]:
+    """The run's requests in send order, and its measured records for bullet_ray.bench.slo / rescore.miss_kinds."""
+    rows = sorted(load_bench_run(path)["requests"], key=lambda r: r["scheduled_s"])
+    reqs = [Request(str(r["index"]), float(r["scheduled_s"]), int(r.get("prompt_tokens") or r["prompt_tokens_requested"]),
+                    int(r.get("output_tokens_requested") or len(r.get("itl_s") or []) + 1)) for r in rows]
+    measured = [SimpleNamespace(success=r["success"], ttft_s=r["ttft_s"], tpot_s=r["tpot_s"],
+                                prompt_tokens=r["prompt_tokens"]) for r in rows]
+    return reqs, measured
+
+
+@dataclass
+class Outcome:
+    ttft_s: list[float | None]  # client TTFT per request (None: never served)
+    tpot_s: list[float | None]  # None: one output token
+    num_tokens: list[int]  # output tokens each request got
+    decisions: Counter = field(default_factory=Counter)  # split decisions by reason
+    decode_sms_s: dict[int, float] = field(default_factory=dict)  # decode step seconds by decode SMs
+    max_decode_seqs: int = 0
+    model_errors: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
+    # in order: ("prefill" | "decode", launch time, ladder entry it runs on) and ("request", decision time, entry
+    # requested) for each decision that changed the requested entry
+    timeline: list[tuple[str, float, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Seq:
+    index: int  # the request's position
+    context: int  # KV tokens
+    tokens: int  # output tokens so far
+    ready_s: float = 0.0  # when it may join decode
+
+
+def warm_up(model: PerfModel, log_steps: Sequence[dict]) -> None:
+    """Feed logged steps (`steps_before`) to the model's online correction, as the served engine had learned
+    them before the run began."""
+    for r in log_steps:
+        sms = r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]
+        model.observe(shape_of_record(r), sms, bool(r["other_busy"]), r["split_index"], r["measured_ms"] / 1e3)
+
+
+def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
+    """The log's steps learned from before `start_unix_s` (the run's start): the earlier rates' served steps."""
+    return [r for r in log_records if r.get("kind") == "step" and r.get("t", math.inf) < start_unix_s
+            and not r.get("across_switch")
+            and r.get("phase") in ("prefill", "decode") and r.get("measured_ms", 0) > 0]
+
+
+def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng: random.Random | None = None,
+           overhead_s: float = 0.014, relay_s: float = 0.001, warm: Sequence[dict] = ()) -> Outcome:
+    """One replay (see the module docstring); `policy` is fresh (its model's online correction starts empty, then
+    learns the steps `warm`); `rng` None: no noise."""
+    half = overhead_s / 2
+    model = policy.model
+    warm_up(model, warm)
+    rule = policy.rule
+    n = len(reqs)
+    out = Outcome([None] * n, [None] * n, [0] * n)
+    first: list[float] = [math.nan] * n
+    by_id = {r.request_id: i for i, r in enumerate(reqs)}
+    events: list[tuple[float, int, str, Any]] = []
+    counter = 0
+
+    def push(t: float, kind: str, payload: Any = None) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(events, (t, counter, kind, payload))
+
+    for i, r in enumerate(reqs):
+        push(r.scheduled_s + half, "arrive", i)
+    requested = 0  # the ladder entry both sides launch on next
+    computed: dict[int, int] = {}  # queued request -> prompt tokens in batches so far
+    entered: dict[int, float] = {}
+    planned: list[tuple[int, int]] | None = None  # (request, tokens) of the next prefill launch
+    p_inflight: dict[str, Any] | None = None  # the prefill step running
+    running: list[_Seq] = []  # decode batch
+    waiting: list[_Seq] = []  # handed off, not yet in a decode step
+    d_inflight: dict[str, Any] | None = None
+    last_decode: tuple[StepShape, int, bool, int, float] | None = None  # for the next decision's observe
+    last_decode_s: float | None = None
+
+    def prefill_shape(batch: list[tuple[int, int]]) -> StepShape:
+        return StepShape.of_prompts([take + computed[i] for i, take in batch], [computed[i] for i, _ in batch])
+
+    def decide(now: float) -> None:
+        nonlocal planned, requested, last_decode
+        if last_decode is not None:  # SplitDecider._observe_decode: decode's last step since the decision before
+            shape, sms, busy, index, measured = last_decode
+            model.observe(shape, sms, busy, index, measured)
+            last_decode = None
+        queue = tuple(QueuedRequest(reqs[i].request_id, reqs[i].num_prompt_tokens, now - entered[i], done)
+                      for i, done in computed.items() if done < reqs[i].num_prompt_tokens
+                      and not (planned and any(j == i for j, _ in planned)))
+        incoming = p_inflight["done"] if p_inflight else []
+        seqs = running + waiting
+        num_seqs = len(seqs) + len(incoming)
+        ctx = sum(s.context for s in seqs) + sum(reqs[i].num_prompt_tokens + 1 for i in incoming)
+        remaining = max(0.0, p_inflight["predicted_end"] - now) if p_inflight else 0.0
+        state = StepState(requested, queue, DecodeLoad(num_seqs, ctx, last_decode_s if running else None), now,
+                          remaining)
+        result = policy.step(state)
+        out.decisions[result.split.reason.value] += 1
+        if result.split.index != requested:
+            out.timeline.append(("request", now, result.split.index))
+        requested = result.split.index
+        if result.batches and planned is None:
+            cap, used, batch = policy.token_cap, 0, []
+            for q in result.batches[0]:
+                take = min(q.num_remaining_tokens, cap - used)
+                if take <= 0:
+                    break
+                batch.append((by_id[q.request_id], take))
+                used += take
+            planned = batch
+            if p_inflight is None:
+                launch_prefill(now)
+
+    def launch_prefill(now: float) -> None:
+        nonlocal planned, p_inflight
+        assert planned is not None
+        batch, planned = planned, None
+        index = requested
+        sms = rule.prefill_sms(index)
+        busy = bool(running or waiting or d_inflight)
+        shape = prefill_shape(batch)
+        predicted = model.predict(shape, sms, busy, index).seconds
+        real = steps.noisy_seconds(shape, sms, busy, rng)
+        done = []
+        for i, take in batch:
+            computed[i] += take
+            if computed[i] >= reqs[i].num_prompt_tokens:
+                done.append(i)
+        p_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index, "predicted": predicted,
+                      "predicted_end": now + predicted, "done": done}
+        out.timeline.append(("prefill", now, index))
+        push(now + real, "prefill_end", real)
+        decide(now)  # plan-ahead: the next batch is planned (and the split decided) as this one launches
+
+    def launch_decode(now: float) -> None:
+        nonlocal d_inflight, waiting
+        joined = [s for s in waiting if s.ready_s <= now]
+        waiting = [s for s in waiting if s.ready_s > now]
+        running.extend(joined)
+        if not running:
+            return
+        index = requested
+        sms = rule.decode_sms[index]
+        busy = p_inflight is not None
+        shape = StepShape.decode(len(running), sum(s.context for s in running))
+        real = steps.noisy_seconds(shape, sms, busy, rng)
+        d_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index,
+                      "predicted": model.predict(shape, sms, busy, index).seconds}
+        out.max_decode_seqs = max(out.max_decode_seqs, len(running))
+        out.decode_sms_s[sms] = out.decode_sms_s.get(sms, 0.0) + real
+        out.timeline.append(("decode", now, index))
+        push(now + real, "decode_end", real)
+
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "arrive":
+            computed[payload], entered[payload] = 0, now
+            if planned is None:  # the side waits for work: plan at once (during a step in flight too)
+                decide(now)
+        elif kind == "prefill_end":
+            step = p_inflight
+            assert step is not None
+            p_inflight = None
+            model.observe(step["shape"], step["sms"], step["busy"], step["index"], payload)
+            out.model_errors["prefill"].append(abs(step["predicted"] - payload) / payload)
+            for i in step["done"]:
+                del computed[i]
+                first[i] = now
+                out.ttft_s[i] = now + half - reqs[i].scheduled_s
+                out.num_tokens[i] = 1
+                if reqs[i].num_output_tokens > 1:
+                    waiting.append(_Seq(i, reqs[i].num_prompt_tokens + 1, 1, now + relay_s))
+                    push(now + relay_s, "handoff")
+            if planned is not None:
+                launch_prefill(now)
+        elif kind == "decode_end":
+            step, d_inflight = d_inflight, None
+            assert step is not None
+            last_decode_s = payload
+            last_decode = (step["shape"], step["sms"], step["busy"], step["index"], payload)
+            out.model_errors["decode"].append(abs(step["predicted"] - payload) / payload)
+            for s in running:
+                s.tokens += 1
+                s.context += 1
+                if s.tokens == reqs[s.index].num_output_tokens:
+                    out.num_tokens[s.index] = s.tokens
+                    out.tpot_s[s.index] = (now - first[s.index]) / (s.tokens - 1)
+            running[:] = [s for s in running if s.tokens < reqs[s.index].num_output_tokens]
+            if p_inflight is None and planned is None:  # prefill idles: a decision at each decode step
+                decide(now)
+            launch_decode(now)
+        elif kind == "handoff" and d_inflight is None:
+            launch_decode(now)
+    return out

@@ -477,6 +477,14 @@ def write_intervals(out: Path, slo_names: list[str]) -> None:
                          "--out", str(out / "goodput_ci.json")])
 
 
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The client's settings for every system of the sweep: the workload (dataset, requests per rate, seed), the
+    SLOs, two warm-up requests."""
+    workload = WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, seed=args.seed,
+                              trace_path=args.trace_path)
+    return BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
@@ -501,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the workload's seed (arrivals and prompts; each rate's prompts stay distinct): another "
+                             "seed is another sample of the same workload, for the spread between runs")
     parser.add_argument("--slo", default="relaxed,strict", help="SLO presets; the first decides goodput")
     parser.add_argument("--ready-timeout-s", type=float, default=420.0)
     parser.add_argument("--base-yaml", type=Path, default=GPU_YAML,
@@ -532,9 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--serve-env: give KEY=VALUE")
     args.serve_env = {key: value for key, _, value in pairs}
     systems = [make_system(n, args) for n in args.systems.split(",") if n]
-    workload = WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, seed=0,
-                              trace_path=args.trace_path)
-    base = BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)
+    base = bench_config(args)
     doc = run_comparison(systems, base, args.out, rates=[float(r) for r in args.rates.split(",")], plot=True)
     doc["runs"] = [{"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "command": "python -m benchmarks.gpu.serve_h100 " + " ".join(sys.argv[1:] if argv is None else argv),

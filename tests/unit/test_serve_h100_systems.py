@@ -247,3 +247,20 @@ def test_an_engine_suffix_can_set_serve_runs_environment():
     holistic = make_system("chunked-2048+attnholistic+direct", args).extra["serve_env"]
     assert holistic == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "BULLET_RAY_MIXED_ATTENTION": "holistic"}
     assert make_system("chunked-2048+direct", args).extra["serve_env"] == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def test_the_workload_seed_reaches_the_client():
+    """--seed: another sample of the same workload (arrivals and prompts), for the spread between runs."""
+    import argparse
+    import dataclasses
+
+    from benchmarks.gpu.serve_h100 import bench_config
+    from bullet_ray.bench.traces import build_workload
+
+    args = argparse.Namespace(dataset="random", num_prompts=8, seed=0, trace_path=None, slo="strict,relaxed")
+    first = bench_config(args)
+    assert first.workload.seed == 0 and first.slos == ["strict", "relaxed"] and first.workload.num_prompts == 8
+    again = bench_config(argparse.Namespace(**{**vars(args), "seed": 1}))
+    assert again.workload.seed == 1
+    a, b = (build_workload(dataclasses.replace(c.workload, rate_rps=8.0)) for c in (first, again))
+    assert [r.arrival_s for r in a] != [r.arrival_s for r in b]

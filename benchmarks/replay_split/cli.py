@@ -17,6 +17,7 @@ from typing import Any
 
 from benchmarks.plot_steps import records, run_start_unix_s
 from benchmarks.replay_split.fits import StepModel, fit_step_model
+from benchmarks.replay_split.noise import NOISES, Delays, delays_from_log, lag_autocorrelation, residual_noise
 from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before
 from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
@@ -92,7 +93,7 @@ def _mean_min_max(values: list[float]) -> dict[str, float]:
 
 def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
-             progress: bool = True, warm: Sequence[dict] = ()) -> list[dict[str, Any]]:
+             progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -102,7 +103,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
             outcome = replay(reqs, steps, make_policy(factory, margin, scope, token_cap), random.Random(seed),
-                             overhead_s, warm=warm)
+                             overhead_s, warm=warm, delays=delays)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
             busy = sum(outcome.decode_sms_s.values())
             sc["decisions"] = dict(outcome.decisions)
@@ -121,6 +122,26 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         rows.append(row)
     bar.close()
     return rows
+
+
+def _q(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def describe_residuals(noise: Any, phase: str) -> str:
+    v = noise.sets[phase]
+    err = [abs(x - 1) for x in v]
+    return (f"{phase} {len(v)} ratios p1 {_q(v, 0.01):.3f} p50 {_q(v, 0.5):.3f} p99 {_q(v, 0.99):.3f}, |err| p50 "
+            f"{_q(err, 0.5):.1%} p90 {_q(err, 0.9):.1%}, lag-1 autocorr {lag_autocorrelation(v):.2f}, block "
+            f"{noise.block_steps.get(phase, 1.0):.1f} steps, {sum(isinstance(k, tuple) and k[0] == phase for k in noise.sets)}"
+            f" own entries")
+
+
+def describe_delays(raw: Sequence[float], kept: Sequence[float], name: str) -> str:
+    return (f"{name} n={len(raw)} measured {_q(raw, 0.5) * 1e3:.1f} / {_q(raw, 0.9) * 1e3:.1f} / "
+            f"{max(raw, default=0) * 1e3:.1f}, extra {_q(kept, 0.5) * 1e3:.1f} / {_q(kept, 0.9) * 1e3:.1f} / "
+            f"{max(kept, default=0) * 1e3:.1f}")
 
 
 def _scopes(text: str) -> list[str]:
@@ -143,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="noise seeds per (margin, scope)")
     parser.add_argument("--overhead-ms", type=float, default=14.0, help="time outside the workers (ms), half each way")
     parser.add_argument("--no-noise", action="store_true", help="step times exactly as fitted (one replay per cell)")
+    parser.add_argument("--noise", default="lognormal",
+                        help="step noise: lognormal (fitted x lognormal at the log's p90 error), empirical (fitted x "
+                             "the log's own measured / fitted ratios, per side and SM entry, in blocks as long as the "
+                             "log's autocorrelation says), empirical-iid (the same ratios, drawn independently)")
+    parser.add_argument("--delays", default="none",
+                        help="none, or log: each arrival and hand-off waits a delay drawn from the run window's "
+                             "first_token / handoff records, less the step-boundary waits the replay models")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -154,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         margins = [float(m) for m in args.margins.split(",") if m]
     except ValueError as e:
         parser.exit(2, f"replay_split: error: {e if str(e).startswith('--') else f'--margins: {e}'}\n")
+    if args.noise not in NOISES:
+        parser.exit(2, f"replay_split: error: --noise: unknown noise {args.noise!r}; choose from {', '.join(NOISES)}\n")
+    if args.delays not in ("none", "log"):
+        parser.exit(2, f"replay_split: error: --delays: unknown value {args.delays!r}; choose from none, log\n")
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
     steps_path = args.steps or steps_path_of(args.run)
@@ -162,30 +194,52 @@ def main(argv: list[str] | None = None) -> int:
     log_records = records(str(steps_path))
     steps = fit_step_model(log_records, factory())
     warm: list[dict] = []
+    bench_run = load_bench_run(args.run)
+    try:
+        start_unix_s: float | None = run_start_unix_s(bench_run)
+    except KeyError:  # a run file without its start time: nothing to warm on, no window for the delays
+        start_unix_s = None
     if args.warm:
-        try:
-            warm = steps_before(log_records, run_start_unix_s(load_bench_run(args.run)))
-        except KeyError:  # a run file without its start time: nothing to warm on
+        if start_unix_s is not None:
+            warm = steps_before(log_records, start_unix_s)
+        else:
             logger.warning("%s has no start time: the online correction starts empty", args.run)
+    if args.noise != "lognormal" and not args.no_noise:
+        steps.residuals = residual_noise(log_records, steps, persistent=args.noise == "empirical")
+    delays = None
+    if args.delays == "log":
+        if start_unix_s is None:
+            parser.exit(2, f"replay_split: error: --delays log: {args.run} has no start time to find its window\n")
+        delays = delays_from_log(log_records, start_unix_s, start_unix_s + float(bench_run["summary"]["duration_s"]))
     if args.no_noise:
         steps.sigma = {p: 0.0 for p in steps.sigma}
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress, warm)
+                    args.overhead_ms / 1e3, args.progress, warm, delays)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
           f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
-          f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}; online correction warmed on {len(warm)} logged "
+          f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}"
+          f"{'' if args.noise == 'lognormal' else f' (noise {args.noise})'}"
+          f"{'' if delays is None else ' (delays from the log)'}; online correction warmed on {len(warm)} logged "
           f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
     for (phase, sms, busy), fit in sorted(steps.fits.items()):
         print(f"  {phase:7} {sms:3} SMs other_busy={busy!s:5} n={fit.num_steps:4} fixed {fit.coef[0] * 1e3:7.3f} ms "
               f"a {fit.coef[1] * 1e6:8.4f} us b {fit.coef[2] * 1e9:9.5f} ns  fit error median {fit.median_error:.1%} "
               f"p90 {fit.p90_error:.1%}")
-    print(f"noise sigma prefill {steps.sigma['prefill']:.4f} decode {steps.sigma['decode']:.4f} (log's p90 error "
-          f"prefill {steps.p90_log_error['prefill']:.1%}, decode {steps.p90_log_error['decode']:.1%})")
+    if steps.residuals is None:
+        print(f"noise sigma prefill {steps.sigma['prefill']:.4f} decode {steps.sigma['decode']:.4f} (log's p90 error "
+              f"prefill {steps.p90_log_error['prefill']:.1%}, decode {steps.p90_log_error['decode']:.1%})")
+    else:
+        print(f"noise {args.noise}: " + "; ".join(describe_residuals(steps.residuals, p) for p in ("prefill", "decode")))
+    if delays is not None:
+        print("delays (--delays log; ms p50 / p90 / max, extra = less the modelled step-boundary wait): "
+              + "; ".join(describe_delays(raw, kept, name) for name, raw, kept in (
+                  ("to_worker", delays.raw_to_worker_s, delays.to_worker_s),
+                  ("handoff", delays.raw_handoff_s, delays.handoff_s))))
     print("misses by kind (rescore.miss_kinds, strict): mean over seeds [min, max]; balance: BALANCE decisions")
     print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
           f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12} {'seeds_tpot>=20':>14}")
@@ -207,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
+            **({} if args.noise == "lognormal" and delays is None else {
+                "noise": args.noise, "delays": args.delays,
+                "block_steps": steps.residuals.block_steps if steps.residuals is not None else None,
+                "delays_kept_ms": None if delays is None else {
+                    "to_worker": [round(d * 1e3, 3) for d in delays.to_worker_s],
+                    "handoff": [round(d * 1e3, 3) for d in delays.handoff_s]}}),
             "fits": {f"{k[0]}/{k[1]}/{'busy' if k[2] else 'alone'}": fit.__dict__ for k, fit in steps.fits.items()},
             "measured": real, "rows": rows}, indent=1))
     return 0

@@ -1,5 +1,5 @@
 """Step-time fits for benchmarks.replay_split: least squares per (side, SMs, other side busy) over a step log, and
-the simulated 'real' step time (fitted x lognormal noise; entries without their own fit scaled by the roofline)."""
+the simulated 'real' step time (fitted x lognormal noise, or x the log's own residuals: noise.py; entries without their own fit scaled by the roofline)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.replay_order import sigma_for_p90_error
 from bullet_ray.perf.kernels import StepShape
@@ -62,6 +63,8 @@ class StepModel:
     roofline: PerfModel  # the profile without online correction: the scaling between entries
     sigma: dict[str, float]  # lognormal noise per phase
     p90_log_error: dict[str, float]  # the step log's p90 |predicted - measured| / measured per phase
+    # noise.ResidualNoise: draw measured / fitted from the log's own steps instead of the lognormal (None: lognormal)
+    residuals: Any = None
 
     def seconds(self, shape: StepShape, sms: int, other_busy: bool) -> float:
         key: tuple[str, int, bool] = (shape.phase, sms, other_busy)
@@ -78,6 +81,8 @@ class StepModel:
 
     def noisy_seconds(self, shape: StepShape, sms: int, other_busy: bool, rng: random.Random | None) -> float:
         t = self.seconds(shape, sms, other_busy)
+        if self.residuals is not None:
+            return t * self.residuals.ratio(shape.phase, sms, other_busy, rng) if rng is not None else t
         sigma = self.sigma[shape.phase]
         return t * math.exp(rng.gauss(0.0, sigma)) if rng is not None and sigma > 0 else t
 

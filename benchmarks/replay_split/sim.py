@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.replay_split.fits import StepModel, shape_of_record
+from benchmarks.replay_split.noise import Delays
 from benchmarks.rescore import load_run as load_bench_run
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
@@ -77,10 +78,16 @@ def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
 
 
 def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng: random.Random | None = None,
-           overhead_s: float = 0.014, relay_s: float = 0.001, warm: Sequence[dict] = ()) -> Outcome:
+           overhead_s: float = 0.014, relay_s: float = 0.001, warm: Sequence[dict] = (),
+           delays: Delays | None = None) -> Outcome:
     """One replay (see the module docstring); `policy` is fresh (its model's online correction starts empty, then
-    learns the steps `warm`); `rng` None: no noise."""
+    learns the steps `warm`); `rng` None: no noise. `delays`: each arrival reaches the prefill queue a drawn
+    `to_worker` delay later, and each hand-off takes a drawn `handoff` delay instead of `relay_s` (drawn from their
+    own generator, seeded by one draw of `rng`, or 0 without it, so the step noise stays as without delays)."""
     half = overhead_s / 2
+    if steps.residuals is not None:
+        steps.residuals.reset()
+    delay_rng = random.Random(rng.random() if rng is not None else 0) if delays is not None else None
     model = policy.model
     warm_up(model, warm)
     rule = policy.rule
@@ -97,7 +104,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         heapq.heappush(events, (t, counter, kind, payload))
 
     for i, r in enumerate(reqs):
-        push(r.scheduled_s + half, "arrive", i)
+        extra = delays.draw_to_worker(delay_rng) if delays is not None and delay_rng is not None else 0.0
+        push(r.scheduled_s + half + extra, "arrive", i)
     requested = 0  # the ladder entry both sides launch on next
     computed: dict[int, int] = {}  # queued request -> prompt tokens in batches so far
     entered: dict[int, float] = {}
@@ -203,8 +211,9 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
                 out.ttft_s[i] = now + half - reqs[i].scheduled_s
                 out.num_tokens[i] = 1
                 if reqs[i].num_output_tokens > 1:
-                    waiting.append(_Seq(i, reqs[i].num_prompt_tokens + 1, 1, now + relay_s))
-                    push(now + relay_s, "handoff")
+                    hop = delays.draw_handoff(delay_rng) if delays is not None and delay_rng is not None else relay_s
+                    waiting.append(_Seq(i, reqs[i].num_prompt_tokens + 1, 1, now + hop))
+                    push(now + hop, "handoff")
             if planned is not None:
                 launch_prefill(now)
         elif kind == "decode_end":

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import replay_split as rs
 from benchmarks.plot_steps import records
+from benchmarks.replay_split import noise
 from bullet_ray.perf.kernels import StepShape
 
 PREFILL = (0.005, 30e-6, 1e-9)  # fixed s, per token, per attention pair
@@ -139,3 +140,68 @@ def test_warm_up_learns_only_the_steps_before_the_run(factory) -> None:
     assert [r["t"] for r in before] == [1.0]
     rs.warm_up(model, before * 3)  # the correction needs 3 samples
     assert model.predict(shape, 16, True, 0).seconds == pytest.approx(cold * 1.3, rel=1e-3)
+
+
+def test_residuals_of_one_replay_the_fitted_times(setup, factory) -> None:
+    reqs, _, steps = setup
+    clean = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048))
+    steps.residuals = noise.ResidualNoise({"prefill": [1.0] * 5, "decode": [1.0] * 5}, {"decode": 4.0})
+    ones = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048), random.Random(3))
+    assert ones.ttft_s == clean.ttft_s and ones.tpot_s == clean.tpot_s
+
+
+@pytest.mark.parametrize("block", [1.0, 5.0])
+def test_resampled_ratios_come_from_the_set(block: float) -> None:
+    entry = [0.9, 1.1, 1.3]
+    res = noise.ResidualNoise({("decode", 16, False): entry, "decode": [7.0], "prefill": [2.0]}, {"decode": block})
+    rng = random.Random(0)
+    assert {res.ratio("decode", 16, False, rng) for _ in range(200)} == set(entry)
+    assert {res.ratio("decode", 24, False, rng) for _ in range(5)} == {7.0}  # no own set: the side's
+    assert res.ratio("prefill", 116, True, rng) == 2.0
+
+
+def test_blocks_persist_and_autocorrelation_is_measured() -> None:
+    entry = [float(v) for v in range(1, 101)]
+    res = noise.ResidualNoise({"decode": entry}, {"decode": 1e9})  # never jumps after the first draw
+    rng = random.Random(1)
+    draws = [res.ratio("decode", 16, False, rng) for _ in range(10)]
+    assert all(b == a % 100 + 1 for a, b in zip(draws, draws[1:]))
+    assert noise.lag_autocorrelation(entry) > 0.9
+    assert noise.block_steps_of({"decode": entry, "prefill": [1.0, 2.0] * 20})["prefill"] == 1.0
+
+
+def test_a_fixed_arrival_delay_shifts_first_tokens_by_that_much(setup, factory) -> None:
+    _, _, steps = setup
+    reqs = [rs.Request("a", 0.0, 300, 3), rs.Request("b", 2.0, 500, 2)]  # far apart: nothing else moves
+    base = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048), relay_s=0.002)
+    late = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
+                     delays=noise.Delays((0.037,), (0.002,)))
+    for b, t in zip(base.ttft_s, late.ttft_s):
+        assert t == pytest.approx(b + 0.037, abs=1e-9)
+    assert late.tpot_s == pytest.approx(base.tpot_s)
+
+
+def test_transit_counts_only_what_the_replay_does_not_wait_for() -> None:
+    ends, starts = [1.0, 2.0, 3.0], [0.5, 1.5, 2.5]
+    assert noise.transit_lower_bound(1.2, 2.01, ends, starts) == 0.0  # read after the next step end: modelled
+    assert noise.transit_lower_bound(0.9, 3.01, ends, starts) == pytest.approx(1.1)  # missed the read at 2.0
+    assert noise.transit_lower_bound(5.0, 5.003, ends, starts) == pytest.approx(0.003)  # idle: all of it
+
+
+def test_cli_rejects_a_bad_noise(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        rs.main(["--noise", "gaussian", "--run", str(tmp_path / "none.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--noise" in err and "gaussian" in err
+
+
+def test_cli_runs_with_empirical_noise(tmp_path: Path) -> None:
+    write_log(tmp_path / "sys-steps.jsonl")
+    write_run(tmp_path / "run.json")
+    out = tmp_path / "out.json"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "0", "--scopes", "all", "--seeds", "2", "--no-progress", "--noise", "empirical", "--json",
+                    str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["noise"] == "empirical" and doc["delays"] == "none" and set(doc["block_steps"]) == {"prefill", "decode"}

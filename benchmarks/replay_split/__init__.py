@@ -10,7 +10,11 @@ What it models:
   + per token + per attention pair, decode = fixed + per sequence + per context token; an entry with fewer than
   `MIN_FIT_STEPS` steps takes the nearest fitted entry's time scaled by the profile's roofline ratio between the
   two (PerfModel without correction). A simulated step takes the fitted time x lognormal noise (median 1, the p90
-  of |log| at the log's p90 prediction error of that side, as benchmarks.replay_order does);
+  of |log| at the log's p90 prediction error of that side, as benchmarks.replay_order does), or with `--noise
+  empirical` x a ratio measured / fitted drawn from the log's own steps of that SM entry (else of that side), in
+  blocks of consecutive logged steps as long as the log's lag-1 autocorrelation says (noise.py);
+- with `--delays log`, the front -> worker and hand-off delays of the run window's `first_token` / `handoff`
+  records, less the step-boundary waits modelled below (noise.py's docstring: what is left is ~0);
 - the real policy: BulletPolicy (order, batches, SplitRule) with EngineConfig's planning_targets / split_targets /
   split_settings, the deployment's token cap, the default ladder on 132 SMs, and the profile's PerfModel whose
   online correction first learns the log's steps from before the run (the earlier rates the server served;
@@ -22,10 +26,11 @@ What it models:
   first step boundary `relay_ms` after its prefill step ends, and every decode step gives each running sequence
   one token. TPOT = (last token - first token) / (output tokens - 1).
 
-What it leaves out: the front -> worker wait and the pipe reads (only `overhead_ms`), the mixed fallback and
+What it leaves out: the prefill worker's read lag (it reads its pipe and plans after launching its next step:
+0.8-24 ms later than the step end the replay plans at), the mixed fallback and
 admission (off in the H200 runs), the SM sharing while a switch drains (a step runs wholly on the entry it
-launched on), the KV pool, the decode side's launch-ahead, and errors that persist over steps (noise is
-independent per step).
+launched on), the KV pool, the decode side's launch-ahead, and (with lognormal noise) errors that persist over
+steps.
 
 Against the six H200 margin runs (benchmarks/results/replay_split_h200/README.md) it matches 32 req/s and does NOT
 reproduce the TPOT collapse measured at 40 req/s with margins 25 / 50.
@@ -36,7 +41,8 @@ reproduce the TPOT collapse measured at 40 req/s with margins 25 / 50.
 
 from benchmarks.replay_split.cli import main, make_policy, profile_model_factory, score
 from benchmarks.replay_split.fits import StepModel, fit_step_model
+from benchmarks.replay_split.noise import Delays, ResidualNoise, delays_from_log, residual_noise
 from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before, warm_up
 
-__all__ = ["Request", "StepModel", "fit_step_model", "load_requests", "main", "make_policy", "profile_model_factory",
+__all__ = ["Delays", "Request", "ResidualNoise", "StepModel", "delays_from_log", "residual_noise", "fit_step_model", "load_requests", "main", "make_policy", "profile_model_factory",
            "replay", "score", "steps_before", "warm_up"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.block_allocator import BlockAllocator
+from bullet_ray.engine.expiring_ids import ExpiringIds
 from bullet_ray.engine.messages import (
     AbortMissed,
     AbortRequests,
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 # how long an id finished by the front (abort, stop string) stays refused for a new request: a worker drops its
 # sequence at its next step (or the front, when a hand-off of it arrives), well within this
 RETIRED_ID_HOLD_S = 5.0
+# finished ids held at once at most; past it the oldest go, held or not (65,536 in 5 s: ~13k aborts a second)
+MAX_RETIRED_IDS = 65536
 
 
 class WorkerLink:
@@ -61,7 +64,7 @@ class WorkerLink:
     def _init_link(self) -> None:
         # ids finished here (abort, stop string) whose sequence a worker may still hold: their reuse within
         # RETIRED_ID_HOLD_S is refused (a hand-off of the old one would otherwise land in the new request)
-        self._retired_ids: dict[str, float] = {}
+        self._retired_ids = ExpiringIds(RETIRED_ID_HOLD_S, MAX_RETIRED_IDS)
         self.num_preemptions = 0  # decode's preemptions relayed through the front
         self._worker_recomputes: dict[str, int] = {}  # role -> its own recomputes so far (StepOutputs)
         # token path measurements: the last worker -> front hops (s); CUDA graphs captured while serving
@@ -225,10 +228,7 @@ class WorkerLink:
 
     def _retire(self, request_id: str) -> None:
         """(Under the lock.) `request_id` finished here while a worker may still hold its sequence."""
-        now = time.monotonic()
-        if len(self._retired_ids) > 4096:  # keep the map small: drop the ids whose hold is over
-            self._retired_ids = {r: t for r, t in self._retired_ids.items() if t > now}
-        self._retired_ids[request_id] = now + RETIRED_ID_HOLD_S
+        self._retired_ids.add(request_id)
 
     def _abort_many(self, request_ids: list[str]) -> None:
         """Abort the ids still running: one abort output each, one message per worker that holds any."""

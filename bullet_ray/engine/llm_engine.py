@@ -252,7 +252,7 @@ class LLMEngine(WorkerLink, EngineClient):
         with self._lock:
             if rid in self._requests:
                 raise InvalidRequest(f"request id {rid!r} is already running", "request_id")
-            if self._retired_ids.get(rid, 0.0) > time.monotonic():
+            if self._retired_ids.holds(rid):
                 raise InvalidRequest(f"request id {rid!r} was aborted or stopped a moment ago and a worker may still "
                                      f"hold it; use a new id", "request_id")
             self._requests[rid] = state

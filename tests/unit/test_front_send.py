@@ -9,13 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from bullet_ray.engine.expiring_ids import ExpiringIds
+from bullet_ray.engine.front_link import MAX_RETIRED_IDS, RETIRED_ID_HOLD_S
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.messages import AbortRequests
 
 
 def _front() -> LLMEngine:
     front = LLMEngine.__new__(LLMEngine)  # only what _abort_many, _send and _mark_dead read
-    front._lock, front._retired_ids, front._is_shut_down, front._dead_reason = threading.Lock(), {}, False, None
+    front._lock, front._is_shut_down, front._dead_reason = threading.Lock(), False, None
+    front._retired_ids = ExpiringIds(RETIRED_ID_HOLD_S, MAX_RETIRED_IDS)
     front._requests, front._conns, front._send_locks = {}, {}, {}
     return front
 

@@ -13,6 +13,8 @@ import random
 import threading
 from types import SimpleNamespace
 
+from bullet_ray.engine.expiring_ids import ExpiringIds
+from bullet_ray.engine.front_link import MAX_RETIRED_IDS, RETIRED_ID_HOLD_S
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.messages import AbortRequests, AddRequest, Handoff
 from bullet_ray.engine.sampler import SamplingState
@@ -261,7 +263,8 @@ def test_an_abort_racing_a_hand_off_at_the_front_still_reaches_decode():
     state, (msg,) = sides.prefill.res.state, sides.prefill.conn.sent
     sides.prefill.conn.sent.clear()
     front = LLMEngine.__new__(LLMEngine)  # only what _on_handoff and abort read
-    front._lock, front.allocator, front.state, front._retired_ids = threading.Lock(), sides.blocks, state, {}
+    front._lock, front.allocator, front.state = threading.Lock(), sides.blocks, state
+    front._retired_ids = ExpiringIds(RETIRED_ID_HOLD_S, MAX_RETIRED_IDS)
     front._requests = {"a": SimpleNamespace(location="prefill", sink=SimpleNamespace(put=lambda out: None),
                                             make_output=lambda *a, **k: None)}
     sent: list[tuple[str, object]] = []

@@ -35,10 +35,11 @@ import multiprocessing
 import os
 import socket
 import threading
-import time
 from multiprocessing import Pipe
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
+
+from bullet_ray.engine.expiring_ids import ExpiringIds
 
 logger = logging.getLogger(__name__)
 
@@ -162,26 +163,10 @@ class HandoffOutbox:
             self._conn = None
 
 
-class AbortTombstones:
+class AbortTombstones(ExpiringIds):
     """Request ids the decode worker was asked to abort while it did not hold them, for `TOMBSTONE_HOLD_S`: a
-    hand-off of one of them that arrives later is dropped."""
+    hand-off of one of them that arrives later is dropped (`take`: whether it was aborted before its hand-off
+    arrived, forgotten once asked)."""
 
     def __init__(self, hold_s: float = TOMBSTONE_HOLD_S) -> None:
-        self.hold_s = hold_s
-        self._until: dict[str, float] = {}
-
-    def add(self, request_id: str) -> None:
-        now = time.monotonic()
-        if len(self._until) >= MAX_TOMBSTONES:  # the oldest first (insertion order: same hold for all)
-            while self._until and (next(iter(self._until.values())) <= now or len(self._until) >= MAX_TOMBSTONES):
-                del self._until[next(iter(self._until))]
-        self._until.pop(request_id, None)  # re-added: to the end
-        self._until[request_id] = now + self.hold_s
-
-    def take(self, request_id: str) -> bool:
-        """Whether `request_id` was aborted before its hand-off arrived (forgotten once asked)."""
-        until = self._until.pop(request_id, None)
-        return until is not None and until > time.monotonic()
-
-    def __len__(self) -> int:
-        return len(self._until)
+        super().__init__(hold_s, MAX_TOMBSTONES)

@@ -67,6 +67,13 @@ def switch_summary(path: str) -> dict[str, float] | None:
     return out
 
 
+def startup_summary(path: str) -> dict[str, dict[str, float]]:
+    """Each worker's start-up from its `startup` record (serve_h100's extra.startup): seconds by part
+    (`resources`, `partitions`, `decode_graphs`, `piecewise_graphs`, `warm_pinned`, `total`), by role; the last
+    start of each role where the log holds several; {} for logs from before the record existed."""
+    return {r["role"]: r["seconds"] for r in records(path) if r.get("kind") == "startup"}
+
+
 def handoff_summary(path: str) -> dict[str, dict[str, float]]:
     """The prefill -> decode hand-offs of a step log by the way they came ("front": relayed by the engine front,
     "direct": from the prefill worker itself): count and the prefill worker's send -> the decode worker taking it
@@ -316,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         for (reason, last), row in switches_by_reason(args.log).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")
+    for role, parts in startup_summary(args.log).items():
+        print(f"{role} worker start-up: " + ", ".join(f"{part} {s:.1f} s" for part, s in parts.items()))
     for via, row in handoff_summary(args.log).items():
         print(f"hand-offs via {via}: {row['handoffs']}, prefill send -> decode takes it p50 {row['p50_ms']} ms, "
               f"p90 {row['p90_ms']} ms, p99 {row['p99_ms']} ms")

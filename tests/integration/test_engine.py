@@ -198,6 +198,10 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert stats.ttft_per_prompt_token_s == pytest.approx(policy["predicted_ttft_ns_per_token"] / 1e9)
     assert stats.predicted_ttft_for(stats.predicted_ttft_prompt_tokens) == stats.predicted_ttft_s
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    # each worker's start-up once, prefill first (decode attaches to what it created), before any step
+    startups = [r for r in records if r["kind"] == "startup"]
+    assert [r["role"] for r in startups] == ["prefill", "decode"] and records[:2] == startups
+    assert all(r["seconds"]["total"] >= r["seconds"]["resources"] > 0 for r in startups)
     first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
     assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)
     decisions = [r for r in records if r["kind"] == "decision"]
@@ -318,6 +322,11 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"hybrid"}
+    # the worker's start-up, part by part, written once before any step
+    (startup,) = [r for r in records if r["kind"] == "startup"]
+    assert records[0] is startup and startup["role"] == "hybrid"
+    assert set(startup["seconds"]) >= {"resources", "partitions", "total"}  # no graphs on CPU
+    assert 0 < startup["seconds"]["resources"] <= startup["seconds"]["total"]
     # one first_token record per request: where its time to first token went inside the engine
     first = [r for r in records if r["kind"] == "first_token"]
     assert sorted(r["prompt_tokens"] for r in first) == sorted(len(p) for p in PROMPTS)

@@ -414,3 +414,20 @@ def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_pat
             {**step, "t": 1.0, "split_index": 0, "decode_sms": 16, "prefill_sms": 116}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert drain_idle(str(log)) == {"switches": 1, "idle_sm_ms": 8 * 20.0, "share": round(160.0 / (1000 * 132), 6)}
+
+
+def test_startup_summary_reads_each_workers_startup_record(tmp_path):
+    """plot_steps.startup_summary (serve_h100's extra.startup): seconds by part, by role; {} without records."""
+    from benchmarks.plot_steps import startup_summary
+
+    log = tmp_path / "steps.jsonl"
+    rows = [{"kind": "startup", "t": 1.0, "role": "prefill", "seconds": {"resources": 9.0, "total": 60.0}},
+            {"kind": "startup", "t": 2.0, "role": "decode", "seconds": {"resources": 1.0, "decode_graphs": 40.0,
+                                                                        "total": 50.0}},
+            {"kind": "step", "t": 3.0, "side": "prefill"}]
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert startup_summary(str(log)) == {"prefill": {"resources": 9.0, "total": 60.0},
+                                         "decode": {"resources": 1.0, "decode_graphs": 40.0, "total": 50.0}}
+    empty = tmp_path / "none.jsonl"
+    empty.write_text(json.dumps(rows[2]) + "\n")
+    assert startup_summary(str(empty)) == {}

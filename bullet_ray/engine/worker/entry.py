@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 from multiprocessing.connection import Client
 
@@ -41,19 +42,39 @@ def _device_info(device: torch.device) -> dict:
     return info
 
 
+def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict) -> None:
+    """One `startup` record in the step log (where there is one): the seconds each part of this worker's start-up
+    took (`resources`: load or attach the weights, KV pool and state block; the worker's own parts, e.g.
+    `decode_graphs`, `piecewise_graphs`; `total`) and how many graphs it captured."""
+    if not spec.config.step_log_path:
+        return
+    from bullet_ray.engine.worker.policy_link import StepLog
+
+    log = StepLog(spec.config.step_log_path)
+    counts = {"decode_graphs": graphs.get("num_graphs"), "piecewise_graphs": (graphs.get("piecewise") or {}).get(
+        "num_graphs")}
+    log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in counts.items() if v is not None})
+    log.close()
+
+
 def run_worker(spec: WorkerSpec) -> None:
     """Connect to the engine front, set up (create or attach), serve until Shutdown or the front goes away."""
     logging.basicConfig(level=os.environ.get("BULLET_RAY_LOG_LEVEL", "WARNING"))
     conn = Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
     resources: WorkerResources | None = None
     try:
+        started = time.perf_counter()
         device = _device(spec)
         if spec.attach is None:
             resources = create_resources(spec.config, os.path.dirname(spec.address), device)
         else:
             resources = attach_resources(spec.config, spec.attach, device)
+        made = time.perf_counter()
         worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
-        info = {**_device_info(device), "graphs": worker.graph_capture or None,
+        startup_s = {"resources": round(made - started, 3), **worker.startup_s,
+                     "total": round(time.perf_counter() - started, 3)}
+        log_startup(spec, startup_s, worker.graph_capture)
+        info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
                 "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
                 "handoff_address": getattr(worker, "handoff_address", None),  # handoff: direct (decode worker)
                 "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode

@@ -15,8 +15,10 @@ back to the shared pool only once it has finished (`DeferredFree`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -58,6 +60,9 @@ class WorkerBase:
         self._last_stream: Any = None
         self._last_done_s = 0.0
         self.graph_capture: dict[str, Any] = {}
+        # seconds each part of this worker's start-up took (run_worker adds "resources"); the step log's
+        # `startup` record and the Ready message carry them
+        self.startup_s: dict[str, float] = {}
         self.eos_token_ids = tuple(resources.handles.eos_token_ids)
         self.runner = ModelRunner(resources.model, resources.backend, Sampler(), self.config.block_size,
                                   resources.device)
@@ -67,7 +72,8 @@ class WorkerBase:
         self.max_blocks_per_seq = (resources.handles.max_model_len + cfg.block_size - 1) // cfg.block_size
         self.profiler = StepProfiler(cfg.profile_dir, cfg.profile_start_step, cfg.profile_num_steps, self.role,
                                      cfg.is_gpu)
-        self.partitioner = self._make_partitioner()
+        with self._timed("partitions"):
+            self.partitioner = self._make_partitioner()
         from bullet_ray.gpu.partition import SplitSwitch
 
         # the split is requested through the shared state block; this side follows at step boundaries
@@ -78,14 +84,26 @@ class WorkerBase:
         uses_graphs = self.config.is_gpu and not self.config.enforce_eager \
             and self.config.attention_backend_name == "flashinfer"
         if uses_graphs and self.role in ("decode", "hybrid"):
-            self._enable_decode_graphs()
+            with self._timed("decode_graphs"):
+                self._enable_decode_graphs()
         if uses_graphs and self.config.piecewise_limit(self.role) > 0:
-            self._enable_piecewise_graphs()
+            with self._timed("piecewise_graphs"):
+                self._enable_piecewise_graphs()
         if self.config.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
             from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
 
-            warm_pinned(step_copy_bytes(max(cfg.max_num_batched_tokens, cfg.max_num_seqs), cfg.max_num_seqs,
-                                        self.max_blocks_per_seq))
+            with self._timed("warm_pinned"):
+                warm_pinned(step_copy_bytes(max(cfg.max_num_batched_tokens, cfg.max_num_seqs), cfg.max_num_seqs,
+                                            self.max_blocks_per_seq))
+
+    @contextlib.contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        """Adds the seconds the block takes to `startup_s[part]`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.startup_s[part] = round(self.startup_s.get(part, 0.0) + time.perf_counter() - started, 3)
 
     def _enable_decode_graphs(self) -> None:
         """Decode graphs for every batch bucket on every partition this side may run on, captured now:

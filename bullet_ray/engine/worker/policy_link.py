@@ -84,6 +84,11 @@ class StepLog:
         if self._file is not None:
             self._file.write(json.dumps({"kind": kind, "t": round(time.time(), 6), **fields}) + "\n")
 
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
 
 class FirstTokenLog:
     """Where a request's time to first token goes inside the workers, one `first_token` record per request in

@@ -264,3 +264,20 @@ def test_the_workload_seed_reaches_the_client():
     assert again.workload.seed == 1
     a, b = (build_workload(dataclasses.replace(c.workload, rate_rps=8.0)) for c in (first, again))
     assert [r.arrival_s for r in a] != [r.arrival_s for r in b]
+
+
+def test_serve_run_stops_without_direct_ingress_draining_period(monkeypatch):
+    """serve run's environment: direct ingress' 30 s draining period cut to 1 s (nothing routes to a benchmark's
+    replica once it stops), unless the caller's environment or --serve-env sets it; direct ingress on for '+direct'."""
+    from benchmarks import direct_ingress
+    from benchmarks.gpu.serve_h100 import STOP_ENV, serve_run_env
+
+    (key,) = STOP_ENV
+    monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv(direct_ingress.ENV_VAR, raising=False)
+    env = serve_run_env({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}, is_direct=True)
+    assert env[key] == "1" and env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1" and env[direct_ingress.ENV_VAR] == "1"
+    assert serve_run_env({key: "30"}, is_direct=False)[key] == "30"
+    assert direct_ingress.ENV_VAR not in serve_run_env({}, is_direct=False)
+    monkeypatch.setenv(key, "5")
+    assert serve_run_env({}, is_direct=False)[key] == "5"

@@ -352,7 +352,7 @@ SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},
 
 # Serve's direct ingress keeps a stopping replica this long (default 30 s) so that a load balancer can stop routing
 # to it; a benchmark's `serve run` has none, and Ctrl-C waited the whole period before the next system could start
-# (CPU, deploy/local.yaml under RAY_SERVE_THROUGHPUT_OPTIMIZED=1: 32.6 s to exit, 4.7 s with this at 1 s)
+# (CPU, deploy/local.yaml under RAY_SERVE_THROUGHPUT_OPTIMIZED=1: 32.5 s to exit, 4.5 s with this at 1 s: results/serve_stop_cpu/)
 STOP_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
 
 

@@ -44,5 +44,6 @@ from benchmarks.replay_split.fits import StepModel, fit_step_model
 from benchmarks.replay_split.noise import Delays, ResidualNoise, delays_from_log, residual_noise
 from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before, warm_up
 
-__all__ = ["Delays", "Request", "ResidualNoise", "StepModel", "delays_from_log", "residual_noise", "fit_step_model", "load_requests", "main", "make_policy", "profile_model_factory",
-           "replay", "score", "steps_before", "warm_up"]
+__all__ = ["Delays", "Request", "ResidualNoise", "StepModel", "delays_from_log", "fit_step_model",
+           "load_requests", "main", "make_policy", "profile_model_factory", "replay", "residual_noise",
+           "score", "steps_before", "warm_up"]

@@ -1,8 +1,8 @@
 """Request ids remembered for a while, then forgotten: the front's finished ids that may not be reused yet (a worker
 may still hold their sequence) and the decode worker's abort tombstones (an abort that came before its hand-off).
 
-Insertion order is expiry order (one hold for all), so the oldest id is the first to expire; at `max_ids` the
-expired are dropped first, then the oldest."""
+Insertion order is expiry order (one hold for all), so the oldest id is the first to expire: each `add` drops the
+expired ones from the front, and at `max_ids` the oldest held one too."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ class ExpiringIds:
         """Remember `request_id` for `hold_s` from now (again from now if it was remembered)."""
         now = time.monotonic()
         self._until.pop(request_id, None)  # re-added: to the end
-        while self._until and len(self._until) >= self.max_ids:
-            oldest = next(iter(self._until))
-            del self._until[oldest]  # expired or not: the oldest goes first
+        while self._until and (next(iter(self._until.values())) <= now or len(self._until) >= self.max_ids):
+            del self._until[next(iter(self._until))]  # the expired, then (at the cap) the oldest held
         self._until[request_id] = now + self.hold_s
 
     def holds(self, request_id: str) -> bool:

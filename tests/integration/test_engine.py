@@ -198,7 +198,9 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert stats.ttft_per_prompt_token_s == pytest.approx(policy["predicted_ttft_ns_per_token"] / 1e9)
     assert stats.predicted_ttft_for(stats.predicted_ttft_prompt_tokens) == stats.predicted_ttft_s
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    # each worker's start-up once, prefill first (decode attaches to what it created), before any step
+    # each worker's start-up once, prefill first (decode attaches to what it created), before any other record:
+    # prefill writes its own before Ready and the front starts decode after it; prefill's one decision while
+    # decode starts is IDLE, which is not logged
     startups = [r for r in records if r["kind"] == "startup"]
     assert [r["role"] for r in startups] == ["prefill", "decode"] and records[:2] == startups
     assert all(r["seconds"]["total"] >= r["seconds"]["resources"] > 0 for r in startups)

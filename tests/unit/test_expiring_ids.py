@@ -18,6 +18,11 @@ def test_an_id_is_held_until_its_hold_ends_and_take_forgets_it():
     short.add("b")
     time.sleep(0.001)
     assert not short.holds("b") and not short.take("b")
+    for rid in "cde":
+        short.add(rid)
+    time.sleep(0.001)
+    short.add("f")  # an add drops the expired ones first: the set stays small below its cap
+    assert list(short) == ["f"]
 
 
 def test_at_the_cap_the_oldest_goes_and_re_adding_renews():

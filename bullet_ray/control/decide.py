@@ -149,14 +149,25 @@ def _engine(obs: EngineObservation, cfg: ControllerConfig, ttft_s: float | None,
     return EngineDecision(obs.engine_id, lo, hi, cfg.ttft_target_ms, cfg.tpot_target_ms, reason=reason, **admission)
 
 
+def measured_tokens_s(load: LoadSample, fc: LoadForecast) -> float:
+    """Prompt + output tokens per second of the measured load: its rate times its lengths where it has them, else
+    the forecast's."""
+    prompt = load.mean_prompt_tokens if load.mean_prompt_tokens is not None else fc.mean_prompt_tokens
+    output = load.mean_output_tokens if load.mean_output_tokens is not None else fc.mean_output_tokens
+    return load.rate_rps * (prompt + output)
+
+
+def demand_tokens_s(load: LoadSample, fc: LoadForecast) -> float:
+    """What the engines are sized for: the larger of the measured load and the forecast (tokens per second)."""
+    return max(measured_tokens_s(load, fc), fc.tokens_per_s)
+
+
 def decide(inputs: ControllerInputs, cfg: ControllerConfig,
            state: ControllerState) -> tuple[Decision, ControllerState]:
     """One decision from one reading (see the module docstring)."""
     fc = inputs.forecast
-    prompt = inputs.load.mean_prompt_tokens if inputs.load.mean_prompt_tokens is not None else fc.mean_prompt_tokens
-    output = inputs.load.mean_output_tokens if inputs.load.mean_output_tokens is not None else fc.mean_output_tokens
-    measured = inputs.load.rate_rps * (prompt + output)
-    demand = max(measured, fc.tokens_per_s)
+    measured = measured_tokens_s(inputs.load, fc)
+    demand = demand_tokens_s(inputs.load, fc)
     num_replicas, num_low, why_replicas = _replicas(inputs, cfg, state, demand)
     budget = cfg.engine_capacity_tokens_s * max(cfg.min_engines, inputs.max_engines)
     # shed once demand exceeds the budget, and queue again only once it falls SHED_EXIT below it: demand that

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,8 @@ def free_port() -> int:
 def test_one_engine_per_gpu_on_both_nodes_and_routing_reaches_both():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(free_port())], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=root)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
     assert len(result["served"]) == 2, result
@@ -44,7 +45,22 @@ def test_one_engine_per_gpu_on_both_nodes_and_routing_reaches_both():
     assert len(nodes) == 4 and len(set(nodes)) == 2 and nodes.count(nodes[0]) == 2
 
 
-def _main(port: int) -> None:
+def _start_serve(serve: Any, attempts: int = 3) -> int:
+    """serve.start on a free port, picked once the cluster's own processes hold theirs; a port taken meanwhile
+    (the proxy's bind fails) is tried again on another. Returns the port."""
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as e:  # noqa: BLE001 - the proxy's RayTaskError wraps the bind's RuntimeError
+            if "Failed to bind" not in str(e) or attempt == attempts - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
+def _main() -> None:
     import asyncio
 
     import httpx
@@ -60,7 +76,7 @@ def _main(port: int) -> None:
         cluster.add_node(num_cpus=4, resources={"fake_gpu": 1})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        port = _start_serve(serve)
         args = {"engine": {"model": "dummy:tiny-llama", "num_kv_blocks": 64, "block_size": 4},
                 "num_engines": 2, "accelerator_resource": "fake_gpu", "engine_num_cpus": 0.5,
                 "worker_num_cpus": 0.5}
@@ -94,4 +110,4 @@ def _main(port: int) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]))
+    _main()

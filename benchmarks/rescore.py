@@ -32,6 +32,12 @@ def load_run(path: str | Path) -> dict[str, Any]:
         return json.load(f)
 
 
+def timed_record(request: dict[str, Any]) -> SimpleNamespace:
+    """A run file's request as bullet_ray.bench.slo judges it (success, TTFT, TPOT, prompt tokens)."""
+    return SimpleNamespace(success=request["success"], ttft_s=request["ttft_s"], tpot_s=request["tpot_s"],
+                           prompt_tokens=request["prompt_tokens"])
+
+
 def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
     """{system: {rate: [request records]}} from a runs folder."""
     out: dict[str, dict[float, list[Any]]] = defaultdict(dict)
@@ -41,8 +47,7 @@ def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
             continue
         doc = load_run(path)
         rate = float(doc["config"]["workload"].get("rate_rps") or m["rate"])
-        out[m["system"]][rate] = [SimpleNamespace(success=r["success"], ttft_s=r["ttft_s"], tpot_s=r["tpot_s"],
-                                                  prompt_tokens=r["prompt_tokens"]) for r in doc["requests"]]
+        out[m["system"]][rate] = [timed_record(r) for r in doc["requests"]]
     return out
 
 

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.refit_from_steps import sample_of
 from benchmarks.replay_order import sigma_for_p90_error
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
@@ -32,18 +33,18 @@ def features(shape: StepShape) -> tuple[float, float, float]:
     return 1.0, float(shape.num_seqs), float(shape.num_context_tokens)
 
 
-def shape_of_record(r: dict) -> StepShape:
-    if r["phase"] == "prefill":
-        return StepShape("prefill", r["num_tokens"], r["num_seqs"], r["num_context_tokens"], r["num_attention_pairs"])
-    return StepShape.decode(r["num_seqs"], r["num_context_tokens"])
+def entry_of(r: dict) -> tuple[str, int, bool]:
+    """A logged prefill or decode step's (phase, SMs of its side, other side busy): the key of its fit."""
+    s = sample_of(r)
+    return s.phase, s.sms, s.other_busy
 
 
 def fit_linear(rows: list[dict]) -> LinearFit:
-    """Least squares measured = c0 + c1 x1 + c2 x2 (features of `shape_of_record`), coefficients kept >= 0; the
+    """Least squares measured = c0 + c1 x1 + c2 x2 (features of the step's shape, `refit_from_steps.sample_of`), coefficients kept >= 0; the
     TRIM_SHARE of steps worst fitted are left out, TRIM_ROUNDS times, before the last fit."""
     import numpy as np
 
-    x = np.array([features(shape_of_record(r)) for r in rows])
+    x = np.array([features(sample_of(r).shape) for r in rows])
     y = np.array([r["measured_ms"] / 1e3 for r in rows])
     keep = np.ones(len(y), dtype=bool)
     for _ in range(TRIM_ROUNDS):  # refit without the steps the fit before misses by most (warm-up, stalls)
@@ -99,8 +100,7 @@ def fit_step_model(log_records: list[dict], roofline: PerfModel) -> StepModel:
         errors[r["phase"]].append(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"])
         if r.get("across_switch"):
             continue
-        sms = r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]
-        groups.setdefault((r["phase"], sms, bool(r["other_busy"])), []).append(r)
+        groups.setdefault(entry_of(r), []).append(r)
     fits = {k: fit_linear(rows) for k, rows in groups.items() if len(rows) >= MIN_FIT_STEPS}
     fits = {k: fit for k, fit in fits.items() if fit.median_error <= MAX_FIT_ERROR}  # else scaled from a neighbour
     for phase in ("prefill", "decode"):

@@ -26,15 +26,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from benchmarks.replay_split.fits import StepModel, shape_of_record
+from benchmarks.refit_from_steps import sample_of
+from benchmarks.replay_split.fits import StepModel, entry_of
 
 NOISES = ("lognormal", "empirical", "empirical-iid")  # --noise: fitted x lognormal, x logged residuals in
 # blocks (persistence from the log), x logged residuals drawn independently
 MIN_RESIDUALS = 20  # an SM entry needs this many logged steps for its own residual set; else the side's pooled set
-
-
-def _entry(r: dict) -> tuple[str, int, bool]:
-    return r["phase"], r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"], bool(r["other_busy"])
 
 
 def logged_steps(log_records: Sequence[dict]) -> list[dict]:
@@ -48,8 +45,8 @@ def residual_sets(log_records: Sequence[dict], steps: StepModel) -> dict[tuple[s
     MIN_RESIDUALS steps, and per phase (every step of that phase, key the phase name)."""
     sets: dict[tuple[str, int, bool] | str, list[float]] = {}
     for r in logged_steps(log_records):
-        phase, sms, busy = _entry(r)
-        ratio = r["measured_ms"] / 1e3 / steps.seconds(shape_of_record(r), sms, busy)
+        phase, sms, busy = entry_of(r)
+        ratio = r["measured_ms"] / 1e3 / steps.seconds(sample_of(r).shape, sms, busy)
         sets.setdefault((phase, sms, busy), []).append(ratio)
         sets.setdefault(phase, []).append(ratio)
     return {k: v for k, v in sets.items() if isinstance(k, str) or len(v) >= MIN_RESIDUALS}

@@ -10,12 +10,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.replay_split.fits import StepModel, shape_of_record
+from benchmarks.refit_from_steps import sample_of
+from benchmarks.replay_split.fits import StepModel
 from benchmarks.replay_split.noise import Delays
 from benchmarks.rescore import load_run as load_bench_run
+from benchmarks.rescore import timed_record
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.policy.bullet import BulletPolicy
@@ -35,8 +36,7 @@ def load_requests(path: Path) -> tuple[list[Request], list[Any]]:
     rows = sorted(load_bench_run(path)["requests"], key=lambda r: r["scheduled_s"])
     reqs = [Request(str(r["index"]), float(r["scheduled_s"]), int(r.get("prompt_tokens") or r["prompt_tokens_requested"]),
                     int(r.get("output_tokens_requested") or len(r.get("itl_s") or []) + 1)) for r in rows]
-    measured = [SimpleNamespace(success=r["success"], ttft_s=r["ttft_s"], tpot_s=r["tpot_s"],
-                                prompt_tokens=r["prompt_tokens"]) for r in rows]
+    measured = [timed_record(r) for r in rows]
     return reqs, measured
 
 
@@ -66,8 +66,8 @@ def warm_up(model: PerfModel, log_steps: Sequence[dict]) -> None:
     """Feed logged steps (`steps_before`) to the model's online correction, as the served engine had learned
     them before the run began."""
     for r in log_steps:
-        sms = r["prefill_sms"] if r["phase"] == "prefill" else r["decode_sms"]
-        model.observe(shape_of_record(r), sms, bool(r["other_busy"]), r["split_index"], r["measured_ms"] / 1e3)
+        s = sample_of(r)
+        model.observe(s.shape, s.sms, s.other_busy, r["split_index"], s.measured_s)
 
 
 def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:

@@ -42,7 +42,7 @@ class WorkerLauncher(abc.ABC):
     def prepare(self, roles: list[WorkerRole]) -> None:  # noqa: B027 - optional
         """Called once before the first `launch` with every role the engine will launch: a launcher may
         start their processes now, in parallel (the second worker needs the first one's handles, so its
-        `launch` comes only after the first is ready). Must not block."""
+        `launch` comes only once the first has sent them: bullet_ray.engine.startup_order). Must not block."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Called by the engine's shutdown after its workers stopped: release what `prepare` started."""

@@ -2,7 +2,8 @@
 
 Start-up: listen on a Unix socket in a fresh runtime folder, launch the first worker (prefill, or hybrid
 for the chunked schedule), which loads the model and creates the shared weights, KV pool and state
-block; then launch the decode worker with their handles so it maps the same memory. A receiver thread
+block; at their handles launch the decode worker so it maps the same memory, while the first worker captures its
+CUDA graphs (bullet_ray.engine.startup_order); ready once both are. A receiver thread
 turns worker messages into per-request outputs, relays prefilled sequences to the decode worker and
 sends preempted ones back to prefill (`bullet_ray.engine.front_link.WorkerLink`, which LLMEngine is built on).
 """
@@ -21,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
 from bullet_ray.config import EngineConfig
@@ -32,6 +33,7 @@ from bullet_ray.engine.messages import (
     AddRequest,
     AddRequests,
     ConnectHandoff,
+    Handles,
     Ready,
     Shutdown,
     Wake,
@@ -132,18 +134,31 @@ class LLMEngine(WorkerLink, EngineClient):
 
     # start-up ---------------------------------------------------------------------------------------
     def _start_workers(self, timeout_s: float) -> None:
+        """Launch the first worker; once its shared memory exists (its Handles) the decode worker too, which then
+        captures its graphs beside the first one's (or only at the first one's Ready: `overlaps_startup`); the
+        engine is ready once every worker is. A worker that fails or exits meanwhile, either one, raises
+        EngineDeadError with its error (the caller's shutdown stops the other)."""
+        from bullet_ray.engine.startup_order import overlaps_startup
+
         _prepare_model_in_subprocess(self.config.model)
         first: WorkerRole = "prefill" if self.config.is_disaggregated else "hybrid"
         self.launcher.prepare(["prefill", "decode"] if self.config.is_disaggregated else ["hybrid"])
-        ready = self._launch(first, None, timeout_s)
-        handles = ready.handles
+        self._startup_began = time.monotonic()
+        self._startup_timeout_s = timeout_s
+        self._deadlines: dict[str, float] = {}  # per worker: timeout_s from its launch
+        self._launch(first, None, timeout_s)
+        handles = self._await_startup({first: Handles})[first].handles
         self.handles = handles
         self._max_model_len = handles.max_model_len
         self.eos_token_ids = tuple(handles.eos_token_ids)
         self.allocator = BlockAllocator.attach(handles.kv_pool.allocator)
         self.state = StateBlock.attach(handles.state)
         if self.config.is_disaggregated:
+            if not overlaps_startup(self.config):
+                self._await_startup({first: Ready})
             self._launch("decode", handles, timeout_s)
+        self._await_startup({role: Ready for role in self._conns if role not in self.worker_info})
+        if self.config.is_disaggregated:
             address = self.worker_info["decode"].get("handoff_address")
             if address:  # handoff: direct: the prefill worker connects to the decode worker's socket
                 self._send("prefill", ConnectHandoff(address))
@@ -156,28 +171,61 @@ class LLMEngine(WorkerLink, EngineClient):
 
         self._tokenizer = load_tokenizer(handles.tokenizer_path)
 
-    def _launch(self, role: str, attach: Any, timeout_s: float) -> Ready:
+    def _launch(self, role: str, attach: Any, timeout_s: float) -> None:
+        """Start a worker and take its connection; its start-up messages are `_await_startup`'s to read."""
         spec = WorkerSpec(role=role, config=self.config, address=self._listener.address,  # type: ignore[arg-type]
                           authkey=self._authkey, attach=attach)
+        self._deadlines[role] = time.monotonic() + timeout_s
         handle = self.launcher.launch(spec)
         self._workers[role] = handle
-        conn = self._accept(handle, role, timeout_s)
-        self._conns[role] = conn
+        self._conns[role] = self._accept(handle, role, timeout_s)
         self._send_locks[role] = threading.Lock()
-        deadline = time.monotonic() + timeout_s
-        while not conn.poll(0.2):
-            if not handle.is_alive():
-                raise EngineDeadError(f"{role} worker exited during start-up")
-            if time.monotonic() > deadline:
-                raise EngineDeadError(f"{role} worker not ready after {timeout_s:.0f} s")
-        msg = conn.recv()
+
+    def _await_startup(self, wanted: dict[str, type]) -> dict[str, Any]:
+        """Wait until each worker in `wanted` sent its next start-up message, which must be of the given type
+        (Handles, Ready), watching every launched worker meanwhile: a WorkerFailed from any, a worker that exited
+        or one past its deadline (`timeout_s` from its launch) raises EngineDeadError. Records each Ready's info."""
+        got: dict[str, Any] = {}
+        conns: dict[Any, str] = {conn: role for role, conn in self._conns.items() if role in wanted}
+        while len(got) < len(wanted):
+            ready = wait(list(conns), 0.2)
+            for conn in [c for c in conns if c in ready]:  # in launch order: the first worker's error comes first
+                role = conns.pop(conn)
+                got[role] = self._startup_message(role, wanted[role])
+            for role, handle in self._workers.items():
+                if not handle.is_alive():
+                    self._raise_failure(role)  # a WorkerFailed it sent before exiting, else that it exited
+                    raise EngineDeadError(f"{role} worker exited during start-up")
+                if role in conns and time.monotonic() > self._deadlines[role]:
+                    raise EngineDeadError(f"{role} worker not ready after {self._startup_timeout_s:.0f} s")
+        return got
+
+    def _startup_message(self, role: str, expected: type) -> Any:
+        try:
+            msg = self._conns[role].recv()
+        except (EOFError, OSError):
+            raise EngineDeadError(f"{role} worker exited during start-up") from None
         if isinstance(msg, WorkerFailed):
             raise EngineDeadError(f"{role} worker failed to start:\n{msg.error}")
-        assert isinstance(msg, Ready), msg
-        self.worker_info[role] = msg.info
-        if msg.info.get("pid"):  # for the watchdog, should this front die first
-            write_pid_file(self.runtime_dir, f"{WORKER_FILE_PREFIX}{role}.pid", int(msg.info["pid"]))
+        if not isinstance(msg, expected):
+            raise EngineDeadError(f"{role} worker sent {type(msg).__name__} during start-up, "
+                                  f"expected {expected.__name__}")
+        if isinstance(msg, Ready):
+            self.worker_info[role] = {**msg.info, "ready_after_s": round(time.monotonic() - self._startup_began, 3)}
+            if msg.info.get("pid"):  # for the watchdog, should this front die first
+                write_pid_file(self.runtime_dir, f"{WORKER_FILE_PREFIX}{role}.pid", int(msg.info["pid"]))
         return msg
+
+    def _raise_failure(self, role: str) -> None:
+        """Raise the error a worker that exited sent first, if it sent one (its last message may be WorkerFailed)."""
+        conn = self._conns.get(role)
+        try:
+            while conn is not None and conn.poll(0):
+                msg = conn.recv()
+                if isinstance(msg, WorkerFailed):
+                    raise EngineDeadError(f"{role} worker failed to start:\n{msg.error}")
+        except (EOFError, OSError):
+            pass
 
     def _accept(self, handle: WorkerHandle, role: str, timeout_s: float) -> Connection:
         result: list[Any] = []

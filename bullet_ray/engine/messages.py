@@ -2,10 +2,11 @@
 
 Engine -> worker: AddRequest (AddRequests: several in one message), AbortRequests, Shutdown, Wake, ConnectHandoff
 (to the prefill worker, once).
-Worker -> engine: Ready (once), StepOutputs (one per step that produced anything: its tokens as arrays), AbortMissed,
-WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling (`handoffs`) and, under
-the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine relays each to the decode
-worker as a `Handoff` (`is_prompt` for the second kind). With `handoff: direct` the prefill worker sends a
+Worker -> engine: Handles (once, from the worker that creates the shared memory, before it captures its graphs: the
+front then starts the other worker), Ready (once), StepOutputs (one per step that produced anything: its tokens as
+arrays), AbortMissed, WorkerFailed. A prefill worker's StepOutputs carry the sequences it finished prefilling
+(`handoffs`) and, under the mixed fallback, the queued prompts it hands over (`prompts_handed_over`); the engine
+relays each to the decode worker as a `Handoff` (`is_prompt` for the second kind). With `handoff: direct` the prefill worker sends a
 prefilled sequence's `Handoff` to the decode worker itself and names it in `handed_direct` instead
 (bullet_ray.engine.worker.handoff). A decode worker's StepOutputs carry sequences it preempted (blocks already
 freed); the engine sends them back to prefill for recompute.
@@ -171,11 +172,20 @@ class AbortMissed:
 
 
 @dataclass(frozen=True)
-class Ready:
+class Handles:
+    """From the worker that created the shared weights, KV pool and state block (`WorkerSpec.attach` None), as soon as
+    the other worker may map them: before it captures its CUDA graphs (bullet_ray.engine.startup_order)."""
+
     role: str
-    # SharedHandles of the worker that created the weights and pool (None from the attaching worker)
-    handles: Any
-    info: dict
+    handles: Any  # a SharedHandles (bullet_ray.engine.worker.setup): what the attaching worker's WorkerSpec carries
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A worker built and its graphs captured: it serves from now on (after Handles, from the creating worker)."""
+
+    role: str
+    info: dict  # device, graphs, ladder size, start-up seconds by part (run_worker)
 
 
 @dataclass(frozen=True)

@@ -198,12 +198,16 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert stats.ttft_per_prompt_token_s == pytest.approx(policy["predicted_ttft_ns_per_token"] / 1e9)
     assert stats.predicted_ttft_for(stats.predicted_ttft_prompt_tokens) == stats.predicted_ttft_s
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    # each worker's start-up once, prefill first (decode attaches to what it created), before any other record:
-    # prefill writes its own before Ready and the front starts decode after it; prefill's one decision while
-    # decode starts is IDLE, which is not logged
+    # each worker's start-up once, before any other record: each writes its own before its Ready (in either order:
+    # the front starts decode at prefill's handles, before prefill's graphs), and no request is sent before both;
+    # prefill's one decision while decode starts is IDLE, which is not logged
     startups = [r for r in records if r["kind"] == "startup"]
-    assert [r["role"] for r in startups] == ["prefill", "decode"] and records[:2] == startups
+    assert sorted(r["role"] for r in startups) == ["decode", "prefill"] and records[:2] == startups
     assert all(r["seconds"]["total"] >= r["seconds"]["resources"] > 0 for r in startups)
+    # the prefill worker (it creates the shared memory) sent its handles before its graphs; decode sends none
+    by_role = {r["role"]: r for r in startups}
+    assert 0 < by_role["prefill"]["handles_after_s"] <= by_role["prefill"]["seconds"]["total"]
+    assert "handles_after_s" not in by_role["decode"]
     first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
     assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)
     decisions = [r for r in records if r["kind"] == "decision"]

@@ -1,7 +1,7 @@
 """The worker process's entry point: `run_worker(spec)`, which every launcher calls (a plain process or a Ray
 actor): connect to the engine front, set up (create or attach the shared weights, KV pool and state
-block), build the role's worker (which captures its CUDA graphs) and serve until Shutdown or the front goes
-away."""
+block), build the role's worker, send the handles (the creating worker: the front starts the other worker then),
+capture the worker's CUDA graphs, send Ready and serve until Shutdown or the front goes away."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from multiprocessing.connection import Client
 
 import torch
 
-from bullet_ray.engine.messages import Ready, WorkerFailed, WorkerSpec
+from bullet_ray.engine.messages import Handles, Ready, WorkerFailed, WorkerSpec
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
@@ -42,10 +42,12 @@ def _device_info(device: torch.device) -> dict:
     return info
 
 
-def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict) -> None:
+def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
+                handles_after_s: float | None = None) -> None:
     """One `startup` record in the step log (where there is one): the seconds each part of this worker's start-up
     took (`resources`: load or attach the weights, KV pool and state block; the worker's own parts, e.g.
-    `decode_graphs`, `piecewise_graphs`; `total`) and how many graphs it captured."""
+    `decode_graphs`, `piecewise_graphs`; `total`), how many graphs it captured, and for the worker that creates
+    the shared memory `handles_after_s`: seconds from its start to its Handles (when the other worker could start)."""
     if not spec.config.step_log_path:
         return
     from bullet_ray.engine.worker.policy_link import StepLog
@@ -53,7 +55,8 @@ def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict) -> 
     log = StepLog(spec.config.step_log_path)
     counts = {"decode_graphs": graphs.get("num_graphs"), "piecewise_graphs": (graphs.get("piecewise") or {}).get(
         "num_graphs")}
-    log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in counts.items() if v is not None})
+    extra = {**counts, "handles_after_s": handles_after_s}
+    log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in extra.items() if v is not None})
     log.close()
 
 
@@ -70,16 +73,23 @@ def run_worker(spec: WorkerSpec) -> None:
         else:
             resources = attach_resources(spec.config, spec.attach, device)
         made = time.perf_counter()
-        worker = _worker_class(spec.role)(spec, conn, resources)  # captures its CUDA graphs
-        startup_s = {"resources": round(made - started, 3), **worker.startup_s,
-                     "total": round(time.perf_counter() - started, 3)}
-        log_startup(spec, startup_s, worker.graph_capture)
-        info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
-                "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
-                "handoff_address": getattr(worker, "handoff_address", None),  # handoff: direct (decode worker)
-                "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode
-        conn.send(Ready(spec.role, resources.handles if spec.attach is None else None, info))
+        # partitions; the creator resets the split switch and tunes its piecewise buckets (alone on the GPU)
+        worker = _worker_class(spec.role)(spec, conn, resources)
         try:
+            handles_after_s = None
+            if spec.attach is None:  # the front starts the other worker now; it captures its graphs beside ours
+                conn.send(Handles(spec.role, resources.handles))
+                handles_after_s = round(time.perf_counter() - started, 3)
+            worker.capture_graphs()
+            startup_s = {"resources": round(made - started, 3), **worker.startup_s,
+                         "total": round(time.perf_counter() - started, 3)}
+            log_startup(spec, startup_s, worker.graph_capture, handles_after_s)
+            info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
+                    "handles_after_s": handles_after_s,  # seconds from this worker's start to its Handles
+                    "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
+                    "handoff_address": getattr(worker, "handoff_address", None),  # handoff: direct (decode worker)
+                    "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode
+            conn.send(Ready(spec.role, info))
             worker.run()
         finally:
             worker.close()

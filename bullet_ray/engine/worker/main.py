@@ -28,6 +28,7 @@ from bullet_ray.engine.messages import AbortRequests, AddRequests, Shutdown, Wak
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.deferred_free import DeferredFree
 from bullet_ray.engine.sequence import Sequence
+from bullet_ray.engine.startup_order import tunes_piecewise_buckets, uses_cuda_graphs
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources
 from bullet_ray.engine.worker.step_profile import StepProfiler
@@ -80,16 +81,28 @@ class WorkerBase:
         self.switch = SplitSwitch(resources.state.switch, self.partitioner.ladder,
                                   overlap=self.config.split_switch == "overlap")
         if spec.attach is None:
+            # before run_worker sends the handles: the attaching worker reads these slots as soon as it is built
             self.switch.reset(self.partitioner.current_index)
-        uses_graphs = self.config.is_gpu and not self.config.enforce_eager \
-            and self.config.attention_backend_name == "flashinfer"
-        if uses_graphs and self.role in ("decode", "hybrid"):
+        self.uses_graphs = uses_cuda_graphs(self.config)
+        # piecewise graphs' buckets are chosen here (tuned: GEMMs timed), on the creating worker before it sends its
+        # handles, so alone on the GPU (the attaching worker starts at them); the captures wait for capture_graphs
+        self._piecewise: Any = None
+        if self.uses_graphs and self.config.piecewise_limit(self.role) > 0:
+            with self._timed("piecewise_graphs"):
+                self._piecewise = self._make_piecewise_graphs()
+
+    def capture_graphs(self) -> None:
+        """Capture this worker's CUDA graphs (decode, piecewise) and fill the host's pinned-memory cache: the long
+        part of a GPU worker's start-up, which `run_worker` calls once the worker is built (and the creating
+        worker has sent its handles: the other worker then starts and captures its own graphs meanwhile)."""
+        cfg = self.config
+        if self.uses_graphs and self.role in ("decode", "hybrid"):
             with self._timed("decode_graphs"):
                 self._enable_decode_graphs()
-        if uses_graphs and self.config.piecewise_limit(self.role) > 0:
+        if self._piecewise is not None:
             with self._timed("piecewise_graphs"):
-                self._enable_piecewise_graphs()
-        if self.config.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
+                self._capture_piecewise_graphs(self._piecewise)
+        if cfg.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
             from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
 
             with self._timed("warm_pinned"):
@@ -135,24 +148,36 @@ class WorkerBase:
             indexes = [i for i, e in enumerate(ladder) if (e.decode_sms if side == "decode" else e.prefill_sms) > 0]
         return [(i, self.partitioner.stream(i, side) if side != "both" else None) for i in indexes]
 
-    def _enable_piecewise_graphs(self) -> None:
-        """Piecewise graphs (everything but attention) for steps with prompt tokens, every token bucket on
-        every partition this side may run on (a decode side: only its whole-GPU entry, where the mixed
-        fallback's steps run), captured now."""
-        from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
-
-        limit = self.config.piecewise_limit(self.role)
-        graphs = PiecewiseGraphs(self.res.model, limit, self.res.device)
-        self.runner.piecewise = graphs
+    def _piecewise_partitions(self) -> list[tuple[int, Any]]:
+        """(ladder index, stream) of the partitions this side captures piecewise graphs on: every one it may run
+        on (`_graph_partitions`), a decode side only its whole-GPU entry (where the mixed fallback's steps run)."""
         partitions = self._graph_partitions()
         if self.role == "decode":
             partitions = [(i, stream) for i, stream in partitions if i == self.partitioner.whole_index]
-        if self.config.piecewise_buckets == "tuned" and len(partitions) == 1:
-            graphs.tune(partitions[0][1])  # timed on the partition the graphs are captured on
+        return partitions
+
+    def _make_piecewise_graphs(self) -> Any:
+        """Piecewise graphs (everything but attention) for steps with prompt tokens, their token buckets tuned
+        where this side captures them on one partition (`tunes_piecewise_buckets`); captured later
+        (`capture_graphs`)."""
+        from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
+
+        graphs = PiecewiseGraphs(self.res.model, self.config.piecewise_limit(self.role), self.res.device)
+        self.runner.piecewise = graphs
+        partitions = self._piecewise_partitions()
+        if tunes_piecewise_buckets(self.config, self.role, len(partitions)):
+            # timed on the partition the graphs are captured on, alone on the GPU: the creating worker tunes before
+            # it sends its handles, and an attaching worker that tunes starts only at the creator's Ready
+            # (bullet_ray.engine.startup_order)
+            graphs.tune(partitions[0][1])
         elif self.config.piecewise_buckets == "tuned":  # where slow row counts fall depends on the SMs a side has
             logger.info("%s worker: fixed piecewise buckets (tuning is per partition; this side captures %d)",
                         self.role, len(partitions))
-        for index, stream in partitions:
+        return graphs
+
+    def _capture_piecewise_graphs(self, graphs: Any) -> None:
+        """Every token bucket of `graphs` on every partition this side captures them on, now."""
+        for index, stream in self._piecewise_partitions():
             graphs.capture_all(index, stream)
         graphs.is_serving = True
         self.graph_capture = {**self.graph_capture, "piecewise": graphs.capture_report()}

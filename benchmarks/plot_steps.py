@@ -70,8 +70,21 @@ def switch_summary(path: str) -> dict[str, float] | None:
 def startup_summary(path: str) -> dict[str, dict[str, float]]:
     """Each worker's start-up from its `startup` record (serve_h100's extra.startup): seconds by part
     (`resources`, `partitions`, `decode_graphs`, `piecewise_graphs`, `warm_pinned`, `total`), by role; the last
-    start of each role where the log holds several; {} for logs from before the record existed."""
-    return {r["role"]: r["seconds"] for r in records(path) if r.get("kind") == "startup"}
+    start of each role where the log holds several; {} for logs from before the record existed. Where the records
+    say it, also `handles_after_s` (the creating worker's start to its Handles, when the other could start) and
+    `done_after_s`: seconds from the first worker's start (a record's time less its total) to this worker's end,
+    so that overlapped start-ups show as a `done_after_s` below the sum of the totals."""
+    rows = {r["role"]: r for r in records(path) if r.get("kind") == "startup"}
+    first_start = min((r["t"] - r["seconds"]["total"] for r in rows.values() if "t" in r and "total" in r["seconds"]),
+                      default=None)
+    out: dict[str, dict[str, float]] = {}
+    for role, r in rows.items():
+        out[role] = dict(r["seconds"])
+        if r.get("handles_after_s") is not None:
+            out[role]["handles_after_s"] = r["handles_after_s"]
+        if first_start is not None and "t" in r:
+            out[role]["done_after_s"] = round(r["t"] - first_start, 3)
+    return out
 
 
 def handoff_summary(path: str) -> dict[str, dict[str, float]]:

@@ -421,13 +421,16 @@ def test_startup_summary_reads_each_workers_startup_record(tmp_path):
     from benchmarks.plot_steps import startup_summary
 
     log = tmp_path / "steps.jsonl"
-    rows = [{"kind": "startup", "t": 1.0, "role": "prefill", "seconds": {"resources": 9.0, "total": 60.0}},
-            {"kind": "startup", "t": 2.0, "role": "decode", "seconds": {"resources": 1.0, "decode_graphs": 40.0,
-                                                                        "total": 50.0}},
-            {"kind": "step", "t": 3.0, "side": "prefill"}]
+    # prefill starts at t = 100, sends its handles at 109 and ends at 160; decode, started at 110, ends at 170
+    rows = [{"kind": "startup", "t": 160.0, "role": "prefill", "seconds": {"resources": 9.0, "total": 60.0},
+             "handles_after_s": 9.0},
+            {"kind": "startup", "t": 170.0, "role": "decode", "seconds": {"resources": 1.0, "decode_graphs": 40.0,
+                                                                          "total": 60.0}},
+            {"kind": "step", "t": 171.0, "side": "prefill"}]
     log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert startup_summary(str(log)) == {"prefill": {"resources": 9.0, "total": 60.0},
-                                         "decode": {"resources": 1.0, "decode_graphs": 40.0, "total": 50.0}}
+    assert startup_summary(str(log)) == {
+        "prefill": {"resources": 9.0, "total": 60.0, "handles_after_s": 9.0, "done_after_s": 60.0},
+        "decode": {"resources": 1.0, "decode_graphs": 40.0, "total": 60.0, "done_after_s": 70.0}}
     empty = tmp_path / "none.jsonl"
     empty.write_text(json.dumps(rows[2]) + "\n")
     assert startup_summary(str(empty)) == {}

@@ -69,21 +69,25 @@ def switch_summary(path: str) -> dict[str, float] | None:
 
 def startup_summary(path: str) -> dict[str, dict[str, float]]:
     """Each worker's start-up from its `startup` record (serve_h100's extra.startup): seconds by part
-    (`resources`, `partitions`, `decode_graphs`, `piecewise_graphs`, `warm_pinned`, `total`), by role; the last
-    start of each role where the log holds several; {} for logs from before the record existed. Where the records
-    say it, also `handles_after_s` (the creating worker's start to its Handles, when the other could start) and
-    `done_after_s`: seconds from the first worker's start (a record's time less its total) to this worker's end,
-    so that overlapped start-ups show as a `done_after_s` below the sum of the totals."""
+    (`resources`, `partitions`, `piecewise_tune`, `decode_graphs`, `piecewise_graphs`, `warm_pinned`, `total`), by
+    role; the last start of each role where the log holds several; {} for logs from before the record existed.
+    Where the records say it, also `handles_after_s` (the creating worker's start to its Handles, when the other
+    could start) and `done_after_s`: seconds from the creating worker's start (its record's time less its total) to
+    this worker's end, so that overlapped start-ups show as a `done_after_s` below the sum of the totals. Only for
+    the records of the last start: a worker whose last record began before the creating worker's last start (an
+    engine restarted, this worker's record lost) gets none."""
     rows = {r["role"]: r for r in records(path) if r.get("kind") == "startup"}
-    first_start = min((r["t"] - r["seconds"]["total"] for r in rows.values() if "t" in r and "total" in r["seconds"]),
-                      default=None)
+    creator = next((rows[role] for role in ("prefill", "hybrid") if role in rows), None)
+    began = creator["t"] - creator["seconds"]["total"] if creator and "t" in creator and "total" in creator["seconds"] \
+        else None
     out: dict[str, dict[str, float]] = {}
     for role, r in rows.items():
         out[role] = dict(r["seconds"])
         if r.get("handles_after_s") is not None:
             out[role]["handles_after_s"] = r["handles_after_s"]
-        if first_start is not None and "t" in r:
-            out[role]["done_after_s"] = round(r["t"] - first_start, 3)
+        start = r["t"] - r["seconds"].get("total", 0.0) if "t" in r else None
+        if began is not None and start is not None and start >= began:
+            out[role]["done_after_s"] = round(r["t"] - began, 3)
     return out
 
 

@@ -54,6 +54,7 @@ from bullet_ray.engine.runtime_dir import (
     write_pid_file,
 )
 from bullet_ray.engine.sampling_params import SamplingParams
+from bullet_ray.engine.startup_order import overlaps_startup
 from bullet_ray.engine.state_block import Side, StateBlock
 from bullet_ray.errors import EngineDeadError, InvalidRequest
 
@@ -111,6 +112,9 @@ class LLMEngine(WorkerLink, EngineClient):
         self._send_locks: dict[str, threading.Lock] = {}
         self._workers: dict[str, WorkerHandle] = {}
         self.worker_info: dict[str, dict] = {}
+        self._startup_began = time.monotonic()  # when the first worker was launched (_start_workers)
+        self._startup_timeout_s = startup_timeout_s
+        self._deadlines: dict[str, float] = {}  # per worker: startup_timeout_s from its launch
         try:
             self._start_workers(startup_timeout_s)
         except BaseException:
@@ -138,14 +142,11 @@ class LLMEngine(WorkerLink, EngineClient):
         captures its graphs beside the first one's (or only at the first one's Ready: `overlaps_startup`); the
         engine is ready once every worker is. A worker that fails or exits meanwhile, either one, raises
         EngineDeadError with its error (the caller's shutdown stops the other)."""
-        from bullet_ray.engine.startup_order import overlaps_startup
-
+        overlap = overlaps_startup(self.config)  # before the model loads: a bad BULLET_RAY_STARTUP_OVERLAP fails now
         _prepare_model_in_subprocess(self.config.model)
         first: WorkerRole = "prefill" if self.config.is_disaggregated else "hybrid"
         self.launcher.prepare(["prefill", "decode"] if self.config.is_disaggregated else ["hybrid"])
         self._startup_began = time.monotonic()
-        self._startup_timeout_s = timeout_s
-        self._deadlines: dict[str, float] = {}  # per worker: timeout_s from its launch
         self._launch(first, None, timeout_s)
         handles = self._await_startup({first: Handles})[first].handles
         self.handles = handles
@@ -154,7 +155,7 @@ class LLMEngine(WorkerLink, EngineClient):
         self.allocator = BlockAllocator.attach(handles.kv_pool.allocator)
         self.state = StateBlock.attach(handles.state)
         if self.config.is_disaggregated:
-            if not overlaps_startup(self.config):
+            if not overlap:
                 self._await_startup({first: Ready})
             self._launch("decode", handles, timeout_s)
         self._await_startup({role: Ready for role in self._conns if role not in self.worker_info})
@@ -186,7 +187,7 @@ class LLMEngine(WorkerLink, EngineClient):
         (Handles, Ready), watching every launched worker meanwhile: a WorkerFailed from any, a worker that exited
         or one past its deadline (`timeout_s` from its launch) raises EngineDeadError. Records each Ready's info."""
         got: dict[str, Any] = {}
-        conns: dict[Any, str] = {conn: role for role, conn in self._conns.items() if role in wanted}
+        conns: dict[Any, str] = {self._conns[role]: role for role in wanted}
         while len(got) < len(wanted):
             ready = wait(list(conns), 0.2)
             for conn in [c for c in conns if c in ready]:  # in launch order: the first worker's error comes first
@@ -197,7 +198,8 @@ class LLMEngine(WorkerLink, EngineClient):
                     self._raise_failure(role)  # a WorkerFailed it sent before exiting, else that it exited
                     raise EngineDeadError(f"{role} worker exited during start-up")
                 if role in conns and time.monotonic() > self._deadlines[role]:
-                    raise EngineDeadError(f"{role} worker not ready after {self._startup_timeout_s:.0f} s")
+                    raise EngineDeadError(f"{role} worker sent no {wanted[role].__name__} within "
+                                          f"{self._startup_timeout_s:.0f} s of its launch")
         return got
 
     def _startup_message(self, role: str, expected: type) -> Any:
@@ -210,10 +212,11 @@ class LLMEngine(WorkerLink, EngineClient):
         if not isinstance(msg, expected):
             raise EngineDeadError(f"{role} worker sent {type(msg).__name__} during start-up, "
                                   f"expected {expected.__name__}")
+        pid = msg.pid if isinstance(msg, Handles) else msg.info.get("pid") if isinstance(msg, Ready) else None
+        if pid:  # for the watchdog, should this front die first (the creating worker's: already at its Handles)
+            write_pid_file(self.runtime_dir, f"{WORKER_FILE_PREFIX}{role}.pid", int(pid))
         if isinstance(msg, Ready):
             self.worker_info[role] = {**msg.info, "ready_after_s": round(time.monotonic() - self._startup_began, 3)}
-            if msg.info.get("pid"):  # for the watchdog, should this front die first
-                write_pid_file(self.runtime_dir, f"{WORKER_FILE_PREFIX}{role}.pid", int(msg.info["pid"]))
         return msg
 
     def _raise_failure(self, role: str) -> None:

@@ -178,6 +178,7 @@ class Handles:
 
     role: str
     handles: Any  # a SharedHandles (bullet_ray.engine.worker.setup): what the attaching worker's WorkerSpec carries
+    pid: int  # the worker's process: the front's watchdog stops it should the front die while the workers start
 
 
 @dataclass(frozen=True)

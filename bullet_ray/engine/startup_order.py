@@ -7,11 +7,18 @@ the handles and the two captures overlap (on the H200, dummy Llama-3.1-8B, split
 its handles + 39.4 s of piecewise graphs, decode 10.5 s + 52.8 s of decode graphs; one after the other 114 s of
 worker time, overlapped about 10.8 + 63.4 = 74 s if neither slows the other, not measured yet).
 
-Start-up steps that time the GPU to choose something run alone instead: the first worker tunes its piecewise
-buckets before it sends its handles (`WorkerBase.__init__`), and when the second worker tunes its own
-(`tunes_piecewise_buckets`: the decode side with the mixed fallback) the front starts it only at the first one's
-Ready (`overlaps_startup`). `BULLET_RAY_STARTUP_OVERLAP=0` keeps that sequential order in every configuration.
-Pure functions of the config: the front and the workers both read them (no torch here).
+Piecewise bucket tuning, which times GEMMs to choose buckets, still runs alone. The first worker tunes its
+buckets before it sends its handles (`WorkerBase.__init__`). When the second worker tunes its own
+(`tunes_piecewise_buckets`: the decode side with the mixed fallback), the front starts it only at the first one's
+Ready (`overlaps_startup`).
+
+One timed choice does NOT run alone. The decode side's choice, per batch bucket, between a plain graph and one
+whose GEMMs aim at its SMs (bullet_ray.engine.cuda_graphs, `_capture_tuned`; on by default on a partition smaller
+than the GPU) times its replays while the prefill worker captures beside it. So the choice may differ from a
+sequential start's. The decode worker's Ready info says whether it did (`graphs.sm_target.timed_beside_prefill`).
+`BULLET_RAY_STARTUP_OVERLAP=0` keeps the sequential order in every configuration, for an A/B.
+
+Functions of the config and of that variable: the front and the workers both read them (no torch here).
 """
 
 from __future__ import annotations

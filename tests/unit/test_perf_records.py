@@ -431,6 +431,12 @@ def test_startup_summary_reads_each_workers_startup_record(tmp_path):
     assert startup_summary(str(log)) == {
         "prefill": {"resources": 9.0, "total": 60.0, "handles_after_s": 9.0, "done_after_s": 60.0},
         "decode": {"resources": 1.0, "decode_graphs": 40.0, "total": 60.0, "done_after_s": 70.0}}
+    # a restart whose decode record was lost: the old decode record began before the new start, so it gets no offset
+    restarted = tmp_path / "restarted.jsonl"
+    again = {"kind": "startup", "t": 1160.0, "role": "prefill", "seconds": {"resources": 9.0, "total": 60.0}}
+    restarted.write_text("\n".join(json.dumps(r) for r in rows[:2] + [again]) + "\n")
+    summary = startup_summary(str(restarted))
+    assert summary["prefill"]["done_after_s"] == 60.0 and "done_after_s" not in summary["decode"]
     empty = tmp_path / "none.jsonl"
     empty.write_text(json.dumps(rows[2]) + "\n")
     assert startup_summary(str(empty)) == {}

@@ -78,7 +78,7 @@ def run_worker(spec: WorkerSpec) -> None:
         try:
             handles_after_s = None
             if spec.attach is None:  # the front starts the other worker now; it captures its graphs beside ours
-                conn.send(Handles(spec.role, resources.handles))
+                conn.send(Handles(spec.role, resources.handles, os.getpid()))
                 handles_after_s = round(time.perf_counter() - started, 3)
             worker.capture_graphs()
             startup_s = {"resources": round(made - started, 3), **worker.startup_s,

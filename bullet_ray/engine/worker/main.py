@@ -28,7 +28,7 @@ from bullet_ray.engine.messages import AbortRequests, AddRequests, Shutdown, Wak
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.deferred_free import DeferredFree
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.startup_order import tunes_piecewise_buckets, uses_cuda_graphs
+from bullet_ray.engine.startup_order import overlaps_startup, tunes_piecewise_buckets, uses_cuda_graphs
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources
 from bullet_ray.engine.worker.step_profile import StepProfiler
@@ -88,7 +88,7 @@ class WorkerBase:
         # handles, so alone on the GPU (the attaching worker starts at them); the captures wait for capture_graphs
         self._piecewise: Any = None
         if self.uses_graphs and self.config.piecewise_limit(self.role) > 0:
-            with self._timed("piecewise_graphs"):
+            with self._timed("piecewise_tune"):  # the buckets (timed GEMMs where tuned); the captures: piecewise_graphs
                 self._piecewise = self._make_piecewise_graphs()
 
     def capture_graphs(self) -> None:
@@ -135,6 +135,9 @@ class WorkerBase:
             graphs.capture_all(index, stream)
         graphs.is_serving = True
         self.graph_capture = graphs.capture_report()
+        if "sm_target" in self.graph_capture:  # its replays were timed beside the creating worker's captures, or alone
+            self.graph_capture["sm_target"]["timed_beside_prefill"] = \
+                self.spec.attach is not None and overlaps_startup(self.config)
         logger.info("%s worker: decode graphs captured at start: %s", self.role, self.graph_capture)
 
     def _graph_partitions(self) -> list[tuple[int, Any]]:

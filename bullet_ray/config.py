@@ -151,6 +151,13 @@ class EngineConfig:
     # the mixed fallback's prompts) only, while the split rule judges TTFT risk and backlog against the real
     # targets (split_targets); unmeasured on a GPU
     ttft_margin_scope: str = "all"
+    # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
+    # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)
+    # instead of stopping where the model says throughput has saturated; the batch's head still keeps its target
+    # (the batches' fit). Larger steps run faster per token on a partition (the shipped H100 profile: 2,048 tokens on
+    # 116 SMs 31.0k tokens/s, 8,192 36.3k), which a backlog needs more than the first tokens of a batch's members;
+    # None (default): off. Unmeasured on a GPU (docs/policy.md section 7, twenty-sixth session)
+    prefill_backlog_batch_tokens: int | None = None
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -209,6 +216,9 @@ class EngineConfig:
             raise ConfigError("handoff", f"unknown hand-off {self.handoff!r}; choose front or direct")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
             raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
+        if self.prefill_backlog_batch_tokens is not None and self.prefill_backlog_batch_tokens < 1:
+            raise ConfigError("prefill_backlog_batch_tokens",
+                              f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
             raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
         if self.mixed_chunk_tokens < self.block_size:

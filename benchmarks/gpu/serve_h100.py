@@ -25,7 +25,9 @@ bullet-slo-overlap (bullet-slo whose split switches let each side move at its ne
 the other: engine.split_switch overlap, the default since the eighteenth session), bullet-slo-disjoint (engine.split_switch disjoint: a side
 gives up SMs only after its step in flight, the growing side waits for it), bullet-slo-mixed<tokens> (bullet-slo
 with the mixed fallback: once <tokens> prompt tokens wait while decode runs, the decode worker prefills the queued
-prompts in chunks inside its steps: engine.mixed_fallback_tokens),
+prompts in chunks inside its steps: engine.mixed_fallback_tokens), any bullet-slo system with -bb<tokens> after
+it (bullet-slo-margin50-bb8192: its prefill batches grow past saturation to <tokens> while a queued request misses
+its target whatever the split: engine.prefill_backlog_batch_tokens),
 bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
@@ -150,6 +152,17 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
+def _backlog_batches(name: str) -> tuple[str, int | None]:
+    """(the system without it, N) for a bullet-slo system named <system>-bb<N> (its prefill batches grow to N tokens
+    while the split rule sees a backlog: engine.prefill_backlog_batch_tokens); (name, None) for any other name."""
+    base, sep, tokens = name.rpartition("-bb")
+    if not sep or not base.startswith("bullet-slo"):
+        return name, None
+    if not tokens.isdigit() or int(tokens) < 1:
+        raise SystemExit(f"unknown system {name!r}: <bullet-slo system>-bb<tokens>, tokens >= 1")
+    return base, int(tokens)
+
+
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
@@ -177,36 +190,39 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["handoff"] = "direct"
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
-    targets = preset_targets(name)
-    if name in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
-            or name.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-margin", "bullet-slo-omargin",
+    policy, backlog_tokens = _backlog_batches(name)  # "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", 8192)
+    targets = preset_targets(policy)
+    if policy in ("bullet-slo", "bullet-slo-m2", "bullet-slo-overlap", "bullet-slo-disjoint") or targets is not None \
+            or policy.startswith(("bullet-slo-lw", "bullet-slo-late", "bullet-slo-margin", "bullet-slo-omargin",
                                 "bullet-slo-mixed")):
         engine["split_policy"] = "slo"  # targets: the strict preset (EngineConfig's defaults, 500 ms / 25 ms) ...
         if targets is not None:  # ... but bullet-slo-<preset>'s here (a preset name is never one of the below)
             engine.update(targets)
-        if name == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
+        if policy == "bullet-slo-m2":  # the split rule of the m2 runs: no BACKLOG rule, idle decode at its fastest
             engine["split_rule"] = {"backlog_aim": None, "idle_decode": "fastest"}
-        if name == "bullet-slo-overlap":  # each side moves to a new split at its next launch (docs/policy.md)
+        if policy == "bullet-slo-overlap":  # each side moves to a new split at its next launch (docs/policy.md)
             engine["split_switch"] = "overlap"  # the default since the eighteenth session; named for the A/B
-        if name == "bullet-slo-disjoint":  # the shrinking side finishes its step in flight before it acks
+        if policy == "bullet-slo-disjoint":  # the shrinking side finishes its step in flight before it acks
             engine["split_switch"] = "disjoint"
-        groups = _numbered(name, "bullet-slo-lw", "groups", least=2)
+        groups = _numbered(policy, "bullet-slo-lw", "groups", least=2)
         if groups is not None:  # layer-wise prefill: every prefill batch of >= 256 tokens in <groups> layer groups
             engine["prefill_layer_groups"] = groups
             engine["prefill_layer_group_min_tokens"] = 256
-        lead = _numbered(name, "bullet-slo-late", "ms")
+        lead = _numbered(policy, "bullet-slo-late", "ms")
         if lead is not None:  # the prefill side plans its next batch <lead> ms before the step in flight ends
             engine["prefill_plan_lead_ms"] = lead
-        margin = _numbered(name, "bullet-slo-margin", "ms")
+        margin = _numbered(policy, "bullet-slo-margin", "ms")
         if margin is not None:  # the policy plans as if each TTFT target were <margin> ms shorter
             engine["ttft_margin_ms"] = margin  # scope: the engine's default, all (the YAML of the measured runs)
-        order_margin = _numbered(name, "bullet-slo-omargin", "ms")
+        order_margin = _numbered(policy, "bullet-slo-omargin", "ms")
         if order_margin is not None:  # the same, in the queue's order and the batches' fit only
             engine["ttft_margin_ms"] = order_margin
             engine["ttft_margin_scope"] = "order"
-        mixed = _numbered(name, "bullet-slo-mixed", "tokens", least=1)
+        mixed = _numbered(policy, "bullet-slo-mixed", "tokens", least=1)
         if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
             engine["mixed_fallback_tokens"] = mixed
+        if backlog_tokens is not None:  # batches grow past saturation to <tokens> while the split rule sees a backlog
+            engine["prefill_backlog_batch_tokens"] = backlog_tokens
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -214,7 +230,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
-                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>], "
+                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -509,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                              "prefill side plans <ms> before its step in flight ends), bullet-slo-margin<ms> (the "
                              "policy plans for each TTFT target <ms> shorter: order, batch fit and split rule), "
                              "bullet-slo-omargin<ms> (the same in the order and batch fit only; the split rule "
-                             "keeps the real targets), bullet-slo-mixed<tokens> (the "
+                             "keeps the real targets), <bullet-slo system>-bb<tokens> (its prefill batches grow "
+                             "to <tokens> under a backlog), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

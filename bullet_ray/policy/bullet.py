@@ -31,14 +31,17 @@ class BulletPolicy:
     def __init__(self, model: PerfModel, decode_sms: Sequence[int], sm_count: int, targets: SloTargets,
                  token_cap: int = 2048, settings: SplitSettings | None = None,
                  buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
-                 split_targets: SloTargets | None = None) -> None:
+                 split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None) -> None:
         """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
-        judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets)."""
+        judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets); `backlog_batch_tokens`: how
+        far a batch may grow past saturation while the split rule sees a backlog (None: never;
+        EngineConfig.prefill_backlog_batch_tokens)."""
         self.model = model
         self.rule = SplitRule(model, decode_sms, sm_count, targets if split_targets is None else split_targets,
                               settings)
         self.targets = targets
         self.token_cap = token_cap
+        self.backlog_batch_tokens = backlog_batch_tokens
         self.buckets = buckets or LengthBuckets()
         self.lookahead_batches = lookahead_batches
         # (prefill SMs, decode busy) -> (saturation tokens, monotonic time computed): computed again after
@@ -60,6 +63,16 @@ class BulletPolicy:
             cached = self._saturation[(sms, other_busy)] = (tokens, now)
         return cached[0]
 
+    def batch_tokens(self, state: StepState, sms: int, busy: bool) -> int:
+        """Where a prefill batch stops growing (plan_batches caps it at the token cap too): at saturation, or, with
+        `backlog_batch_tokens` while a queued request misses its target whatever the split (SplitRule.num_late), at
+        the larger of the two: a backlog needs tokens per second more than a batch's first tokens."""
+        tokens = self.saturation_tokens(sms, busy, state.now_s)
+        if self.backlog_batch_tokens is not None and self.backlog_batch_tokens > tokens \
+                and self.rule.num_late(state, busy):
+            tokens = self.backlog_batch_tokens
+        return tokens
+
     def plan(self, state: StepState, index: int) -> tuple[list[QueuedRequest], list[list[QueuedRequest]]]:
         """The queue's order and its first batches for the prefill side of ladder entry `index`."""
         sms = self.rule.prefill_sms(index)
@@ -78,8 +91,8 @@ class BulletPolicy:
             head = batch[0]
             return head.waited_s + state.prefill_remaining_s + t <= head_target or \
                 head.waited_s + state.prefill_remaining_s + own(head) > head_target
-        batches = plan_batches(order, self.buckets, self.token_cap, self.saturation_tokens(sms, busy, state.now_s),
-                               fits, self.lookahead_batches)
+        batches = plan_batches(order, self.buckets, self.token_cap, self.batch_tokens(state, sms, busy), fits,
+                               self.lookahead_batches)
         return order, batches
 
     def step(self, state: StepState) -> PolicyOutput:

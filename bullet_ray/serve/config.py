@@ -86,6 +86,10 @@ class EngineArgs(BaseModel):
         "all", description="what plans with ttft_margin_ms: all (the prefill queue's order, the batches' fit and "
                            "the split rule's TTFT risk and backlog; what the H200 A/B measured) or order (the "
                            "order and the batches' fit only: the split rule judges against the real targets)")
+    prefill_backlog_batch_tokens: int | None = Field(
+        None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
+                                "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "
+                                "instead of stopping where throughput saturates; null: off (unmeasured on a GPU)")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

@@ -268,3 +268,47 @@ def test_saturation_is_computed_again_after_the_refresh_interval():
             model.observe(shape, 100, True, 0, ratio * model.predict(shape, 100, True, None).calibrated_s)
     assert policy.saturation_tokens(100, True, now_s=10.0 + SATURATION_REFRESH_S / 2) == first  # cached
     assert policy.saturation_tokens(100, True, now_s=10.0 + SATURATION_REFRESH_S) > first
+
+
+def test_a_backlog_lets_batches_grow_past_saturation():
+    """prefill_backlog_batch_tokens: while a queued request misses its target whatever the split, the batches grow
+    to the setting (the head still keeping its target); without a backlog, or without the setting, they stop at
+    saturation."""
+    model = PerfModel(LLAMA8B, H100_SXM)
+    fresh = tuple(_req(f"r{i}", 150) for i in range(40))
+    late = _req("late", 150, waited_s=2.0)  # past its 500 ms target already: the split rule's backlog
+
+    def first_batch_tokens(policy: BulletPolicy, queue) -> int:
+        _, batches = policy.plan(StepState(0, queue, BUSY, 1.0), 0)
+        return sum(r.num_remaining_tokens for r in batches[0])
+
+    plain = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192)
+    grows = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192, backlog_batch_tokens=6000)
+    saturation = plain.saturation_tokens(grows.rule.prefill_sms(0), True, 1.0)
+    assert 150 < saturation < 3000  # the roofline alone saturates early (331 tokens on 116 SMs)
+    assert plain.rule.num_late(StepState(0, fresh + (late,), BUSY, 1.0), True) == 1
+    assert first_batch_tokens(plain, fresh + (late,)) <= saturation  # no setting: saturation, backlog or not
+    assert first_batch_tokens(grows, fresh) <= saturation  # no backlog: saturation
+    assert saturation < first_batch_tokens(grows, fresh + (late,)) <= 6000  # a backlog: up to the setting
+    # the batch's head keeps its target: a head with 50 ms left takes no batch that ends past it
+    urgent = (_req("urgent", 150, waited_s=0.45),) + fresh + (late,)
+    _, batches = grows.plan(StepState(0, urgent, BUSY, 1.0), 0)
+    head = batches[0]
+    assert head[0].request_id == "urgent"
+    assert model.predict_prefill_s(sum(r.num_remaining_tokens for r in head), sum(r.num_prompt_tokens for r in head),
+                                   grows.rule.prefill_sms(0), True, len(head)) <= 0.05
+    assert sum(r.num_remaining_tokens for r in head) < 6000
+
+
+def test_backlog_batch_tokens_config_names_the_field():
+    from pydantic import ValidationError
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.serve.config import EngineArgs
+
+    assert EngineConfig().prefill_backlog_batch_tokens is None
+    with pytest.raises(ConfigError, match="prefill_backlog_batch_tokens"):
+        EngineConfig(prefill_backlog_batch_tokens=0)
+    with pytest.raises(ValidationError, match="prefill_backlog_batch_tokens"):
+        EngineArgs(prefill_backlog_batch_tokens=0)
+    assert EngineArgs(prefill_backlog_batch_tokens=8192).to_engine_config().prefill_backlog_batch_tokens == 8192

@@ -281,3 +281,21 @@ def test_serve_run_stops_without_direct_ingress_draining_period(monkeypatch):
     assert direct_ingress.ENV_VAR not in serve_run_env({}, is_direct=False)
     monkeypatch.setenv(key, "5")
     assert serve_run_env({}, is_direct=False)[key] == "5"
+
+
+def test_backlog_batch_modifier_applies_to_any_bullet_slo_system(tmp_path):
+    """<bullet-slo system>-bb<tokens>: the system as named, plus engine.prefill_backlog_batch_tokens; the YAML is a
+    valid engine config; a bad count, or the modifier on another system, is a one-line error naming the form."""
+    from bullet_ray.serve.config import EngineArgs
+
+    margin = _engine(system_yaml("bullet-slo-margin50-bb8192+direct", tmp_path))
+    assert (margin["split_policy"], margin["ttft_margin_ms"], margin["prefill_backlog_batch_tokens"]) == ("slo", 50, 8192)
+    assert margin["step_log_path"].endswith("bullet-slo-margin50-bb8192+direct-steps.jsonl")
+    cfg = EngineArgs(**margin).to_engine_config()
+    assert cfg.prefill_backlog_batch_tokens == 8192
+    plain = _engine(system_yaml("bullet-slo-bb4096", tmp_path))
+    assert (plain["split_policy"], plain["prefill_backlog_batch_tokens"]) == ("slo", 4096)
+    assert "prefill_backlog_batch_tokens" not in _engine(system_yaml("bullet-slo", tmp_path))
+    for bad in ("bullet-slo-bbx", "bullet-slo-bb0", "chunked-2048-bb4096"):
+        with pytest.raises(SystemExit, match="bb"):
+            system_yaml(bad, tmp_path)

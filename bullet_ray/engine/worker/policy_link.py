@@ -232,7 +232,8 @@ class SplitDecider:
         self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
                                    ladder[0].decode_sms + ladder[0].prefill_sms,
                                    cfg.planning_targets(), token_cap=cfg.max_num_batched_tokens,
-                                   settings=cfg.split_settings(), split_targets=cfg.split_targets())
+                                   settings=cfg.split_settings(), split_targets=cfg.split_targets(),
+                                   backlog_batch_tokens=cfg.prefill_backlog_batch_tokens)
         self.model = model
         self._seen_decode_step = -1
         self._observed_decode_step = 0

@@ -86,10 +86,9 @@ class WorkerBase:
         self.uses_graphs = uses_cuda_graphs(self.config)
         # piecewise graphs' buckets are chosen here (tuned: GEMMs timed), on the creating worker before it sends its
         # handles, so alone on the GPU (the attaching worker starts at them); the captures wait for capture_graphs
-        self._piecewise: Any = None
         if self.uses_graphs and self.config.piecewise_limit(self.role) > 0:
             with self._timed("piecewise_tune"):  # the buckets (timed GEMMs where tuned); the captures: piecewise_graphs
-                self._piecewise = self._make_piecewise_graphs()
+                self._make_piecewise_graphs()
 
     def capture_graphs(self) -> None:
         """Capture this worker's CUDA graphs (decode, piecewise) and fill the host's pinned-memory cache: the long
@@ -99,9 +98,9 @@ class WorkerBase:
         if self.uses_graphs and self.role in ("decode", "hybrid"):
             with self._timed("decode_graphs"):
                 self._enable_decode_graphs()
-        if self._piecewise is not None:
+        if self.runner.piecewise is not None:
             with self._timed("piecewise_graphs"):
-                self._capture_piecewise_graphs(self._piecewise)
+                self._capture_piecewise_graphs()
         if cfg.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
             from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
 
@@ -159,9 +158,9 @@ class WorkerBase:
             partitions = [(i, stream) for i, stream in partitions if i == self.partitioner.whole_index]
         return partitions
 
-    def _make_piecewise_graphs(self) -> Any:
-        """Piecewise graphs (everything but attention) for steps with prompt tokens, their token buckets tuned
-        where this side captures them on one partition (`tunes_piecewise_buckets`); captured later
+    def _make_piecewise_graphs(self) -> None:
+        """The runner's piecewise graphs (everything but attention) for steps with prompt tokens, their token
+        buckets tuned where this side captures them on one partition (`tunes_piecewise_buckets`); captured later
         (`capture_graphs`)."""
         from bullet_ray.engine.piecewise_graphs import PiecewiseGraphs
 
@@ -176,10 +175,10 @@ class WorkerBase:
         elif self.config.piecewise_buckets == "tuned":  # where slow row counts fall depends on the SMs a side has
             logger.info("%s worker: fixed piecewise buckets (tuning is per partition; this side captures %d)",
                         self.role, len(partitions))
-        return graphs
 
-    def _capture_piecewise_graphs(self, graphs: Any) -> None:
-        """Every token bucket of `graphs` on every partition this side captures them on, now."""
+    def _capture_piecewise_graphs(self) -> None:
+        """Every token bucket of the runner's piecewise graphs on every partition this side captures them on, now."""
+        graphs = self.runner.piecewise
         for index, stream in self._piecewise_partitions():
             graphs.capture_all(index, stream)
         graphs.is_serving = True

@@ -1,7 +1,8 @@
 """Score a saved rate sweep against other SLOs: attainment per (system, rate) and goodput per system,
 from the per-request results a comparison saved (`runs/<system>-rate<r>.json[.gz]`). Nothing is re-run:
 the same requests, judged by other targets (e.g. Bullet's per-prompt-token presets), and why the misses
-missed: TTFT only, TPOT only, both, or failed (a rule that trades one target for the other shows here).
+missed: TTFT only, TPOT only, both, or failed (a rule that trades one target for the other shows here); and for
+the TTFT misses, their TTFT range and prompt lengths against those of the requests that met the SLO.
 
     python -m benchmarks.rescore benchmarks/results/serve_h100_code/runs --slo bullet-azure-code,strict \
         --out benchmarks/results/serve_h100_code/rescore.md
@@ -13,6 +14,7 @@ import argparse
 import gzip
 import json
 import re
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -65,16 +67,30 @@ def miss_kinds(records: list[Any], slo: SLO) -> dict[str, int]:
     return kinds
 
 
+def ttft_misses(records: list[Any], slo: SLO) -> dict[str, Any] | None:
+    """The requests that missed `slo` on TTFT (TTFT only or both): how many, their TTFT range (s), and the median
+    prompt tokens of theirs against that of the requests that met `slo` (a rule that gives up on long prompts shows
+    here); None when none did."""
+    late = [r for r in records if r.success and r.ttft_s is not None and r.ttft_s > slo.ttft_target_s(r.prompt_tokens)]
+    if not late:
+        return None
+    met = [r.prompt_tokens for r in records if slo.meets(r)]
+    return {"count": len(late), "ttft_s": [round(min(r.ttft_s for r in late), 3), round(max(r.ttft_s for r in late), 3)],
+            "prompt_tokens_median": statistics.median(r.prompt_tokens for r in late),
+            "met_prompt_tokens_median": statistics.median(met) if met else None}
+
+
 def rescore(runs: dict[str, dict[float, list[Any]]], slo_names: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for system, by_rate in runs.items():
-        entry: dict[str, Any] = {"attainment": {}, "goodput": {}, "misses": {}}
+        entry: dict[str, Any] = {"attainment": {}, "goodput": {}, "misses": {}, "ttft_misses": {}}
         for name in slo_names:
             slo = parse_slo(name)
             points = [(rate, attainment(records, slo)) for rate, records in sorted(by_rate.items())]
             entry["attainment"][name] = {str(rate): round(a, 4) for rate, a in points}
             entry["goodput"][name] = goodput(points, name).to_dict()
             entry["misses"][name] = {str(rate): miss_kinds(records, slo) for rate, records in sorted(by_rate.items())}
+            entry["ttft_misses"][name] = {str(rate): ttft_misses(records, slo) for rate, records in sorted(by_rate.items())}
         entry["requests"] = {str(rate): len(records) for rate, records in sorted(by_rate.items())}
         result[system] = entry
     return result
@@ -103,6 +119,16 @@ def markdown(result: dict[str, Any], slo_names: list[str]) -> str:
             for rate, kinds in entry["misses"][n].items():
                 lines.append(f"| {system} | {n} | {rate} | {entry['requests'][rate]} | "
                              + " | ".join(str(kinds[k]) for k in MISS_KINDS) + " |")
+    lines += ["", "TTFT misses (TTFT only or both): their TTFT, and their prompts against those of the requests that met "
+              "the SLO", "", "| system | SLO | rate (req/s) | TTFT misses | their TTFT (s) | prompt tokens, median: missed / "
+              "met |", "|---|---|---|---|---|---|"]
+    for system, entry in result.items():
+        for n in slo_names:
+            for rate, m in entry["ttft_misses"][n].items():
+                if m is not None:
+                    met = "-" if m["met_prompt_tokens_median"] is None else f"{m['met_prompt_tokens_median']:g}"
+                    lines.append(f"| {system} | {n} | {rate} | {m['count']} | {m['ttft_s'][0]:.2f}-{m['ttft_s'][1]:.2f} | "
+                                 f"{m['prompt_tokens_median']:g} / {met} |")
     return "\n".join(lines)
 
 

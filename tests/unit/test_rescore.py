@@ -67,3 +67,18 @@ def test_misses_are_exactly_what_the_slo_rejects_under_per_token_targets(tmp_pat
     assert kinds == {"ttft": 1, "tpot": 1, "both": 1, "failed": 1}
     slo = parse_slo("bullet-sharegpt")
     assert sum(kinds.values()) == sum(not slo.meets(r) for r in runs["a"][4.0])
+
+
+def test_ttft_misses_give_their_ttft_range_and_prompts_against_the_met(tmp_path):
+    # strict (TTFT <= 0.5 s): two long prompts late (1.8 s, one also slow on TPOT), two short ones met, a failure
+    _write(tmp_path, "a", 4, [_req(1.8, 0.01, prompt_tokens=2000), _req(4.5, 0.03, prompt_tokens=3000),
+                              _req(0.1, 0.01, prompt_tokens=900), _req(0.2, 0.01, prompt_tokens=1000),
+                              _req(0.1, 0.01, success=False)])
+    result = rescore(load_runs(tmp_path), ["strict", "relaxed"])
+    assert result["a"]["ttft_misses"]["strict"]["4.0"] == {"count": 2, "ttft_s": [1.8, 4.5], "prompt_tokens_median": 2500,
+                                                         "met_prompt_tokens_median": 950}
+    assert result["a"]["ttft_misses"]["relaxed"]["4.0"]["count"] == 2
+    text = markdown(result, ["strict", "relaxed"])
+    assert "| a | strict | 4.0 | 2 | 1.80-4.50 | 2500 / 950 |" in text
+    _write(tmp_path, "b", 4, [_req(0.1, 0.01)])
+    assert rescore(load_runs(tmp_path), ["strict"])["b"]["ttft_misses"]["strict"]["4.0"] is None

@@ -32,13 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.sm_target import MODES as LT_MODES
+from benchmarks.gpu.sm_target import set_mode
+
+# cuBLAS (not Lt) told the partition's SMs through cublasSetSmCountTarget on PyTorch's handle
+SMCOUNT = "cublas+smcount"
+MODES = (*LT_MODES, SMCOUNT)
+
 CLASSES = (  # (class, substrings of a kernel's name), first match wins
-    ("gemm", ("nvjet", "gemm", "cutlass", "sm90_xmma", "ampere_bf16", "cublas")),
     ("attention", ("flashinfer::Prefill", "flashinfer::BatchPrefill", "flashinfer::BatchDecode", "MergeStates",
                    "fmha", "flash_fwd", "FlashAttn")),
     ("norm", ("RMSNorm", "rms_norm", "layer_norm")),
     ("activation", ("act_and_mul", "silu")),
     ("rotary", ("Rotary", "rotary", "rope")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "sm90_xmma", "ampere_bf16", "cublas")),  # last: attention templates name cutlass
 )
 
 
@@ -120,6 +127,36 @@ class NvmlSampler:
                 "samples": len(clocks)}
 
 
+def _cublas() -> Any:
+    """libcublas as this process loaded it (PyTorch's copy: the path from /proc/self/maps)."""
+    import ctypes
+
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libcublas.so" in line and "libcublasLt" not in line}
+    if not paths:
+        raise RuntimeError("libcublas is not loaded (run a matmul first)")
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+def cublas_sm_count_target(torch: Any, sms: int) -> None:
+    """cublasSetSmCountTarget(PyTorch's cuBLAS handle of this thread, sms); 0 restores the device's count."""
+    import ctypes
+
+    rc = _cublas().cublasSetSmCountTarget(ctypes.c_void_p(torch.cuda.current_blas_handle()), ctypes.c_int(sms))
+    if rc != 0:
+        raise RuntimeError(f"cublasSetSmCountTarget({sms}) returned status {rc}")
+
+
+def apply_mode(torch: Any, mode: str, sm_count: int, sms: int) -> None:
+    """PyTorch's BLAS set-up for `mode` on a partition of `sms` SMs (sm_target's three modes, or SMCOUNT)."""
+    if mode == SMCOUNT:
+        apply_mode(torch, "cublas", sm_count, sm_count)
+        cublas_sm_count_target(torch, sms if sms < sm_count else 0)
+    else:
+        cublas_sm_count_target(torch, 0)
+        set_mode(torch, mode, sm_count, sms)
+
+
 def projections(cfg: Any) -> dict[str, tuple[int, int]]:
     """(in, out) features of each GEMM of a decoder layer, fused as the engine runs them."""
     h, q, kv, inter = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, \
@@ -137,8 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="timed steps per point (median)")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps in each profiler window")
     parser.add_argument("--sustain-s", type=float, default=1.5, help="seconds of back-to-back steps under NVML")
+    parser.add_argument("--gemm-modes", default="cublas",
+                        help="comma list of BLAS modes for the projections alone and the step (cublas, cublaslt, "
+                             "cublaslt+target as in benchmarks.gpu.sm_target; cublas+smcount: cuBLAS's own "
+                             "cublasSetSmCountTarget = the partition's SMs); cublas is always first")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "prefill_kernels")
     args = parser.parse_args(argv)
+    modes = [m for m in args.gemm_modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or "cublas" not in modes:
+        parser.error(f"--gemm-modes: {bad or modes} ; choose from {', '.join(MODES)}, cublas included")
+    modes = ["cublas"] + [m for m in modes if m != "cublas"]
 
     import torch
     import torch.nn.functional as F
@@ -202,18 +248,23 @@ def main(argv: list[str] | None = None) -> int:
             sync()
             elapsed = time.monotonic() - began
         row["clocks"] = {**sampler.summary(), "steps": steps, "step_ms_sustained": round(elapsed / steps * 1e3, 3)}
-        gemms = {}
-        for name, (k, m) in shapes.items():
-            x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for mode in modes:
+            apply_mode(torch, mode, sm_count, sms)
+            if mode != "cublas":  # the whole step in this mode too
+                row[f"step_ms[{mode}]"] = round(_time_s(run, sync, args.repeats, 2) * 1e3, 3)
+            gemms = {}
+            for name, (k, m) in shapes.items():
+                x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 
-            def gemm(x: Any = x, w: Any = w, stream: Any = stream) -> Any:
-                return run(lambda: F.linear(x, w), stream)
+                def gemm(x: Any = x, w: Any = w, stream: Any = stream) -> Any:
+                    return run(lambda: F.linear(x, w), stream)
 
-            g = _time_s(gemm, sync, 10, 3)
-            gemms[name] = {"ms": round(g * 1e3, 4), "tflops": round(2 * n * k * m / g / 1e12, 1)}
-            del x, w
-        row["gemms"] = gemms
+                g = _time_s(gemm, sync, 10, 3)
+                gemms[name] = {"ms": round(g * 1e3, 4), "tflops": round(2 * n * k * m / g / 1e12, 1)}
+                del x, w
+            row["gemms" if mode == "cublas" else f"gemms[{mode}]"] = gemms
+        apply_mode(torch, "cublas", sm_count, sm_count)
         results.append(row)
         print(json.dumps(row), flush=True)
     for _label, _sms, _stream, part in places:
@@ -225,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
            "skipped": skipped, "results": results}
     (args.out / "prefill_kernels.json").write_text(json.dumps(out, indent=1))
     print(f"\n{'place':12} {'tok':>5} {'step ms':>8} {'tok/s':>7} {'kern ms':>8} {'gemm':>6} {'attn':>6} "
-          f"{'busy':>5} {'MHz':>5} {'W':>5}  GEMM TFLOP/s qkv/o/gate_up/down")
+          f"{'busy':>5} {'MHz':>5} {'W':>5}  GEMM TFLOP/s qkv/o/gate_up/down, by mode: {' '.join(modes)}")
     for r in results:
         k, c = r["kernels"], r["clocks"]
         cls = k.get("by_class_ms", {})
         print(f"{r['place']:12} {r['tokens']:>5} {r['step_ms']:>8.2f} {r['tokens_per_s']:>7} "
               f"{k.get('kernel_ms_per_step', 0):>8.2f} {cls.get('gemm', 0):>6.2f} {cls.get('attention', 0):>6.2f} "
               f"{k.get('busy_share') or 0:>5.2f} {c.get('sm_clock_mhz_median', 0):>5} {c.get('power_w_median', 0):>5}  "
-              + "/".join(f"{g['tflops']:.0f}" for g in r["gemms"].values()))
+              + "  ".join("/".join(f"{g['tflops']:.0f}" for g in r[key].values())
+                          for key in r if key.startswith("gemms"))
+              + "".join(f"  step[{m}] {r[f'step_ms[{m}]']:.2f} ms" for m in modes[1:]))
     print(f"saved {args.out / 'prefill_kernels.json'}")
     return 0
 

@@ -7,6 +7,9 @@ from bullet_ray.models.loader import resolve_source
 def test_kernel_classes():
     assert kernel_class("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "gemm"
     assert kernel_class("void flashinfer::PrefillWithKVCacheKernel<...>") == "attention"
+    # flashinfer's Hopper kernels carry cutlass types in their template arguments
+    assert kernel_class("void flashinfer::PrefillWithKVCacheKernel<flashinfer::SparseCollectiveMainloop<"
+                        "cutlass::bfloat16_t>>") == "attention"
     assert kernel_class("void flashinfer::norm::FusedAddRMSNormKernel<8u>") == "norm"
     assert kernel_class("void flashinfer::activation::act_and_mul_kernel<>") == "activation"
     assert kernel_class("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCache<>") == "rotary"

@@ -12,7 +12,12 @@ for each place (the whole GPU on the default stream, then the prefill stream of 
 - `clocks`: the step run back to back for `--sustain-s` while NVML samples the SM clock and the board power
   (a partition that runs cooler may clock higher; a whole-GPU step may be power-capped);
 - `gemms`: each projection of a layer alone (`F.linear` with the engine's fused weights' shapes, T rows),
-  TFLOP/s, so a GEMM that does not scale shows as such.
+  TFLOP/s, so a GEMM that does not scale shows as such;
+- with `--gemm-modes`, the step, its kernels (names and launch grids) and the projections again under each
+  BLAS mode (cuBLASLt with or without an SM target, cuBLAS's own cublasSetSmCountTarget).
+
+First result (H200, `benchmarks/results/prefill_kernels_h200/`): cuBLAS's nvjet GEMMs launch a persistent grid
+of 132 CTAs (the device's SMs, one per SM) on every partition, and the qkv / o / down projections lose most.
 
     bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.prefill_kernels --out $OUT/prefill_kernels
     python -m benchmarks.gpu.prefill_kernels --help
@@ -63,7 +68,9 @@ def summarize_trace(trace: dict[str, Any], steps: int) -> dict[str, Any]:
         return {"kernels_found": 0}
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
+    grids: dict[str, Any] = {}  # name -> the launch grid of its first call (a persistent kernel's is the SM count)
     for e in kernels:
+        grids.setdefault(e["name"], (e.get("args") or {}).get("grid"))
         by_class[kernel_class(e["name"])] = by_class.get(kernel_class(e["name"]), 0.0) + e["dur"]
         by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
@@ -82,7 +89,23 @@ def summarize_trace(trace: dict[str, Any], steps: int) -> dict[str, Any]:
             "by_class_ms": {k: round(v / steps / 1e3, 4) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
             "busy_share": round(busy / window, 4) if window > 0 else None,
             "window_ms_per_step": round(window / steps / 1e3, 3),
-            "top": [{"name": n[:120], "ms_per_step": round(d / steps / 1e3, 3)} for n, d in top]}
+            "top": [{"name": n[:120], "ms_per_step": round(d / steps / 1e3, 3), "grid": grids[n]} for n, d in top]}
+
+
+def profile_window(torch: Any, run: Any, sync: Any, steps: int, trace_path: Path) -> dict[str, Any]:
+    """`steps` runs under torch.profiler; the chrome trace saved gzipped at trace_path + .gz; its summary."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        sync()
+    prof.export_chrome_trace(str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    with gzip.open(str(trace_path) + ".gz", "wt") as f:
+        json.dump(trace, f)
+    trace_path.unlink()
+    return summarize_trace(trace, steps)
 
 
 class NvmlSampler:
@@ -178,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma list of BLAS modes for the projections alone and the step (cublas, cublaslt, "
                              "cublaslt+target as in benchmarks.gpu.sm_target; cublas+smcount: cuBLAS's own "
                              "cublasSetSmCountTarget = the partition's SMs); cublas is always first")
+    parser.add_argument("--summarize", nargs="+", type=Path, metavar="TRACE",
+                        help="no GPU: print the kernel summary of saved traces (trace_<place>_<tokens>.json.gz; "
+                             "--profile-steps steps each) and exit")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "prefill_kernels")
     args = parser.parse_args(argv)
     modes = [m for m in args.gemm_modes.split(",") if m]
@@ -185,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad or "cublas" not in modes:
         parser.error(f"--gemm-modes: {bad or modes} ; choose from {', '.join(MODES)}, cublas included")
     modes = ["cublas"] + [m for m in modes if m != "cublas"]
+    if args.summarize:
+        for path in args.summarize:
+            with gzip.open(path, "rt") as f:
+                print(path.name, json.dumps(summarize_trace(json.load(f), args.profile_steps)))
+        return 0
 
     import torch
     import torch.nn.functional as F
@@ -225,19 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         t = _time_s(run, sync, args.repeats, 2)
         row["step_ms"] = round(t * 1e3, 3)
         row["tokens_per_s"] = round(n / t)
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.profile_steps):
-                run()
-            sync()
-        trace_path = args.out / f"trace_{label}_{n}.json"
-        prof.export_chrome_trace(str(trace_path))
-        trace = json.loads(trace_path.read_text())
-        with gzip.open(str(trace_path) + ".gz", "wt") as f:
-            json.dump(trace, f)
-        trace_path.unlink()
-        row["kernels"] = summarize_trace(trace, args.profile_steps)
+        row["kernels"] = profile_window(torch, run, sync, args.profile_steps, args.out / f"trace_{label}_{n}.json")
         with NvmlSampler() as sampler:
             began, steps = time.monotonic(), 0
             while time.monotonic() - began < args.sustain_s:
@@ -250,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         row["clocks"] = {**sampler.summary(), "steps": steps, "step_ms_sustained": round(elapsed / steps * 1e3, 3)}
         for mode in modes:
             apply_mode(torch, mode, sm_count, sms)
-            if mode != "cublas":  # the whole step in this mode too
+            if mode != "cublas":  # the whole step in this mode too, and its kernels (which grids the mode gave)
                 row[f"step_ms[{mode}]"] = round(_time_s(run, sync, args.repeats, 2) * 1e3, 3)
+                row[f"kernels[{mode}]"] = profile_window(torch, run, sync, args.profile_steps,
+                                                         args.out / f"trace_{label}_{n}_{mode.replace('+', '_')}.json")
             gemms = {}
             for name, (k, m) in shapes.items():
                 x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

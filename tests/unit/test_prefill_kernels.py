@@ -18,7 +18,7 @@ def test_kernel_classes():
 
 def test_summary_counts_overlap_once_and_splits_by_class():
     # two steps: a GEMM 0-10 us, attention 5-15 (overlapping it), a norm 20-25; busy 20 of a 25 us window
-    events = [{"cat": "kernel", "name": "nvjet_x", "ts": 0, "dur": 10},
+    events = [{"cat": "kernel", "name": "nvjet_x", "ts": 0, "dur": 10, "args": {"grid": [2, 66, 1]}},
               {"cat": "kernel", "name": "flashinfer::PrefillWithKVCacheKernel", "ts": 5, "dur": 10},
               {"cat": "kernel", "name": "RMSNormKernel", "ts": 20, "dur": 5},
               {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100}]
@@ -26,7 +26,7 @@ def test_summary_counts_overlap_once_and_splits_by_class():
     assert s["kernels_per_step"] == 1.5
     assert s["by_class_ms"] == {"gemm": 0.005, "attention": 0.005, "norm": 0.0025}
     assert s["busy_share"] == 0.8
-    assert s["top"][0]["name"] == "nvjet_x"
+    assert s["top"][0]["name"] == "nvjet_x" and s["top"][0]["grid"] == [2, 66, 1]
     assert summarize_trace({"traceEvents": []}, 1) == {"kernels_found": 0}
 
 

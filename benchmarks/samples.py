@@ -1,0 +1,107 @@
+"""Goodput ratios over several samples of one comparison: each serving folder's point, then the mean.
+
+One serving run is one draw of the workload: `benchmarks/results/replay_split_h200/` showed one run's rate can sit
+15+ points of attainment from its setting's mean, and the margin's strict ratio over chunked-2048 has read 1.26x,
+1.22x, 1.08x and 1.25x in four samples. A goal is judged on the mean of the samples, not on the best one. This
+reads each folder's `goodput_ci.json` (`python -m benchmarks.goodput_ci DIR`; the point figure is compare.md's)
+and prints, for system A over each system B and each SLO, the ratio of the points in every sample, their mean,
+and whether the mean meets the goal.
+
+    python -m benchmarks.samples benchmarks/results/serve_h200_m3a benchmarks/results/serve_h200_m3b/seed0 \\
+        benchmarks/results/serve_h200_m3b/seed1 benchmarks/results/serve_h200_m3c/seed0 \\
+        --a bullet-slo-margin50+direct --b chunked-2048+direct,vllm --slo strict,relaxed --goal 1.25,1.2
+
+`--goal` gives one goal per B, in order. A sample where either point is censored ('>= max rate' or '< min rate')
+or missing is listed and left out of the mean, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_points(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{system: {slo: {"value": float | None, "censored": str | None}}} from folder/goodput_ci.json."""
+    path = folder / "goodput_ci.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no goodput_ci.json (run python -m benchmarks.goodput_ci {folder})")
+    data = json.loads(path.read_text())
+    return {system: {slo: {"value": v["point"]["value"], "censored": v["point"]["censored"]}
+                     for slo, v in by_slo.items()}
+            for system, by_slo in data["systems"].items()}
+
+
+def sample_ratios(points: list[tuple[str, dict[str, Any]]], a: str, b: str, slo: str) -> list[dict[str, Any]]:
+    """Per sample: the ratio A/B of the points, or None with the reason it is left out."""
+    out = []
+    for name, systems in points:
+        pa, pb = systems.get(a, {}).get(slo), systems.get(b, {}).get(slo)
+        row: dict[str, Any] = {"sample": name, "a": None, "b": None, "ratio": None, "left_out": None}
+        if pa is None or pb is None:
+            row["left_out"] = f"{a if pa is None else b} not in this sample"
+        elif pa["censored"] or pb["censored"]:
+            row["left_out"] = f"censored ({a if pa['censored'] else b}: {pa['censored'] or pb['censored']})"
+        elif not pb["value"]:
+            row["left_out"] = f"{b} has no goodput"
+        else:
+            row.update(a=pa["value"], b=pb["value"], ratio=pa["value"] / pb["value"])
+        out.append(row)
+    return out
+
+
+def summarize(rows: list[dict[str, Any]], goal: float | None) -> dict[str, Any]:
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    mean = statistics.fmean(ratios) if ratios else None
+    return {"n": len(ratios), "mean": mean, "min": min(ratios, default=None), "max": max(ratios, default=None),
+            "goal": goal, "meets_goal": None if mean is None or goal is None else mean >= goal}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="serving folders, each with a goodput_ci.json")
+    parser.add_argument("--a", required=True, help="the system whose ratio is judged")
+    parser.add_argument("--b", required=True, help="comma list of the systems it is compared with")
+    parser.add_argument("--slo", default="strict,relaxed", help="comma list of SLO names (default strict,relaxed)")
+    parser.add_argument("--goal", default="", help="comma list, one goal per --b system (e.g. 1.25,1.2)")
+    parser.add_argument("--out", type=Path, help="also write the table and figures as JSON here")
+    args = parser.parse_args(argv)
+    bs = [b for b in args.b.split(",") if b]
+    slos = [s for s in args.slo.split(",") if s]
+    try:
+        goals = [float(g) for g in args.goal.split(",") if g]
+    except ValueError:
+        parser.error(f"--goal: {args.goal!r} is not a comma list of numbers")
+    if goals and len(goals) != len(bs):
+        parser.error(f"--goal: {len(goals)} goals for {len(bs)} --b systems; give one per system")
+    try:
+        points = [(str(f), load_points(f)) for f in args.folders]
+    except (FileNotFoundError, KeyError, json.JSONDecodeError) as e:
+        print(f"samples: {e}", file=sys.stderr)
+        return 2
+    report: dict[str, Any] = {"command": "python -m benchmarks.samples " + " ".join(sys.argv[1:] if argv is None
+                                                                                    else argv), "pairs": []}
+    print(f"`{report['command']}`\n")
+    print("| A / B | SLO | " + " | ".join(f"sample {i + 1}" for i in range(len(points))) + " | mean (n) | goal |")
+    print("|---|---|" + "---|" * len(points) + "---|---|")
+    for i, b in enumerate(bs):
+        for slo in slos:
+            rows = sample_ratios(points, args.a, b, slo)
+            s = summarize(rows, goals[i] if goals else None)
+            report["pairs"].append({"a": args.a, "b": b, "slo": slo, "samples": rows, **s})
+            cells = [f"{r['ratio']:.3f}x" if r["ratio"] is not None else f"- ({r['left_out']})" for r in rows]
+            mean = f"**{s['mean']:.3f}x** ({s['n']})" if s["mean"] is not None else "- (0)"
+            goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}"
+            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {goal} |")
+    print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

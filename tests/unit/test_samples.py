@@ -1,0 +1,42 @@
+"""benchmarks.samples: ratios of goodput points over several serving folders, their mean and the goal."""
+
+import json
+
+import pytest
+
+from benchmarks import samples
+
+
+def write_ci(folder, points):
+    """A goodput_ci.json holding only what samples reads: each system's point per SLO."""
+    folder.mkdir(parents=True)
+    systems = {s: {slo: {"point": {"value": v, "censored": c}} for slo, (v, c) in by_slo.items()}
+               for s, by_slo in points.items()}
+    (folder / "goodput_ci.json").write_text(json.dumps({"systems": systems}))
+
+
+def test_mean_of_sample_ratios_and_the_goal(tmp_path, capsys):
+    write_ci(tmp_path / "s1", {"a": {"strict": (30.0, None)}, "b": {"strict": (24.0, None)}})
+    write_ci(tmp_path / "s2", {"a": {"strict": (26.0, None)}, "b": {"strict": (26.0, None)}})
+    # censored in the third sample: listed, left out of the mean
+    write_ci(tmp_path / "s3", {"a": {"strict": (48.0, ">=")}, "b": {"strict": (20.0, None)}})
+    out = tmp_path / "r.json"
+    rc = samples.main([str(tmp_path / s) for s in ("s1", "s2", "s3")]
+                      + ["--a", "a", "--b", "b", "--slo", "strict", "--goal", "1.1", "--out", str(out)])
+    assert rc == 0
+    (pair,) = json.loads(out.read_text())["pairs"]
+    assert [r["ratio"] for r in pair["samples"]] == [pytest.approx(1.25), pytest.approx(1.0), None]
+    assert "censored" in pair["samples"][2]["left_out"]
+    assert pair["n"] == 2 and pair["mean"] == pytest.approx(1.125) and pair["meets_goal"] is True
+    assert "**1.125x** (2)" in capsys.readouterr().out
+
+
+def test_missing_system_and_bad_arguments(tmp_path, capsys):
+    write_ci(tmp_path / "s1", {"a": {"strict": (30.0, None)}})
+    rows = samples.sample_ratios([("s1", samples.load_points(tmp_path / "s1"))], "a", "b", "strict")
+    assert rows[0]["ratio"] is None and rows[0]["left_out"] == "b not in this sample"
+    assert samples.main([str(tmp_path / "nowhere"), "--a", "a", "--b", "b"]) == 2
+    assert "no goodput_ci.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        samples.main([str(tmp_path / "s1"), "--a", "a", "--b", "b,c", "--goal", "1.2"])
+    assert "one per system" in capsys.readouterr().err

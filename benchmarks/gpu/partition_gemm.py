@@ -1,0 +1,224 @@
+"""Does a GEMM whose grid follows the partition recover the whole GPU's per-SM speed on a green-context partition?
+
+Why (`benchmarks/results/prefill_kernels_h200/`): on a 116-SM partition of the H200, cuBLAS's nvjet kernels for
+the qkv / o / down projections of a 2,048-token prefill step run 1.74x slower than on the whole GPU; they launch a
+persistent grid of 132 CTAs (the device's SMs) on the partition too, and telling cuBLAS or cuBLASLt the partition's
+SM count did not recover the speed. This script times, on the whole GPU and on the prefill stream of each ladder
+entry, each projection (`F.linear` shapes, T rows) three ways:
+- `cublas`: PyTorch's `F.linear`;
+- `triton`: a tiled Triton GEMM (below), one program per output tile: the hardware places the tiles on whatever
+  SMs the partition has, so the number of waves follows the partition;
+- `triton_persistent`: the same kernel with exactly as many programs as the place has SMs, each looping over tiles
+  (what a persistent kernel sized for the partition would do);
+each Triton variant at the best of `--configs` (tile shapes), its output checked against `F.linear` (relative
+max error). If `triton` or `triton_persistent` keeps the whole GPU's per-SM TFLOP/s where cuBLAS loses ~40%, the
+prefill worker's narrow projections should run it on partitions (docs/policy.md, twenty-seventh section).
+
+    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.partition_gemm --out $OUT/partition_gemm.json
+    TRITON_INTERPRET=1 python -m benchmarks.gpu.partition_gemm --device cpu     # the kernel's correctness, no GPU
+
+The kernel is written here from the textbook tiling (output tile per program, K loop, fp32 accumulator, tiles
+ordered in groups of GROUP_M rows so neighbouring programs share weight tiles in L2); it is an experiment, not yet
+used by the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """Tile index -> (row tile, column tile), GROUP_M row tiles sweeping the columns together."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    rows = tl.minimum(num_m - first_m, GROUP_M)
+    within = tile % per_group
+    return first_m + within % rows, within // rows
+
+
+@triton.jit
+def _linear_tile(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, pid_m, pid_n,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[tile] = x[rows, :] @ w[cols, :]^T, accumulated in float32 over K."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * sxm + offs_k[None, :] * sxk
+    w_ptrs = w_ptr + offs_n[None, :] * swn + offs_k[:, None] * swk  # a (BLOCK_K, BLOCK_N) view of w^T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < left), other=0.0)
+        b = tl.load(w_ptrs, mask=(offs_n[None, :] < N) & (offs_k[:, None] < left), other=0.0)
+        acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * sxk
+        w_ptrs += BLOCK_K * swk
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, NUM_PROGRAMS,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program p computes tiles p, p + NUM_PROGRAMS, ...: one tile each when launched with one program per tile,
+    a persistent loop when launched with fewer."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        _linear_tile(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, pid_m, pid_n,
+                     BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
+CONFIGS = {"128x256x64s3w8": (128, 256, 64, 3, 8), "128x128x64s4w8": (128, 128, 64, 4, 8),
+           "256x128x64s3w8": (256, 128, 64, 3, 8), "128x128x64s4w4": (128, 128, 64, 4, 4)}
+CPU_CONFIGS = {"16x32x16": (16, 32, 16, 1, 1)}
+
+
+def linear(x: Any, w: Any, config: tuple[int, int, int, int, int], num_programs: int | None = None,
+           group_m: int = 8) -> Any:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype; one program per output tile, or `num_programs` looping."""
+    import torch
+
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"linear needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    bm, bn, bk, stages, warps = config
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    programs = tiles if num_programs is None else min(num_programs, tiles)
+    _linear_kernel[(programs,)](x, w, y, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+                                y.stride(0), y.stride(1), programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                GROUP_M=group_m, num_stages=stages, num_warps=warps)
+    return y
+
+
+def rel_error(y: Any, ref: Any) -> float:
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
+
+
+def cpu_check(seed: int = 0) -> dict[str, Any]:
+    """Under TRITON_INTERPRET=1: edge-masked shapes, both launch kinds, against x @ w^T in float32."""
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--device cpu runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1")
+    torch.manual_seed(seed)
+    out = {}
+    for m, n, k in ((40, 72, 48), (16, 32, 16), (5, 33, 70)):
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        ref = x @ w.T
+        for label, programs in (("tiles", None), ("persistent3", 3)):
+            err = rel_error(linear(x, w, CPU_CONFIGS["16x32x16"], programs), ref)
+            out[f"{m}x{n}x{k}_{label}"] = err
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (the interpreter's check)")
+    parser.add_argument("--model", default="dummy:llama-3.1-8b", help="whose projection shapes")
+    parser.add_argument("--decode-sms", default="16,64", help="ladder entries (decode SMs); prefill gets the rest")
+    parser.add_argument("--tokens", default="2048,4096", help="rows T of every projection")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"tile configs, of {', '.join(CONFIGS)}")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "partition_gemm.json")
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        errors = cpu_check()
+        print(json.dumps(errors, indent=1))
+        worst = max(errors.values())
+        print(f"worst relative error {worst:.2e}")
+        return 0 if worst < 1e-4 else 1
+    unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+
+    import torch
+    import torch.nn.functional as F
+    from tqdm import tqdm
+
+    from benchmarks.gpu.prefill_kernels import projections
+    from bullet_ray.gpu.partition import make_partitioner
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.perf.sweep import _time_s
+
+    cfg = resolve_source(args.model).config
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    places: list[tuple[str, int, Any, Any]] = [("whole", sm_count, None, None)]
+    for count in [int(c) for c in args.decode_sms.split(",") if c]:
+        part = make_partitioner("green", "both", 0, [count])
+        entry = part.ladder[0]
+        places.append((f"prefill{entry.prefill_sms}", entry.prefill_sms, part.stream(0, "prefill"), part))
+    shapes = projections(cfg)
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    configs = [c for c in args.configs.split(",") if c]
+    results = []
+    for (label, sms, stream, _part), n_rows in tqdm([(p, t) for p in places for t in tokens], desc="places"):
+        sync = stream.synchronize if stream is not None else torch.cuda.synchronize
+        for name, (k, n) in shapes.items():
+            x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+            flops = 2 * n_rows * k * n
+
+            def timed(fn: Any, stream: Any = stream, sync: Any = sync) -> float:
+                def run() -> Any:
+                    if stream is None:
+                        return fn()
+                    with torch.cuda.stream(stream):
+                        return fn()
+                return _time_s(run, sync, args.repeats, 3)
+
+            row: dict[str, Any] = {"place": label, "sms": sms, "tokens": n_rows, "proj": name}
+            t = timed(lambda x=x, w=w: F.linear(x, w))
+            row["cublas"] = {"ms": round(t * 1e3, 4), "tflops": round(flops / t / 1e12, 1)}
+            ref = F.linear(x, w)
+            for variant, programs in (("triton", None), ("triton_persistent", sms)):
+                best: dict[str, Any] | None = None
+                for c in configs:
+                    def fn(x: Any = x, w: Any = w, c: str = c, programs: int | None = programs) -> Any:
+                        return linear(x, w, CONFIGS[c], programs)
+                    t = timed(fn)
+                    if best is None or t * 1e3 < best["ms"]:
+                        best = {"ms": round(t * 1e3, 4), "tflops": round(flops / t / 1e12, 1), "config": c,
+                                "rel_err": round(rel_error(fn(), ref), 5)}
+                row[variant] = best
+            row["best_over_cublas"] = round(row["cublas"]["ms"] / min(row["triton"]["ms"],
+                                                                      row["triton_persistent"]["ms"]), 3)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            del x, w, ref
+    for _label, _sms, _stream, part in places:
+        if part is not None:
+            part.close()
+    out = {"benchmark": "partition_gemm", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "command": "python -m benchmarks.gpu.partition_gemm " + " ".join(argv if argv is not None else []),
+           "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
+                      "triton": triton.__version__},
+           "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"\n{'place':12} {'T':>5} {'proj':8} {'cuBLAS':>8} {'triton':>8} {'persist':>8}  TFLOP/s (best config); "
+          "best / cuBLAS")
+    for r in results:
+        print(f"{r['place']:12} {r['tokens']:>5} {r['proj']:8} {r['cublas']['tflops']:>8} {r['triton']['tflops']:>8} "
+              f"{r['triton_persistent']['tflops']:>8}  {r['best_over_cublas']:.2f}x "
+              f"({r['triton']['config']}, {r['triton_persistent']['config']}; err "
+              f"{max(r['triton']['rel_err'], r['triton_persistent']['rel_err']):.1e})")
+    print(f"saved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,10 +11,12 @@ entry, each projection (`F.linear` shapes, T rows) three ways:
 - `triton_persistent`: the same kernel with exactly as many programs as the place has SMs, each looping over tiles
   (what a persistent kernel sized for the partition would do);
 each Triton variant at the best of `--configs` (tile shapes), its output checked against `F.linear` (relative
-max error). If `triton` or `triton_persistent` keeps the whole GPU's per-SM TFLOP/s where cuBLAS loses ~40%, the
-prefill worker's narrow projections should run it on partitions (docs/policy.md, twenty-seventh section).
+max error). With `--step`, also the whole prefill step per place, plain and with every projection whose best
+Triton variant beat cuBLAS routed through it (`triton_projections`), and the two steps' logits compared. If
+`triton` or `triton_persistent` keeps the whole GPU's per-SM TFLOP/s where cuBLAS loses ~40%, the prefill
+worker's narrow projections should run it on partitions (docs/policy.md, twenty-seventh section).
 
-    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.partition_gemm --out $OUT/partition_gemm.json
+    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.partition_gemm --step --out $OUT/partition_gemm.json
     TRITON_INTERPRET=1 python -m benchmarks.gpu.partition_gemm --device cpu     # the kernel's correctness, no GPU
 
 The kernel is written here from the textbook tiling (output tile per program, K loop, fp32 accumulator, tiles
@@ -25,6 +27,8 @@ used by the engine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import time
@@ -104,6 +108,34 @@ def linear(x: Any, w: Any, config: tuple[int, int, int, int, int], num_programs:
     return y
 
 
+PROJ_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
+                "down": ("mlp", "down_proj")}
+
+
+@contextlib.contextmanager
+def triton_projections(model: Any, choice: dict[str, tuple[tuple[int, int, int, int, int], int | None]]) -> Any:
+    """Inside: every decoder layer's projections named in `choice` ({"qkv": (config, programs)}) run `linear`
+    instead of their nn.Linear (bias-free layers only); restored on the way out."""
+    patched = []
+    try:
+        for layer in model.model.layers:
+            for proj, (config, programs) in choice.items():
+                block, name = PROJ_MODULES[proj]
+                mod = getattr(getattr(layer, block), name)
+                if mod.bias is not None:
+                    raise ValueError(f"{proj} has a bias; the Triton GEMM here has none")
+                mod.forward = functools.partial(_module_linear, mod, config, programs)
+                patched.append(mod)
+        yield
+    finally:
+        for mod in patched:
+            del mod.forward
+
+
+def _module_linear(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: Any) -> Any:
+    return linear(x, mod.weight, config, programs)
+
+
 def rel_error(y: Any, ref: Any) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
 
@@ -122,6 +154,20 @@ def cpu_check(seed: int = 0) -> dict[str, Any]:
         for label, programs in (("tiles", None), ("persistent3", 3)):
             err = rel_error(linear(x, w, CPU_CONFIGS["16x32x16"], programs), ref)
             out[f"{m}x{n}x{k}_{label}"] = err
+    # the step path: a tiny model's prefill step with its projections routed through the kernel
+    from bullet_ray.perf.sweep import Bench
+
+    bench = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False)
+    fn = bench.step_fn(bench.batch(1, 24, 0), 0)
+    plain = fn()
+    with triton_projections(bench.model, {p: (CPU_CONFIGS["16x32x16"], 2) for p in PROJ_MODULES}):
+        routed = fn()
+    out["tiny_llama_step_logits"] = rel_error(routed, plain)
+    # every nn.Linear has its own forward back (1.0 would count as an error below)
+    model: Any = bench.model
+    layers: Any = model.model.layers
+    out["patches_left"] = float(sum("forward" in getattr(getattr(layer, b), n).__dict__
+                                    for layer in layers for b, n in PROJ_MODULES.values()))
     return out
 
 
@@ -133,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="2048,4096", help="rows T of every projection")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"tile configs, of {', '.join(CONFIGS)}")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--step", action="store_true",
+                        help="also time a whole prefill step (one fresh sequence of T tokens, eager) per place, plain "
+                             "and with every projection whose best Triton variant beat cuBLAS routed through it")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "partition_gemm.json")
     args = parser.parse_args(argv)
     if args.device == "cpu":
@@ -155,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     from bullet_ray.perf.sweep import _time_s
 
     cfg = resolve_source(args.model).config
+    bench = None
+    if args.step:
+        from bullet_ray.perf.sweep import Bench
+
+        bench = Bench(args.model, "cuda", "bfloat16", kv_fraction=0.4, use_graphs=False)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     places: list[tuple[str, int, Any, Any]] = [("whole", sm_count, None, None)]
     for count in [int(c) for c in args.decode_sms.split(",") if c]:
@@ -164,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = projections(cfg)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     configs = [c for c in args.configs.split(",") if c]
-    results = []
+    results: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
     for (label, sms, stream, _part), n_rows in tqdm([(p, t) for p in places for t in tokens], desc="places"):
         sync = stream.synchronize if stream is not None else torch.cuda.synchronize
         for name, (k, n) in shapes.items():
@@ -199,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
             print(json.dumps(row), flush=True)
             del x, w, ref
+        if bench is not None:
+            steps.append(_time_step(bench, torch, [r for r in results if r["place"] == label and r["tokens"] == n_rows],
+                                    stream, sync, args.repeats))
+            print(json.dumps(steps[-1]), flush=True)
     for _label, _sms, _stream, part in places:
         if part is not None:
             part.close()
@@ -206,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
            "command": "python -m benchmarks.gpu.partition_gemm " + " ".join(argv if argv is not None else []),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
                       "triton": triton.__version__},
-           "results": results}
+           "results": results, "steps": steps}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(f"\n{'place':12} {'T':>5} {'proj':8} {'cuBLAS':>8} {'triton':>8} {'persist':>8}  TFLOP/s (best config); "
@@ -216,8 +275,42 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['triton_persistent']['tflops']:>8}  {r['best_over_cublas']:.2f}x "
               f"({r['triton']['config']}, {r['triton_persistent']['config']}; err "
               f"{max(r['triton']['rel_err'], r['triton_persistent']['rel_err']):.1e})")
+    for st in steps:
+        print(f"step {st['place']:12} T {st['tokens']:>5}: cuBLAS {st['plain_ms']:.2f} ms, with Triton for "
+              f"{','.join(st['triton_projs']) or 'none'} {st['triton_ms']:.2f} ms ({st['speedup']:.3f}x; logits rel err "
+              f"{st['logits_rel_err']:.1e})")
     print(f"saved {args.out}")
     return 0
+
+
+def _time_step(bench: Any, torch: Any, rows: list[dict[str, Any]], stream: Any, sync: Any, repeats: int
+               ) -> dict[str, Any]:
+    """One place's prefill step, plain and with each projection whose best Triton variant beat cuBLAS."""
+    from bullet_ray.perf.sweep import _time_s
+
+    place, sms, n_rows = rows[0]["place"], rows[0]["sms"], rows[0]["tokens"]
+    choice = {}
+    for r in rows:
+        variant = min(("triton", "triton_persistent"), key=lambda v: r[v]["ms"])
+        if r[variant]["ms"] < r["cublas"]["ms"]:
+            choice[r["proj"]] = (CONFIGS[r[variant]["config"]], sms if variant == "triton_persistent" else None)
+    fn = bench.step_fn(bench.batch(1, n_rows, 0), 0)
+
+    def run() -> Any:
+        if stream is None:
+            return fn()
+        with torch.cuda.stream(stream):
+            return fn()
+
+    plain_logits = run()
+    plain = _time_s(run, sync, repeats, 2)
+    with triton_projections(bench.model, choice):
+        tri_logits = run()
+        tri = _time_s(run, sync, repeats, 2)
+    return {"place": place, "sms": sms, "tokens": n_rows, "plain_ms": round(plain * 1e3, 3),
+            "triton_ms": round(tri * 1e3, 3), "speedup": round(plain / tri, 3), "triton_projs": sorted(choice),
+            "tokens_per_s": {"plain": round(n_rows / plain), "triton": round(n_rows / tri)},
+            "logits_rel_err": rel_error(tri_logits, plain_logits)}
 
 
 if __name__ == "__main__":

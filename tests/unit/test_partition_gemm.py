@@ -21,6 +21,7 @@ def test_tiles_and_persistent_launches_equal_the_reference():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "worst relative error" in r.stdout
     assert '"5x33x70_persistent3"' in r.stdout  # a shape no tile divides, with fewer programs than tiles
+    assert '"tiny_llama_step_logits"' in r.stdout and '"patches_left": 0.0' in r.stdout  # the step path, restored
 
 
 def test_cpu_without_the_interpreter_says_so():

@@ -30,6 +30,20 @@ def time_cuda(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: A
     return statistics.median(times)
 
 
+def on_stream(fn: Callable[[], Any], stream: Any) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(fn launched on `stream` (None: the current one), a wait for that stream (None: the whole device)): how the
+    partition scripts time a step on a green context's stream."""
+    import torch
+
+    def run() -> Any:
+        if stream is None:
+            return fn()
+        with torch.cuda.stream(stream):
+            return fn()
+
+    return run, (stream.synchronize if stream is not None else torch.cuda.synchronize)
+
+
 def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
     """Milliseconds per call of fn() issued `iters` times without waiting in between (the host runs ahead
     of the GPU as far as fn lets it), from CUDA events around the whole run."""

@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from tqdm import tqdm
 
+    from benchmarks.gpu.common import on_stream
     from benchmarks.gpu.prefill_kernels import projections
     from bullet_ray.gpu.partition import make_partitioner
     from bullet_ray.models.loader import resolve_source
@@ -221,19 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     for (label, sms, stream, _part), n_rows in tqdm([(p, t) for p in places for t in tokens], desc="places"):
-        sync = stream.synchronize if stream is not None else torch.cuda.synchronize
         for name, (k, n) in shapes.items():
             x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
             flops = 2 * n_rows * k * n
 
-            def timed(fn: Any, stream: Any = stream, sync: Any = sync) -> float:
-                def run() -> Any:
-                    if stream is None:
-                        return fn()
-                    with torch.cuda.stream(stream):
-                        return fn()
-                return _time_s(run, sync, args.repeats, 3)
+            def timed(fn: Any, stream: Any = stream) -> float:
+                return _time_s(*on_stream(fn, stream), args.repeats, 3)
 
             row: dict[str, Any] = {"place": label, "sms": sms, "tokens": n_rows, "proj": name}
             t = timed(lambda x=x, w=w: F.linear(x, w))
@@ -244,10 +239,16 @@ def main(argv: list[str] | None = None) -> int:
                 for c in configs:
                     def fn(x: Any = x, w: Any = w, c: str = c, programs: int | None = programs) -> Any:
                         return linear(x, w, CONFIGS[c], programs)
-                    t = timed(fn)
+                    try:
+                        t = timed(fn)
+                    except Exception as e:  # noqa: BLE001 - a config this GPU cannot run (shared memory): next one
+                        row.setdefault("failed_configs", {})[f"{variant}:{c}"] = str(e)[:200]
+                        continue
                     if best is None or t * 1e3 < best["ms"]:
                         best = {"ms": round(t * 1e3, 4), "tflops": round(flops / t / 1e12, 1), "config": c,
                                 "rel_err": round(rel_error(fn(), ref), 5)}
+                if best is None:
+                    raise SystemExit(f"{variant}: no config of {configs} ran on {label} ({row['failed_configs']})")
                 row[variant] = best
             row["best_over_cublas"] = round(row["cublas"]["ms"] / min(row["triton"]["ms"],
                                                                       row["triton_persistent"]["ms"]), 3)
@@ -255,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             del x, w, ref
         if bench is not None:
-            steps.append(_time_step(bench, torch, [r for r in results if r["place"] == label and r["tokens"] == n_rows],
-                                    stream, sync, args.repeats))
+            steps.append(_time_step(bench, [r for r in results if r["place"] == label and r["tokens"] == n_rows],
+                                    stream, args.repeats))
             print(json.dumps(steps[-1]), flush=True)
     for _label, _sms, _stream, part in places:
         if part is not None:
@@ -283,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _time_step(bench: Any, torch: Any, rows: list[dict[str, Any]], stream: Any, sync: Any, repeats: int
-               ) -> dict[str, Any]:
+def _time_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: int) -> dict[str, Any]:
     """One place's prefill step, plain and with each projection whose best Triton variant beat cuBLAS."""
+    from benchmarks.gpu.common import on_stream
     from bullet_ray.perf.sweep import _time_s
 
     place, sms, n_rows = rows[0]["place"], rows[0]["sms"], rows[0]["tokens"]
@@ -294,14 +295,7 @@ def _time_step(bench: Any, torch: Any, rows: list[dict[str, Any]], stream: Any, 
         variant = min(("triton", "triton_persistent"), key=lambda v: r[v]["ms"])
         if r[variant]["ms"] < r["cublas"]["ms"]:
             choice[r["proj"]] = (CONFIGS[r[variant]["config"]], sms if variant == "triton_persistent" else None)
-    fn = bench.step_fn(bench.batch(1, n_rows, 0), 0)
-
-    def run() -> Any:
-        if stream is None:
-            return fn()
-        with torch.cuda.stream(stream):
-            return fn()
-
+    run, sync = on_stream(bench.step_fn(bench.batch(1, n_rows, 0), 0), stream)
     plain_logits = run()
     plain = _time_s(run, sync, repeats, 2)
     with triton_projections(bench.model, choice):

@@ -28,6 +28,7 @@ Writes prefill_kernels.json (and each window's chrome trace, gzipped) to --out; 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -37,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.common import on_stream
 from benchmarks.gpu.sm_target import MODES as LT_MODES
 from benchmarks.gpu.sm_target import set_mode
 
@@ -243,15 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     points = [(p, n) for p in places for n in tokens]
     for (label, sms, stream, _part), n in tqdm(points, desc="places"):
-        fn = bench.step_fn(bench.batch(1, n, 0), 0)
-
-        def run(fn: Any = fn, stream: Any = stream) -> Any:
-            if stream is None:
-                return fn()
-            with torch.cuda.stream(stream):
-                return fn()
-
-        sync = stream.synchronize if stream is not None else torch.cuda.synchronize
+        run, sync = on_stream(bench.step_fn(bench.batch(1, n, 0), 0), stream)
         row: dict[str, Any] = {"place": label, "sms": sms, "tokens": n}
         t = _time_s(run, sync, args.repeats, 2)
         row["step_ms"] = round(t * 1e3, 3)
@@ -277,11 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, (k, m) in shapes.items():
                 x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-
-                def gemm(x: Any = x, w: Any = w, stream: Any = stream) -> Any:
-                    return run(lambda: F.linear(x, w), stream)
-
-                g = _time_s(gemm, sync, 10, 3)
+                g = _time_s(on_stream(functools.partial(F.linear, x, w), stream)[0], sync, 10, 3)
                 gemms[name] = {"ms": round(g * 1e3, 4), "tflops": round(2 * n * k * m / g / 1e12, 1)}
                 del x, w
             row["gemms" if mode == "cublas" else f"gemms[{mode}]"] = gemms

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tqdm import tqdm
 
+    from benchmarks.gpu.common import on_stream
     from bullet_ray.gpu.partition import make_partitioner
     from bullet_ray.perf.sweep import Bench, _time_s
 
@@ -74,16 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     for label, side, sms, stream, name, n, batch in tqdm(points, desc="points"):
         fn = bench.step_fn(batch, 0)
         row: dict[str, Any] = {"place": label, "side": side, "sms": sms, "step": name, "tokens": n}
+        run, sync = on_stream(fn, stream)
         for mode in MODES:
             set_mode(torch, mode, sm_count, sms)
-
-            def run(fn: Any = fn, stream: Any = stream) -> Any:
-                if stream is None:
-                    return fn()
-                with torch.cuda.stream(stream):
-                    return fn()
-
-            sync = stream.synchronize if stream is not None else torch.cuda.synchronize
             t = _time_s(run, sync, args.repeats, 2)
             row[mode] = {"ms": round(t * 1e3, 3), "tokens_per_s": round(n / t)}
         base = row["cublas"]["ms"]

@@ -19,16 +19,14 @@ worker's narrow projections should run it on partitions (docs/policy.md, twenty-
     bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.partition_gemm --step --out $OUT/partition_gemm.json
     TRITON_INTERPRET=1 python -m benchmarks.gpu.partition_gemm --device cpu     # the kernel's correctness, no GPU
 
-The kernel is written here from the textbook tiling (output tile per program, K loop, fp32 accumulator, tiles
-ordered in groups of GROUP_M rows so neighbouring programs share weight tiles in L2); it is an experiment, not yet
-used by the engine.
+The kernel is `bullet_ray/engine/triton_gemm.py`'s, which the prefill worker runs for qkv / o / down with
+`engine.prefill_gemm: triton` (opt-in).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import time
@@ -36,104 +34,25 @@ from pathlib import Path
 from typing import Any
 
 import triton
-import triton.language as tl
 
+from bullet_ray.engine.triton_gemm import CONFIGS, linear, route_projections
 
-@triton.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """Tile index -> (row tile, column tile), GROUP_M row tiles sweeping the columns together."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = tl.minimum(num_m - first_m, GROUP_M)
-    within = tile % per_group
-    return first_m + within % rows, within // rows
-
-
-@triton.jit
-def _linear_tile(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, pid_m, pid_n,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[tile] = x[rows, :] @ w[cols, :]^T, accumulated in float32 over K."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * sxm + offs_k[None, :] * sxk
-    w_ptrs = w_ptr + offs_n[None, :] * swn + offs_k[:, None] * swk  # a (BLOCK_K, BLOCK_N) view of w^T
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        left = K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < left), other=0.0)
-        b = tl.load(w_ptrs, mask=(offs_n[None, :] < N) & (offs_k[:, None] < left), other=0.0)
-        acc = tl.dot(a, b, acc)
-        x_ptrs += BLOCK_K * sxk
-        w_ptrs += BLOCK_K * swk
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, NUM_PROGRAMS,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Program p computes tiles p, p + NUM_PROGRAMS, ...: one tile each when launched with one program per tile,
-    a persistent loop when launched with fewer."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
-        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-        _linear_tile(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, pid_m, pid_n,
-                     BLOCK_M, BLOCK_N, BLOCK_K)
-
-
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
-CONFIGS = {"128x256x64s3w8": (128, 256, 64, 3, 8), "128x128x64s4w8": (128, 128, 64, 4, 8),
-           "256x128x64s3w8": (256, 128, 64, 3, 8), "128x128x64s4w4": (128, 128, 64, 4, 4)}
-CPU_CONFIGS = {"16x32x16": (16, 32, 16, 1, 1)}
-
-
-def linear(x: Any, w: Any, config: tuple[int, int, int, int, int], num_programs: int | None = None,
-           group_m: int = 8) -> Any:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype; one program per output tile, or `num_programs` looping."""
-    import torch
-
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"linear needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
-    bm, bn, bk, stages, warps = config
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    programs = tiles if num_programs is None else min(num_programs, tiles)
-    _linear_kernel[(programs,)](x, w, y, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                                y.stride(0), y.stride(1), programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                GROUP_M=group_m, num_stages=stages, num_warps=warps)
-    return y
-
-
-PROJ_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
-                "down": ("mlp", "down_proj")}
+CPU_CONFIG = "16x32x16s1w1"
+GPU_CONFIGS = [c for c in CONFIGS if c != CPU_CONFIG]
 
 
 @contextlib.contextmanager
-def triton_projections(model: Any, choice: dict[str, tuple[tuple[int, int, int, int, int], int | None]]) -> Any:
-    """Inside: every decoder layer's projections named in `choice` ({"qkv": (config, programs)}) run `linear`
-    instead of their nn.Linear (bias-free layers only); restored on the way out."""
-    patched = []
+def triton_projections(model: Any, choice: dict[str, tuple[str, int | None]]) -> Any:
+    """Inside: every decoder layer's projections named in `choice` ({"qkv": (config name, programs)}) run the
+    Triton GEMM (bullet_ray.engine.triton_gemm.route_projections); restored on the way out."""
+    undos = []
     try:
-        for layer in model.model.layers:
-            for proj, (config, programs) in choice.items():
-                block, name = PROJ_MODULES[proj]
-                mod = getattr(getattr(layer, block), name)
-                if mod.bias is not None:
-                    raise ValueError(f"{proj} has a bias; the Triton GEMM here has none")
-                mod.forward = functools.partial(_module_linear, mod, config, programs)
-                patched.append(mod)
+        for proj, (config, programs) in choice.items():
+            undos.append(route_projections(model, config, (proj,), programs))
         yield
     finally:
-        for mod in patched:
-            del mod.forward
-
-
-def _module_linear(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: Any) -> Any:
-    return linear(x, mod.weight, config, programs)
+        for undo in undos:
+            undo()
 
 
 def rel_error(y: Any, ref: Any) -> float:
@@ -152,7 +71,7 @@ def cpu_check(seed: int = 0) -> dict[str, Any]:
         x, w = torch.randn(m, k), torch.randn(n, k)
         ref = x @ w.T
         for label, programs in (("tiles", None), ("persistent3", 3)):
-            err = rel_error(linear(x, w, CPU_CONFIGS["16x32x16"], programs), ref)
+            err = rel_error(linear(x, w, CONFIGS[CPU_CONFIG], programs), ref)
             out[f"{m}x{n}x{k}_{label}"] = err
     # the step path: a tiny model's prefill step with its projections routed through the kernel
     from bullet_ray.perf.sweep import Bench
@@ -160,14 +79,15 @@ def cpu_check(seed: int = 0) -> dict[str, Any]:
     bench = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False)
     fn = bench.step_fn(bench.batch(1, 24, 0), 0)
     plain = fn()
-    with triton_projections(bench.model, {p: (CPU_CONFIGS["16x32x16"], 2) for p in PROJ_MODULES}):
+    with triton_projections(bench.model, {p: (CPU_CONFIG, 2) for p in ("qkv", "o", "gate_up", "down")}):
         routed = fn()
     out["tiny_llama_step_logits"] = rel_error(routed, plain)
     # every nn.Linear has its own forward back (1.0 would count as an error below)
     model: Any = bench.model
     layers: Any = model.model.layers
-    out["patches_left"] = float(sum("forward" in getattr(getattr(layer, b), n).__dict__
-                                    for layer in layers for b, n in PROJ_MODULES.values()))
+    out["patches_left"] = float(sum("forward" in mod.__dict__ or "gemm_into" in mod.__dict__
+                                    for layer in layers for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)))
     return out
 
 
@@ -177,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="dummy:llama-3.1-8b", help="whose projection shapes")
     parser.add_argument("--decode-sms", default="16,64", help="ladder entries (decode SMs); prefill gets the rest")
     parser.add_argument("--tokens", default="2048,4096", help="rows T of every projection")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"tile configs, of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(GPU_CONFIGS), help=f"tile configs, of {', '.join(GPU_CONFIGS)}")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--step", action="store_true",
                         help="also time a whole prefill step (one fresh sequence of T tokens, eager) per place, plain "
@@ -294,7 +214,7 @@ def _time_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: int
     for r in rows:
         variant = min(("triton", "triton_persistent"), key=lambda v: r[v]["ms"])
         if r[variant]["ms"] < r["cublas"]["ms"]:
-            choice[r["proj"]] = (CONFIGS[r[variant]["config"]], sms if variant == "triton_persistent" else None)
+            choice[r["proj"]] = (r[variant]["config"], sms if variant == "triton_persistent" else None)
     run, sync = on_stream(bench.step_fn(bench.batch(1, n_rows, 0), 0), stream)
     plain_logits = run()
     plain = _time_s(run, sync, repeats, 2)

@@ -35,6 +35,16 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
+def linear_into(layer: nn.Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """layer(x) written into `out` (a CUDA graph's static buffer): the GEMM writes it, no copy. A projection routed
+    to another GEMM (`gemm_into` on the module: bullet_ray.engine.triton_gemm.route_projections) writes it its way."""
+    routed = layer.__dict__.get("gemm_into")
+    if routed is not None:
+        return routed(x, out)
+    weight, bias = layer.weight.t(), layer.bias
+    return torch.mm(x, weight, out=out) if bias is None else torch.addmm(bias, x, weight, out=out)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up, with gate and up concatenated on the last dimension."""
     if gate_up.is_cuda and (fused := gpu_kernels.silu_and_mul(gate_up)) is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from bullet_ray.engine.attention.base import AttentionContext
 from bullet_ray.models.config import ModelConfig
-from bullet_ray.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from bullet_ray.models.layers import RMSNorm, RotaryEmbedding, linear_into, silu_and_mul
 
 
 def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: str | torch.device) -> nn.Linear:
@@ -45,9 +45,8 @@ class Attention(nn.Module):
         With `out` ([T, q_size + 2 kv_size], a CUDA graph's static buffer) the results are views of it."""
         if out is None:
             qkv = self.qkv_proj(x)
-        else:  # straight into the buffer (the GEMM F.linear runs): no copy of q/k/v
-            weight, bias = self.qkv_proj.weight.t(), self.qkv_proj.bias
-            qkv = torch.mm(x, weight, out=out) if bias is None else torch.addmm(bias, x, weight, out=out)
+        else:  # straight into the buffer (the GEMM F.linear runs, or the one the projection is routed to)
+            qkv = linear_into(self.qkv_proj, x, out)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)

@@ -299,3 +299,16 @@ def test_backlog_batch_modifier_applies_to_any_bullet_slo_system(tmp_path):
     for bad in ("bullet-slo-bbx", "bullet-slo-bb0", "chunked-2048-bb4096"):
         with pytest.raises(SystemExit, match="bb"):
             system_yaml(bad, tmp_path)
+
+
+def test_tgemm_suffix_routes_the_prefill_gemm_of_bullet_systems_only(tmp_path):
+    """+tgemm: engine.prefill_gemm triton on a bullet system (a valid engine config on the GPU YAML); on a chunked
+    system it is a one-line error naming the suffix."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50+tgemm+direct", tmp_path))
+    assert (engine["prefill_gemm"], engine["ttft_margin_ms"]) == ("triton", 50)
+    assert EngineArgs(**engine).to_engine_config().prefill_gemm == "triton"
+    assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
+    with pytest.raises(SystemExit, match="tgemm"):
+        system_yaml("chunked-2048+tgemm", tmp_path)

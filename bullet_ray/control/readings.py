@@ -4,14 +4,16 @@ Both readers return one `ClusterReading`: the application's arrival rate and len
 window (a `LoadSample`), its SLO attainment, and per engine replica the gauges (queue, KV, decode SMs,
 predicted TTFT) and latency p90s. `PrometheusReader` asks a Prometheus server with PromQL (the same series
 the dashboards show); `NodeExporterReader` scrapes each node's export port itself (listed by `ray.nodes()`)
-and takes rates and histogram quantiles from the difference between two scrapes, so it needs no server (a
-counter that went down was reset: its new value is the increase, as Prometheus's increase() takes it; a
-histogram's reset is decided for all of its buckets together, where Prometheus decides per bucket series).
+and takes rates and histogram quantiles from the difference between two scrapes a window apart, both taken just
+after one of Ray's metrics exports, so it needs no server (a counter that went down was reset: its new value is
+the increase, as Prometheus's increase() takes it; a histogram's reset is decided for all of its buckets
+together, where Prometheus decides per bucket series).
 Metric names: bullet_ray/metrics.py.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -31,6 +33,10 @@ P = "ray_bullet_"
 GAUGES = {"num_running": "num_requests_running", "num_waiting": "num_requests_waiting", "kv_usage": "kv_cache_usage_perc",
           "decode_sms": "sm_split_decode_sms", "predicted_ttft_s": "predicted_ttft_seconds"}
 QUANTILES = {"ttft_p90_s": "time_to_first_token_seconds", "tpot_p90_s": "inter_token_latency_seconds"}
+# NodeExporterReader's default rate window, in Ray's metrics export periods (see its docstring)
+NUM_EXPORTS_PER_WINDOW = 3
+# Ray's metrics export period when the cluster's cannot be read (Ray's default metrics_report_interval_ms)
+RAY_DEFAULT_EXPORT_PERIOD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -135,53 +141,140 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
 
 Series = tuple[str, frozenset[tuple[str, str]]]
 
+# a counter's series, as Ray's exporter names them: a counter's `_total`, a histogram's `_bucket`, `_count` and `_sum`
+COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+@dataclass(frozen=True)
+class _Scrape:
+    """One scrape of every node: when it was taken, and its samples."""
+
+    time_s: float
+    samples: dict[Series, float]
+    # False for a reader's first scrape only: its values were exported some time before it (up to one export
+    # period), so it cannot start a window that holds a change
+    is_aligned: bool = True
+
+
+def _counters_changed(cur: dict[Series, float], prev: dict[Series, float]) -> bool:
+    """Whether an export landed between two scrapes: a counter series has another value, or appeared (a process
+    exported it for the first time). A series also reappears when a node answers again after missing a scrape; that
+    edge lags its export by up to one export period instead of one read interval: a small error, while that edge
+    ends or starts the window."""
+    return any(key not in prev or value != prev[key] for key, value in cur.items()
+               if key[0].endswith(COUNTER_SUFFIXES))
+
 
 class NodeExporterReader:
-    """Scrapes every node's metrics export port; rates from the change since the previous `read()`."""
+    """Scrapes every node's metrics export port; rates over a window of `window_s` seconds of scrapes.
+
+    The counters on an export page change only when Ray's metrics agent exports (every export period: 10 s by
+    default, 2 s in the tests), so the change between two consecutive reads holds zero, one or two exports: a
+    steady 10 req/s read every 2.35 s with a 2 s export period read ~8.5 and ~17 req/s by turns, and a 10 s
+    export period read every 5 s read 0 and twice the rate by turns. The reader therefore keeps the scrapes where
+    a counter changed since the scrape before ("edges": an export landed in between) and takes every rate,
+    ratio and quantile from the change between the newest edge and the oldest edge at least `window_s` older (the
+    oldest kept while the history is shorter), over the time between those two edges. An edge lags its export by
+    less than one read interval, so the rate's error is below (read interval / window), where one pair of reads
+    could be off by 2x or read 0.
+
+    Until two edges are kept a reading is a baseline (`is_baseline`, rate 0): no interval measured yet. The first
+    scrape is no edge (its values were exported up to one export period before it: a change right after it would
+    be counted over too short a time), except that a window without any change after it measures 0. A scrape
+    taken more than `window_s` after the newest edge is an edge too, though nothing changed: no counter moved in a
+    whole window, so the rate is 0 (the load stopped; without it the last rate would be read forever), and when
+    the load comes back its first exports are counted over a window from that quiet edge, not over the one before.
+
+    A series counts only where both edges of the pair hold it: a node that missed a scrape would otherwise count
+    its lifetime total as one window's. A counter that went down between the two edges was reset (`_increase`,
+    `_bucket_increases`); as with any two samples, what it counted before its reset within the window is lost.
+    Gauges come from the newest scrape, edge or not. The history holds the edges of one window and one more, so
+    its memory is bounded by window_s / the read interval.
+
+    `window_s` None (the default) takes `NUM_EXPORTS_PER_WINDOW` (3) of the cluster's export periods: 30 s with Ray's
+    10 s (as `PrometheusReader`'s 30 s), 6 s with the tests' 2 s. A longer window reads a steady load closer (at 2 s
+    exports read every 2.35 s: within -15%/+13% at 6 s, -15%/+6% at 8 s, -2%/+5% at 30 s) but lags a changing one
+    by about half of it, and the controller's forecast takes its trend from these readings: under a load rising
+    0.1 req/s each second, the first decision to add a replica came a median 15 s after the rise began with 3
+    periods, 16 s with 4, 29 s with a 30 s window, 13 s from two reads (an offline model of the controller's loop).
+    It must also stay longer than an export period plus a read interval, or a quiet stretch between two exports
+    would read as a stopped load.
+
+    `clock` gives the time of a scrape (tests inject one instead of sleeping).
+    """
 
     def __init__(self, model_name: str, endpoints: Callable[[], Iterable[str]] | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, window_s: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if window_s is None:
+            window_s = NUM_EXPORTS_PER_WINDOW * ray_export_period_s()
+        if not window_s > 0:
+            raise ValueError(f"NodeExporterReader window_s must be > 0 seconds (or None: {NUM_EXPORTS_PER_WINDOW} "
+                             f"of Ray's metrics export periods), got {window_s}")
         self.model_name = model_name
         self.endpoints = endpoints or ray_node_endpoints
         self.timeout_s = timeout_s
-        self._prev: tuple[float, dict[Series, float]] | None = None
+        self.window_s = window_s
+        self.clock = clock
+        self._prev: dict[Series, float] | None = None  # the last scrape's samples, to tell an edge
+        self._edges: collections.deque[_Scrape] = collections.deque()  # oldest first
 
     def scrape(self) -> dict[Series, float]:
         return scrape_samples(self.endpoints(), lambda name, labels: name.startswith(P)
                               and labels.get("model_name") == self.model_name, self.timeout_s)
 
     def read(self) -> ClusterReading:
-        """The change since the last read. The first is a baseline (`is_baseline`: no interval yet). A series
-        counts only where both scrapes hold it: a node that did not answer once would otherwise count its
-        lifetime total as one interval's."""
-        now, cur = time.time(), self.scrape()
-        is_baseline = self._prev is None
-        prev_t, prev = self._prev or (now, cur)
-        self._prev = (now, cur)
-        dt = max(now - prev_t, 1e-9)
+        """The rates over the window ending at the newest edge, and the gauges now (see the class docstring)."""
+        now, cur = self.clock(), self.scrape()
+        self._add(_Scrape(now, cur))
+        if len(self._edges) < 2:
+            return _window_reading(now, cur, cur, cur, 0.0, is_baseline=True)
+        first, last = self._edges[0], self._edges[-1]
+        return _window_reading(now, cur, first.samples, last.samples, last.time_s - first.time_s)
 
-        def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
-            return sum(_increase(v, prev[k]) for k, v in cur.items()
-                       if k[0] == P + name and k in prev and where(dict(k[1])))
+    def _add(self, scrape: _Scrape) -> None:
+        """Keep `scrape` if it is an edge, then drop the edges no window needs any more."""
+        prev, self._prev = self._prev, scrape.samples
+        if prev is None:
+            self._edges.append(_Scrape(scrape.time_s, scrape.samples, is_aligned=False))
+            return
+        if _counters_changed(scrape.samples, prev):
+            if len(self._edges) == 1 and not self._edges[0].is_aligned:
+                self._edges.clear()  # a change right after the first scrape: count it from this edge on
+            self._edges.append(scrape)
+        elif scrape.time_s - self._edges[-1].time_s > self.window_s:
+            self._edges.append(scrape)  # nothing changed in a whole window
+        # the window starts at the newest edge at least window_s before the newest one: the older ones go
+        while len(self._edges) > 1 and self._edges[-1].time_s - self._edges[1].time_s >= self.window_s:
+            self._edges.popleft()
 
-        rate = delta("requests_arrived_total") / dt if prev is not cur else 0.0
-        prompt = _ratio(delta("prompt_tokens_total"), delta("time_to_first_token_seconds_count"))
-        output = _ratio(delta("generation_tokens_total"), delta("e2e_request_latency_seconds_count"))
-        attainment = _ratio(delta("request_slo_total", lambda lb: lb.get("slo_met") == "true"),
-                            delta("request_slo_total"))
-        by_engine: dict[str, dict[str, float]] = defaultdict(dict)
-        for (name, labels), value in cur.items():
-            lb = dict(labels)
-            for field, gauge in GAUGES.items():
-                if name == P + gauge:
-                    by_engine[lb.get("engine", "")][field] = value
-        for field, hist in QUANTILES.items():
-            for engine, b in _bucket_increases(P + hist, cur, prev).items():
-                value_q = histogram_quantile(0.9, b)
-                if value_q is not None:
-                    by_engine[engine][field] = value_q
-        return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
-                              attainment, _engines(by_engine), is_baseline=is_baseline)
+
+def _window_reading(now: float, gauges: dict[Series, float], before: dict[Series, float], after: dict[Series, float],
+                    span_s: float, is_baseline: bool = False) -> ClusterReading:
+    """The reading of the change from `before` to `after` (two scrapes `span_s` apart; the same scrape for a
+    baseline: no change), with the gauges of `gauges` (the newest scrape)."""
+    def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
+        return sum(_increase(v, before[k]) for k, v in after.items()
+                   if k[0] == P + name and k in before and where(dict(k[1])))
+
+    rate = delta("requests_arrived_total") / span_s if span_s > 0 else 0.0
+    prompt = _ratio(delta("prompt_tokens_total"), delta("time_to_first_token_seconds_count"))
+    output = _ratio(delta("generation_tokens_total"), delta("e2e_request_latency_seconds_count"))
+    attainment = _ratio(delta("request_slo_total", lambda lb: lb.get("slo_met") == "true"),
+                        delta("request_slo_total"))
+    by_engine: dict[str, dict[str, float]] = defaultdict(dict)
+    for (name, labels), value in gauges.items():
+        lb = dict(labels)
+        for field, gauge in GAUGES.items():
+            if name == P + gauge:
+                by_engine[lb.get("engine", "")][field] = value
+    for field, hist in QUANTILES.items():
+        for engine, b in _bucket_increases(P + hist, after, before).items():
+            value_q = histogram_quantile(0.9, b)
+            if value_q is not None:
+                by_engine[engine][field] = value_q
+    return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
+                          attainment, _engines(by_engine), is_baseline=is_baseline)
 
 
 def _increase(now: float, before: float) -> float:
@@ -195,7 +288,7 @@ def _bucket_increases(hist: str, cur: dict[Series, float], prev: dict[Series, fl
     decided for a whole histogram (its series with the same labels but `le`): if any of its buckets or its count went
     down, all of its new counts are the increase. Each bucket clipped at 0 on its own instead left counts that are
     not cumulative (a bucket below the one before it) and a wrong quantile, or none. Only buckets both scrapes hold
-    count (see `NodeExporterReader.read`)."""
+    count (see `NodeExporterReader`)."""
     pairs: dict[frozenset[tuple[str, str]], dict[float, tuple[float, float]]] = defaultdict(dict)
     for key, now in cur.items():
         if key[0] == hist + "_bucket" and key in prev:
@@ -241,3 +334,15 @@ def ray_node_endpoints() -> list[str]:
 
     return [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in ray.nodes()
             if n.get("Alive") and n.get("MetricsExportPort")]
+
+
+def ray_export_period_s() -> float:
+    """How often Ray's metrics agent exports (s): the cluster's metrics_report_interval_ms, which Ray floors at one
+    second (10 s unless the cluster set it; read in the process, where Ray passes the cluster's system config)."""
+    import ray
+
+    try:
+        return max(ray._config.metrics_report_interval_ms(), 1000) / 1000.0
+    except AttributeError:  # a Ray without this config reader: its default
+        logger.warning("cannot read Ray's metrics export period; taking Ray's default %.0f s", RAY_DEFAULT_EXPORT_PERIOD_S)
+        return RAY_DEFAULT_EXPORT_PERIOD_S

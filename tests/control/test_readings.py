@@ -1,4 +1,5 @@
-"""The node-exporter reader on canned exposition text (no Ray, no server) and the quantile helper."""
+"""The node-exporter reader on canned exposition text (no Ray, no server, no sleeps: the reader's clock is
+injected) and the quantile helper."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 
 import pytest
 
-from bullet_ray.control.readings import NodeExporterReader, histogram_quantile
+from bullet_ray.control.readings import ClusterReading, NodeExporterReader, histogram_quantile
 from tests.metrics_pages import serve_pages
 
 
@@ -37,13 +38,17 @@ def exposition(arrived: float, ttft_fast: float, ttft_all: float, prompt_tokens:
 @pytest.mark.parametrize("lagging_tokens", [False, True])
 def test_node_exporter_reader_rates_and_per_engine_values(lagging_tokens):
     # lagging: 20 more first tokens but the prompt-token counter not yet moved (another process flushes it)
-    pages = [exposition(10, 5, 10), exposition(30, 10, 30, prompt_tokens=100.0 if lagging_tokens else None)]
+    # the reader starts before the engine's first export (an empty page): the rates need two exports after it
+    pages = ["", exposition(10, 5, 10), exposition(30, 10, 30, prompt_tokens=100.0 if lagging_tokens else None)]
 
     with serve_pages(pages) as port:
         url = f"http://127.0.0.1:{port}/metrics"
-        reader = NodeExporterReader("m", endpoints=lambda: [url])
+        reader = NodeExporterReader("m", endpoints=lambda: [url], window_s=30.0)
         first = reader.read()
         assert first.is_baseline and first.load.rate_rps == 0.0  # one scrape: no rate yet (the controller skips it)
+        pages.pop(0)
+        one_export = reader.read()
+        assert one_export.is_baseline and one_export.load.rate_rps == 0.0  # one export seen: no interval yet
         pages.pop(0)
         second = reader.read()
         assert second.load.rate_rps > 0
@@ -57,23 +62,36 @@ def test_node_exporter_reader_rates_and_per_engine_values(lagging_tokens):
 
 
 def test_a_node_that_missed_a_scrape_counts_no_lifetime_total_as_one_interval():
-    """Scrapes: both nodes, then node b fails, then both again: b's counter counts only from where both
-    scrapes saw it, not its whole total as one interval's arrivals (which decided the GPU budget at once)."""
+    """Scrapes one second apart: none exported yet, both nodes, then node b fails, then both again: b's counter
+    counts only where both ends of the window saw it, never its whole total as one window's arrivals (which
+    decided the GPU budget at once)."""
     def page(arrived: float, engine: str) -> str:
         return (f'# TYPE ray_bullet_requests_arrived_total counter\n'
                 f'ray_bullet_requests_arrived_total{{model_name="m",engine="{engine}"}} {arrived}\n')
 
-    scrapes = [{"a": page(100, "a"), "b": page(1_000_000, "b")}, {"a": page(110, "a")},
+    scrapes = [{}, {"a": page(100, "a"), "b": page(1_000_000, "b")}, {"a": page(110, "a")},
                {"a": page(120, "a"), "b": page(1_000_020, "b")}]
-    reader = NodeExporterReader("m", endpoints=lambda: [])
+    # a 1 s window: each reading spans the last two scrapes, as a two-scrape rate did
+    readings = _read_pages(scrapes, window_s=1.0)
+    assert [r.is_baseline for r in readings] == [True, True, False, False]
+    # a's 10 each time; b not in the third scrape's window (its second scrape lacked it), never its million
+    assert [r.load.rate_rps for r in readings[2:]] == [pytest.approx(10.0), pytest.approx(10.0)]
+    # a 30 s window spans from the first export on: b counts from there (both ends hold it), a and b 20 each
+    readings = _read_pages(scrapes, window_s=30.0)
+    assert [r.load.rate_rps for r in readings[2:]] == [pytest.approx(10.0), pytest.approx(40.0 / 2)]
+
+
+def _read_pages(scrapes: list[dict[str, str]], window_s: float = 30.0,
+                every_s: float = 1.0) -> list[ClusterReading]:
+    """The readings of a reader scraping `scrapes` (each: the text of every node's page), one every `every_s`."""
+    now = [0.0]
+    reader = NodeExporterReader("m", endpoints=lambda: [], window_s=window_s, clock=lambda: now[0])
     readings = []
-    for pages in scrapes:
-        reader.scrape = lambda pages=pages: _parsed(pages)  # type: ignore[method-assign]
+    for i, pages in enumerate(scrapes):
+        now[0] = i * every_s
+        reader.scrape = lambda pages=pages: _parsed(pages)  # type: ignore[method-assign,misc]
         readings.append(reader.read())
-    assert readings[0].is_baseline
-    arrivals = [r.load.rate_rps * (r.time_s - before.time_s) for before, r in zip(readings, readings[1:])]
-    # a's 10 each time; b only where both scrapes saw it (not in the third: the second lacked it), never its million
-    assert arrivals == [pytest.approx(10.0), pytest.approx(10.0)]
+    return readings
 
 
 def _parsed(pages: dict[str, str]) -> dict:
@@ -129,11 +147,8 @@ def _ttft_page(buckets: dict[str, float], worker: str = "w1") -> str:
 
 
 def _read_twice(first: dict[str, str], second: dict[str, str]):
-    reader = NodeExporterReader("m", endpoints=lambda: [])
-    for pages in (first, second):
-        reader.scrape = lambda pages=pages: _parsed(pages)  # type: ignore[method-assign]
-        reading = reader.read()
-    return reading
+    """The reading over two exports, from a reader that started before the first."""
+    return _read_pages([{}, first, second])[-1]
 
 
 def test_a_reset_histogram_counts_its_new_values_whole():
@@ -167,10 +182,6 @@ def test_a_reset_counter_counts_its_new_value():
         return (f'# TYPE ray_bullet_requests_arrived_total counter\n'
                 f'ray_bullet_requests_arrived_total{{model_name="m",engine="a"}} {arrived}\n')
 
-    reader = NodeExporterReader("m", endpoints=lambda: [])
-    readings = []
-    for arrived in (100, 5):
-        reader.scrape = lambda arrived=arrived: _parsed({"a": page(arrived)})  # type: ignore[method-assign]
-        readings.append(reader.read())
-    before, after = readings
-    assert after.load.rate_rps * (after.time_s - before.time_s) == pytest.approx(5.0)
+    after = _read_twice({"a": page(100)}, {"a": page(5)})
+    assert after.load.rate_rps * 1.0 == pytest.approx(5.0)  # the two exports' scrapes were 1 s apart
+

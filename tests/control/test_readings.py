@@ -1,9 +1,11 @@
-"""The node-exporter reader on canned exposition text (no Ray, no server, no sleeps: the reader's clock is
-injected) and the quantile helper."""
+"""The node-exporter reader on canned exposition text and on modelled exports (no Ray, no server, no sleeps:
+the reader's clock is injected) and the quantile helper."""
 
 from __future__ import annotations
 
+import math
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -185,3 +187,123 @@ def test_a_reset_counter_counts_its_new_value():
     after = _read_twice({"a": page(100)}, {"a": page(5)})
     assert after.load.rate_rps * 1.0 == pytest.approx(5.0)  # the two exports' scrapes were 1 s apart
 
+
+# --- the window: a node whose metrics agent exports every export period, read at another period ------------------
+
+ARRIVED = ("ray_bullet_requests_arrived_total", frozenset({("model_name", "m"), ("engine", "e1")}))
+PROMPT_TOKENS = ("ray_bullet_prompt_tokens_total", frozenset({("model_name", "m"), ("engine", "e1")}))
+FIRST_TOKENS = ("ray_bullet_time_to_first_token_seconds_count", frozenset({("model_name", "m"), ("engine", "e1")}))
+
+
+def _read_exports(arrived: Callable[[float], float], export_s: float, read_times: list[float],
+                  window_s: float) -> list[ClusterReading]:
+    """The readings at `read_times` of a node whose agent exports every `export_s` (at 0, export_s, ...) the
+    `arrived(t)` requests counted by then, each of 100 prompt tokens: between two exports its page does not
+    change."""
+    now = [0.0]
+
+    def scrape() -> dict:
+        n = arrived(math.floor(now[0] / export_s) * export_s)
+        return {ARRIVED: n, PROMPT_TOKENS: 100.0 * n, FIRST_TOKENS: n}
+
+    reader = NodeExporterReader("m", endpoints=lambda: [], window_s=window_s, clock=lambda: now[0])
+    reader.scrape = scrape  # type: ignore[method-assign]
+    readings = []
+    for t in read_times:
+        now[0] = t
+        readings.append(reader.read())
+    return readings
+
+
+def _steady(t: float) -> float:
+    return 10.0 * t  # 10 req/s from t = 0
+
+
+@pytest.mark.parametrize(("window_s", "tolerance"), [(30.0, 0.07), (6.0, 0.15)])
+def test_a_steady_load_reads_steady_between_exports_and_reads_at_other_periods(window_s, tolerance):
+    """Exports every 2 s, reads every 2.35 s: a read interval holds one export (20 requests) or two (40). The rate
+    between two consecutive reads read 8.5 and 17 req/s by turns; over a window, a span of S seconds holds
+    S / 2 exports, give or take one: the error is below 2 s / S (30 s: within 7%; 6 s, the controller's default
+    with 2 s exports: 9.4 s spans of 4 or 5 exports, -15% and +13%)."""
+    read_times = [0.1 + 2.35 * i for i in range(26)]  # ~60 s
+    consecutive = [(_steady(math.floor(b / 2.0) * 2.0) - _steady(math.floor(a / 2.0) * 2.0)) / (b - a)
+                   for a, b in zip(read_times, read_times[1:])]
+    assert {round(rate, 1) for rate in consecutive} == {8.5, 17.0}  # what two consecutive scrapes read
+
+    readings = _read_exports(_steady, 2.0, read_times, window_s)
+    # the first scrape and the first export's: no interval yet
+    assert [r.is_baseline for r in readings[:3]] == [True, True, False]
+    filled = [r for r in readings if r.time_s >= 2.45 + window_s + 2.35]  # the first export was seen at 2.45 s
+    assert len(filled) >= 8
+    for r in filled:
+        assert r.load.rate_rps == pytest.approx(10.0, rel=tolerance)
+        assert r.load.mean_prompt_tokens == pytest.approx(100.0)
+    assert all(r.load.rate_rps == pytest.approx(10.0, rel=0.15) for r in readings[2:])  # filling up too
+
+
+def test_rays_default_export_period_read_every_5_s_reads_no_zeros_and_no_doubles():
+    """Ray's default 10 s export, read every 5.3 s (5 s and the scrape's time): consecutive scrapes saw an export
+    only every other read, so the rate read 0 and 2x by turns. Over the window (3 export periods), every reading
+    from the second export on is within the bound (read interval / span: 5.3 / 30 here, 5.3 / 10 for the first)."""
+    read_times = [0.3 + 5.3 * i for i in range(40)]  # 3.5 minutes
+    consecutive = [(_steady(math.floor(b / 10.0) * 10.0) - _steady(math.floor(a / 10.0) * 10.0)) / (b - a)
+                   for a, b in zip(read_times, read_times[1:])]
+    assert min(consecutive) == 0.0 and max(consecutive) > 18.0
+
+    readings = _read_exports(_steady, 10.0, read_times, 30.0)
+    measured = [r for r in readings if not r.is_baseline]
+    assert readings.index(measured[0]) <= 5  # from the second export that changed the counters (at 20 s)
+    assert all(r.load.rate_rps == pytest.approx(10.0, rel=0.2) for r in measured)
+    assert all(r.load.rate_rps == pytest.approx(10.0, rel=5.3 / 30) for r in measured if r.time_s > 45.0)
+
+
+def test_a_stopped_load_reads_zero_within_a_window_and_a_returning_one_reads_again():
+    """10 req/s until 40 s, none until 100 s, 10 req/s again; exports every 2 s, reads every 2.35 s, a 6 s window.
+    Without a change in a whole window the rate is 0 (the last edge pair would read 10 req/s for ever); once the
+    load returns, it is counted over a window from the quiet stretch's edge: back to 10 within a window."""
+    def arrived(t: float) -> float:
+        return 10.0 * min(t, 40.0) + 10.0 * max(0.0, t - 100.0)
+
+    window_s = 6.0
+    readings = _read_exports(arrived, 2.0, [0.1 + 2.35 * i for i in range(70)], window_s)
+    by_time = {round(r.time_s, 2): r for r in readings}
+
+    def rates(start_s: float, end_s: float) -> list[float]:
+        return [r.load.rate_rps for t, r in by_time.items() if start_s <= t < end_s]
+
+    assert all(rate == pytest.approx(10.0, rel=0.15) for rate in rates(15.0, 40.0))
+    # the last change was exported at 40 s and seen by 42.4 s: the rate is 0 after a window without change
+    assert all(rate == 0.0 for rate in rates(42.4 + window_s + 2.35, 100.0))
+    assert not any(r.is_baseline for r in readings[2:])  # a measured 0, which the controller acts on
+    assert all(rate == pytest.approx(10.0, rel=0.15) for rate in rates(102.0 + window_s + 2.35, 200.0))
+    assert len(rates(102.0 + window_s + 2.35, 200.0)) >= 20
+
+
+def test_a_reader_started_between_two_exports_needs_the_next_two():
+    """The first scrape's values were exported up to one export period before it: counting the next export's
+    2 s of requests from the first scrape (0.1 s before it was seen) read 200 req/s. The rates start from the
+    first export seen to change the counters."""
+    def arrived(t: float) -> float:
+        return 10.0 * (t + 100.0)  # a load that began before the reader
+
+    readings = _read_exports(arrived, 2.0, [1.9, 2.0, 3.9, 4.0], 30.0)
+    assert [r.is_baseline for r in readings] == [True, True, True, False]
+    assert readings[-1].load.rate_rps == pytest.approx(10.0)
+
+
+def test_an_idle_model_reads_zero_after_a_window_and_the_history_stays_short():
+    """Counters that never change: baseline until a window has passed without change, then a measured 0 (the
+    controller decides on it: an idle application still scales down); and after hours of steady reads the
+    history holds about one window of edges."""
+    readings = _read_exports(lambda t: 5.0, 2.0, [0.1 + 2.35 * i for i in range(10)], 6.0)
+    assert readings[2].is_baseline and not readings[3].is_baseline  # 7.15 s: more than 6 s without change
+    assert all(r.load.rate_rps == 0.0 and r.attainment is None for r in readings)
+
+    now = [0.0]
+    reader = NodeExporterReader("m", endpoints=lambda: [], window_s=6.0, clock=lambda: now[0])
+    for i in range(5000):  # ~3 hours at 10 req/s
+        now[0] = 0.1 + 2.35 * i
+        n = _steady(math.floor(now[0] / 2.0) * 2.0)
+        reader.scrape = lambda n=n: {ARRIVED: n}  # type: ignore[method-assign]
+        reader.read()
+    assert len(reader._edges) <= 6.0 / 2.0 + 2

@@ -192,13 +192,14 @@ class NodeExporterReader:
     its memory is bounded by window_s / the read interval.
 
     `window_s` None (the default) takes `NUM_EXPORTS_PER_WINDOW` (3) of the cluster's export periods: 30 s with Ray's
-    10 s (as `PrometheusReader`'s 30 s), 6 s with the tests' 2 s. A longer window reads a steady load closer (at 2 s
-    exports read every 2.35 s: within -15%/+13% at 6 s, -15%/+6% at 8 s, -2%/+5% at 30 s) but lags a changing one
-    by about half of it, and the controller's forecast takes its trend from these readings: under a load rising
-    0.1 req/s each second, the first decision to add a replica came a median 15 s after the rise began with 3
-    periods, 16 s with 4, 29 s with a 30 s window, 13 s from two reads (an offline model of the controller's loop).
-    It must also stay longer than an export period plus a read interval, or a quiet stretch between two exports
-    would read as a stopped load.
+    10 s (as `PrometheusReader`'s 30 s), 6 s with the tests' 2 s. A longer window reads a steady load closer (2 s
+    exports read every 2.35 s: within -15%/+13% over 6 s, -15%/+6% over 8 s, -2%/+5% over 30 s) but lags a
+    changing one by about half of it, and the controller's forecast takes its trend from these readings. In the
+    integration test's rising load (0.3 + 0.1 req/s each second, 2 s exports, a decision every ~2.3 s, a second
+    replica due before 23.7 s) the controller asked for it 9.8, 13.3 and 15.4 s into the rise with 3 export
+    periods, 17.7 and 21.9 s with 4, and 25.3 s in one run that read two consecutive scrapes; an offline model of
+    that loop put a 30 s window past the deadline in 16 of 20 runs. The window must also stay longer than an
+    export period plus a read interval, or a quiet stretch between two exports would read as a stopped load.
 
     `clock` gives the time of a scrape (tests inject one instead of sleeping).
     """

@@ -344,6 +344,6 @@ def ray_export_period_s() -> float:
 
     try:
         return max(ray._config.metrics_report_interval_ms(), 1000) / 1000.0
-    except AttributeError:  # a Ray without this config reader: its default
+    except Exception:  # noqa: BLE001 - a Ray without this (private) config reader, or one that cannot read it now
         logger.warning("cannot read Ray's metrics export period; taking Ray's default %.0f s", RAY_DEFAULT_EXPORT_PERIOD_S)
         return RAY_DEFAULT_EXPORT_PERIOD_S

@@ -165,6 +165,10 @@ def _counters_changed(cur: dict[Series, float], prev: dict[Series, float]) -> bo
                if key[0].endswith(COUNTER_SUFFIXES))
 
 
+def _has_counters(samples: dict[Series, float]) -> bool:
+    return any(key[0].endswith(COUNTER_SUFFIXES) for key in samples)
+
+
 class NodeExporterReader:
     """Scrapes every node's metrics export port; rates over a window of `window_s` seconds of scrapes.
 
@@ -173,8 +177,8 @@ class NodeExporterReader:
     steady 10 req/s read every 2.35 s with a 2 s export period read ~8.5 and ~17 req/s by turns, and a 10 s
     export period read every 5 s read 0 and twice the rate by turns. The reader therefore keeps the scrapes where
     a counter changed since the scrape before ("edges": an export landed in between) and takes every rate,
-    ratio and quantile from the change between the newest edge and the oldest edge at least `window_s` older (the
-    oldest kept while the history is shorter), over the time between those two edges. An edge lags its export by
+    ratio and quantile from the change between the newest edge and the newest edge at least `window_s` older than
+    it (the oldest kept while the history is shorter), over the time between those two edges. An edge lags its export by
     less than one read interval, so the rate's error is below (read interval / window), where one pair of reads
     could be off by 2x or read 0.
 
@@ -183,10 +187,13 @@ class NodeExporterReader:
     be counted over too short a time), except that a window without any change after it measures 0. A scrape
     taken more than `window_s` after the newest edge is an edge too, though nothing changed: no counter moved in a
     whole window, so the rate is 0 (the load stopped; without it the last rate would be read forever), and when
-    the load comes back its first exports are counted over a window from that quiet edge, not over the one before.
+    the load comes back its first exports are counted over a window that starts no earlier than the edge before
+    that quiet one.
 
-    A series counts only where both edges of the pair hold it: a node that missed a scrape would otherwise count
-    its lifetime total as one window's. A counter that went down between the two edges was reset (`_increase`,
+    Each series counts from the oldest edge of the window that holds it: a node that missed a scrape, or a replica
+    that started within the window, counts its change since it was first seen there, never its lifetime total as
+    one window's, and a series the newest edge lacks (a node that did not answer, a replica gone) counts nothing. A
+    scrape where no node answered is skipped. A counter that went down between the two edges was reset (`_increase`,
     `_bucket_increases`); as with any two samples, what it counted before its reset within the window is lost.
     Gauges come from the newest scrape, edge or not. The history holds the edges of one window and one more, so
     its memory is bounded by window_s / the read interval.
@@ -231,10 +238,18 @@ class NodeExporterReader:
         if len(self._edges) < 2:
             return _window_reading(now, cur, cur, cur, 0.0, is_baseline=True)
         first, last = self._edges[0], self._edges[-1]
-        return _window_reading(now, cur, first.samples, last.samples, last.time_s - first.time_s)
+        before: dict[Series, float] = {}
+        for edge in list(self._edges)[:-1]:  # each series from the oldest edge that holds it
+            for key, value in edge.samples.items():
+                before.setdefault(key, value)
+        return _window_reading(now, cur, before, last.samples, last.time_s - first.time_s)
 
     def _add(self, scrape: _Scrape) -> None:
-        """Keep `scrape` if it is an edge, then drop the edges no window needs any more."""
+        """Keep `scrape` if it is an edge, then drop the edges no window needs any more. A scrape without any counter
+        series after one with some (every node failed to answer) is no scrape: neither an edge nor the one the next
+        is compared with, or an idle stretch could keep it as its quiet edge and a later window start from nothing."""
+        if self._prev is not None and _has_counters(self._prev) and not _has_counters(scrape.samples):
+            return
         prev, self._prev = self._prev, scrape.samples
         if prev is None:
             self._edges.append(_Scrape(scrape.time_s, scrape.samples, is_aligned=False))

@@ -307,3 +307,35 @@ def test_an_idle_model_reads_zero_after_a_window_and_the_history_stays_short():
         reader.scrape = lambda n=n: {ARRIVED: n}  # type: ignore[method-assign]
         reader.read()
     assert len(reader._edges) <= 6.0 / 2.0 + 2
+
+
+def _arrivals_page(by_engine: dict[str, float]) -> dict[str, str]:
+    """One node's page with each engine's arrival counter (no engine: nothing exported)."""
+    lines = ["# TYPE ray_bullet_requests_arrived_total counter"] + [
+        f'ray_bullet_requests_arrived_total{{model_name="m",engine="{e}"}} {n}' for e, n in by_engine.items()]
+    return {"node": "\n".join(lines) + "\n"} if by_engine else {}
+
+
+def test_a_scrape_no_node_answered_never_becomes_the_windows_start():
+    """10 req/s for 5 s, idle, and at 11 s (when the idle stretch keeps a quiet edge) no node answers; the load
+    comes back at 11 s: every reading under load sees it, and from a window on reads it (a window that started at
+    the empty scrape read 0 at 16 s)."""
+    def arrived(t: int) -> float:
+        return 10.0 * min(t, 5) + 10.0 * max(0, t - 11)
+
+    scrapes = [{} if t == 11 else _arrivals_page({"e1": arrived(t)}) for t in range(25)]
+    readings = _read_pages(scrapes, window_s=5.0)
+    assert all(r.load.rate_rps > 0 for r in readings[12:])
+    assert all(r.load.rate_rps == pytest.approx(10.0) for r in readings[17:])
+
+
+def test_a_replica_that_starts_within_the_window_counts_from_when_it_was_first_seen():
+    """e1 at 10 req/s throughout; e2 starts at 10 s and serves 5 req/s (its counter starts at 0): its arrivals count
+    from its first scrape on, not only once both ends of the window hold it, and never its total as one window's."""
+    def page(t: int) -> dict[str, str]:
+        return _arrivals_page({"e1": 10.0 * t, **({"e2": 5.0 * (t - 10) + 1_000.0} if t >= 10 else {})})
+
+    readings = _read_pages([page(t) for t in range(25)], window_s=5.0)
+    # at 13 s: e1's 10 req/s and e2's 15 arrivals since 10 s over the 5 s window (a window that dropped e2: 10)
+    assert readings[13].load.rate_rps == pytest.approx(10.0 + 15.0 / 5.0)
+    assert all(r.load.rate_rps == pytest.approx(15.0) for r in readings[16:])  # e2's 1,000 at start never counted

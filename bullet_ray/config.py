@@ -232,6 +232,9 @@ class EngineConfig:
         if self.prefill_gemm == "triton" and not (self.is_gpu and self.is_disaggregated):
             raise ConfigError("prefill_gemm", "triton is for the prefill worker of the bullet and static schedules on "
                               f"a GPU (this engine: schedule {self.schedule}, device {self.device})")
+        if self.prefill_gemm == "triton" and self.torch_dtype_name not in ("bfloat16", "float16"):
+            # tl.dot on float32 would run TF32, where PyTorch's float32 matmul does not
+            raise ConfigError("prefill_gemm", f"triton runs bfloat16 or float16 weights, not {self.torch_dtype_name}")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
             raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
         if self.mixed_chunk_tokens < self.block_size:

@@ -33,6 +33,7 @@ import gzip
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -271,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, (k, m) in shapes.items():
                 x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                torch.cuda.synchronize()  # made on the default stream, read on the place's
                 g = _time_s(on_stream(functools.partial(F.linear, x, w), stream)[0], sync, 10, 3)
                 gemms[name] = {"ms": round(g * 1e3, 4), "tflops": round(2 * n * k * m / g / 1e12, 1)}
                 del x, w
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if part is not None:
             part.close()
     out = {"benchmark": "prefill_kernels", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "command": "python -m benchmarks.gpu.prefill_kernels " + " ".join(argv if argv is not None else []),
+           "command": "python -m benchmarks.gpu.prefill_kernels " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__},
            "skipped": skipped, "results": results}
     (args.out / "prefill_kernels.json").write_text(json.dumps(out, indent=1))

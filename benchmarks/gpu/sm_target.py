@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     set_mode(torch, "cublas", sm_count, sm_count)
     out = {"benchmark": "sm_target", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "command": "python -m benchmarks.gpu.sm_target " + " ".join(argv or []),
+           "command": "python -m benchmarks.gpu.sm_target " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__},
            "ladder": [{"decode_sms": e.decode_sms, "prefill_sms": e.prefill_sms} for e in partitioner.ladder],
            "modes": MODES, "results": results}

@@ -57,7 +57,7 @@ def _linear_tile(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, pid
     tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one compiled kernel for every row count and launch size
 def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, NUM_PROGRAMS,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Program p computes tiles p, p + NUM_PROGRAMS, ...: one tile each when launched with one program per tile,

@@ -82,3 +82,21 @@ def test_tile_config_from_the_environment(monkeypatch):
     monkeypatch.setenv(triton_gemm.CONFIG_ENV, "64x64")
     with pytest.raises(ValueError, match="BULLET_RAY_TRITON_GEMM_CONFIG='64x64'"):
         triton_gemm.config_from_env()
+
+
+def test_prefill_gemm_triton_needs_16_bit_weights():
+    assert EngineConfig(device="cuda", dtype="float16", prefill_gemm="triton").prefill_gemm == "triton"
+    with pytest.raises(ConfigError, match="prefill_gemm.*not float32"):
+        EngineConfig(device="cuda", dtype="float32", prefill_gemm="triton")
+
+
+def test_a_model_with_biased_projections_is_refused_by_name():
+    triton_gemm = pytest.importorskip("bullet_ray.engine.triton_gemm")
+    from bullet_ray.models.loader import load_model
+
+    model = load_model("dummy:tiny-qwen2", device="cpu").model  # qkv with a bias
+    with pytest.raises(ValueError, match="bias"):
+        triton_gemm.route_projections(model, "16x32x16s1w1")
+    assert not any("gemm_into" in m.__dict__ for m in model.modules())  # nothing half-routed
+    with pytest.raises(ValueError, match="tile config"):
+        triton_gemm.route_projections(model, "64x64")

@@ -105,7 +105,10 @@ class WorkerBase:
             config = triton_gemm.config_from_env()
         except ValueError as e:
             raise ConfigError(triton_gemm.CONFIG_ENV, str(e)) from e
-        triton_gemm.route_projections(self.res.model, config)
+        try:
+            triton_gemm.route_projections(self.res.model, config)
+        except ValueError as e:  # a model with biased projections (Qwen2's qkv): the Triton GEMM has no bias
+            raise ConfigError("prefill_gemm", f"triton cannot run this model's projections ({e}); use cublas") from e
         self.graph_capture = {**self.graph_capture, "prefill_gemm": {"gemm": "triton", "config": config,
                                                                      "projections": list(triton_gemm.NARROW)}}
         logger.info("%s worker: qkv / o / down through the Triton GEMM, tiles %s", self.role, config)

@@ -170,8 +170,13 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
     rows_equal = [a == b for a, b in zip(tokens["graph"], tokens["eager"])]
     agree = sum(x == y for a, b in zip(tokens["graph"], tokens["eager"]) for x, y in zip(a, b))
     total = sum(len(a) for a in tokens["eager"])
+    # per row, the first output token where the two runs part (None: equal): greedy decoding follows its own tokens,
+    # so everything after it differs by construction; how early it comes says more than the agreement share
+    first_divergence = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                        for a, b in zip(tokens["graph"], tokens["eager"])]
     return {"prompt_lengths": lengths, "new_tokens": num_new, "tokens_equal": all(rows_equal),
-            "rows_equal": rows_equal, "token_agreement": round(agree / total, 4), **info}
+            "rows_equal": rows_equal, "first_divergence": first_divergence,
+            "token_agreement": round(agree / total, 4), **info}
 
 
 def main() -> int:

@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delays", default="none",
                         help="none, or log: each arrival and hand-off waits a delay drawn from the run window's "
                              "first_token / handoff records, less the step-boundary waits the replay models")
+    parser.add_argument("--prefill-speedup", type=float, default=1.0,
+                        help="what-if: every prefill step this many times faster than the log's fit (default 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -188,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"replay_split: error: --delays: unknown value {args.delays!r}; choose from none, log\n")
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
+    if not 0 < args.prefill_speedup < float("inf"):
+        parser.exit(2, f"replay_split: error: --prefill-speedup must be > 0, got {args.prefill_speedup}\n")
     steps_path = args.steps or steps_path_of(args.run)
     reqs, measured = load_requests(args.run)
     factory = profile_model_factory()
     log_records = records(str(steps_path))
     steps = fit_step_model(log_records, factory())
+    steps.prefill_speedup = args.prefill_speedup
     warm: list[dict] = []
     bench_run = load_bench_run(args.run)
     try:
@@ -223,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
           f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
           f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}"
           f"{'' if args.noise == 'lognormal' else f' (noise {args.noise})'}"
-          f"{'' if delays is None else ' (delays from the log)'}; online correction warmed on {len(warm)} logged "
+          f"{'' if delays is None else ' (delays from the log)'}"
+          f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
+          f"; online correction warmed on {len(warm)} logged "
           f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
     for (phase, sms, busy), fit in sorted(steps.fits.items()):
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
-            "num_warm_steps": len(warm),
+            "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup,
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {
                 "noise": args.noise, "delays": args.delays,

@@ -66,6 +66,9 @@ class StepModel:
     p90_log_error: dict[str, float]  # the step log's p90 |predicted - measured| / measured per phase
     # noise.ResidualNoise: draw measured / fitted from the log's own steps instead of the lognormal (None: lognormal)
     residuals: Any = None
+    # a what-if: every prefill step this many times faster than the log's (1: as logged); e.g. the partition's
+    # GEMMs sized for its SMs (docs/policy.md, twenty-seventh section)
+    prefill_speedup: float = 1.0
 
     def seconds(self, shape: StepShape, sms: int, other_busy: bool) -> float:
         key: tuple[str, int, bool] = (shape.phase, sms, other_busy)
@@ -78,6 +81,8 @@ class StepModel:
         if key[1:] != (sms, other_busy):
             t *= self.roofline.predict(shape, sms, other_busy).calibrated_s / \
                 self.roofline.predict(shape, key[1], key[2]).calibrated_s
+        if shape.phase == "prefill":
+            t /= self.prefill_speedup
         return max(t, 1e-4)
 
     def noisy_seconds(self, shape: StepShape, sms: int, other_busy: bool, rng: random.Random | None) -> float:

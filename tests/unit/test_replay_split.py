@@ -199,3 +199,23 @@ def test_cli_runs_with_empirical_noise(tmp_path: Path) -> None:
                     str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["noise"] == "empirical" and doc["delays"] == "none" and set(doc["block_steps"]) == {"prefill", "decode"}
+
+
+def test_prefill_speedup_scales_prefill_steps_only_and_reaches_the_json(setup, tmp_path: Path, capsys) -> None:
+    _, _, steps = setup
+    prompt, decode = StepShape.of_prompts([1000]), StepShape.decode(8, 4000)
+    before = steps.seconds(prompt, 116, True), steps.seconds(decode, 16, True)
+    steps.prefill_speedup = 2.0
+    assert steps.seconds(prompt, 116, True) == pytest.approx(before[0] / 2)
+    assert steps.seconds(decode, 16, True) == pytest.approx(before[1])
+    write_log(tmp_path / "sys-steps.jsonl")
+    write_run(tmp_path / "run.json")
+    out = tmp_path / "out.json"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "0", "--scopes", "all", "--seeds", "1", "--no-progress", "--prefill-speedup", "1.25",
+                    "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["prefill_speedup"] == 1.25
+    assert "prefill steps 1.25x faster than logged" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        rs.main(["--run", str(tmp_path / "run.json"), "--prefill-speedup", "0"])
+    assert "--prefill-speedup" in capsys.readouterr().err

@@ -157,7 +157,8 @@ class EngineConfig:
     # instead of stopping where the model says throughput has saturated; the batch's head still keeps its target
     # (the batches' fit). Larger steps run faster per token on a partition (the shipped H100 profile: 2,048 tokens on
     # 116 SMs 31.0k tokens/s, 8,192 36.3k), which a backlog needs more than the first tokens of a batch's members;
-    # None (default): off. Unmeasured on a GPU (docs/policy.md section 7, twenty-sixth session)
+    # None (default): off. One H200 sample lost at strict (26.95 against 32.57 req/s: a batch's requests all wait
+    # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
     # the GEMM of the prefill worker's qkv, o and down projections (the bullet and static schedules, GPU): "cublas"
     # (default: PyTorch's) or "triton" (bullet_ray.engine.triton_gemm: one program per output tile, so the tiles

@@ -42,6 +42,7 @@ from typing import Any
 from benchmarks.gpu.common import on_stream
 from benchmarks.gpu.sm_target import MODES as LT_MODES
 from benchmarks.gpu.sm_target import set_mode
+from bullet_ray.gpu import nvml
 
 # cuBLAS (not Lt) told the partition's SMs through cublasSetSmCountTarget on PyTorch's handle
 SMCOUNT = "cublas+smcount"
@@ -112,35 +113,31 @@ def profile_window(torch: Any, run: Any, sync: Any, steps: int, trace_path: Path
 
 
 class NvmlSampler:
-    """SM clock (MHz) and board power (W) every `period_s` on a thread, while inside `with`."""
+    """SM clock (MHz) and board power (W) every `period_s` on a thread, while inside `with`
+    (bullet_ray.gpu.nvml; without NVML nothing is sampled and the summary is empty)."""
 
     def __init__(self, device: int = 0, period_s: float = 0.02) -> None:
-        self.period_s, self._stop = period_s, threading.Event()
+        self.device, self.period_s, self._stop = device, period_s, threading.Event()
         self.samples: list[tuple[float, float]] = []
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(device)
-        except Exception as e:  # noqa: BLE001 - no NVML: the clocks are left out, the timings stand
-            print(f"NVML unavailable ({e}); no clocks")
-            self._nvml = None
+        self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
-        n = self._nvml
         while not self._stop.is_set():
-            self.samples.append((n.nvmlDeviceGetClockInfo(self._handle, n.NVML_CLOCK_SM),
-                                 n.nvmlDeviceGetPowerUsage(self._handle) / 1e3))
+            clock, power = nvml.sm_clock_mhz(self.device), nvml.power_watts(self.device)
+            if clock is not None and power is not None:
+                self.samples.append((clock, power))
             time.sleep(self.period_s)
 
     def __enter__(self) -> NvmlSampler:
-        if self._nvml is not None:
+        if nvml.sm_clock_mhz(self.device) is None:
+            print("NVML unavailable; no clocks")
+        else:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._nvml is not None:
+        if self._thread is not None:
             self._stop.set()
             self._thread.join()
 

@@ -267,8 +267,9 @@ class NodeExporterReader:
 
 def _window_reading(now: float, gauges: dict[Series, float], before: dict[Series, float], after: dict[Series, float],
                     span_s: float, is_baseline: bool = False) -> ClusterReading:
-    """The reading of the change from `before` to `after` (two scrapes `span_s` apart; the same scrape for a
-    baseline: no change), with the gauges of `gauges` (the newest scrape)."""
+    """The reading of the change from `before` (each series at the window's start, or where the window first holds
+    it) to `after` (the window's end, `span_s` after its start; the same scrape for a baseline: no change), with the
+    gauges of `gauges` (the newest scrape)."""
     def delta(name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
         return sum(_increase(v, before[k]) for k, v in after.items()
                    if k[0] == P + name and k in before and where(dict(k[1])))

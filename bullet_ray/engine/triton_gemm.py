@@ -114,12 +114,9 @@ def config_from_env() -> str:
     return name
 
 
-def _forward(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, mod.weight, config, programs)
-
-
-def _into(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: torch.Tensor,
-          out: torch.Tensor) -> torch.Tensor:
+def _routed(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """A routed projection: its forward (out None) and its gemm_into (into a CUDA graph's buffer)."""
     return linear(x, mod.weight, config, programs, out=out)
 
 
@@ -142,8 +139,7 @@ def route_projections(model: Any, config_name: str, projections: tuple[str, ...]
     if any("gemm_into" in m.__dict__ for m in mods):
         raise ValueError(f"projections {projections} are routed already; undo that first")
     for mod in mods:
-        mod.forward = functools.partial(_forward, mod, config, num_programs)
-        mod.gemm_into = functools.partial(_into, mod, config, num_programs)
+        mod.forward = mod.gemm_into = functools.partial(_routed, mod, config, num_programs)
 
     def undo() -> None:
         for mod in mods:

@@ -161,3 +161,12 @@ def power_watts(index: int = 0) -> float | None:
         return h[0].nvmlDeviceGetPowerUsage(h[1]) / 1000.0 if h else None
     except Exception:
         return None
+
+
+def sm_clock_mhz(index: int = 0) -> int | None:
+    """The SM clock now (MHz); None without a GPU or where the driver does not say."""
+    h = _handle(index)
+    try:
+        return int(h[0].nvmlDeviceGetClockInfo(h[1], h[0].NVML_CLOCK_SM)) if h else None
+    except Exception:
+        return None

@@ -89,7 +89,8 @@ class EngineArgs(BaseModel):
     prefill_backlog_batch_tokens: int | None = Field(
         None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "
-                                "instead of stopping where throughput saturates; null: off (unmeasured on a GPU)")
+                                "instead of stopping where throughput saturates; null: off (one GPU sample: it lost "
+                                "at strict)")
     prefill_gemm: Literal["cublas", "triton"] = Field(
         "cublas", description="the prefill worker's qkv / o / down GEMM (bullet and static schedules, GPU): cublas "
                               "or triton (one program per output tile, spread over the partition's SMs; opt-in, "

@@ -132,5 +132,6 @@ def test_nvml_without_a_gpu_returns_nothing():
         pytest.skip("this machine has a GPU")
     assert nvml.gpu_uuid() is None and nvml.memory() is None and nvml.sm_count() is None
     assert nvml.utilization() is None and nvml.process_memory() == []
+    assert nvml.sm_clock_mhz() is None and nvml.power_watts() is None
     snap = nvml.snapshot()
     assert snap["uuid"] is None and snap["processes"] == []

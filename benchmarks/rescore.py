@@ -53,6 +53,11 @@ def load_runs(folder: Path) -> dict[str, dict[float, list[Any]]]:
     return out
 
 
+def _late(r: Any, slo: SLO) -> bool:
+    """Whether a request with a first token got it after `slo`'s TTFT target for its prompt."""
+    return r.ttft_s > slo.ttft_target_s(r.prompt_tokens)
+
+
 def miss_kinds(records: list[Any], slo: SLO) -> dict[str, int]:
     """How many of `records` miss `slo`, by why: failed (or no first token), TTFT only, TPOT only, both."""
     kinds = dict.fromkeys(MISS_KINDS, 0)
@@ -60,7 +65,7 @@ def miss_kinds(records: list[Any], slo: SLO) -> dict[str, int]:
         if not r.success or r.ttft_s is None:
             kinds["failed"] += 1
             continue
-        late = r.ttft_s > slo.ttft_target_s(r.prompt_tokens)
+        late = _late(r, slo)
         slow = r.tpot_s is not None and r.tpot_s > slo.tpot_s
         if late or slow:
             kinds["both" if late and slow else "ttft" if late else "tpot"] += 1
@@ -71,7 +76,7 @@ def ttft_misses(records: list[Any], slo: SLO) -> dict[str, Any] | None:
     """The requests that missed `slo` on TTFT (TTFT only or both): how many, their TTFT range (s), and the median
     prompt tokens of theirs against that of the requests that met `slo` (a rule that gives up on long prompts shows
     here); None when none did."""
-    late = [r for r in records if r.success and r.ttft_s is not None and r.ttft_s > slo.ttft_target_s(r.prompt_tokens)]
+    late = [r for r in records if r.success and r.ttft_s is not None and _late(r, slo)]
     if not late:
         return None
     met = [r.prompt_tokens for r in records if slo.meets(r)]

@@ -16,6 +16,7 @@ the kernel against cuBLAS per place first. `TRITON_INTERPRET=1` runs it on CPU (
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 from collections.abc import Callable
@@ -99,10 +100,50 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, i
         raise ValueError(f"out must be [{m}, {n}], got {tuple(out.shape)}")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     programs = tiles if num_programs is None else max(1, min(num_programs, tiles))
-    _linear_kernel[(programs,)](x, w, out, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+    _COMPILED[(config, group_m, x.dtype)] = _linear_kernel[(programs,)](x, w, out, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                                 out.stride(0), out.stride(1), programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                 GROUP_M=group_m, num_stages=stages, num_warps=warps)
     return out
+
+
+# every compiled kernel `linear` has launched, by (config, group_m, dtype): what load_in_stream_context reloads
+_COMPILED: dict[tuple[Any, ...], Any] = {}
+
+
+def load_in_stream_context(stream_handle: int, first_launch: Callable[[], Any] | None = None) -> int:
+    """Reload every Triton GEMM kernel launched so far in the CUDA context that owns the stream `stream_handle`
+    (a green context's, for a partition's stream), then call `first_launch` (a launch of a kernel not compiled
+    yet, which then loads there too) with that context current; returns how many kernels were reloaded.
+
+    Triton loads a kernel's module in the context current at its first launch (the primary one). This is the
+    fallback for a driver that refuses that module's function on a green context's stream; afterwards the kernels
+    run on that context's streams only. `first_launch` should not allocate (pass `out`): memory would come from
+    the green context."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+    ctx, green = ctypes.c_void_p(), ctypes.c_void_p()
+    if hasattr(cuda, "cuStreamGetCtx_v2"):  # CUDA 12.5+: a green context's stream names its green context
+        check(cuda.cuStreamGetCtx_v2(ctypes.c_void_p(stream_handle), ctypes.byref(ctx), ctypes.byref(green)),
+              "cuStreamGetCtx_v2")
+        if green.value:
+            check(cuda.cuCtxFromGreenCtx(ctypes.byref(ctx), green), "cuCtxFromGreenCtx")
+    else:
+        check(cuda.cuStreamGetCtx(ctypes.c_void_p(stream_handle), ctypes.byref(ctx)), "cuStreamGetCtx")
+    check(cuda.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+    try:
+        for kernel in _COMPILED.values():
+            kernel.module = None  # Triton's _init_handles loads again when module is None
+            kernel._init_handles()
+        if first_launch is not None:
+            first_launch()
+    finally:
+        popped = ctypes.c_void_p()
+        check(cuda.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent")
+    return len(_COMPILED)
 
 
 def config_from_env() -> str:

@@ -44,6 +44,39 @@ def on_stream(fn: Callable[[], Any], stream: Any) -> tuple[Callable[[], Any], Ca
     return run, (stream.synchronize if stream is not None else torch.cuda.synchronize)
 
 
+def whole_gpu_green_stream(device: int = 0) -> tuple[Any, Callable[[], None]]:
+    """(a torch stream of a green context holding every SM of `device`, its close): the control that tells a green
+    context's own cost from a partition's size. Made here through the driver API (ctypes), with the CUdevResource
+    layout of native/smctl.c (144 bytes in CUDA 12.4-13.0; a larger buffer is passed)."""
+    import ctypes
+
+    import torch
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+    torch.cuda.init()
+    dev = ctypes.c_int()
+    check(cuda.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    res = (ctypes.c_ubyte * 512)()
+    check(cuda.cuDeviceGetDevResource(dev, res, 1), "cuDeviceGetDevResource(SM)")  # 1: CU_DEV_RESOURCE_TYPE_SM
+    desc, green, handle = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    check(cuda.cuDevResourceGenerateDesc(ctypes.byref(desc), res, 1), "cuDevResourceGenerateDesc")
+    check(cuda.cuGreenCtxCreate(ctypes.byref(green), desc, dev, 1), "cuGreenCtxCreate")  # 1: DEFAULT_STREAM
+    check(cuda.cuGreenCtxStreamCreate(ctypes.byref(handle), green, 1, 0), "cuGreenCtxStreamCreate")  # NON_BLOCKING
+    stream = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", device))
+
+    def close() -> None:
+        torch.cuda.synchronize()
+        cuda.cuStreamDestroy_v2(handle)
+        cuda.cuGreenCtxDestroy(green)
+
+    return stream, close
+
+
 def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
     """Milliseconds per call of fn() issued `iters` times without waiting in between (the host runs ahead
     of the GPU as far as fn lets it), from CUDA events around the whole run."""

@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="2048,4096", help="rows T of every projection")
     parser.add_argument("--configs", default=",".join(GPU_CONFIGS), help=f"tile configs, of {', '.join(GPU_CONFIGS)}")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--green-whole", action="store_true",
+                        help="also a place 'green<all SMs>': a green context holding every SM (is a partition slow for "
+                             "its size or for being a green context?)")
     parser.add_argument("--step", action="store_true",
                         help="also time a whole prefill step (one fresh sequence of T tokens, eager) per place, plain "
                              "and with every projection whose best Triton variant beat cuBLAS routed through it")
@@ -135,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(args.model, "cuda", "bfloat16", kv_fraction=0.4, use_graphs=False)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     places: list[tuple[str, int, Any, Any]] = [("whole", sm_count, None, None)]
+    closers = []
+    if args.green_whole:
+        from benchmarks.gpu.common import whole_gpu_green_stream
+
+        green_stream, close = whole_gpu_green_stream()
+        closers.append(close)
+        places.append((f"green{sm_count}", sm_count, green_stream, None))
     for count in [int(c) for c in args.decode_sms.split(",") if c]:
         part = make_partitioner("green", "both", 0, [count])
         entry = part.ladder[0]
@@ -207,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     for _label, _sms, _stream, part in places:
         if part is not None:
             part.close()
+    for close in closers:
+        close()
     out = {"benchmark": "partition_gemm", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python -m benchmarks.gpu.partition_gemm " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,

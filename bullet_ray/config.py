@@ -152,6 +152,13 @@ class EngineConfig:
     # the mixed fallback's prompts) only, while the split rule judges TTFT risk and backlog against the real
     # targets (split_targets); unmeasured on a GPU
     ttft_margin_scope: str = "all"
+    # a second, later TTFT target (ms; > ttft_target_ms; None, the default: off), e.g. the relaxed SLO's 1,000 beside
+    # the strict 500: the prefill queue's least-slack order serves a request that can no longer make its target by
+    # this one, in the slack the others leave (every request it passes still makes its target in the model), instead
+    # of after everyone. Why: in a burst the margin deployment's late requests waited 1.4-3.4 s (TTFT p90 at 32-48
+    # req/s, benchmarks/results/serve_h200_m4/), so they missed the relaxed SLO too. The planning margin shortens it
+    # like the target. Only the order uses it; unmeasured on a GPU (benchmarks/replay_order.py --fallback-ms models it)
+    ttft_fallback_ms: float | None = None
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
     # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)
     # instead of stopping where the model says throughput has saturated; the batch's head still keeps its target
@@ -256,6 +263,10 @@ class EngineConfig:
             # target never goes under a tenth of itself (SloTargets), so no bound on the floor is needed there
             raise ConfigError("ttft_margin_ms", f"must be < ttft_target_ms ({self.ttft_target_ms:g}), "
                               f"got {self.ttft_margin_ms}")
+        fallback = self.ttft_fallback_ms
+        if fallback is not None and not (self.ttft_target_ms < fallback < math.inf):
+            raise ConfigError("ttft_fallback_ms", f"must be > ttft_target_ms ({self.ttft_target_ms:g}) and finite, "
+                                                  f"or null (off), got {fallback}")
         if self.ttft_margin_scope not in TTFT_MARGIN_SCOPES:
             raise ConfigError("ttft_margin_scope", f"unknown margin scope {self.ttft_margin_scope!r}; choose all "
                               "(order, batch fit and split rule) or order (order and batch fit only)")
@@ -304,8 +315,10 @@ class EngineConfig:
         from bullet_ray.policy.slo import SloTargets
 
         per_token = self.ttft_target_ms_per_prompt_token
+        fallback = self.ttft_fallback_ms
         return SloTargets(self.ttft_target_ms / 1e3, self.tpot_target_ms / 1e3,
-                          None if per_token is None else per_token / 1e3)
+                          None if per_token is None else per_token / 1e3,
+                          fallback_ttft_s=None if fallback is None else fallback / 1e3)
 
     def planning_targets(self) -> SloTargets:
         """The targets the split policy plans for: `slo_targets` with `ttft_margin_ms` taken off each TTFT

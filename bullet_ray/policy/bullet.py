@@ -18,7 +18,7 @@ from bullet_ray.perf.model import PerfModel
 from bullet_ray.perf.ttft import batches_finish_s
 from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
-from bullet_ray.policy.ordering import least_slack_order
+from bullet_ray.policy.ordering import head_target_s, least_slack_order
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule, SplitSettings
 from bullet_ray.policy.state import PolicyOutput, QueuedRequest, StepState
@@ -83,7 +83,8 @@ class BulletPolicy:
 
         order = least_slack_order(state.queue, own, self.targets, state.prefill_remaining_s)
         self.buckets.rebalance([r.num_prompt_tokens for r in state.queue])
-        head_target = self.targets.ttft_target_s(order[0].num_prompt_tokens) if order else 0.0
+        head_target = head_target_s(order[0], own(order[0]), self.targets, state.prefill_remaining_s) \
+            if order else 0.0
 
         def fits(batch: list[QueuedRequest]) -> bool:
             t = self.model.predict_prefill_s(sum(r.num_remaining_tokens for r in batch),

@@ -5,6 +5,11 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
 1. Requests that can still meet their target (slack >= 0) run first, least slack first (ties: the one
    that waited longest); requests that cannot (slack < 0) follow in arrival order: they count against
    goodput whatever happens, so they must not push others past their targets.
+   With a fallback target (SloTargets.fallback_ttft_s, e.g. the relaxed SLO's 1 s), a lost request that can
+   still make the fallback is rescued: least fallback slack first, each moves to the earliest place where
+   it makes its fallback and every request behind it still makes the target it is planned for (its own,
+   or the fallback for a rescued one), i.e. into the slack the others leave. One that fits nowhere before
+   the lost ones goes first among them.
 2. Then, pass after pass, a request moves ahead of its neighbour when it is shorter and both still meet
    their targets afterwards (served one after the other), which lowers mean TTFT without breaking any
    target (Bullet orders by estimated latency where no TTFT target breaks). Swapping two neighbours does
@@ -33,8 +38,11 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
     rest = [r for r in queue if r.num_computed_tokens == 0]
     feasible = sorted((r for r in rest if slack(r) >= 0), key=lambda r: (slack(r), -r.waited_s))
     lost = sorted((r for r in rest if slack(r) < 0), key=lambda r: -r.waited_s)
-    order = started + feasible + lost
     fixed = len(started)
+    if targets.fallback_ttft_s is None:
+        order = started + feasible + lost
+    else:
+        order = _rescue(started + feasible, lost, fixed, own, target, targets, start_s)
     for _ in range(max_passes):
         moved = False
         t = start_s + sum(own[r.request_id] for r in order[:fixed])
@@ -52,3 +60,49 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
         if not moved:
             break
     return order
+
+
+def _rescue(placed: list[QueuedRequest], lost: list[QueuedRequest], fixed: int, own: dict[str, float],
+            target: dict[str, float], targets: SloTargets, start_s: float) -> list[QueuedRequest]:
+    """`placed` (started, then feasible) with every lost request that can still make its fallback target moved
+    into the slack of those behind it (module docstring, 1.); the rest of `lost` after them, in its order."""
+    fallback = {r.request_id: targets.fallback_target_s(r.num_prompt_tokens) or target[r.request_id] for r in lost}
+
+    def fb_slack(r: QueuedRequest) -> float:
+        return fallback[r.request_id] - r.waited_s - own[r.request_id] - start_s
+
+    due = {r.request_id: target[r.request_id] for r in placed}  # what each placed request is planned to make
+    order = list(placed)
+    behind: list[QueuedRequest] = []  # rescuable, but only after every placed request
+    for r in sorted((r for r in lost if fb_slack(r) >= 0), key=lambda r: (fb_slack(r), -r.waited_s)):
+        # spare[i]: how much later order[i:] may all finish and still make what they are planned for
+        starts, t = [], start_s
+        for q in order:
+            starts.append(t)
+            t += own[q.request_id]
+        spare = [float("inf")] * (len(order) + 1)
+        for i in range(len(order) - 1, -1, -1):
+            q = order[i]
+            margin = due[q.request_id] - q.waited_s - starts[i] - own[q.request_id]
+            spare[i] = min(spare[i + 1], margin if margin >= 0 else float("inf"))  # a late one has none to lose
+        starts.append(t)
+        fits = [i for i in range(fixed, len(order) + 1) if spare[i] >= own[r.request_id]
+                and r.waited_s + starts[i] + own[r.request_id] <= fallback[r.request_id]]
+        if fits:  # the latest such place: the slack before it stays for requests that still make their targets
+            order.insert(fits[-1], r)
+            due[r.request_id] = fallback[r.request_id]
+        else:
+            behind.append(r)
+    rescued = {r.request_id for r in order} | {r.request_id for r in behind}
+    return order + behind + [r for r in lost if r.request_id not in rescued]
+
+
+def head_target_s(head: QueuedRequest, own_s: float, targets: SloTargets, start_s: float = 0.0) -> float:
+    """The TTFT target the batch behind `head` (the order's first) is fitted to: the head's own, or, when it can no
+    longer make that one, its fallback target (SloTargets.fallback_ttft_s) if it still makes that: a rescued head
+    must not let its batch grow as if it were lost for good."""
+    target = targets.ttft_target_s(head.num_prompt_tokens)
+    fallback = targets.fallback_target_s(head.num_prompt_tokens)
+    if fallback is not None and head.waited_s + start_s + own_s > target:
+        return fallback
+    return target

@@ -23,6 +23,10 @@ class SloTargets:
     # MIN_PLANNED_TTFT_SHARE of the target. Only the policy's targets carry one (EngineConfig.planning_targets);
     # the SLO metrics judge against the real targets (margin 0)
     margin_s: float = 0.0
+    # a second, later TTFT target (EngineConfig.ttft_fallback_ms; None: off) for a request that can no longer make
+    # its own: the prefill queue's order still serves it by this one, in the slack the others leave
+    # (ordering.least_slack_order), instead of after everyone. The planning margin shortens it too
+    fallback_ttft_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.ttft_s > 0:
@@ -34,6 +38,9 @@ class SloTargets:
                               f"must be > 0 or null, got {self.ttft_per_token_s * 1e3:g}")
         if not self.margin_s >= 0:
             raise ConfigError("ttft_margin_ms", f"must be >= 0, got {self.margin_s * 1e3:g}")
+        if self.fallback_ttft_s is not None and not self.fallback_ttft_s > self.ttft_s:
+            raise ConfigError("ttft_fallback_ms", f"must be > ttft_target_ms ({self.ttft_s * 1e3:g}) or null, "
+                                                  f"got {self.fallback_ttft_s * 1e3:g}")
 
     def ttft_target_s(self, num_prompt_tokens: int) -> float:
         target = self.ttft_s
@@ -42,3 +49,12 @@ class SloTargets:
         if self.margin_s:
             target = max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target)
         return target
+
+    def fallback_target_s(self, num_prompt_tokens: int) -> float | None:
+        """The fallback TTFT target (None: off), planned with the margin like `ttft_target_s`, never before it."""
+        if self.fallback_ttft_s is None:
+            return None
+        target = self.fallback_ttft_s
+        if self.margin_s:
+            target = max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target)
+        return max(target, self.ttft_target_s(num_prompt_tokens))

@@ -86,6 +86,10 @@ class EngineArgs(BaseModel):
         "all", description="what plans with ttft_margin_ms: all (the prefill queue's order, the batches' fit and "
                            "the split rule's TTFT risk and backlog; what the H200 A/B measured) or order (the "
                            "order and the batches' fit only: the split rule judges against the real targets)")
+    ttft_fallback_ms: float | None = Field(
+        None, gt=0, description="a second, later TTFT target (ms, > ttft_target_ms; e.g. the relaxed SLO's 1000): the "
+                                "prefill queue's order serves a request that can no longer make its target by this "
+                                "one, in the slack the others leave, instead of after everyone; null: off")
     prefill_backlog_batch_tokens: int | None = Field(
         None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "

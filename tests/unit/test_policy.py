@@ -312,3 +312,52 @@ def test_backlog_batch_tokens_config_names_the_field():
     with pytest.raises(ValidationError, match="prefill_backlog_batch_tokens"):
         EngineArgs(prefill_backlog_batch_tokens=0)
     assert EngineArgs(prefill_backlog_batch_tokens=8192).to_engine_config().prefill_backlog_batch_tokens == 8192
+
+
+def test_fallback_target_rescues_lost_requests_into_the_slack_others_leave():
+    # own time 0.1 ms a token (_own): A and B 0.1 s (B waited 0.05 s), L 0.2 s having waited 0.75 s
+    a, b, lost = _req("A", 1000, 0.0), _req("B", 1000, 0.05), _req("L", 2000, 0.75)
+    plain = SloTargets(0.5)
+    assert [r.request_id for r in least_slack_order([a, b, lost], _own, plain)] == ["B", "A", "L"]
+    # with a 1 s fallback L (which cannot make 0.5 s) makes 1 s only first; B and A still finish by 0.5 s behind it
+    fb = SloTargets(0.5, fallback_ttft_s=1.0)
+    assert [r.request_id for r in least_slack_order([a, b, lost], _own, fb)] == ["L", "B", "A"]
+    # it goes as late as it still makes 1 s: having waited 0.65 s, after B
+    later = _req("L", 2000, 0.65)
+    assert [r.request_id for r in least_slack_order([a, b, later], _own, fb)] == ["B", "L", "A"]
+    # with C behind, a 0.15 s M first would push C past 0.5 s: having waited 0.7 s it goes after C, makes 1 s ...
+    c, m = _req("C", 1000, 0.25), _req("M", 1500, 0.7)
+    order = least_slack_order([a, b, c, m], _own, fb)
+    assert [r.request_id for r in order] == ["C", "M", "B", "A"]
+    t = 0.0
+    for r in order:  # ... and every request it passes still makes its target
+        t += _own(r)
+        assert r.waited_s + t <= (1.0 if r.request_id == "M" else 0.5)
+    # having waited 0.9 s it makes 1 s nowhere: first among the lost, as without a fallback
+    assert [r.request_id for r in least_slack_order([a, b, c, _req("M", 1500, 0.9)], _own, fb)][-1] == "M"
+    # one past its fallback too stays at the back, in arrival order
+    gone = _req("G", 1000, 0.95)
+    assert least_slack_order([a, gone, lost], _own, fb)[-1].request_id == "G"
+    # a prompt in progress stays first
+    g = QueuedRequest("P", 4000, 0.0, num_computed_tokens=2048)
+    assert least_slack_order([a, lost, g], _own, fb)[0].request_id == "P"
+
+
+def test_fallback_target_is_after_the_target_and_takes_the_margin():
+    with pytest.raises(ConfigError, match="ttft_fallback_ms"):
+        SloTargets(0.5, fallback_ttft_s=0.5)
+    t = SloTargets(0.5, fallback_ttft_s=1.0, margin_s=0.05)
+    assert t.fallback_target_s(100) == pytest.approx(0.95) and t.ttft_target_s(100) == pytest.approx(0.45)
+    assert SloTargets(0.5).fallback_target_s(100) is None
+    # per-token targets: never before the request's own target
+    per = SloTargets(0.5, ttft_per_token_s=0.003, fallback_ttft_s=1.0)
+    assert per.fallback_target_s(1000) == pytest.approx(3.0)
+
+
+def test_a_rescued_head_fits_its_batch_to_the_fallback_target():
+    from bullet_ray.policy.ordering import head_target_s
+
+    fb = SloTargets(0.5, fallback_ttft_s=1.0)
+    assert head_target_s(_req("H", 1000, 0.1), 0.1, fb) == 0.5  # makes its own target: fitted to it
+    assert head_target_s(_req("H", 1000, 0.45), 0.1, fb) == 1.0  # cannot: fitted to the fallback
+    assert head_target_s(_req("H", 1000, 0.45), 0.1, SloTargets(0.5)) == 0.5  # no fallback: as before

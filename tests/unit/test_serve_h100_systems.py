@@ -312,3 +312,20 @@ def test_tgemm_suffix_routes_the_prefill_gemm_of_bullet_systems_only(tmp_path):
     assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
     with pytest.raises(SystemExit, match="tgemm"):
         system_yaml("chunked-2048+tgemm", tmp_path)
+
+
+def test_fallback_modifier_sets_the_fallback_target_beside_the_backlog_one(tmp_path):
+    """<bullet-slo system>-fb<ms>: engine.ttft_fallback_ms, alone or with -bb<tokens> in either order; the YAML is
+    a valid engine config; a repeated or empty modifier is a one-line error naming the form."""
+    from bullet_ray.serve.config import EngineArgs
+
+    fb = _engine(system_yaml("bullet-slo-margin50-fb1000+direct", tmp_path))
+    assert (fb["ttft_margin_ms"], fb["ttft_fallback_ms"]) == (50, 1000) and "prefill_backlog_batch_tokens" not in fb
+    assert EngineArgs(**fb).to_engine_config().planning_targets().fallback_target_s(100) == pytest.approx(0.95)
+    for name in ("bullet-slo-margin50-bb8192-fb1000", "bullet-slo-margin50-fb1000-bb8192"):
+        both = _engine(system_yaml(name, tmp_path))
+        assert (both["ttft_margin_ms"], both["prefill_backlog_batch_tokens"], both["ttft_fallback_ms"]) == \
+            (50, 8192, 1000)
+    for bad in ("bullet-slo-fb", "bullet-slo-fb1000-fb900", "bullet-slo-fbx"):
+        with pytest.raises(SystemExit, match="fb<ms>"):
+            system_yaml(bad, tmp_path)

@@ -203,3 +203,16 @@ def test_the_margin_scope_round_trips_through_the_yaml_edge():
     assert (cfg.ttft_margin_ms, cfg.ttft_margin_scope) == (25.0, "order")
     assert cfg.planning_targets().margin_s == 0.025 and cfg.split_targets() == cfg.slo_targets()
     assert EngineArgs().to_engine_config().ttft_margin_scope == "all"
+
+
+def test_fallback_target_from_the_config_survives_a_push_only_while_it_is_later():
+    cfg = EngineConfig(ttft_target_ms=500, ttft_fallback_ms=1000, ttft_margin_ms=50)
+    planned = cfg.planning_targets()
+    assert planned.fallback_target_s(100) == pytest.approx(0.95)
+    assert with_pushed(planned, (0.6, 0.025)).fallback_ttft_s == pytest.approx(1.0)
+    assert with_pushed(planned, (1.0, 0.05)).fallback_ttft_s is None  # a pushed relaxed target: no fallback left
+    with pytest.raises(ConfigError, match="ttft_fallback_ms"):
+        EngineConfig(ttft_target_ms=500, ttft_fallback_ms=400)
+    with pytest.raises(ValueError, match="ttft_fallback_ms"):
+        EngineArgs(ttft_fallback_ms=-1)
+    assert EngineArgs(ttft_fallback_ms=1000).to_engine_config().ttft_fallback_ms == 1000

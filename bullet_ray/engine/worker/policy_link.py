@@ -419,11 +419,13 @@ def queued_requests(seqs: Any, now: float) -> list[QueuedRequest]:
 
 def with_pushed(targets: SloTargets, pushed: tuple[float, float] | None) -> SloTargets:
     """`targets` with the (ttft_s, tpot_s) a controller pushed (StateBlock.slo_targets; None: none pushed) in
-    place of its floor and TPOT target; the per-prompt-token TTFT and the planning margin, which a push does not
-    carry, are kept."""
+    place of its floor and TPOT target; the per-prompt-token TTFT, the planning margin and the fallback target,
+    which a push does not carry, are kept (the fallback only while it is still after the pushed TTFT)."""
     if pushed is None or pushed == (targets.ttft_s, targets.tpot_s):
         return targets
-    return dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1])
+    fallback = targets.fallback_ttft_s
+    return dataclasses.replace(targets, ttft_s=pushed[0], tpot_s=pushed[1],
+                               fallback_ttft_s=fallback if fallback is not None and fallback > pushed[0] else None)
 
 
 def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: SloTargets) -> list[Any]:

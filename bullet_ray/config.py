@@ -20,7 +20,6 @@ SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
-PREFILL_GEMMS: tuple[str, ...] = ("cublas", "triton")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
@@ -167,13 +166,6 @@ class EngineConfig:
     # None (default): off. One H200 sample lost at strict (26.95 against 32.57 req/s: a batch's requests all wait
     # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
-    # the GEMM of the prefill worker's qkv, o and down projections (the bullet and static schedules, GPU): "cublas"
-    # (default: PyTorch's) or "triton" (bullet_ray.engine.triton_gemm: one program per output tile, so the tiles
-    # spread over the partition's SMs; cuBLAS's persistent kernels are sized for the whole GPU and ran these
-    # projections 1.74x slower on a 116-SM partition of an H200, docs/policy.md, twenty-seventh session). Its tile
-    # config: BULLET_RAY_TRITON_GEMM_CONFIG. Needs the triton package (PyTorch's CUDA builds bring it). Unmeasured
-    # in serving: benchmarks/gpu/partition_gemm.py measures the kernel against cuBLAS per place first
-    prefill_gemm: str = "cublas"
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -235,14 +227,6 @@ class EngineConfig:
         if self.prefill_backlog_batch_tokens is not None and self.prefill_backlog_batch_tokens < 1:
             raise ConfigError("prefill_backlog_batch_tokens",
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
-        if self.prefill_gemm not in PREFILL_GEMMS:
-            raise ConfigError("prefill_gemm", f"unknown GEMM {self.prefill_gemm!r}; choose cublas or triton")
-        if self.prefill_gemm == "triton" and not (self.is_gpu and self.is_disaggregated):
-            raise ConfigError("prefill_gemm", "triton is for the prefill worker of the bullet and static schedules on "
-                              f"a GPU (this engine: schedule {self.schedule}, device {self.device})")
-        if self.prefill_gemm == "triton" and self.torch_dtype_name not in ("bfloat16", "float16"):
-            # tl.dot on float32 would run TF32, where PyTorch's float32 matmul does not
-            raise ConfigError("prefill_gemm", f"triton runs bfloat16 or float16 weights, not {self.torch_dtype_name}")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
             raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
         if self.mixed_chunk_tokens < self.block_size:

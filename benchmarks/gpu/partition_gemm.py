@@ -13,16 +13,16 @@ entry, each projection (`F.linear` shapes, T rows) three ways:
 each Triton variant at the best of `--configs` (tile shapes), its output checked against `F.linear` (relative
 max error). If a partition's first Triton launch fails (a driver that refuses a primary-context module on a green
 context's stream), the kernels are reloaded in that green context and tried once more; the JSON's
-`reloaded_in_green_context` says where and why. With `--step`, also the whole prefill step per place, plain and with every projection whose best
-Triton variant beat cuBLAS routed through it (`triton_projections`), and the two steps' logits compared. If
-`triton` or `triton_persistent` keeps the whole GPU's per-SM TFLOP/s where cuBLAS loses ~40%, the prefill
-worker's narrow projections should run it on partitions (docs/policy.md, twenty-seventh section).
+`reloaded_in_green_context` says where and why. With `--step`, also the whole prefill step per place, plain and
+with every projection whose best Triton variant beat cuBLAS routed through it (`triton_projections`), and the two
+steps' logits compared. `--green-whole` adds a place on a green context holding every SM: is a partition slow for
+its size or for being a green context?
 
     bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.partition_gemm --step --out $OUT/partition_gemm.json
     TRITON_INTERPRET=1 python -m benchmarks.gpu.partition_gemm --device cpu     # the kernel's correctness, no GPU
 
-The kernel is `bullet_ray/engine/triton_gemm.py`'s, which the prefill worker runs for qkv / o / down with
-`engine.prefill_gemm: triton` (opt-in).
+The kernel is `benchmarks/gpu/triton_gemm.py`'s. Measured on the H200 (`benchmarks/results/partition_gemm_h200/`): it
+loses to cuBLAS on every projection and place, and a green context holding every SM is as fast as the whole GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import triton
 
-from bullet_ray.engine.triton_gemm import CONFIGS, linear, load_in_stream_context, route_projections
+from benchmarks.gpu.triton_gemm import CONFIGS, linear, load_in_stream_context, route_projections
 
 CPU_CONFIG = "16x32x16s1w1"
 GPU_CONFIGS = [c for c in CONFIGS if c != CPU_CONFIG]
@@ -47,7 +47,7 @@ GPU_CONFIGS = [c for c in CONFIGS if c != CPU_CONFIG]
 @contextlib.contextmanager
 def triton_projections(model: Any, choice: dict[str, tuple[str, int | None]]) -> Any:
     """Inside: every decoder layer's projections named in `choice` ({"qkv": (config name, programs)}) run the
-    Triton GEMM (bullet_ray.engine.triton_gemm.route_projections); restored on the way out."""
+    Triton GEMM (benchmarks/gpu/triton_gemm.route_projections); restored on the way out."""
     undos = []
     try:
         for proj, (config, programs) in choice.items():

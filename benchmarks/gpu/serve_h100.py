@@ -47,9 +47,7 @@ runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode 
 
 A "+handoff" suffix on a bullet system (bullet-slo+handoff) sets engine.handoff: direct (the prefill worker hands
 prefilled sequences to the decode worker itself, not through the engine front; both ways time each hand-off in
-the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them). A "+tgemm" suffix on a bullet
-system (bullet-slo-margin50+tgemm+direct) sets engine.prefill_gemm: triton (the prefill worker's qkv / o / down
-through bullet_ray.engine.triton_gemm; BULLET_RAY_TRITON_GEMM_CONFIG in --serve-env picks its tiles).
+the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them).
 
 A "+direct" suffix on an engine system (chunked-2048+direct, bullet-slo+direct, chunked-2048+pw1024+direct)
 launches the same YAML with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in `serve run`'s environment (Ray Serve's
@@ -112,18 +110,18 @@ def gpu_memory_gib() -> float:
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
-    +attnoverlap, +attnholistic, +handoff, +tgemm); "+direct" may come with it, in either order."""
+    +attnoverlap, +attnholistic, +handoff); "+direct" may come with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff, +tgemm, and/or +direct")
+                         "+attnoverlap, +attnholistic, +handoff, and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", "tgemm", *SUFFIX_ENV) \
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff, +tgemm or +direct")
+                         "+attnoverlap, +attnholistic, +handoff or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -187,8 +185,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     session), "+fixedpw" the fixed piecewise token buckets (piecewise_buckets: fixed, before the twentieth session's
     tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
-    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+tgemm"
-    runs a bullet system's prefill qkv / o / down through the Triton GEMM (engine.prefill_gemm: triton). "+direct"
+    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct). "+direct"
     leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
@@ -205,10 +202,6 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling == "handoff":
         engine["handoff"] = "direct"
-    elif scheduling == "tgemm":  # the prefill worker's qkv / o / down through the Triton GEMM (bullet schedules)
-        if not name.startswith("bullet"):
-            raise SystemExit(f"unknown system {system!r}: +tgemm is for bullet systems (the prefill worker's GEMMs)")
-        engine["prefill_gemm"] = "triton"
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     policy, modifiers = _modifiers(name)  # "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {...: 8192})
@@ -559,8 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                              "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
                              "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
-                             "prefill -> decode hand-off, + '+tgemm' (bullet systems) the prefill worker's qkv / o / "
-                             "down through the Triton GEMM (one of these), and/or + '+direct': Ray "
+                             "prefill -> decode hand-off (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
 
 def linear_into(layer: nn.Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """layer(x) written into `out` (a CUDA graph's static buffer): the GEMM writes it, no copy. A projection routed
-    to another GEMM (`gemm_into` on the module: bullet_ray.engine.triton_gemm.route_projections) writes it its way."""
+    to another GEMM (`gemm_into` on the module, e.g. benchmarks/gpu/triton_gemm.route_projections) writes it its way."""
     routed = layer.__dict__.get("gemm_into")
     if routed is not None:
         return routed(x, out)

@@ -95,10 +95,6 @@ class EngineArgs(BaseModel):
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "
                                 "instead of stopping where throughput saturates; null: off (one GPU sample: it lost "
                                 "at strict)")
-    prefill_gemm: Literal["cublas", "triton"] = Field(
-        "cublas", description="the prefill worker's qkv / o / down GEMM (bullet and static schedules, GPU): cublas "
-                              "or triton (one program per output tile, spread over the partition's SMs; opt-in, "
-                              "unmeasured in serving; tile config: BULLET_RAY_TRITON_GEMM_CONFIG)")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

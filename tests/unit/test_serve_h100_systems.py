@@ -301,17 +301,11 @@ def test_backlog_batch_modifier_applies_to_any_bullet_slo_system(tmp_path):
             system_yaml(bad, tmp_path)
 
 
-def test_tgemm_suffix_routes_the_prefill_gemm_of_bullet_systems_only(tmp_path):
-    """+tgemm: engine.prefill_gemm triton on a bullet system (a valid engine config on the GPU YAML); on a chunked
-    system it is a one-line error naming the suffix."""
-    from bullet_ray.serve.config import EngineArgs
-
-    engine = _engine(system_yaml("bullet-slo-margin50+tgemm+direct", tmp_path))
-    assert (engine["prefill_gemm"], engine["ttft_margin_ms"]) == ("triton", 50)
-    assert EngineArgs(**engine).to_engine_config().prefill_gemm == "triton"
-    assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
-    with pytest.raises(SystemExit, match="tgemm"):
-        system_yaml("chunked-2048+tgemm", tmp_path)
+def test_tgemm_suffix_is_gone(tmp_path):
+    """+tgemm (engine.prefill_gemm: triton) was removed once the Triton GEMM lost to cuBLAS on every projection and
+    place (benchmarks/results/partition_gemm_h200/): naming it is a one-line error."""
+    with pytest.raises(SystemExit, match="unknown suffix"):
+        system_yaml("bullet-slo-margin50+tgemm+direct", tmp_path)
 
 
 def test_fallback_modifier_sets_the_fallback_target_beside_the_backlog_one(tmp_path):

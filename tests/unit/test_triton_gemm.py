@@ -1,5 +1,6 @@
-"""engine.prefill_gemm: the config's errors (always), and the Triton GEMM routed into a model (where Triton is
-installed: its CPU interpreter, in a child process so TRITON_INTERPRET is set before Triton loads)."""
+"""benchmarks/gpu/triton_gemm: the Triton GEMM routed into a model (where Triton is installed: its CPU interpreter,
+in a child process so TRITON_INTERPRET is set before Triton loads). The engine no longer runs it
+(engine.prefill_gemm was removed: it lost to cuBLAS everywhere, benchmarks/results/partition_gemm_h200/)."""
 
 import os
 import subprocess
@@ -8,28 +9,9 @@ import textwrap
 
 import pytest
 
-from bullet_ray.config import EngineConfig
-from bullet_ray.errors import ConfigError
-from bullet_ray.serve.config import EngineArgs
-
-
-def test_prefill_gemm_config_names_the_field():
-    assert EngineConfig().prefill_gemm == "cublas"
-    assert EngineConfig(device="cuda", schedule="bullet", prefill_gemm="triton").prefill_gemm == "triton"
-    with pytest.raises(ConfigError, match="prefill_gemm.*cublas or triton"):
-        EngineConfig(prefill_gemm="cutlass")
-    # the prefill worker's GEMM: no such worker in the chunked schedule, and no partition on CPU
-    with pytest.raises(ConfigError, match="prefill_gemm.*schedule chunked"):
-        EngineConfig(device="cuda", schedule="chunked", prefill_gemm="triton")
-    with pytest.raises(ConfigError, match="prefill_gemm.*device cpu"):
-        EngineConfig(schedule="bullet", prefill_gemm="triton")
-    with pytest.raises(ValueError, match="prefill_gemm"):
-        EngineArgs(prefill_gemm="cutlass")
-
-
 ROUTED = textwrap.dedent("""
     import json, torch
-    from bullet_ray.engine import triton_gemm
+    from benchmarks.gpu import triton_gemm
     from bullet_ray.models.layers import linear_into
     from bullet_ray.perf.sweep import Bench
 
@@ -73,25 +55,9 @@ def test_routed_projections_match_cublas_and_undo():
     assert out["left"] == 0
 
 
-def test_tile_config_from_the_environment(monkeypatch):
-    triton_gemm = pytest.importorskip("bullet_ray.engine.triton_gemm")
-    monkeypatch.delenv(triton_gemm.CONFIG_ENV, raising=False)
-    assert triton_gemm.config_from_env() == triton_gemm.DEFAULT_CONFIG
-    monkeypatch.setenv(triton_gemm.CONFIG_ENV, "128x128x64s4w8")
-    assert triton_gemm.config_from_env() == "128x128x64s4w8"
-    monkeypatch.setenv(triton_gemm.CONFIG_ENV, "64x64")
-    with pytest.raises(ValueError, match="BULLET_RAY_TRITON_GEMM_CONFIG='64x64'"):
-        triton_gemm.config_from_env()
-
-
-def test_prefill_gemm_triton_needs_16_bit_weights():
-    assert EngineConfig(device="cuda", dtype="float16", prefill_gemm="triton").prefill_gemm == "triton"
-    with pytest.raises(ConfigError, match="prefill_gemm.*not float32"):
-        EngineConfig(device="cuda", dtype="float32", prefill_gemm="triton")
-
-
 def test_a_model_with_biased_projections_is_refused_by_name():
-    triton_gemm = pytest.importorskip("bullet_ray.engine.triton_gemm")
+    pytest.importorskip("triton")
+    from benchmarks.gpu import triton_gemm
     from bullet_ray.models.loader import load_model
 
     model = load_model("dummy:tiny-qwen2", device="cpu").model  # qkv with a bias

@@ -69,8 +69,6 @@ class WorkerBase:
                                   resources.device)
         self.is_stopped = False
         cfg = self.config
-        if self.role == "prefill" and cfg.prefill_gemm == "triton":
-            self._route_prefill_gemm()  # before any capture or bucket tuning: they time and record its kernels
         # pages the longest sequence the model admits holds: decode graphs' page tables, a step's largest copy
         self.max_blocks_per_seq = (resources.handles.max_model_len + cfg.block_size - 1) // cfg.block_size
         self.profiler = StepProfiler(cfg.profile_dir, cfg.profile_start_step, cfg.profile_num_steps, self.role,
@@ -91,27 +89,6 @@ class WorkerBase:
         if self.uses_graphs and self.config.piecewise_limit(self.role) > 0:
             with self._timed("piecewise_tune"):  # the buckets (timed GEMMs where tuned); the captures: piecewise_graphs
                 self._make_piecewise_graphs()
-
-    def _route_prefill_gemm(self) -> None:
-        """engine.prefill_gemm: triton: this worker's qkv, o and down projections through the Triton GEMM
-        (bullet_ray.engine.triton_gemm), its tile config from BULLET_RAY_TRITON_GEMM_CONFIG; the Ready info says so."""
-        from bullet_ray.errors import ConfigError
-
-        try:
-            from bullet_ray.engine import triton_gemm
-        except ImportError as e:
-            raise ConfigError("prefill_gemm", f"triton needs the triton package, which this Python lacks ({e})") from e
-        try:
-            config = triton_gemm.config_from_env()
-        except ValueError as e:
-            raise ConfigError(triton_gemm.CONFIG_ENV, str(e)) from e
-        try:
-            triton_gemm.route_projections(self.res.model, config)
-        except ValueError as e:  # a model with biased projections (Qwen2's qkv): the Triton GEMM has no bias
-            raise ConfigError("prefill_gemm", f"triton cannot run this model's projections ({e}); use cublas") from e
-        self.graph_capture = {**self.graph_capture, "prefill_gemm": {"gemm": "triton", "config": config,
-                                                                     "projections": list(triton_gemm.NARROW)}}
-        logger.info("%s worker: qkv / o / down through the Triton GEMM, tiles %s", self.role, config)
 
     def capture_graphs(self) -> None:
         """Capture this worker's CUDA graphs (decode, piecewise) and fill the host's pinned-memory cache: the long

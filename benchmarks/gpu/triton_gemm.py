@@ -1,24 +1,22 @@
-"""A tiled Triton GEMM for the prefill worker's narrow projections on a partition (`engine.prefill_gemm: triton`).
+"""A tiled Triton GEMM, and `route_projections` to run a model's projections through it: the kernel of
+`benchmarks/gpu/partition_gemm.py`.
 
-Why (`benchmarks/results/prefill_kernels_h200/`, docs/policy.md, twenty-seventh section): on a 116-SM green-context
-partition of an H200, cuBLAS's nvjet kernels for the qkv, o and down projections of a prefill step run 1.74x
-slower than on the whole GPU. They launch a persistent grid of 132 CTAs (the device's SMs) on the partition too,
-so its last 16 CTAs wait for an SM; telling cuBLAS or cuBLASLt the partition's SM count did not recover it. This
-kernel launches one program per output tile (or, with `num_programs`, that many programs looping over the tiles),
-so the hardware spreads the tiles over whatever SMs the partition has.
+Why it was written (docs/policy.md, twenty-seventh and twenty-eighth sections): on a 116-SM green-context partition
+of an H200, cuBLAS's kernels for the qkv, o and down projections of a prefill step run 1.74x slower than on the whole
+GPU (a grid of 132 CTAs, sized for the device). This kernel launches one program per output tile (or, with
+`num_programs`, that many programs looping over the tiles), so the hardware spreads the tiles over whatever SMs the
+partition has. Measured (`benchmarks/results/partition_gemm_h200/`): 0.60-0.77x of cuBLAS on the whole GPU and
+0.78-0.93x on 116 SMs, on every projection, so the engine does not use it (its `prefill_gemm: triton` was removed).
 
 Written from the textbook tiling: an output tile per program, a K loop with a float32 accumulator, tiles ordered in
-groups of GROUP_M rows so neighbouring programs share weight tiles in L2. `route_projections` sends a model's
-qkv, o and down projections through it (the prefill worker does, with prefill_gemm: triton); the decode worker and
-the chunked schedule keep cuBLAS. Opt-in and unmeasured in serving: `benchmarks/gpu/partition_gemm.py` measures
-the kernel against cuBLAS per place first. `TRITON_INTERPRET=1` runs it on CPU (the tests).
+groups of GROUP_M rows so neighbouring programs share weight tiles in L2. `TRITON_INTERPRET=1` runs it on CPU (the
+tests).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -77,9 +75,7 @@ CONFIGS: dict[str, tuple[int, int, int, int, int]] = {
     "256x128x64s3w8": (256, 128, 64, 3, 8), "128x128x64s4w4": (128, 128, 64, 4, 4),
     "16x32x16s1w1": (16, 32, 16, 1, 1),  # tiny: the CPU interpreter's tests
 }
-DEFAULT_CONFIG = "128x256x64s3w8"
-CONFIG_ENV = "BULLET_RAY_TRITON_GEMM_CONFIG"  # the tile config the engine's routed projections use
-# the projections the prefill worker routes: those cuBLAS loses most on a partition (gate_up keeps pace)
+# the projections cuBLAS loses most on a partition (gate_up keeps pace): route_projections' default
 NARROW = ("qkv", "o", "down")
 _MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
             "down": ("mlp", "down_proj")}
@@ -144,15 +140,6 @@ def load_in_stream_context(stream_handle: int, first_launch: Callable[[], Any] |
         popped = ctypes.c_void_p()
         check(cuda.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent")
     return len(_COMPILED)
-
-
-def config_from_env() -> str:
-    """The tile config named by BULLET_RAY_TRITON_GEMM_CONFIG (default DEFAULT_CONFIG); ValueError naming the
-    variable for an unknown one."""
-    name = os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)
-    if name not in CONFIGS:
-        raise ValueError(f"{CONFIG_ENV}={name!r} is not a tile config; choose one of {', '.join(CONFIGS)}")
-    return name
 
 
 def _routed(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: torch.Tensor,

@@ -32,7 +32,6 @@ import argparse
 import ctypes
 import ctypes.util
 import json
-import logging
 import os
 import sys
 import time
@@ -40,8 +39,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 # ---- values from cublasLt.h / cublas_api.h (CUDA 12.6 headers; unchanged in the CUDA 13 API) and library_types.h
 CUBLAS_STATUS_SUCCESS = 0
@@ -80,7 +77,7 @@ TILE_NAMES |= {116: "64x192", 176: "128x320", 177: "128x384", 208: "192x64", 209
 STAGES_NAMES = {0: "undefined", **{1 + 6 * i + j: f"{w}x{j + 1}" for i, w in enumerate((16, 32, 64, 128))
                                    for j in range(6)},
                 25: "32x10", 26: "8x4", 27: "16x10", 28: "8x5", 31: "8x3", 32: "8xAUTO", 33: "16xAUTO",
-                34: "32xAUTO", 35: "64xAUTO", 36: "128xAUTO"}
+                34: "32xAUTO", 35: "64xAUTO", 36: "128xAUTO", 37: "256xAUTO", 38: "768xAUTO"}  # 37, 38: 13.x
 # cublasLtClusterShape_t (1 is unused)
 _CLUSTERS = ("auto 1x1x1 2x1x1 4x1x1 1x2x1 2x2x1 4x2x1 1x4x1 2x4x1 4x4x1 8x1x1 1x8x1 8x2x1 2x8x1 16x1x1 1x16x1 "
              "3x1x1 5x1x1 6x1x1 7x1x1 9x1x1 10x1x1 11x1x1 12x1x1 13x1x1 14x1x1 15x1x1 3x2x1 5x2x1 6x2x1 7x2x1 "
@@ -413,24 +410,28 @@ def main(argv: list[str] | None = None) -> int:
     shapes = projections(resolve_source(args.model).config)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     workspace = torch.empty(args.max_workspace_mib << 20, dtype=torch.uint8, device="cuda")
-    results = []
-    points = [(place, t, proj) for place in places for t in tokens for proj in shapes]
-    for place, t, proj in tqdm(points, desc="points"):
-        k, n = shapes[proj]
-        row = sweep_point(lib, handle, place, sm_count, t, n, k, workspace, args)
-        results.append({"proj": proj, **row})
-        logger.info("%s T=%d %s: best %s", place[0], t, proj, row["best"])
-    for close in closers:
-        close()
-    lib.cublasLtDestroy(handle)
-    out = {"benchmark": "lt_algos", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "command": "python -m benchmarks.gpu.lt_algos " + " ".join(sys.argv[1:] if argv is None else argv),
-           "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
-                      "cublaslt_version": lib.cublasLtGetVersion(), "cublaslt_cudart": lib.cublasLtGetCudartVersion(),
-                      "cublaslt_path": lib_path},
-           "results": results}
+    out: dict[str, Any] = {
+        "benchmark": "lt_algos", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python -m benchmarks.gpu.lt_algos " + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
+                   "cublaslt_version": lib.cublasLtGetVersion(), "cublaslt_cudart": lib.cublasLtGetCudartVersion(),
+                   "cublaslt_path": lib_path},
+        "results": []}
+    results: list[dict[str, Any]] = out["results"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+    points = [(place, t, proj) for place in places for t in tokens for proj in shapes]
+    try:
+        for place, t, proj in tqdm(points, desc="points"):
+            k, n = shapes[proj]
+            row = sweep_point(lib, handle, place, sm_count, t, n, k, workspace, args)
+            results.append({"proj": proj, **row})
+            args.out.write_text(json.dumps(out, indent=1))  # after every point: a crash keeps what ran
+            tqdm.write(f"{place[0]} T={t} {proj}: F.linear {row['f_linear']['tflops']} TFLOP/s, {len(row['algos'])} "
+                       f"algos, best {row['best']}")
+    finally:
+        for close in closers:
+            close()
+        lib.cublasLtDestroy(handle)
     print_table(results)
     print(f"saved {args.out}")
     return 0

@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-# ---- values from cublasLt.h / cublas_api.h (CUDA 12.6 headers; unchanged in the CUDA 13 API) and library_types.h
+# ---- values from cublasLt.h and cublas_api.h (CUDA 12.6, and cuBLAS 13.10's from the pip nvidia-cublas wheel: the
+# same values) and library_types.h (CUDA 13.0); the attribute sizes below are the ones libcublasLt 13.10 accepts
 CUBLAS_STATUS_SUCCESS = 0
 STATUS_NAMES = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
                 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED",

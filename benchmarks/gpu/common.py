@@ -77,20 +77,23 @@ def whole_gpu_green_stream(device: int = 0) -> tuple[Any, Callable[[], None]]:
     return stream, close
 
 
-def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
+def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: Any = None) -> float:
     """Milliseconds per call of fn() issued `iters` times without waiting in between (the host runs ahead
-    of the GPU as far as fn lets it), from CUDA events around the whole run."""
+    of the GPU as far as fn lets it), from CUDA events around the whole run, on `stream` (None: the current
+    one; fn runs with it as the current stream)."""
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
+    s = stream or torch.cuda.current_stream()
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(s)
+        for _ in range(iters):
+            fn()
+        end.record(s)
+        end.synchronize()
     return start.elapsed_time(end) / iters
 
 

@@ -71,7 +71,7 @@ def kernel_counts(fn: Callable[[], Any]) -> dict[str, Any]:
             "gpu_ms": round(sum(own_us(e) for e in rows) / 1e3, 3)}
 
 
-def _seqs(lengths: list[int], max_tokens: int, vocab: int = 30100) -> list[Any]:
+def _seqs(lengths: list[int], max_tokens: int, vocab: int = 30100, logprobs: int | None = None) -> list[Any]:
     from bullet_ray.engine.sampler import SamplingState
     from bullet_ray.engine.sampling_params import SamplingParams
     from bullet_ray.engine.sequence import Sequence
@@ -79,7 +79,7 @@ def _seqs(lengths: list[int], max_tokens: int, vocab: int = 30100) -> list[Any]:
     seqs, block = [], 0
     for i, n in enumerate(lengths):
         ids = [(i * 7919 + j * 104729) % (vocab - 100) + 100 for j in range(n)]
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)
         seq = Sequence(f"r{i}", ids, SamplingState(params, list(ids)), 0.0, 1 << 20)
         per = (n + max_tokens + BLOCK - 1) // BLOCK
         seq.block_ids = list(range(block, block + per))
@@ -127,7 +127,9 @@ def step_kernel_counts(model: Any, cfg: Any) -> dict[str, Any]:
 @torch.inference_mode()
 def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str = "cuda",
                             lengths: list[int] | None = None) -> dict[str, Any]:
-    """Greedy tokens of the chunked schedule with decode graphs vs eager (asynchronous launch/collect).
+    """Greedy tokens of the chunked schedule with decode graphs vs eager (asynchronous launch/collect), with each
+    token's margin over the runner-up (top-2 logprobs: the sampler's float32 path, whose argmax is the bf16 one's):
+    where two rows part, a margin near 0 says a near tie flipped, a large one a wrong result.
     On CPU (a smoke test of this loop) both sides run eager with the torch backend."""
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
     from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
@@ -135,6 +137,7 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
     lengths = lengths or [40, 300, 1200, 77, 650, 2000, 15, 900]
     on_gpu = device.startswith("cuda")
     tokens: dict[str, list[list[int]]] = {}
+    margins: dict[str, list[list[float | None]]] = {}  # per run and row, each token's top-1 minus top-2 logprob
     info: dict[str, Any] = {}
     for name in ("graph", "eager"):
         runner, kv = make_runner(model, cfg, "flashinfer" if on_gpu else "torch", 2048, BLOCK, device,
@@ -144,7 +147,8 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
             runner.graphs.capture_all(0)
             runner.graphs.is_serving = True
         sched = ChunkedScheduler(_Blocks(2048), BLOCK, 512, 16)
-        seqs = _seqs(lengths, num_new, cfg.vocab_size)
+        seqs = _seqs(lengths, num_new, cfg.vocab_size, logprobs=2)
+        row_margins: dict[str, list[float | None]] = {seq.request_id: [] for seq in seqs}
         for s in seqs:
             s.block_ids = []
             sched.add(s)
@@ -159,10 +163,14 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
             if inflight is not None:
                 result = runner.collect(inflight)
                 for seq in result.sampled:
+                    lp = result.logprobs.get(seq.request_id)
+                    row_margins[seq.request_id].append(
+                        round(lp.top[0][1] - lp.top[1][1], 5) if lp is not None and len(lp.top) >= 2 else None)
                     if seq.check_finished(seq.output_token_ids[-1], ()):
                         sched.finish(seq)
             inflight = step
         tokens[name] = [list(s.output_token_ids) for s in seqs]
+        margins[name] = [row_margins[s.request_id] for s in seqs]
         info[name] = {"steps": steps, "decode_only_steps": decode_only}
         if runner.graphs is not None:
             info[name]["num_captures_serving"] = runner.graphs.num_captures_serving
@@ -174,9 +182,16 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
     # so everything after it differs by construction; how early it comes says more than the agreement share
     first_divergence = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
                         for a, b in zip(tokens["graph"], tokens["eager"])]
+    # at each row's parting token: the margin each run had there (nats); and the least margin of the eager run's
+    # tokens up to it (the row's closest call)
+    at_divergence = [None if i is None else {run: margins[run][row][i] if i < len(margins[run][row]) else None
+                                             for run in ("graph", "eager")}
+                     for row, i in enumerate(first_divergence)]
+    least = [min((m for m in ms[:None if i is None else i + 1] if m is not None), default=None)
+             for ms, i in zip(margins["eager"], first_divergence)]
     return {"prompt_lengths": lengths, "new_tokens": num_new, "tokens_equal": all(rows_equal),
-            "rows_equal": rows_equal, "first_divergence": first_divergence,
-            "token_agreement": round(agree / total, 4), **info}
+            "rows_equal": rows_equal, "first_divergence": first_divergence, "margin_at_divergence": at_divergence,
+            "least_margin_eager": least, "token_agreement": round(agree / total, 4), **info}
 
 
 def main() -> int:

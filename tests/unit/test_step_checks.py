@@ -12,3 +12,6 @@ def test_chunked_check_reports_equal_rows_and_no_divergence_on_cpu():
     assert r["tokens_equal"] and r["rows_equal"] == [True, True, True]
     assert r["first_divergence"] == [None, None, None] and r["token_agreement"] == 1.0
     assert r["graph"]["steps"] == r["eager"]["steps"] == 4
+    # every row's closest call is a margin (top-1 minus top-2 logprob, >= 0); none parted, so no parting margins
+    assert all(m is not None and m >= 0 for m in r["least_margin_eager"])
+    assert r["margin_at_divergence"] == [None, None, None]

@@ -19,7 +19,12 @@ status. JSON: every algorithm's configuration (algo/tile/stages/cluster/split-K/
 waves count, workspace, ms, TFLOP/s, error; the best one's speedup over `F.linear`. The table at the end gives per
 point the best algorithm's TFLOP/s per SM against the whole GPU's best.
 
-    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.lt_algos --decode-sms 16,64 --green-whole --out $OUT/lt_algos.json
+    bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.lt_algos --decode-sms 16,64 --green-whole --step \
+        --out $OUT/lt_algos.json
+
+With `--step`, each place's whole prefill step is also timed plain and with every projection whose best algorithm
+beat `F.linear` launched with it (`routed_step`; the JSON's `algo_hex` keeps each algorithm's 64 bytes, so the
+engine could launch the same one).
 
 The GEMM is `F.linear(x, w)`: x [M=T, K], w [N, K], y [M, N], bf16, row-major. In cuBLASLt's column-major terms
 D (N x M, ld N) = op(A) op(B) with A = w as K x N (ld K, TRANSA = T) and B = x as K x M (ld K, TRANSB = N);
@@ -310,7 +315,7 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
                 config = describe(lib, r.algo)
                 entry: dict[str, Any] = {"sm_target": target, "rank": rank, "label": config.label,
                                          "config": asdict(config), "waves": round(r.wavesCount, 3),
-                                         "workspace_bytes": r.workspaceSize}
+                                         "workspace_bytes": r.workspaceSize, "algo_hex": bytes(r.algo).hex()}
                 row["algos"].append(entry)
                 if r.workspaceSize > ws_bytes:
                     entry["skipped"] = f"needs {r.workspaceSize} B of workspace, over --max-workspace-mib"
@@ -337,9 +342,86 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
         row["same_algos_with_target"] = len(keys[0] & keys[targets[1]])
     ran = [a for a in row["algos"] if "ms" in a and a["rel_err"] <= args.max_rel_err]
     best = min(ran, key=lambda a: a["ms"]) if ran else None
-    row["best"] = None if best is None else {key: best[key] for key in ("label", "sm_target", "rank", "ms", "tflops")}
+    row["best"] = None if best is None else {key: best[key] for key in ("label", "sm_target", "rank", "ms", "tflops",
+                                                                         "algo_hex")}
     row["best_over_f_linear"] = None if best is None else round(base_ms / best["ms"], 3)
     return row
+
+
+# where each projection lives in a decoder layer of bullet_ray.models.llama
+MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
+           "down": ("mlp", "down_proj")}
+
+
+Launcher = Callable[[Any, Any, Any], None]  # (x [m, k], w [n, k], y [m, n]): y = x w^T, on the current stream
+
+
+def cublaslt_launchers(lib: ctypes.CDLL, handle: ctypes.c_void_p, workspace: Any) -> Callable[..., Any]:
+    """make(row) -> (launcher, close) for a sweep point's best algorithm, with the descriptor it was found with (with
+    or without the SM target) and the algorithm's 64 bytes (`algo_hex`)."""
+    def make(row: dict[str, Any]) -> tuple[Launcher, Callable[[], None]]:
+        import torch
+
+        gemm = LinearGemm(lib, handle, row["tokens"], row["n"], row["k"], row["best"]["sm_target"])
+        algo = MatmulAlgo.from_buffer_copy(bytes.fromhex(row["best"]["algo_hex"]))
+
+        def launch(x: Any, w: Any, y: Any) -> None:
+            check(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), workspace.data_ptr(), workspace.numel(),
+                           torch.cuda.current_stream().cuda_stream), "cublasLtMatmul")
+        return launch, gemm.close
+    return make
+
+
+def routed_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: int,
+                make_launcher: Callable[..., Any]) -> dict[str, Any]:
+    """One place's prefill step (`rows`: its sweep points at one token count), plain and with every projection whose
+    best algorithm beat F.linear launched through `make_launcher(row)` (cublaslt_launchers), and the two steps'
+    logits compared. A call whose input is not the [T, k] contiguous matrix the algorithm was chosen for runs
+    F.linear (counted)."""
+    import functools
+
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.gpu.common import on_stream
+    from bullet_ray.perf.sweep import _time_s
+
+    place, sms, n_rows = rows[0]["place"], rows[0]["sms"], rows[0]["tokens"]
+    chosen = {r["proj"]: r for r in rows if r["best"] is not None and (r["best_over_f_linear"] or 0) > 1.0}
+    fallbacks = [0]
+
+    def linear(mod: Any, launch: Launcher, x: Any) -> Any:
+        if x.dim() != 2 or x.shape[0] != n_rows or not x.is_contiguous():
+            fallbacks[0] += 1
+            return F.linear(x, mod.weight)
+        y = torch.empty(n_rows, mod.weight.shape[0], dtype=x.dtype, device=x.device)
+        launch(x, mod.weight, y)
+        return y
+
+    run, sync = on_stream(bench.step_fn(bench.batch(1, n_rows, 0), 0), stream)
+    plain_logits = run()
+    plain = _time_s(run, sync, repeats, 2)
+    patched, closers = [], []
+    try:
+        for proj, r in chosen.items():
+            launch, close = make_launcher(r)
+            closers.append(close)
+            for layer in bench.model.model.layers:
+                mod = getattr(getattr(layer, MODULES[proj][0]), MODULES[proj][1])
+                mod.forward = functools.partial(linear, mod, launch)
+                patched.append(mod)
+        routed_logits = run()
+        sync()
+        routed = _time_s(run, sync, repeats, 2)
+    finally:
+        for mod in patched:
+            del mod.forward
+        for close in closers:
+            close()
+    return {"place": place, "sms": sms, "tokens": n_rows, "plain_ms": round(plain * 1e3, 3),
+            "routed_ms": round(routed * 1e3, 3), "speedup": round(plain / routed, 3), "routed_projs": sorted(chosen),
+            "tokens_per_s": {"plain": round(n_rows / plain), "routed": round(n_rows / routed)},
+            "f_linear_fallbacks": fallbacks[0], "logits_rel_err": rel_error(routed_logits, plain_logits)}
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -375,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
                              "output is at most this")
     parser.add_argument("--green-whole", action="store_true",
                         help="also a place 'green<all SMs>': a green context holding every SM")
+    parser.add_argument("--step", action="store_true",
+                        help="also time a whole prefill step (one fresh sequence of T tokens, eager) per place and T, "
+                             "plain and with every projection whose best algorithm beat F.linear launched with it")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "lt_algos.json",
                         help="the JSON (default $OUT/lt_algos.json, or /tmp/out/lt_algos.json without $OUT)")
     args = parser.parse_args(argv)
@@ -411,14 +496,20 @@ def main(argv: list[str] | None = None) -> int:
     shapes = projections(resolve_source(args.model).config)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     workspace = torch.empty(args.max_workspace_mib << 20, dtype=torch.uint8, device="cuda")
+    bench = None
+    if args.step:
+        from bullet_ray.perf.sweep import Bench
+
+        bench = Bench(args.model, "cuda", "bfloat16", kv_fraction=0.4, use_graphs=False)
     out: dict[str, Any] = {
         "benchmark": "lt_algos", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python -m benchmarks.gpu.lt_algos " + " ".join(sys.argv[1:] if argv is None else argv),
         "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
                    "cublaslt_version": lib.cublasLtGetVersion(), "cublaslt_cudart": lib.cublasLtGetCudartVersion(),
                    "cublaslt_path": lib_path},
-        "results": []}
+        "results": [], "steps": []}
     results: list[dict[str, Any]] = out["results"]
+    steps: list[dict[str, Any]] = out["steps"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     points = [(place, t, proj) for place in places for t in tokens for proj in shapes]
     try:
@@ -428,12 +519,22 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"proj": proj, **row})
             args.out.write_text(json.dumps(out, indent=1))  # after every point: a crash keeps what ran
             tqdm.write(f"{place[0]} T={t} {proj}: F.linear {row['f_linear']['tflops']} TFLOP/s, {len(row['algos'])} "
-                       f"algos, best {row['best']}")
+                       f"algos, best {row['best'] and row['best']['label']} ({row['best_over_f_linear']}x)")
+            if bench is not None and proj == list(shapes)[-1]:  # the place's last projection at this T: its step
+                mine = [r for r in results if r["place"] == place[0] and r["tokens"] == t]
+                steps.append(routed_step(bench, mine, place[2], args.repeats,
+                                         cublaslt_launchers(lib, handle, workspace)))
+                args.out.write_text(json.dumps(out, indent=1))
+                tqdm.write(f"step {json.dumps(steps[-1])}")
     finally:
         for close in closers:
             close()
         lib.cublasLtDestroy(handle)
     print_table(results)
+    for st in steps:
+        print(f"step {st['place']:12} T {st['tokens']:>5}: F.linear {st['plain_ms']:.2f} ms, with the best algorithm "
+              f"for {','.join(st['routed_projs']) or 'none'} {st['routed_ms']:.2f} ms ({st['speedup']:.3f}x; logits rel "
+              f"err {st['logits_rel_err']:.1e})")
     print(f"saved {args.out}")
     return 0
 

@@ -5,32 +5,32 @@ import ctypes
 
 import pytest
 
-from benchmarks.gpu import lt_algos
+from benchmarks.gpu import cublaslt, lt_algos
 
 
 def test_struct_sizes_match_the_header():
-    assert ctypes.sizeof(lt_algos.MatmulAlgo) == 64  # uint64_t data[8]
-    assert ctypes.sizeof(lt_algos.HeuristicResult) == 96  # algo, size_t, status, float, int[4]
-    assert lt_algos.HeuristicResult.workspaceSize.offset == 64
-    assert lt_algos.HeuristicResult.state.offset == 72 and lt_algos.HeuristicResult.wavesCount.offset == 76
+    assert ctypes.sizeof(cublaslt.MatmulAlgo) == 64  # uint64_t data[8]
+    assert ctypes.sizeof(cublaslt.HeuristicResult) == 96  # algo, size_t, status, float, int[4]
+    assert cublaslt.HeuristicResult.workspaceSize.offset == 64
+    assert cublaslt.HeuristicResult.state.offset == 72 and cublaslt.HeuristicResult.wavesCount.offset == 76
 
 
 def test_linear_layout_is_the_column_major_transpose():
     # y [m, n] = x [m, k] @ w [n, k]^T  <=>  y^T (n x m, ld n) = (w as k x n)^T (x as k x m)
-    lay = lt_algos.linear_layout(m=2048, n=6144, k=4096)
-    assert lay.a == (4096, 6144, 4096) and lay.trans_a == lt_algos.CUBLAS_OP_T
-    assert lay.b == (4096, 2048, 4096) and lay.trans_b == lt_algos.CUBLAS_OP_N
+    lay = cublaslt.linear_layout(m=2048, n=6144, k=4096)
+    assert lay.a == (4096, 6144, 4096) and lay.trans_a == cublaslt.CUBLAS_OP_T
+    assert lay.b == (4096, 2048, 4096) and lay.trans_b == cublaslt.CUBLAS_OP_N
     assert lay.d == (6144, 2048, 6144)
 
 
 def test_enum_names_follow_the_header():
-    assert lt_algos.TILE_NAMES[24] == "256x128" and lt_algos.TILE_NAMES[20] == "128x128"
-    assert lt_algos.TILE_NAMES[35] == "256x32" and lt_algos.TILE_NAMES[513] == "256x256"
-    assert lt_algos.STAGES_NAMES[16] == "64x4" and lt_algos.STAGES_NAMES[24] == "128x6"
-    assert lt_algos.STAGES_NAMES[31] == "8x3" and 29 not in lt_algos.STAGES_NAMES
-    assert lt_algos.CLUSTER_NAMES[0] == "auto" and 1 not in lt_algos.CLUSTER_NAMES
-    assert lt_algos.CLUSTER_NAMES[5] == "1x2x1" and lt_algos.CLUSTER_NAMES[9] == "2x4x1"
-    assert lt_algos.CLUSTER_NAMES[51] == "1x15x1"
+    assert cublaslt.TILE_NAMES[24] == "256x128" and cublaslt.TILE_NAMES[20] == "128x128"
+    assert cublaslt.TILE_NAMES[35] == "256x32" and cublaslt.TILE_NAMES[513] == "256x256"
+    assert cublaslt.STAGES_NAMES[16] == "64x4" and cublaslt.STAGES_NAMES[24] == "128x6"
+    assert cublaslt.STAGES_NAMES[31] == "8x3" and 29 not in cublaslt.STAGES_NAMES
+    assert cublaslt.CLUSTER_NAMES[0] == "auto" and 1 not in cublaslt.CLUSTER_NAMES
+    assert cublaslt.CLUSTER_NAMES[5] == "1x2x1" and cublaslt.CLUSTER_NAMES[9] == "2x4x1"
+    assert cublaslt.CLUSTER_NAMES[51] == "1x15x1"
 
 
 def test_decode_algo_reads_every_attribute_and_labels_it():
@@ -41,21 +41,21 @@ def test_decode_algo_reads_every_attribute_and_labels_it():
         seen_types[attr] = ctype
         return values[attr]
 
-    config = lt_algos.decode_algo(get)
+    config = cublaslt.decode_algo(get)
     assert config.tile_id == 24 and config.cluster_shape_id == 5
     assert seen_types[7] is ctypes.c_uint16 and seen_types[8] is ctypes.c_uint16 and seen_types[2] is ctypes.c_int32
     assert config.label == "algo66 tile 256x128 stages 64x4 cluster 1x2x1 splitK 1"
 
 
 def test_label_of_split_k_unknown_ids_and_refused_attributes():
-    config = lt_algos.decode_algo(lambda attr, ctype: {1: 999, 2: 4, 3: 2, 4: 1, 5: 3}.get(attr, 0))
+    config = cublaslt.decode_algo(lambda attr, ctype: {1: 999, 2: 4, 3: 2, 4: 1, 5: 3}.get(attr, 0))
     assert config.label == "algo0 tile #999 stages undefined cluster auto splitK 4 (compute_type) swz1 opt3"
-    refused = lt_algos.decode_algo(lambda attr, ctype: None if attr == 8 else 1)
+    refused = cublaslt.decode_algo(lambda attr, ctype: None if attr == 8 else 1)
     assert refused.cluster_shape_id is None and "cluster ?" in refused.label
 
 
-def _result(words: list[int], waves: float = 1.0) -> lt_algos.HeuristicResult:
-    r = lt_algos.HeuristicResult()
+def _result(words: list[int], waves: float = 1.0) -> cublaslt.HeuristicResult:
+    r = cublaslt.HeuristicResult()
     for i, w in enumerate(words):
         r.algo.data[i] = w
     r.wavesCount = waves
@@ -65,10 +65,10 @@ def _result(words: list[int], waves: float = 1.0) -> lt_algos.HeuristicResult:
 def test_dedupe_keeps_the_first_of_identical_algos_with_its_rank():
     a, b = _result([1, 2, 3]), _result([1, 2, 4])
     same_as_a = _result([1, 2, 3], waves=2.0)
-    kept = lt_algos.dedupe([a, b, same_as_a, b])
+    kept = cublaslt.dedupe([a, b, same_as_a, b])
     assert [rank for rank, _ in kept] == [0, 1]
     assert kept[0][1].wavesCount == 1.0
-    assert lt_algos.algo_key(a.algo) == lt_algos.algo_key(same_as_a.algo) and len(lt_algos.algo_key(a.algo)) == 64
+    assert cublaslt.algo_key(a.algo) == cublaslt.algo_key(same_as_a.algo) and len(cublaslt.algo_key(a.algo)) == 64
 
 
 def test_cublaslt_path_from_maps():
@@ -78,14 +78,14 @@ def test_cublaslt_path_from_maps():
         "7f04-7f05 r-xp 00000000 08:01 456 /venv/nvidia/cu13/lib/libcublasLt.so.13\n"
         "7f06-7f07 r-xp 00000000 08:01 789 /venv/nvidia/cu13/lib/libcublas.so.13\n"
     )
-    assert lt_algos.cublaslt_path_from_maps(maps) == "/venv/nvidia/cu13/lib/libcublasLt.so.13"
-    assert lt_algos.cublaslt_path_from_maps(maps.replace("libcublasLt", "libother")) is None
+    assert cublaslt.cublaslt_path_from_maps(maps) == "/venv/nvidia/cu13/lib/libcublasLt.so.13"
+    assert cublaslt.cublaslt_path_from_maps(maps.replace("libcublasLt", "libother")) is None
 
 
 def test_error_names_the_call_and_status():
-    with pytest.raises(lt_algos.CublasLtError, match=r"cublasLtMatmul failed: CUBLAS_STATUS_NOT_SUPPORTED \(15\)"):
-        lt_algos.check(15, "cublasLtMatmul")
-    lt_algos.check(0, "cublasLtMatmul")
+    with pytest.raises(cublaslt.CublasLtError, match=r"cublasLtMatmul failed: CUBLAS_STATUS_NOT_SUPPORTED \(15\)"):
+        cublaslt.check(15, "cublasLtMatmul")
+    cublaslt.check(0, "cublasLtMatmul")
 
 
 def test_help_exits_zero(capsys):

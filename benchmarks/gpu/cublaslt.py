@@ -1,0 +1,244 @@
+"""A ctypes binding to the libcublasLt that torch loaded: just what `benchmarks/gpu/lt_algos.py` needs to ask
+cuBLASLt's heuristic for every algorithm of an `F.linear` GEMM, describe each one and launch it on a stream.
+
+The GEMM is `F.linear(x, w)`: x [M=T, K], w [N, K], y [M, N], bf16, row-major. In cuBLASLt's column-major terms
+D (N x M, ld N) = op(A) op(B) with A = w as K x N (ld K, TRANSA = T) and B = x as K x M (ld K, TRANSB = N);
+compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F, alpha 1, beta 0, C = D (`linear_layout`, `LinearGemm`).
+Importing it needs neither torch nor CUDA; `load_cublaslt` needs torch to have run a GEMM on the GPU first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# ---- values from cublasLt.h and cublas_api.h (CUDA 12.6, and cuBLAS 13.10's from the pip nvidia-cublas wheel: the
+# same values) and library_types.h (CUDA 13.0); the attribute sizes below are the ones libcublasLt 13.10 accepts
+CUBLAS_STATUS_SUCCESS = 0
+STATUS_NAMES = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
+                11: "MAPPING_ERROR", 13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED",
+                16: "LICENSE_ERROR"}  # cublasStatus_t
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1  # cublasOperation_t
+CUBLAS_COMPUTE_32F = 68  # cublasComputeType_t
+CUDA_R_32F, CUDA_R_16BF = 0, 14  # cudaDataType_t (library_types.h)
+# cublasLtMatmulDescAttributes_t (each int32_t)
+CUBLASLT_MATMUL_DESC_TRANSA = 3
+CUBLASLT_MATMUL_DESC_TRANSB = 4
+CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = 15
+CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t, uint64_t
+# cublasLtMatmulAlgoConfigAttributes_t: (name, value, C type of the attribute)
+ALGO_CONFIG_ATTRS: tuple[tuple[str, int, Any], ...] = (
+    ("algo_id", 0, ctypes.c_int32),            # CUBLASLT_ALGO_CONFIG_ID
+    ("tile_id", 1, ctypes.c_uint32),           # CUBLASLT_ALGO_CONFIG_TILE_ID
+    ("splitk_num", 2, ctypes.c_int32),         # CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+    ("reduction_scheme", 3, ctypes.c_uint32),  # CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME
+    ("cta_swizzling", 4, ctypes.c_uint32),     # CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING
+    ("custom_option", 5, ctypes.c_uint32),     # CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION
+    ("stages_id", 6, ctypes.c_uint32),         # CUBLASLT_ALGO_CONFIG_STAGES_ID
+    ("inner_shape_id", 7, ctypes.c_uint16),    # CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID
+    ("cluster_shape_id", 8, ctypes.c_uint16),  # CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
+)
+REDUCTION_NAMES = {0: "none", 1: "inplace", 2: "compute_type", 4: "output_type"}  # cublasLtReductionScheme_t
+# cublasLtMatmulTile_t: ids 1-35 (sorted by size) and the larger sm90-sized tiles; others print as their id
+_TILES_0_TO_35 = ("undefined 8x8 8x16 16x8 8x32 16x16 32x8 8x64 16x32 32x16 64x8 32x32 32x64 64x32 32x128 64x64 "
+                  "128x32 64x128 128x64 64x256 128x128 256x64 64x512 128x256 256x128 512x64 64x96 96x64 96x128 "
+                  "128x160 160x128 192x128 128x192 128x96 32x256 256x32")
+TILE_NAMES = dict(enumerate(_TILES_0_TO_35.split()))
+TILE_NAMES |= {116: "64x192", 176: "128x320", 177: "128x384", 208: "192x64", 209: "192x192", 210: "192x256",
+               232: "256x192", 447: "128x512", 495: "256x96", 502: "256x160", 513: "256x256"}
+# cublasLtMatmulStages_t (29 and 30 are unused)
+STAGES_NAMES = {0: "undefined", **{1 + 6 * i + j: f"{w}x{j + 1}" for i, w in enumerate((16, 32, 64, 128))
+                                   for j in range(6)},
+                25: "32x10", 26: "8x4", 27: "16x10", 28: "8x5", 31: "8x3", 32: "8xAUTO", 33: "16xAUTO",
+                34: "32xAUTO", 35: "64xAUTO", 36: "128xAUTO", 37: "256xAUTO", 38: "768xAUTO"}  # 37, 38: 13.x
+# cublasLtClusterShape_t (1 is unused)
+_CLUSTERS = ("auto 1x1x1 2x1x1 4x1x1 1x2x1 2x2x1 4x2x1 1x4x1 2x4x1 4x4x1 8x1x1 1x8x1 8x2x1 2x8x1 16x1x1 1x16x1 "
+             "3x1x1 5x1x1 6x1x1 7x1x1 9x1x1 10x1x1 11x1x1 12x1x1 13x1x1 14x1x1 15x1x1 3x2x1 5x2x1 6x2x1 7x2x1 "
+             "1x3x1 2x3x1 3x3x1 4x3x1 5x3x1 3x4x1 1x5x1 2x5x1 3x5x1 1x6x1 2x6x1 1x7x1 2x7x1 1x9x1 1x10x1 1x11x1 "
+             "1x12x1 1x13x1 1x14x1 1x15x1")
+CLUSTER_NAMES = dict(zip([0, *range(2, 52)], _CLUSTERS.split()))
+
+
+class MatmulAlgo(ctypes.Structure):
+    """cublasLtMatmulAlgo_t: opaque, 64 bytes."""
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class HeuristicResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t: 96 bytes on a 64-bit host."""
+    _fields_ = [("algo", MatmulAlgo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+class CublasLtError(RuntimeError):
+    """A cuBLASLt call returned a status other than CUBLAS_STATUS_SUCCESS."""
+
+    def __init__(self, call: str, status: int):
+        super().__init__(f"{call} failed: CUBLAS_STATUS_{STATUS_NAMES.get(status, status)} ({status})")
+        self.call, self.status = call, status
+
+
+def check(status: int, call: str) -> None:
+    if status != CUBLAS_STATUS_SUCCESS:
+        raise CublasLtError(call, status)
+
+
+@dataclass(frozen=True)
+class LinearLayout:
+    """`F.linear(x [m, k], w [n, k]) -> y [m, n]` (row-major) as cuBLASLt's column-major D = op(A) op(B)."""
+    a: tuple[int, int, int]  # (rows, cols, ld) of A: w viewed as k x n
+    b: tuple[int, int, int]  # of B: x viewed as k x m
+    d: tuple[int, int, int]  # of C and D: y viewed as n x m
+    trans_a: int  # cublasOperation_t of A
+    trans_b: int
+
+
+def linear_layout(m: int, n: int, k: int) -> LinearLayout:
+    return LinearLayout(a=(k, n, k), b=(k, m, k), d=(n, m, n), trans_a=CUBLAS_OP_T, trans_b=CUBLAS_OP_N)
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """What cublasLtMatmulAlgoConfigGetAttribute says of one algorithm (None: the library refused the attribute)."""
+    algo_id: int | None
+    tile_id: int | None
+    splitk_num: int | None
+    reduction_scheme: int | None
+    cta_swizzling: int | None
+    custom_option: int | None
+    stages_id: int | None
+    inner_shape_id: int | None
+    cluster_shape_id: int | None
+
+    @property
+    def label(self) -> str:
+        """e.g. 'algo66 tile 256x128 stages 64x4 cluster 2x1x1 splitK 1': the columns of the table."""
+        def name(table: dict[int, str], value: int | None) -> str:
+            return "?" if value is None else table.get(value, f"#{value}")
+        text = (f"algo{self.algo_id} tile {name(TILE_NAMES, self.tile_id)} stages {name(STAGES_NAMES, self.stages_id)}"
+                f" cluster {name(CLUSTER_NAMES, self.cluster_shape_id)} splitK {self.splitk_num}")
+        if self.splitk_num not in (None, 0, 1):
+            text += f" ({name(REDUCTION_NAMES, self.reduction_scheme)})"
+        return text + (f" swz{self.cta_swizzling}" if self.cta_swizzling else "") + (
+            f" opt{self.custom_option}" if self.custom_option else "")
+
+
+def decode_algo(get: Callable[[int, Any], int | None]) -> AlgoConfig:
+    """The AlgoConfig read through `get(attribute value, C type) -> value or None`."""
+    return AlgoConfig(**{name: get(value, ctype) for name, value, ctype in ALGO_CONFIG_ATTRS})
+
+
+def algo_key(algo: MatmulAlgo) -> bytes:
+    return bytes(algo)
+
+
+def dedupe(results: list[HeuristicResult]) -> list[tuple[int, HeuristicResult]]:
+    """(heuristic rank, result) of each distinct algorithm (by its 64 bytes), first occurrence kept."""
+    seen: set[bytes] = set()
+    out = []
+    for rank, r in enumerate(results):
+        if algo_key(r.algo) not in seen:
+            seen.add(algo_key(r.algo))
+            out.append((rank, r))
+    return out
+
+
+def cublaslt_path_from_maps(maps: str) -> str | None:
+    """The first mapped file whose name contains libcublasLt.so in /proc/<pid>/maps text."""
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
+        if "libcublasLt.so" in os.path.basename(path):
+            return path
+    return None
+
+
+def load_cublaslt() -> tuple[ctypes.CDLL, str]:
+    """(the libcublasLt that torch loaded, its path); torch must have run a bf16 GEMM on the GPU already."""
+    with open("/proc/self/maps") as f:
+        path = cublaslt_path_from_maps(f.read()) or ctypes.util.find_library("cublasLt")
+    if path is None:
+        raise RuntimeError("no libcublasLt: not mapped in this process after a GPU F.linear, and "
+                           "ctypes.util.find_library('cublasLt') found none; install torch's CUDA build")
+    lib = ctypes.CDLL(path)
+    p, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    pp = ctypes.POINTER(p)
+    sigs: dict[str, tuple[Any, list[Any]]] = {
+        "cublasLtCreate": (i32, [pp]), "cublasLtDestroy": (i32, [p]),
+        "cublasLtGetVersion": (sz, []), "cublasLtGetCudartVersion": (sz, []),
+        "cublasLtMatmulDescCreate": (i32, [pp, i32, i32]), "cublasLtMatmulDescDestroy": (i32, [p]),
+        "cublasLtMatmulDescSetAttribute": (i32, [p, i32, p, sz]),
+        "cublasLtMatrixLayoutCreate": (i32, [pp, i32, u64, u64, i64]), "cublasLtMatrixLayoutDestroy": (i32, [p]),
+        "cublasLtMatmulPreferenceCreate": (i32, [pp]), "cublasLtMatmulPreferenceDestroy": (i32, [p]),
+        "cublasLtMatmulPreferenceSetAttribute": (i32, [p, i32, p, sz]),
+        "cublasLtMatmulAlgoGetHeuristic": (i32, [p, p, p, p, p, p, p, i32, ctypes.POINTER(HeuristicResult),
+                                                 ctypes.POINTER(i32)]),
+        "cublasLtMatmul": (i32, [p, p, p, p, p, p, p, p, p, p, p, p, ctypes.POINTER(MatmulAlgo), p, sz, p]),
+        "cublasLtMatmulAlgoConfigGetAttribute": (i32, [ctypes.POINTER(MatmulAlgo), i32, p, sz, ctypes.POINTER(sz)]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib, path
+
+
+class LinearGemm:
+    """One `F.linear` shape (m, n, k) in bf16 as cuBLASLt descriptors, with or without an SM-count target.
+    Owns its descriptors: close() frees them."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p, m: int, n: int, k: int, sm_target: int = 0):
+        self.lib, self.handle, self.sm_target = lib, handle, sm_target
+        self.desc = ctypes.c_void_p()
+        self.layouts = [ctypes.c_void_p() for _ in range(3)]  # A, B, C = D
+        self.pref = ctypes.c_void_p()
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        lay = linear_layout(m, n, k)
+        check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              "cublasLtMatmulDescCreate")
+        for attr, value in ((CUBLASLT_MATMUL_DESC_TRANSA, lay.trans_a), (CUBLASLT_MATMUL_DESC_TRANSB, lay.trans_b)) + (
+                ((CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, sm_target),) if sm_target else ()):
+            v = ctypes.c_int32(value)
+            check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), ctypes.sizeof(v)),
+                  f"cublasLtMatmulDescSetAttribute({attr})")
+        for out, (rows, cols, ld) in zip(self.layouts, (lay.a, lay.b, lay.d)):
+            check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(out), CUDA_R_16BF, rows, cols, ld),
+                  f"cublasLtMatrixLayoutCreate({rows}x{cols}, ld {ld})")
+        check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "cublasLtMatmulPreferenceCreate")
+
+    def heuristics(self, max_workspace_bytes: int, count: int) -> list[HeuristicResult]:
+        """Up to `count` algorithms, best estimated first, each needing at most `max_workspace_bytes`."""
+        ws = ctypes.c_uint64(max_workspace_bytes)
+        check(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            ctypes.byref(ws), ctypes.sizeof(ws)),
+              "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)")
+        results, returned = (HeuristicResult * count)(), ctypes.c_int(0)
+        a, b, d = self.layouts
+        check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, d, d, self.pref, count, results,
+                                                      ctypes.byref(returned)), "cublasLtMatmulAlgoGetHeuristic")
+        return [results[i] for i in range(returned.value) if results[i].state == CUBLAS_STATUS_SUCCESS]
+
+    def run(self, algo: MatmulAlgo, w_ptr: int, x_ptr: int, y_ptr: int, ws_ptr: int, ws_bytes: int,
+            stream: int) -> int:
+        """Launch y = x w^T with `algo` on `stream` (a cudaStream_t as int); returns the cublasStatus_t."""
+        a, b, d = self.layouts
+        return self.lib.cublasLtMatmul(self.handle, self.desc, ctypes.byref(self.alpha), w_ptr, a, x_ptr, b,
+                                       ctypes.byref(self.beta), y_ptr, d, y_ptr, d, ctypes.byref(algo), ws_ptr,
+                                       ws_bytes, stream)
+
+    def close(self) -> None:
+        self.lib.cublasLtMatmulPreferenceDestroy(self.pref)
+        for layout in self.layouts:
+            self.lib.cublasLtMatrixLayoutDestroy(layout)
+        self.lib.cublasLtMatmulDescDestroy(self.desc)
+
+
+def describe(lib: ctypes.CDLL, algo: MatmulAlgo) -> AlgoConfig:
+    def get(attr: int, ctype: Any) -> int | None:
+        value, written = ctype(), ctypes.c_size_t(0)
+        status = lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                          ctypes.sizeof(value), ctypes.byref(written))
+        return int(value.value) if status == CUBLAS_STATUS_SUCCESS else None
+    return decode_algo(get)

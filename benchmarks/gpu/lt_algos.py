@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import json
 import os
 import sys

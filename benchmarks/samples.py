@@ -12,13 +12,17 @@ and whether the mean meets the goal.
         --a bullet-slo-margin50+direct --b chunked-2048+direct,vllm --slo strict,relaxed --goal 1.25,1.2
 
 `--goal` gives one goal per B, in order. A sample where either point is censored ('>= max rate' or '< min rate')
-or missing is listed and left out of the mean, with the reason.
+or missing is listed and left out of the mean, with the reason. Where the censoring bounds the ratio (A above
+the sweep's top rate or B below its lowest: at least; the other way round: at most), the bound is shown, and a
+second mean takes each such sample at its bound: a lower (upper) bound of the mean when every bound is a lower
+(upper) one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -31,9 +35,33 @@ def load_points(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no goodput_ci.json (run python -m benchmarks.goodput_ci {folder})")
     data = json.loads(path.read_text())
-    return {system: {slo: {"value": v["point"]["value"], "censored": v["point"]["censored"]}
+    return {system: {slo: {"value": v["point"]["value"], "censored": v["point"]["censored"],
+                           "label": v["point"].get("label")}
                      for slo, v in by_slo.items()}
             for system, by_slo in data["systems"].items()}
+
+
+def _censored_rate(point: dict[str, Any]) -> tuple[str, float] | None:
+    """("<", r) for a point below the sweep's lowest rate r, (">=", r) for one at or above its top rate; None when
+    the point's label does not say (goodput_ci labels them '< 24.00' and '>= 48.00')."""
+    m = re.fullmatch(r"\s*(<|>=)\s*([0-9.]+)\s*", point.get("label") or "")
+    return (m.group(1), float(m.group(2))) if m else None
+
+
+def ratio_bound(pa: dict[str, Any], pb: dict[str, Any]) -> dict[str, Any] | None:
+    """What A/B is at least ("lower") or at most ("upper") when one or both points are censored; None if open."""
+    ca, cb = (_censored_rate(p) if p["censored"] else None for p in (pa, pb))
+    if (pa["censored"] and ca is None) or (pb["censored"] and cb is None):
+        return None
+    a = ca[1] if ca else pa["value"]
+    b = cb[1] if cb else pb["value"]
+    if not a or not b:
+        return None
+    # A's true goodput is below ("<") or above (">=") a; B's likewise; the ratio moves with A and against B
+    a_side = {"<": "upper", ">=": "lower", None: None}[ca[0] if ca else None]
+    b_side = {"<": "lower", ">=": "upper", None: None}[cb[0] if cb else None]
+    sides = {s for s in (a_side, b_side) if s}
+    return {"side": sides.pop(), "ratio": a / b} if len(sides) == 1 else None
 
 
 def sample_ratios(points: list[tuple[str, dict[str, Any]]], a: str, b: str, slo: str) -> list[dict[str, Any]]:
@@ -46,6 +74,7 @@ def sample_ratios(points: list[tuple[str, dict[str, Any]]], a: str, b: str, slo:
             row["left_out"] = f"{a if pa is None else b} not in this sample"
         elif pa["censored"] or pb["censored"]:
             row["left_out"] = f"censored ({a if pa['censored'] else b}: {pa['censored'] or pb['censored']})"
+            row["bound"] = ratio_bound(pa, pb)
         elif not pb["value"]:
             row["left_out"] = f"{b} has no goodput"
         else:
@@ -57,8 +86,15 @@ def sample_ratios(points: list[tuple[str, dict[str, Any]]], a: str, b: str, slo:
 def summarize(rows: list[dict[str, Any]], goal: float | None) -> dict[str, Any]:
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     mean = statistics.fmean(ratios) if ratios else None
+    bounds = [r["bound"] for r in rows if r.get("bound")]
+    sides = {b["side"] for b in bounds}
+    with_bounds = None  # the mean with each bounded sample at its bound, when that bounds the mean one way
+    if bounds and len(sides) == 1:
+        with_bounds = {"side": sides.pop(), "n": len(ratios) + len(bounds),
+                       "mean": statistics.fmean(ratios + [b["ratio"] for b in bounds])}
     return {"n": len(ratios), "mean": mean, "min": min(ratios, default=None), "max": max(ratios, default=None),
-            "goal": goal, "meets_goal": None if mean is None or goal is None else mean >= goal}
+            "mean_with_bounds": with_bounds, "goal": goal,
+            "meets_goal": None if mean is None or goal is None else mean >= goal}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,21 +122,31 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"command": "python -m benchmarks.samples " + " ".join(sys.argv[1:] if argv is None
                                                                                     else argv), "pairs": []}
     print(f"`{report['command']}`\n")
-    print("| A / B | SLO | " + " | ".join(f"sample {i + 1}" for i in range(len(points))) + " | mean (n) | goal |")
-    print("|---|---|" + "---|" * len(points) + "---|---|")
+    print("| A / B | SLO | " + " | ".join(f"sample {i + 1}" for i in range(len(points)))
+          + " | mean (n) | censored at their bound (n) | goal |")
+    print("|---|---|" + "---|" * len(points) + "---|---|---|")
     for i, b in enumerate(bs):
         for slo in slos:
             rows = sample_ratios(points, args.a, b, slo)
             s = summarize(rows, goals[i] if goals else None)
             report["pairs"].append({"a": args.a, "b": b, "slo": slo, "samples": rows, **s})
-            cells = [f"{r['ratio']:.3f}x" if r["ratio"] is not None else f"- ({r['left_out']})" for r in rows]
+            cells = [f"{r['ratio']:.3f}x" if r["ratio"] is not None else
+                     f"{_bound_text(r['bound'])} ({r['left_out']})" if r.get("bound") else f"- ({r['left_out']})"
+                     for r in rows]
             mean = f"**{s['mean']:.3f}x** ({s['n']})" if s["mean"] is not None else "- (0)"
+            wb = s["mean_with_bounds"]
+            bounded = "-" if wb is None else f"{_bound_text(wb)} ({wb['n']})"
             goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}"
-            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {goal} |")
+            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {bounded} | {goal} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def _bound_text(bound: dict[str, Any]) -> str:
+    value = bound.get("ratio", bound.get("mean"))
+    return f"{'>=' if bound['side'] == 'lower' else '<='} {value:.3f}x"
 
 
 if __name__ == "__main__":

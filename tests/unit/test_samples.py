@@ -40,3 +40,31 @@ def test_missing_system_and_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         samples.main([str(tmp_path / "s1"), "--a", "a", "--b", "b,c", "--goal", "1.2"])
     assert "one per system" in capsys.readouterr().err
+
+
+def test_a_censored_sample_bounds_the_ratio_and_a_second_mean(tmp_path, capsys):
+    """B below the sweep's lowest rate: A/B is at least A over that rate; A below it: at most; both censored the
+    same way: open. The second mean takes each bounded sample at its bound."""
+    def point(value, censored=None, label=None):
+        return {"value": value, "censored": censored, "label": label}
+
+    assert samples.ratio_bound(point(25.0), point(0.0, "below", "< 24.00")) == {"side": "lower",
+                                                                                "ratio": pytest.approx(25 / 24)}
+    assert samples.ratio_bound(point(0.0, "below", "< 24.00"), point(30.0))["side"] == "upper"
+    assert samples.ratio_bound(point(48.0, "above", ">= 48.00"), point(40.0))["side"] == "lower"
+    assert samples.ratio_bound(point(0.0, "below", "< 24.00"), point(0.0, "below", "< 24.00")) is None
+    assert samples.ratio_bound(point(30.0), point(0.0, "below", None)) is None  # no label: no rate to bound by
+    for name, pts in (("s1", {"a": (30.0, None, None), "b": (24.0, None, None)}),
+                      ("s2", {"a": (25.0, None, None), "b": (0.0, "below", "< 24.00")})):
+        folder = tmp_path / name
+        folder.mkdir()
+        systems = {s: {"strict": {"point": {"value": v, "censored": c, "label": lab}}} for s, (v, c, lab) in pts.items()}
+        (folder / "goodput_ci.json").write_text(json.dumps({"systems": systems}))
+    out = tmp_path / "r.json"
+    assert samples.main([str(tmp_path / "s1"), str(tmp_path / "s2"), "--a", "a", "--b", "b", "--slo", "strict",
+                         "--out", str(out)]) == 0
+    (pair,) = json.loads(out.read_text())["pairs"]
+    assert pair["n"] == 1 and pair["mean"] == pytest.approx(1.25)
+    assert pair["mean_with_bounds"] == {"side": "lower", "n": 2, "mean": pytest.approx((1.25 + 25 / 24) / 2)}
+    printed = capsys.readouterr().out
+    assert ">= 1.042x (censored" in printed and ">= 1.146x (2)" in printed

@@ -43,13 +43,31 @@ ALGO_CONFIG_ATTRS: tuple[tuple[str, int, Any], ...] = (
     ("cluster_shape_id", 8, ctypes.c_uint16),  # CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
 )
 REDUCTION_NAMES = {0: "none", 1: "inplace", 2: "compute_type", 4: "output_type"}  # cublasLtReductionScheme_t
-# cublasLtMatmulTile_t: ids 1-35 (sorted by size) and the larger sm90-sized tiles; others print as their id
+# cublasLtMatmulTile_t (cuBLAS 13.10's cublasLt.h, ids 0-645, "rows x cols" of the output tile): 0-35 by hand, then
+# the header's runs, each every `rows x cols` with cols a multiple of `step` up to a maximum, skipping shapes already
+# named, then 631-645 by hand (`tile_names` rebuilt the header's table exactly when this was written)
 _TILES_0_TO_35 = ("undefined 8x8 8x16 16x8 8x32 16x16 32x8 8x64 16x32 32x16 64x8 32x32 32x64 64x32 32x128 64x64 "
                   "128x32 64x128 128x64 64x256 128x128 256x64 64x512 128x256 256x128 512x64 64x96 96x64 96x128 "
                   "128x160 160x128 192x128 128x192 128x96 32x256 256x32")
-TILE_NAMES = dict(enumerate(_TILES_0_TO_35.split()))
-TILE_NAMES |= {116: "64x192", 176: "128x320", 177: "128x384", 208: "192x64", 209: "192x192", 210: "192x256",
-               232: "256x192", 447: "128x512", 495: "256x96", 502: "256x160", 513: "256x256"}
+
+
+def tile_names() -> dict[int, str]:
+    names = _TILES_0_TO_35.split()
+
+    def run(rows: int, step: int, max_cols: int) -> None:
+        names.extend(f"{rows}x{cols}" for cols in range(step, max_cols + 1, step) if f"{rows}x{cols}" not in names)
+    widest = {64: 768, 72: 640, 80: 576, 96: 512, 104: 448, 128: 384, 152: 320, 192: 256, 256: 192, 384: 128, 768: 64}
+    for rows in range(8, 769, 8):  # ids 36-311: cols in steps of 64, up to widest[the first key >= rows]
+        run(rows, 64, widest[min(w for w in widest if w >= rows)])
+    for rows, max_cols in ((64, 760), (128, 512), (192, 336), (256, 256), (320, 200), (384, 168), (448, 144),
+                           (512, 128), (576, 112), (640, 96), (704, 88), (768, 80)):  # ids 312-630: cols in steps of 8
+        run(rows, 8, max_cols)
+    names += ["256x512", "256x1024", "512x512", "512x1024"]
+    names += [f"{rows}x1" for rows in (4, 8, 16, 24, 32, 40, 48, 64, 128, 192, 256)]
+    return dict(enumerate(names))
+
+
+TILE_NAMES = tile_names()
 # cublasLtMatmulStages_t (29 and 30 are unused)
 STAGES_NAMES = {0: "undefined", **{1 + 6 * i + j: f"{w}x{j + 1}" for i, w in enumerate((16, 32, 64, 128))
                                    for j in range(6)},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -243,6 +244,11 @@ def _round_robin(groups: Iterable[Iterator[AlgoChoice]]) -> Iterator[AlgoChoice]
         alive = still
 
 
+def _choice(algo_id: int, tile: int, stages: int, cluster: int, swizzle: int, split: tuple[int, int],
+            option: int) -> AlgoChoice:
+    return AlgoChoice(algo_id, tile, stages, split[0], split[1], swizzle, option, cluster)
+
+
 def _area(tile_id: int) -> int:
     sides = tile_sides(tile_id)
     return sides[0] * sides[1] if sides else 0
@@ -265,8 +271,7 @@ def enumerate_configs(caps: list[AlgoCaps], bounds: EnumBounds) -> EnumPlan:
                                  list(bounds.cluster_shape_ids), [0, 1] if cap.cta_swizzling_support else [0], splits,
                                  list(range(min(cap.custom_option_max, bounds.max_custom_option) + 1))]
         total += len(tiles) * len(axes[1]) * len(axes[2]) * len(axes[3]) * len(splits) * len(axes[5])
-        groups.append(AlgoChoice(cap.algo_id, tile, stages, split[0], split[1], swizzle, option, cluster)
-                      for tile, stages, cluster, swizzle, split, option in itertools.product(*axes))
+        groups.append(itertools.starmap(functools.partial(_choice, cap.algo_id), itertools.product(*axes)))
     return EnumPlan(list(itertools.islice(_round_robin(groups), bounds.max_checks)), total)
 
 

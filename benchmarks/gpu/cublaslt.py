@@ -44,6 +44,8 @@ ALGO_CONFIG_ATTRS: tuple[tuple[str, int, Any], ...] = (
     ("inner_shape_id", 7, ctypes.c_uint16),    # CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID
     ("cluster_shape_id", 8, ctypes.c_uint16),  # CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
 )
+# libcublasLt 13.10 on a CPU: ConfigSetAttribute takes exactly these sizes (the id none: read-only), and
+# ConfigGetAttribute reads back what `configure` set
 ALGO_CONFIG_TYPES = {value: ctype for _, value, ctype in ALGO_CONFIG_ATTRS}
 # cublasLtMatmulAlgoCapAttributes_t (cuBLAS 13.10's cublasLt.h) read by `algo_caps`, with the C type each holds; the
 # header has no capability for cluster shapes (NVIDIA's LtMatmulCustomFind sample tries every cublasLtClusterShape_t)

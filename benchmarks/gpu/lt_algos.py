@@ -22,6 +22,20 @@ point the best algorithm's TFLOP/s per SM against the whole GPU's best.
     bash benchmarks/gpu/run_serve_h100.sh py benchmarks.gpu.lt_algos --decode-sms 16,64 --green-whole --step \
         --out $OUT/lt_algos.json
 
+With `--enumerate`, each descriptor (with and without the target) is also searched the way NVIDIA's cuBLASLt
+auto-tuning samples do, for kernels the heuristic never offers (a grid of output tiles, or 1x1 / 1x2 clusters sized
+for the partition): cublasLtMatmulAlgoGetIds -> cublasLtMatmulAlgoInit per id -> its capabilities (tile ids, stages
+ids, split-K, CTA swizzling, custom option max; cuBLASLt lists no cluster shapes, so `--clusters` are tried on
+every configuration and the check rejects the invalid) -> bounded configurations (`enumerate_configs`) ->
+cublasLtMatmulAlgoCheck. Bounds: tiles with both sides >= `--min-tile` (64), largest first; per tile at most
+`--max-stages` (4) stages ids, the AUTO ones first, then spread over the rest; clusters auto,1x1x1,1x2x1,2x1x1;
+swizzle 0 and 1 where supported; SPLITK_NUM `--splitk` (1: none); CUSTOM_OPTION 0..`--custom-options` (0); the
+algorithm ids take turns and at most `--max-checks` (10,000) are checked per descriptor. The valid ones that need
+at most the workspace and that the heuristic did not return (same 64 bytes) are timed like the heuristic's, the
+first `--max-candidates` (200) per point in check order, split evenly between its descriptors; each algorithm in the
+JSON says its `source` (heuristic / enumerated), `enumeration` gives per descriptor the ids, combinations, checked,
+valid, new, timed, the check statuses and seconds, and `best` (and the table) considers and names both sources.
+
 With `--step`, each place's whole prefill step is also timed plain and with every projection whose best algorithm
 beat `F.linear` launched with it (`routed_step`; the JSON's `algo_hex` keeps each algorithm's 64 bytes, so the
 engine could launch the same one).
@@ -45,9 +59,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.cublaslt import (
+    CLUSTER_IDS,
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
     CublasLtError,
+    EnumBounds,
     LinearGemm,
     MatmulAlgo,
     algo_key,
@@ -62,9 +78,42 @@ def rel_error(y: Any, ref: Any) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
 
 
+def enumeration_bounds(args: argparse.Namespace) -> EnumBounds:
+    """EnumBounds from the --enumerate flags; ValueError names a cluster shape cublasLtClusterShape_t lacks."""
+    names = [c for c in args.clusters.split(",") if c]
+    unknown = [c for c in names if c not in CLUSTER_IDS]
+    if unknown:
+        raise ValueError(f"--clusters: unknown {','.join(unknown)}; the known shapes: {','.join(CLUSTER_IDS)}")
+    return EnumBounds(min_tile=args.min_tile, max_stages=args.max_stages, max_checks=args.max_checks,
+                      splitk_nums=tuple(int(k) for k in args.splitk.split(",") if k),
+                      cluster_shape_ids=tuple(CLUSTER_IDS[c] for c in names), max_custom_option=args.custom_options)
+
+
+def enumerated(gemm: LinearGemm, target: int, heuristic_keys: set[bytes], ws_bytes: int, max_candidates: int,
+               args: argparse.Namespace, row: dict[str, Any]) -> list[tuple[str, int, Any]]:
+    """("enumerated", rank in check order, result) of the first `max_candidates` configurations `gemm.enumerate` found
+    valid that the heuristic did not return (same 64 bytes); the counts go to row["enumeration"]."""
+    start = time.perf_counter()
+    found = gemm.enumerate(enumeration_bounds(args), ws_bytes)
+    seen = set(heuristic_keys)
+    out: list[tuple[str, int, Any]] = []
+    for rank, r in enumerate(found.results):
+        if algo_key(r.algo) not in seen:
+            seen.add(algo_key(r.algo))
+            if len(out) < max_candidates:
+                out.append(("enumerated", rank, r))
+    row.setdefault("enumeration", []).append(
+        {"sm_target": target, "algo_ids": found.num_algo_ids, "combinations": found.num_combinations,
+         "checked": found.num_checked, "valid": len(found.results), "new": len(seen) - len(heuristic_keys),
+         "timed": len(out), "check_statuses": found.check_statuses, "errors": found.errors,
+         "seconds": round(time.perf_counter() - start, 3)})
+    return out
+
+
 def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int, Any], sm_count: int, m: int,
                 n: int, k: int, workspace: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """F.linear and every heuristic algorithm for one GEMM on one place (label, SMs, stream or None)."""
+    """F.linear, every heuristic algorithm and (--enumerate) the enumerated ones for one GEMM on one place (label, SMs,
+    stream or None)."""
     import torch
     import torch.nn.functional as F
 
@@ -96,9 +145,13 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
         try:
             found = gemm.heuristics(ws_bytes, args.algos)
             keys[target] = {algo_key(r.algo) for r in found}
-            for rank, r in dedupe(found):
+            candidates = [("heuristic", rank, r) for rank, r in dedupe(found)]
+            if args.enumerate:
+                candidates += enumerated(gemm, target, keys[target], ws_bytes, args.max_candidates // len(targets),
+                                         args, row)
+            for source, rank, r in candidates:
                 config = describe(lib, r.algo)
-                entry: dict[str, Any] = {"sm_target": target, "rank": rank, "label": config.label,
+                entry: dict[str, Any] = {"source": source, "sm_target": target, "rank": rank, "label": config.label,
                                          "config": asdict(config), "waves": round(r.wavesCount, 3),
                                          "workspace_bytes": r.workspaceSize, "algo_hex": bytes(r.algo).hex()}
                 row["algos"].append(entry)
@@ -127,8 +180,8 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
         row["same_algos_with_target"] = len(keys[0] & keys[targets[1]])
     ran = [a for a in row["algos"] if "ms" in a and a["rel_err"] <= args.max_rel_err]
     best = min(ran, key=lambda a: a["ms"]) if ran else None
-    row["best"] = None if best is None else {key: best[key] for key in ("label", "sm_target", "rank", "ms", "tflops",
-                                                                         "algo_hex")}
+    row["best"] = None if best is None else {key: best[key] for key in ("source", "label", "sm_target", "rank", "ms",
+                                                                         "tflops", "algo_hex")}
     row["best_over_f_linear"] = None if best is None else round(base_ms / best["ms"], 3)
     return row
 
@@ -219,7 +272,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
         if best and ref and ref["best"]:
             per_sm = f"{best['tflops'] / r['sms'] / (ref['best']['tflops'] / ref['sms']):.2f}"
         speed = "-" if r["best_over_f_linear"] is None else f"{r['best_over_f_linear']:.2f}x"
-        target = f" (target {best['sm_target']}, rank {best['rank']})" if best else ""
+        target = f" ({best['source']}, target {best['sm_target']}, rank {best['rank']})" if best else ""
         print(f"{r['place']:12} {r['tokens']:>5} {r['proj']:8} {r['f_linear']['tflops']:>8} "
               f"{best['tflops'] if best else '-':>6}  {speed:>7} {per_sm:>6}  "
               f"{best['label'] if best else 'none ran'}{target}")
@@ -245,9 +298,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", action="store_true",
                         help="also time a whole prefill step (one fresh sequence of T tokens, eager) per place and T, "
                              "plain and with every projection whose best algorithm beat F.linear launched with it")
+    parser.add_argument("--enumerate", action="store_true",
+                        help="also enumerate algorithms (cublasLtMatmulAlgoGetIds -> Init -> capabilities -> bounded "
+                             "configurations -> cublasLtMatmulAlgoCheck) and time the valid ones the heuristic missed")
+    parser.add_argument("--min-tile", type=int, default=64, help="--enumerate: tiles with both sides at least this")
+    parser.add_argument("--max-stages", type=int, default=4,
+                        help="--enumerate: stages ids per tile (the AUTO ones first, then spread over the list)")
+    parser.add_argument("--clusters", default="auto,1x1x1,1x2x1,2x1x1",
+                        help="--enumerate: cluster shapes tried on every configuration (cuBLASLt lists none)")
+    parser.add_argument("--splitk", default="1", help="--enumerate: SPLITK_NUM values, comma-separated")
+    parser.add_argument("--custom-options", type=int, default=0, help="--enumerate: CUSTOM_OPTION 0 up to this")
+    parser.add_argument("--max-checks", type=int, default=10_000,
+                        help="--enumerate: configurations checked per descriptor (algorithm ids take turns)")
+    parser.add_argument("--max-candidates", type=int, default=200,
+                        help="--enumerate: valid configurations timed per point (split evenly between its "
+                             "descriptors), the first in check order")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")) / "lt_algos.json",
                         help="the JSON (default $OUT/lt_algos.json, or /tmp/out/lt_algos.json without $OUT)")
     args = parser.parse_args(argv)
+    try:
+        enumeration_bounds(args)
+    except ValueError as e:
+        parser.error(str(e))
 
     import torch
     import torch.nn.functional as F

@@ -1,5 +1,5 @@
 """benchmarks.gpu.lt_algos' pure pieces, without CUDA: the ctypes layouts, F.linear's column-major description, the
-algorithm description and dedupe, finding libcublasLt in /proc/self/maps, and --help."""
+algorithm description and dedupe, finding libcublasLt in /proc/self/maps, --help and the --enumerate flags."""
 
 import ctypes
 
@@ -94,6 +94,19 @@ def test_help_exits_zero(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--decode-sms" in out and "--green-whole" in out and "--max-workspace-mib" in out
+    assert "--enumerate" in out and "--max-candidates" in out and "--min-tile" in out
+
+
+def test_enumeration_bounds_from_the_flags_and_an_unknown_cluster(capsys):
+    import argparse
+
+    args = argparse.Namespace(clusters="auto,1x2x1", min_tile=128, max_stages=2, max_checks=50, splitk="1,4",
+                              custom_options=0)
+    bounds = lt_algos.enumeration_bounds(args)
+    assert bounds.cluster_shape_ids == (0, 5) and bounds.splitk_nums == (1, 4) and bounds.min_tile == 128
+    with pytest.raises(SystemExit) as exit_info:
+        lt_algos.main(["--enumerate", "--clusters", "1x1x1,3x3x3"])
+    assert exit_info.value.code == 2 and "unknown 3x3x3" in capsys.readouterr().err
 
 
 def test_module_imports_no_torch_at_import_time():

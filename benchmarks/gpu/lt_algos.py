@@ -59,11 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.cublaslt import (
-    CLUSTER_IDS,
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
     CublasLtError,
-    EnumBounds,
     LinearGemm,
     MatmulAlgo,
     algo_key,
@@ -72,6 +70,7 @@ from benchmarks.gpu.cublaslt import (
     describe,
     load_cublaslt,
 )
+from benchmarks.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
 
 
 def rel_error(y: Any, ref: Any) -> float:

@@ -4,27 +4,27 @@ through a fake libcublasLt."""
 
 import ctypes
 
-from benchmarks.gpu import cublaslt
-from benchmarks.gpu.cublaslt import AlgoCaps, EnumBounds
+from benchmarks.gpu import cublaslt, cublaslt_ids
+from benchmarks.gpu.cublaslt_ids import AlgoCaps, EnumBounds
 
 
 def test_tile_table_follows_cublaslt_13_10():
-    names = cublaslt.TILE_NAMES
+    names = cublaslt_ids.TILE_NAMES
     assert len(names) == 646 and names[0] == "undefined" and names[24] == "256x128"
     assert names[36] == "8x128" and names[116] == "64x192" and names[232] == "256x192" and names[311] == "768x64"
     assert names[312] == "64x16" and names[447] == "128x512" and names[570] == "448x128" and names[630] == "768x80"
     assert names[631] == "256x512" and names[634] == "512x1024" and names[635] == "4x1" and names[645] == "256x1"
     assert len(set(names.values())) == 646
-    assert cublaslt.tile_sides(24) == (256, 128) and cublaslt.tile_sides(0) is None
-    assert cublaslt.tile_sides(9999) is None
+    assert cublaslt_ids.tile_sides(24) == (256, 128) and cublaslt_ids.tile_sides(0) is None
+    assert cublaslt_ids.tile_sides(9999) is None
 
 
 def test_pick_stages_takes_auto_first_then_spreads():
-    assert cublaslt.pick_stages((), 4) == (0,)
-    assert cublaslt.pick_stages(tuple(range(1, 25)), 4) == (4, 10, 16, 22)  # 16x4 32x4 64x4 128x4
-    assert cublaslt.pick_stages((16, 35, 22, 36), 4) == (35, 36, 16, 22)
-    assert cublaslt.pick_stages((32, 33, 34, 35, 36, 37), 4) == (32, 33, 34, 35)
-    assert cublaslt.pick_stages((1, 2), 4) == (1, 2) and cublaslt.pick_stages((1, 2, 3), 1) == (2,)
+    assert cublaslt_ids.pick_stages((), 4) == (0,)
+    assert cublaslt_ids.pick_stages(tuple(range(1, 25)), 4) == (4, 10, 16, 22)  # 16x4 32x4 64x4 128x4
+    assert cublaslt_ids.pick_stages((16, 35, 22, 36), 4) == (35, 36, 16, 22)
+    assert cublaslt_ids.pick_stages((32, 33, 34, 35, 36, 37), 4) == (32, 33, 34, 35)
+    assert cublaslt_ids.pick_stages((1, 2), 4) == (1, 2) and cublaslt_ids.pick_stages((1, 2, 3), 1) == (2,)
 
 
 def _caps(algo_id, tiles=(15, 20, 24, 7), stages=(16, 22), splitk=False, swizzle=True, option_max=3, mask=6):
@@ -34,7 +34,7 @@ def _caps(algo_id, tiles=(15, 20, 24, 7), stages=(16, 22), splitk=False, swizzle
 
 def test_enumerate_configs_respects_the_bounds():
     bounds = EnumBounds(min_tile=64, max_stages=1, cluster_shape_ids=(2, 5), splitk_nums=(1, 4))
-    plan = cublaslt.enumerate_configs([_caps(66)], bounds)
+    plan = cublaslt_ids.enumerate_configs([_caps(66)], bounds)
     # tiles 64x64, 128x128, 256x128 (8x64 is under 64), one stages id, 2 clusters, swizzle 0/1, split-K 1 only
     assert plan.num_combinations == 3 * 1 * 2 * 2 * 1 == len(plan.choices)
     assert {c.tile_id for c in plan.choices} == {15, 20, 24} and {c.stages_id for c in plan.choices} == {22}
@@ -47,20 +47,20 @@ def test_enumerate_configs_respects_the_bounds():
 
 def test_enumerate_configs_split_k_only_where_supported_with_the_lowest_scheme():
     bounds = EnumBounds(max_stages=1, cluster_shape_ids=(0,), splitk_nums=(1, 4), max_custom_option=1)
-    plan = cublaslt.enumerate_configs([_caps(1, tiles=(20,), splitk=True, swizzle=False, mask=6)], bounds)
+    plan = cublaslt_ids.enumerate_configs([_caps(1, tiles=(20,), splitk=True, swizzle=False, mask=6)], bounds)
     assert [(c.splitk_num, c.reduction_scheme, c.custom_option) for c in plan.choices] == [
         (1, 0, 0), (1, 0, 1), (4, 2, 0), (4, 2, 1)]
-    no_scheme = cublaslt.enumerate_configs([_caps(1, tiles=(20,), splitk=True, mask=0)], bounds)
+    no_scheme = cublaslt_ids.enumerate_configs([_caps(1, tiles=(20,), splitk=True, mask=0)], bounds)
     assert {c.splitk_num for c in no_scheme.choices} == {1}
 
 
 def test_enumerate_configs_takes_turns_and_caps_the_checks():
     bounds = EnumBounds(max_stages=2, cluster_shape_ids=(2,), max_checks=5)
-    plan = cublaslt.enumerate_configs([_caps(1, tiles=(20,)), _caps(2, tiles=(24, 20)), _caps(3, tiles=())], bounds)
+    plan = cublaslt_ids.enumerate_configs([_caps(1, tiles=(20,)), _caps(2, tiles=(24, 20)), _caps(3, tiles=())], bounds)
     assert plan.num_combinations == 1 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2  # tile ids () -> TILE_UNDEFINED
     assert [c.algo_id for c in plan.choices] == [1, 2, 3, 1, 2]
     assert plan.choices[2].tile_id == 0 and plan.choices[2].stages_id == 16
-    all_of_them = cublaslt.enumerate_configs([_caps(1, tiles=(20,)), _caps(2, tiles=(24, 20))],
+    all_of_them = cublaslt_ids.enumerate_configs([_caps(1, tiles=(20,)), _caps(2, tiles=(24, 20))],
                                              EnumBounds(max_stages=2, cluster_shape_ids=(2,)))
     assert [c.algo_id for c in all_of_them.choices] == [1, 2] * 4 + [2] * 4
 
@@ -68,10 +68,10 @@ def test_enumerate_configs_takes_turns_and_caps_the_checks():
 def test_config_attribute_sizes_and_settings():
     sizes = {attr: ctypes.sizeof(ctype) for attr, ctype in cublaslt.ALGO_CONFIG_TYPES.items()}
     assert sizes == {0: 4, 1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 7: 2, 8: 2}  # as libcublasLt 13.10 accepts them
-    choice = cublaslt.AlgoChoice(66, 24, 16, 1, 0, 1, 0, 5)
+    choice = cublaslt_ids.AlgoChoice(66, 24, 16, 1, 0, 1, 0, 5)
     assert choice.settings() == [(1, 24), (2, 1), (3, 0), (4, 1), (5, 0), (6, 16), (8, 5)]
-    assert cublaslt.CLUSTER_IDS["1x2x1"] == 5 and cublaslt.CLUSTER_IDS["auto"] == 0
-    assert cublaslt.STAGES_AUTO_IDS == (32, 33, 34, 35, 36, 37, 38)
+    assert cublaslt_ids.CLUSTER_IDS["1x2x1"] == 5 and cublaslt_ids.CLUSTER_IDS["auto"] == 0
+    assert cublaslt_ids.STAGES_AUTO_IDS == (32, 33, 34, 35, 36, 37, 38)
 
 
 def test_signatures_cover_the_enumeration_calls():

@@ -5,7 +5,7 @@ import ctypes
 
 import pytest
 
-from benchmarks.gpu import cublaslt, lt_algos
+from benchmarks.gpu import cublaslt, cublaslt_ids, lt_algos
 
 
 def test_struct_sizes_match_the_header():
@@ -24,13 +24,13 @@ def test_linear_layout_is_the_column_major_transpose():
 
 
 def test_enum_names_follow_the_header():
-    assert cublaslt.TILE_NAMES[24] == "256x128" and cublaslt.TILE_NAMES[20] == "128x128"
-    assert cublaslt.TILE_NAMES[35] == "256x32" and cublaslt.TILE_NAMES[513] == "256x256"
-    assert cublaslt.STAGES_NAMES[16] == "64x4" and cublaslt.STAGES_NAMES[24] == "128x6"
-    assert cublaslt.STAGES_NAMES[31] == "8x3" and 29 not in cublaslt.STAGES_NAMES
-    assert cublaslt.CLUSTER_NAMES[0] == "auto" and 1 not in cublaslt.CLUSTER_NAMES
-    assert cublaslt.CLUSTER_NAMES[5] == "1x2x1" and cublaslt.CLUSTER_NAMES[9] == "2x4x1"
-    assert cublaslt.CLUSTER_NAMES[51] == "1x15x1"
+    assert cublaslt_ids.TILE_NAMES[24] == "256x128" and cublaslt_ids.TILE_NAMES[20] == "128x128"
+    assert cublaslt_ids.TILE_NAMES[35] == "256x32" and cublaslt_ids.TILE_NAMES[513] == "256x256"
+    assert cublaslt_ids.STAGES_NAMES[16] == "64x4" and cublaslt_ids.STAGES_NAMES[24] == "128x6"
+    assert cublaslt_ids.STAGES_NAMES[31] == "8x3" and 29 not in cublaslt_ids.STAGES_NAMES
+    assert cublaslt_ids.CLUSTER_NAMES[0] == "auto" and 1 not in cublaslt_ids.CLUSTER_NAMES
+    assert cublaslt_ids.CLUSTER_NAMES[5] == "1x2x1" and cublaslt_ids.CLUSTER_NAMES[9] == "2x4x1"
+    assert cublaslt_ids.CLUSTER_NAMES[51] == "1x15x1"
 
 
 def test_decode_algo_reads_every_attribute_and_labels_it():

@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             s = summarize(rows, goals[i] if goals else None)
             report["pairs"].append({"a": args.a, "b": b, "slo": slo, "samples": rows, **s})
             cells = [f"{r['ratio']:.3f}x" if r["ratio"] is not None else
-                     f"{_bound_text(r['bound'])} ({r['left_out']})" if r.get("bound") else f"- ({r['left_out']})"
+                     f"{_bound_text(r['bound']['side'], r['bound']['ratio'])} ({r['left_out']})" if r.get("bound") else f"- ({r['left_out']})"
                      for r in rows]
             mean = f"**{s['mean']:.3f}x** ({s['n']})" if s["mean"] is not None else "- (0)"
             wb = s["mean_with_bounds"]
-            bounded = "-" if wb is None else f"{_bound_text(wb)} ({wb['n']})"
+            bounded = "-" if wb is None else f"{_bound_text(wb['side'], wb['mean'])} ({wb['n']})"
             goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}"
             print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {bounded} | {goal} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
@@ -144,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _bound_text(bound: dict[str, Any]) -> str:
-    value = bound.get("ratio", bound.get("mean"))
-    return f"{'>=' if bound['side'] == 'lower' else '<='} {value:.3f}x"
+def _bound_text(side: str, value: float) -> str:
+    return f"{'>=' if side == 'lower' else '<='} {value:.3f}x"
 
 
 if __name__ == "__main__":

@@ -77,6 +77,57 @@ def whole_gpu_green_stream(device: int = 0) -> tuple[Any, Callable[[], None]]:
     return stream, close
 
 
+def partition_places(decode_sms: list[int], green_whole: bool = False, skipped: list[dict[str, Any]] | None = None
+                     ) -> tuple[list[tuple[str, int, Any]], Callable[[], None]]:
+    """The places the partition scripts time on, as (label, SMs, stream) with stream None for the current one: the
+    whole GPU; with `green_whole` a green context holding every SM (`whole_gpu_green_stream`); per decode SM count the
+    prefill stream of its own green split ("prefill<SMs>"). And one close for all of them. A count the driver
+    refuses raises, or, with a `skipped` list, is recorded there and left out."""
+    import torch
+
+    from bullet_ray.gpu.partition import make_partitioner
+
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    places: list[tuple[str, int, Any]] = [("whole", sm_count, None)]
+    closers: list[Callable[[], None]] = []
+
+    def close() -> None:
+        for c in closers:
+            c()
+
+    try:
+        if green_whole:
+            stream, close_green = whole_gpu_green_stream()
+            closers.append(close_green)
+            places.append((f"green{sm_count}", sm_count, stream))
+        for count in decode_sms:
+            try:
+                part = make_partitioner("green", "both", 0, [count])
+            except Exception as e:  # noqa: BLE001 - the driver may refuse a count: say so, measure the rest
+                if skipped is None:
+                    raise
+                skipped.append({"decode_sms": count, "error": str(e)[:200]})
+                print(f"decode {count} SMs: skipped ({e})")
+                continue
+            closers.append(part.close)
+            entry = part.ladder[0]
+            places.append((f"prefill{entry.prefill_sms}", entry.prefill_sms, part.stream(0, "prefill")))
+    except BaseException:
+        close()
+        raise
+    return places, close
+
+
+# where each projection of a decoder layer lives in bullet_ray.models.llama: (module, attribute)
+PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
+                      "gate_up": ("mlp", "gate_up_proj"), "down": ("mlp", "down_proj")}
+
+
+def rel_error(y: Any, ref: Any) -> float:
+    """max |y - ref| / max |ref|, in float32: how the partition scripts check a GEMM or a step's logits."""
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
+
+
 def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: Any = None) -> float:
     """Milliseconds per call of fn() issued `iters` times without waiting in between (the host runs ahead
     of the GPU as far as fn lets it), from CUDA events around the whole run, on `stream` (None: the current

@@ -58,6 +58,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.common import PROJECTION_MODULES, rel_error
 from benchmarks.gpu.cublaslt import (
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
@@ -71,10 +72,6 @@ from benchmarks.gpu.cublaslt import (
     load_cublaslt,
 )
 from benchmarks.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
-
-
-def rel_error(y: Any, ref: Any) -> float:
-    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
 
 
 def enumeration_bounds(args: argparse.Namespace) -> EnumBounds:
@@ -185,11 +182,6 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
     return row
 
 
-# where each projection lives in a decoder layer of bullet_ray.models.llama
-MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
-           "down": ("mlp", "down_proj")}
-
-
 Launcher = Callable[[Any, Any, Any], None]  # (x [m, k], w [n, k], y [m, n]): y = x w^T, on the current stream
 
 
@@ -244,7 +236,7 @@ def routed_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: in
             launch, close = make_launcher(r)
             closers.append(close)
             for layer in bench.model.model.layers:
-                mod = getattr(getattr(layer, MODULES[proj][0]), MODULES[proj][1])
+                mod = getattr(getattr(layer, PROJECTION_MODULES[proj][0]), PROJECTION_MODULES[proj][1])
                 mod.forward = functools.partial(linear, mod, launch)
                 patched.append(mod)
         routed_logits = run()
@@ -324,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from tqdm import tqdm
 
+    from benchmarks.gpu.common import partition_places
     from benchmarks.gpu.prefill_kernels import projections
-    from bullet_ray.gpu.partition import make_partitioner
     from bullet_ray.models.loader import resolve_source
 
     torch.cuda.init()
@@ -336,19 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     handle = ctypes.c_void_p()
     check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    places: list[tuple[str, int, Any]] = [("whole", sm_count, None)]
-    closers: list[Callable[[], None]] = []
-    if args.green_whole:
-        from benchmarks.gpu.common import whole_gpu_green_stream
-
-        green_stream, close = whole_gpu_green_stream()
-        closers.append(close)
-        places.append((f"green{sm_count}", sm_count, green_stream))
-    for count in [int(c) for c in args.decode_sms.split(",") if c]:
-        part = make_partitioner("green", "both", 0, [count])
-        entry = part.ladder[0]
-        places.append((f"prefill{entry.prefill_sms}", entry.prefill_sms, part.stream(0, "prefill")))
-        closers.append(part.close)
+    places, close_places = partition_places([int(c) for c in args.decode_sms.split(",") if c], args.green_whole)
     shapes = projections(resolve_source(args.model).config)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     workspace = torch.empty(args.max_workspace_mib << 20, dtype=torch.uint8, device="cuda")
@@ -383,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out.write_text(json.dumps(out, indent=1))
                 tqdm.write(f"step {json.dumps(steps[-1])}")
     finally:
-        for close in closers:
-            close()
+        close_places()
         lib.cublasLtDestroy(handle)
     print_table(results)
     for st in steps:

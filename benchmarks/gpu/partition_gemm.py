@@ -11,9 +11,7 @@ entry, each projection (`F.linear` shapes, T rows) three ways:
 - `triton_persistent`: the same kernel with exactly as many programs as the place has SMs, each looping over tiles
   (what a persistent kernel sized for the partition would do);
 each Triton variant at the best of `--configs` (tile shapes), its output checked against `F.linear` (relative
-max error). If a partition's first Triton launch fails (a driver that refuses a primary-context module on a green
-context's stream), the kernels are reloaded in that green context and tried once more; the JSON's
-`reloaded_in_green_context` says where and why. With `--step`, also the whole prefill step per place, plain and
+max error). With `--step`, also the whole prefill step per place, plain and
 with every projection whose best Triton variant beat cuBLAS routed through it (`triton_projections`), and the two
 steps' logits compared. `--green-whole` adds a place on a green context holding every SM: is a partition slow for
 its size or for being a green context?
@@ -38,7 +36,8 @@ from typing import Any
 
 import triton
 
-from benchmarks.gpu.triton_gemm import CONFIGS, linear, load_in_stream_context, route_projections
+from benchmarks.gpu.common import rel_error
+from benchmarks.gpu.triton_gemm import CONFIGS, linear, route_projections
 
 CPU_CONFIG = "16x32x16s1w1"
 GPU_CONFIGS = [c for c in CONFIGS if c != CPU_CONFIG]
@@ -56,10 +55,6 @@ def triton_projections(model: Any, choice: dict[str, tuple[str, int | None]]) ->
     finally:
         for undo in undos:
             undo()
-
-
-def rel_error(y: Any, ref: Any) -> float:
-    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
 
 
 def cpu_check(seed: int = 0) -> dict[str, Any]:
@@ -124,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from tqdm import tqdm
 
-    from benchmarks.gpu.common import on_stream
+    from benchmarks.gpu.common import on_stream, partition_places
     from benchmarks.gpu.prefill_kernels import projections
-    from bullet_ray.gpu.partition import make_partitioner
     from bullet_ray.models.loader import resolve_source
     from bullet_ray.perf.sweep import _time_s
 
@@ -137,25 +131,13 @@ def main(argv: list[str] | None = None) -> int:
 
         bench = Bench(args.model, "cuda", "bfloat16", kv_fraction=0.4, use_graphs=False)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    places: list[tuple[str, int, Any, Any]] = [("whole", sm_count, None, None)]
-    closers = []
-    if args.green_whole:
-        from benchmarks.gpu.common import whole_gpu_green_stream
-
-        green_stream, close = whole_gpu_green_stream()
-        closers.append(close)
-        places.append((f"green{sm_count}", sm_count, green_stream, None))
-    for count in [int(c) for c in args.decode_sms.split(",") if c]:
-        part = make_partitioner("green", "both", 0, [count])
-        entry = part.ladder[0]
-        places.append((f"prefill{entry.prefill_sms}", entry.prefill_sms, part.stream(0, "prefill"), part))
+    places, close_places = partition_places([int(c) for c in args.decode_sms.split(",") if c], args.green_whole)
     shapes = projections(cfg)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     configs = [c for c in args.configs.split(",") if c]
     results: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
-    rebound: dict[str, list[Any]] = {}  # place -> when and why its Triton kernels were reloaded in its green context
-    for (label, sms, stream, _part), n_rows in tqdm([(p, t) for p in places for t in tokens], desc="places"):
+    for (label, sms, stream), n_rows in tqdm([(p, t) for p in places for t in tokens], desc="places"):
         for name, (k, n) in shapes.items():
             x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
@@ -175,26 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     def fn(x: Any = x, w: Any = w, c: str = c, programs: int | None = programs) -> Any:
                         return linear(x, w, CONFIGS[c], programs)
                     try:
-                        try:
-                            t = timed(fn)
-                        except Exception as e:  # noqa: BLE001 - maybe the driver refuses the module on this stream
-                            if stream is None:
-                                raise
-                            # load the kernels in the partition's green context, launch this one there, retry once
-                            y = torch.empty(n_rows, n, device="cuda", dtype=torch.bfloat16)
-
-                            def first(x: Any = x, w: Any = w, c: str = c, programs: int | None = programs,
-                                      y: Any = y, stream: Any = stream) -> None:
-                                with torch.cuda.stream(stream):
-                                    linear(x, w, CONFIGS[c], programs, out=y)
-
-                            torch.cuda.synchronize()
-                            rebound.setdefault(label, []).append(
-                                {"config": f"{variant}:{c}", "first_error": str(e)[:200],
-                                 "kernels": load_in_stream_context(stream.cuda_stream, first)})
-                            print(f"{label}: launch failed ({str(e)[:120]}); kernels reloaded in the stream's "
-                                  "context", flush=True)
-                            t = timed(fn)
+                        t = timed(fn)
                     except Exception as e:  # noqa: BLE001 - a config this GPU cannot run (shared memory): next one
                         row.setdefault("failed_configs", {})[f"{variant}:{c}"] = str(e)[:200]
                         continue
@@ -214,16 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(_time_step(bench, [r for r in results if r["place"] == label and r["tokens"] == n_rows],
                                     stream, args.repeats))
             print(json.dumps(steps[-1]), flush=True)
-    for _label, _sms, _stream, part in places:
-        if part is not None:
-            part.close()
-    for close in closers:
-        close()
+    close_places()
     out = {"benchmark": "partition_gemm", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python -m benchmarks.gpu.partition_gemm " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__,
                       "triton": triton.__version__},
-           "results": results, "steps": steps, "reloaded_in_green_context": rebound}
+           "results": results, "steps": steps}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(f"\n{'place':12} {'T':>5} {'proj':8} {'cuBLAS':>8} {'triton':>8} {'persist':>8}  TFLOP/s (best config); "

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.common import on_stream
+from benchmarks.gpu.common import on_stream, partition_places
 from benchmarks.gpu.sm_target import MODES as LT_MODES
 from benchmarks.gpu.sm_target import set_mode
 from bullet_ray.gpu import nvml
@@ -221,28 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from tqdm import tqdm
 
-    from bullet_ray.gpu.partition import make_partitioner
     from bullet_ray.perf.sweep import Bench, _time_s
 
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.model, "cuda", "bfloat16", kv_fraction=0.5, use_graphs=False)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     tokens = [int(x) for x in args.tokens.split(",") if x]
-    places: list[tuple[str, int, Any, Any]] = [("whole", sm_count, None, None)]  # label, SMs, stream, partitioner
-    skipped = []
-    for count in [int(x) for x in args.decode_sms.split(",") if x]:
-        try:
-            part = make_partitioner("green", "both", 0, [count])
-        except Exception as e:  # noqa: BLE001 - the driver may refuse a count: say so, measure the rest
-            skipped.append({"decode_sms": count, "error": str(e)[:200]})
-            print(f"decode {count} SMs: skipped ({e})")
-            continue
-        entry = part.ladder[0]
-        places.append((f"prefill{entry.prefill_sms}", entry.prefill_sms, part.stream(0, "prefill"), part))
+    skipped: list[dict[str, Any]] = []
+    places, close_places = partition_places([int(x) for x in args.decode_sms.split(",") if x], skipped=skipped)
     shapes = projections(bench.cfg)
     results = []
     points = [(p, n) for p in places for n in tokens]
-    for (label, sms, stream, _part), n in tqdm(points, desc="places"):
+    for (label, sms, stream), n in tqdm(points, desc="places"):
         run, sync = on_stream(bench.step_fn(bench.batch(1, n, 0), 0), stream)
         row: dict[str, Any] = {"place": label, "sms": sms, "tokens": n}
         t = _time_s(run, sync, args.repeats, 2)
@@ -277,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         apply_mode(torch, "cublas", sm_count, sm_count)
         results.append(row)
         print(json.dumps(row), flush=True)
-    for _label, _sms, _stream, part in places:
-        if part is not None:
-            part.close()
+    close_places()
     out = {"benchmark": "prefill_kernels", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python -m benchmarks.gpu.prefill_kernels " + " ".join(sys.argv[1:] if argv is None else argv),
            "device": {"name": torch.cuda.get_device_name(0), "sms": sm_count, "torch": torch.__version__},

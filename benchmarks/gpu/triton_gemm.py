@@ -15,7 +15,6 @@ tests).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+from benchmarks.gpu.common import PROJECTION_MODULES
 
 
 @triton.jit
@@ -77,8 +78,6 @@ CONFIGS: dict[str, tuple[int, int, int, int, int]] = {
 }
 # the projections cuBLAS loses most on a partition (gate_up keeps pace): route_projections' default
 NARROW = ("qkv", "o", "down")
-_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"), "gate_up": ("mlp", "gate_up_proj"),
-            "down": ("mlp", "down_proj")}
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int],
@@ -96,50 +95,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, i
         raise ValueError(f"out must be [{m}, {n}], got {tuple(out.shape)}")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     programs = tiles if num_programs is None else max(1, min(num_programs, tiles))
-    _COMPILED[(config, group_m, x.dtype)] = _linear_kernel[(programs,)](x, w, out, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+    _linear_kernel[(programs,)](x, w, out, m, n, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                                 out.stride(0), out.stride(1), programs, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                 GROUP_M=group_m, num_stages=stages, num_warps=warps)
     return out
-
-
-# every compiled kernel `linear` has launched, by (config, group_m, dtype): what load_in_stream_context reloads
-_COMPILED: dict[tuple[Any, ...], Any] = {}
-
-
-def load_in_stream_context(stream_handle: int, first_launch: Callable[[], Any] | None = None) -> int:
-    """Reload every Triton GEMM kernel launched so far in the CUDA context that owns the stream `stream_handle`
-    (a green context's, for a partition's stream), then call `first_launch` (a launch of a kernel not compiled
-    yet, which then loads there too) with that context current; returns how many kernels were reloaded.
-
-    Triton loads a kernel's module in the context current at its first launch (the primary one). This is the
-    fallback for a driver that refuses that module's function on a green context's stream; afterwards the kernels
-    run on that context's streams only. `first_launch` should not allocate (pass `out`): memory would come from
-    the green context."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-
-    def check(rc: int, what: str) -> None:
-        if rc != 0:
-            raise RuntimeError(f"{what} failed with CUresult {rc}")
-
-    ctx, green = ctypes.c_void_p(), ctypes.c_void_p()
-    if hasattr(cuda, "cuStreamGetCtx_v2"):  # CUDA 12.5+: a green context's stream names its green context
-        check(cuda.cuStreamGetCtx_v2(ctypes.c_void_p(stream_handle), ctypes.byref(ctx), ctypes.byref(green)),
-              "cuStreamGetCtx_v2")
-        if green.value:
-            check(cuda.cuCtxFromGreenCtx(ctypes.byref(ctx), green), "cuCtxFromGreenCtx")
-    else:
-        check(cuda.cuStreamGetCtx(ctypes.c_void_p(stream_handle), ctypes.byref(ctx)), "cuStreamGetCtx")
-    check(cuda.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-    try:
-        for kernel in _COMPILED.values():
-            kernel.module = None  # Triton's _init_handles loads again when module is None
-            kernel._init_handles()
-        if first_launch is not None:
-            first_launch()
-    finally:
-        popped = ctypes.c_void_p()
-        check(cuda.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent")
-    return len(_COMPILED)
 
 
 def _routed(mod: Any, config: tuple[int, int, int, int, int], programs: int | None, x: torch.Tensor,
@@ -156,11 +115,12 @@ def route_projections(model: Any, config_name: str, projections: tuple[str, ...]
     projections only, each routed once (ValueError otherwise). Returns the undo."""
     if config_name not in CONFIGS:
         raise ValueError(f"unknown tile config {config_name!r}; choose one of {', '.join(CONFIGS)}")
-    unknown = [p for p in projections if p not in _MODULES]
+    unknown = [p for p in projections if p not in PROJECTION_MODULES]
     if unknown:
-        raise ValueError(f"unknown projections {unknown}; choose from {', '.join(_MODULES)}")
+        raise ValueError(f"unknown projections {unknown}; choose from {', '.join(PROJECTION_MODULES)}")
     config = CONFIGS[config_name]
-    mods = [getattr(getattr(layer, _MODULES[p][0]), _MODULES[p][1]) for layer in model.model.layers for p in projections]
+    mods = [getattr(getattr(layer, PROJECTION_MODULES[p][0]), PROJECTION_MODULES[p][1])
+            for layer in model.model.layers for p in projections]
     with_bias = [m for m in mods if m.bias is not None]
     if with_bias:
         raise ValueError(f"{len(with_bias)} of the routed projections have a bias; the Triton GEMM has none")

@@ -6,10 +6,10 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
    that waited longest); requests that cannot (slack < 0) follow in arrival order: they count against
    goodput whatever happens, so they must not push others past their targets.
    With a fallback target (SloTargets.fallback_ttft_s, e.g. the relaxed SLO's 1 s), a lost request that can
-   still make the fallback is rescued: least fallback slack first, each moves to the earliest place where
+   still make the fallback is rescued: least fallback slack first, each moves to the latest place where
    it makes its fallback and every request behind it still makes the target it is planned for (its own,
-   or the fallback for a rescued one), i.e. into the slack the others leave. One that fits nowhere before
-   the lost ones goes first among them.
+   or the fallback for a rescued one), i.e. into the slack the others leave, keeping the slack before it
+   for requests that still make their own. One that fits nowhere before the lost ones goes first among them.
 2. Then, pass after pass, a request moves ahead of its neighbour when it is shorter and both still meet
    their targets afterwards (served one after the other), which lowers mean TTFT without breaking any
    target (Bullet orders by estimated latency where no TTFT target breaks). Swapping two neighbours does

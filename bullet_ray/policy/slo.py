@@ -46,15 +46,14 @@ class SloTargets:
         target = self.ttft_s
         if self.ttft_per_token_s is not None:
             target = max(target, self.ttft_per_token_s * num_prompt_tokens)
-        if self.margin_s:
-            target = max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target)
-        return target
+        return self._planned(target)
 
     def fallback_target_s(self, num_prompt_tokens: int) -> float | None:
         """The fallback TTFT target (None: off), planned with the margin like `ttft_target_s`, never before it."""
         if self.fallback_ttft_s is None:
             return None
-        target = self.fallback_ttft_s
-        if self.margin_s:
-            target = max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target)
-        return max(target, self.ttft_target_s(num_prompt_tokens))
+        return max(self._planned(self.fallback_ttft_s), self.ttft_target_s(num_prompt_tokens))
+
+    def _planned(self, target: float) -> float:
+        """`target` shortened by the planning margin, never below MIN_PLANNED_TTFT_SHARE of it."""
+        return max(target - self.margin_s, MIN_PLANNED_TTFT_SHARE * target) if self.margin_s else target

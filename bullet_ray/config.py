@@ -20,6 +20,7 @@ SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
+PREFILL_GEMMS: tuple[str, ...] = ("cublas", "cublaslt", "cublaslt-all")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
@@ -166,6 +167,14 @@ class EngineConfig:
     # None (default): off. One H200 sample lost at strict (26.95 against 32.57 req/s: a batch's requests all wait
     # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
+    # the GEMM of the prefill worker's projections (qkv, o, gate_up, down; the bullet and static schedules, GPU):
+    # "cublas" (default: PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
+    # and with the partition's SM count as target, is timed per partition, projection shape and token count against
+    # F.linear and the fastest kept: bullet_ray.engine.lt_gemm), "cublaslt-all" (also a bounded enumeration of
+    # configurations with 1x1 and 1x2 clusters the heuristic never offers). Why: cuBLAS's kernels are sized for the
+    # whole GPU and ran a 2,048-token step 28-42% slower on 84-124 SMs of an H200 (docs/policy.md, twenty-eighth
+    # session). Unmeasured on a GPU
+    prefill_gemm: str = "cublas"
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -227,6 +236,13 @@ class EngineConfig:
         if self.prefill_backlog_batch_tokens is not None and self.prefill_backlog_batch_tokens < 1:
             raise ConfigError("prefill_backlog_batch_tokens",
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
+        if self.prefill_gemm not in PREFILL_GEMMS:
+            raise ConfigError("prefill_gemm", f"unknown GEMM {self.prefill_gemm!r}; choose {', '.join(PREFILL_GEMMS)}")
+        if self.prefill_gemm != "cublas" and not (self.is_gpu and self.is_disaggregated):
+            raise ConfigError("prefill_gemm", f"{self.prefill_gemm} is for the prefill worker of the bullet and static "
+                              f"schedules on a GPU (this engine: schedule {self.schedule}, device {self.device})")
+        if self.prefill_gemm != "cublas" and self.dtype not in ("auto", "bfloat16"):
+            raise ConfigError("prefill_gemm", f"{self.prefill_gemm} runs bfloat16 GEMMs (dtype {self.dtype})")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
             raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
         if self.mixed_chunk_tokens < self.block_size:

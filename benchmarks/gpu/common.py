@@ -118,16 +118,6 @@ def partition_places(decode_sms: list[int], green_whole: bool = False, skipped: 
     return places, close
 
 
-# where each projection of a decoder layer lives in bullet_ray.models.llama: (module, attribute)
-PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
-                      "gate_up": ("mlp", "gate_up_proj"), "down": ("mlp", "down_proj")}
-
-
-def rel_error(y: Any, ref: Any) -> float:
-    """max |y - ref| / max |ref|, in float32: how the partition scripts check a GEMM or a step's logits."""
-    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
-
-
 def time_back_to_back(fn: Callable[[], Any], iters: int = 20, warmup: int = 3, stream: Any = None) -> float:
     """Milliseconds per call of fn() issued `iters` times without waiting in between (the host runs ahead
     of the GPU as far as fn lets it), from CUDA events around the whole run, on `stream` (None: the current

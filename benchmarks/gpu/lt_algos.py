@@ -58,8 +58,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.common import PROJECTION_MODULES, rel_error
-from benchmarks.gpu.cublaslt import (
+from bullet_ray.engine.lt_gemm import PROJECTION_MODULES, rel_error
+from bullet_ray.gpu.cublaslt import (
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
     CublasLtError,
@@ -71,7 +71,7 @@ from benchmarks.gpu.cublaslt import (
     describe,
     load_cublaslt,
 )
-from benchmarks.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
+from bullet_ray.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
 
 
 def enumeration_bounds(args: argparse.Namespace) -> EnumBounds:

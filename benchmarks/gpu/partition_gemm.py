@@ -36,8 +36,8 @@ from typing import Any
 
 import triton
 
-from benchmarks.gpu.common import rel_error
 from benchmarks.gpu.triton_gemm import CONFIGS, linear, route_projections
+from bullet_ray.engine.lt_gemm import rel_error
 
 CPU_CONFIG = "16x32x16s1w1"
 GPU_CONFIGS = [c for c in CONFIGS if c != CPU_CONFIG]

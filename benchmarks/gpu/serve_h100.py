@@ -47,7 +47,10 @@ runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode 
 
 A "+handoff" suffix on a bullet system (bullet-slo+handoff) sets engine.handoff: direct (the prefill worker hands
 prefilled sequences to the decode worker itself, not through the engine front; both ways time each hand-off in
-the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them).
+the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them). A "+lt" / "+ltall" suffix on a
+bullet system (bullet-slo-margin50+lt+direct) sets engine.prefill_gemm: cublaslt / cublaslt-all (the prefill worker
+times cuBLASLt's algorithms per partition at start and launches the fastest: bullet_ray.engine.lt_gemm; the step
+log's `startup` record keeps every point's choice).
 
 A "+direct" suffix on an engine system (chunked-2048+direct, bullet-slo+direct, chunked-2048+pw1024+direct)
 launches the same YAML with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in `serve run`'s environment (Ray Serve's
@@ -107,21 +110,24 @@ def gpu_memory_gib() -> float:
     return float(out.splitlines()[0]) / 1024 if out and out.splitlines()[0].strip().isdigit() else float("nan")
 
 
+LT_SUFFIXES = {"lt": "cublaslt", "ltall": "cublaslt-all"}  # engine.prefill_gemm of a bullet system's suffix
+
+
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
-    +attnoverlap, +attnholistic, +handoff); "+direct" may come with it, in either order."""
+    +attnoverlap, +attnholistic, +handoff, +lt, +ltall); "+direct" may come with it, in either order."""
     name, *suffixes = system.split("+")
     engine = [s for s in suffixes if s != "direct"]
     if len(engine) > 1 or len(suffixes) - len(engine) > 1:
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff, and/or +direct")
+                         "+attnoverlap, +attnholistic, +handoff, +lt, +ltall, and/or +direct")
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
-    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *SUFFIX_ENV) \
+    if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *LT_SUFFIXES, *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff or +direct")
+                         "+attnoverlap, +attnholistic, +handoff, +lt, +ltall or +direct")
     return name, scheduling, len(engine) < len(suffixes)
 
 
@@ -185,7 +191,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     session), "+fixedpw" the fixed piecewise token buckets (piecewise_buckets: fixed, before the twentieth session's
     tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
-    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct). "+direct"
+    prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+lt" / "+ltall"
+    a bullet system's prefill projections through the cuBLASLt algorithms tuned per partition (engine.prefill_gemm:
+    cublaslt / cublaslt-all). "+direct"
     leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
@@ -202,6 +210,11 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling == "handoff":
         engine["handoff"] = "direct"
+    elif scheduling in LT_SUFFIXES:  # the prefill worker's projections through tuned cuBLASLt algorithms
+        if not name.startswith("bullet"):
+            raise SystemExit(f"unknown system {system!r}: +{scheduling} is for bullet systems (the prefill worker's "
+                             "GEMMs)")
+        engine["prefill_gemm"] = LT_SUFFIXES[scheduling]
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     policy, modifiers = _modifiers(name)  # "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {...: 8192})
@@ -552,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                              "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
                              "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
-                             "prefill -> decode hand-off (one of these), and/or + '+direct': Ray "
+                             "prefill -> decode hand-off, + '+lt' / '+ltall' (bullet systems) the prefill GEMMs through "
+                             "cuBLASLt algorithms tuned per partition (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.gpu.common import PROJECTION_MODULES
+from bullet_ray.engine.lt_gemm import PROJECTION_MODULES
 
 
 @triton.jit

@@ -1,11 +1,11 @@
-"""benchmarks.gpu.cublaslt's enumeration pieces without CUDA: the tile table, the stages pick, the bounded
+"""bullet_ray.gpu.cublaslt's enumeration pieces without CUDA: the tile table, the stages pick, the bounded
 configurations and their order, the config attribute sizes, the argtypes table, and LinearGemm.enumerate's flow
 through a fake libcublasLt."""
 
 import ctypes
 
-from benchmarks.gpu import cublaslt, cublaslt_ids
-from benchmarks.gpu.cublaslt_ids import AlgoCaps, EnumBounds
+from bullet_ray.gpu import cublaslt, cublaslt_ids
+from bullet_ray.gpu.cublaslt_ids import AlgoCaps, EnumBounds
 
 
 def test_tile_table_follows_cublaslt_13_10():

@@ -5,7 +5,8 @@ import ctypes
 
 import pytest
 
-from benchmarks.gpu import cublaslt, cublaslt_ids, lt_algos
+from benchmarks.gpu import lt_algos
+from bullet_ray.gpu import cublaslt, cublaslt_ids
 
 
 def test_struct_sizes_match_the_header():

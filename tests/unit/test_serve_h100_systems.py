@@ -301,6 +301,20 @@ def test_backlog_batch_modifier_applies_to_any_bullet_slo_system(tmp_path):
             system_yaml(bad, tmp_path)
 
 
+def test_lt_suffixes_route_the_prefill_gemm_of_bullet_systems_only(tmp_path):
+    """+lt / +ltall: engine.prefill_gemm cublaslt / cublaslt-all on a bullet system (a valid engine config on the GPU
+    YAML); on a chunked system a one-line error naming the suffix."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50+lt+direct", tmp_path))
+    assert (engine["prefill_gemm"], engine["ttft_margin_ms"]) == ("cublaslt", 50)
+    assert EngineArgs(**engine).to_engine_config().prefill_gemm == "cublaslt"
+    assert _engine(system_yaml("bullet-slo+ltall", tmp_path))["prefill_gemm"] == "cublaslt-all"
+    assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
+    with pytest.raises(SystemExit, match=r"\+lt is for bullet systems"):
+        system_yaml("chunked-2048+lt", tmp_path)
+
+
 def test_tgemm_suffix_is_gone(tmp_path):
     """+tgemm (engine.prefill_gemm: triton) was removed once the Triton GEMM lost to cuBLAS on every projection and
     place (benchmarks/results/partition_gemm_h200/): naming it is a one-line error."""

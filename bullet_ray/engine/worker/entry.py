@@ -55,7 +55,7 @@ def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
     log = StepLog(spec.config.step_log_path)
     counts = {"decode_graphs": graphs.get("num_graphs"), "piecewise_graphs": (graphs.get("piecewise") or {}).get(
         "num_graphs")}
-    extra = {**counts, "handles_after_s": handles_after_s}
+    extra = {**counts, "handles_after_s": handles_after_s, "prefill_gemm": graphs.get("prefill_gemm")}
     log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in extra.items() if v is not None})
     log.close()
 

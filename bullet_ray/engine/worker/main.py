@@ -84,11 +84,54 @@ class WorkerBase:
             # before run_worker sends the handles: the attaching worker reads these slots as soon as it is built
             self.switch.reset(self.partitioner.current_index)
         self.uses_graphs = uses_cuda_graphs(self.config)
+        self.lt_router: Any = None  # engine.prefill_gemm: cublaslt (bullet_ray.engine.lt_gemm)
+        if self.role == "prefill" and cfg.prefill_gemm != "cublas":
+            with self._timed("prefill_gemm_tune"):  # before the piecewise buckets are timed and any graph captured
+                self._route_prefill_gemm()
         # piecewise graphs' buckets are chosen here (tuned: GEMMs timed), on the creating worker before it sends its
         # handles, so alone on the GPU (the attaching worker starts at them); the captures wait for capture_graphs
         if self.uses_graphs and self.config.piecewise_limit(self.role) > 0:
             with self._timed("piecewise_tune"):  # the buckets (timed GEMMs where tuned); the captures: piecewise_graphs
                 self._make_piecewise_graphs()
+
+    def _route_prefill_gemm(self) -> None:
+        """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on every
+        partition this side runs on, then route the projections through the winners (bullet_ray.engine.lt_gemm).
+        Alone on the GPU: the creating worker does it before it sends its handles."""
+        from tqdm import tqdm
+
+        from bullet_ray.engine.lt_gemm import (
+            LtGemmRouter,
+            LtGemmTuner,
+            LtLib,
+            Place,
+            projections,
+            tune_tokens,
+        )
+        from bullet_ray.errors import ConfigError
+
+        ladder = self.partitioner.ladder
+        places = [Place(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()
+                  if stream is not None]
+        tokens = tune_tokens(self.config.max_num_batched_tokens)
+        if not places or not tokens:
+            logger.warning("%s worker: prefill_gemm %s has nothing to tune (partitions %d, token counts %s)",
+                           self.role, self.config.prefill_gemm, len(places), tokens)
+            return
+        try:
+            lt = LtLib.open()
+        except (OSError, RuntimeError) as e:
+            raise ConfigError("prefill_gemm", f"{self.config.prefill_gemm} needs torch's libcublasLt: {e}") from e
+        device_sms = torch.cuda.get_device_properties(self.res.device).multi_processor_count
+        tuner = LtGemmTuner(lt, device_sms, enumerate=self.config.prefill_gemm == "cublaslt-all")
+        shapes = {tuple(m.weight.shape) for mods in projections(self.res.model).values() for m in mods}
+        choices = tuner.tune(places, shapes, tokens, progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
+        self.lt_router = LtGemmRouter(lt, choices)
+        self.lt_router.route(self.res.model)
+        self.graph_capture = {**self.graph_capture, "prefill_gemm": {
+            "gemm": self.config.prefill_gemm, "tokens": tokens, **self.lt_router.report(), "choices": tuner.log}}
+        logger.info("%s worker: prefill GEMMs through cuBLASLt: %s", self.role,
+                    {k: v for k, v in self.graph_capture["prefill_gemm"].items() if k != "choices"})
 
     def capture_graphs(self) -> None:
         """Capture this worker's CUDA graphs (decode, piecewise) and fill the host's pinned-memory cache: the long
@@ -101,6 +144,8 @@ class WorkerBase:
         if self.runner.piecewise is not None:
             with self._timed("piecewise_graphs"):
                 self._capture_piecewise_graphs()
+        if self.lt_router is not None:  # how many of the captured GEMMs run a tuned algorithm
+            self.graph_capture["prefill_gemm"]["calls"] = dict(self.lt_router.calls)
         if cfg.is_gpu:  # no page-locked allocation (a sync with the GPU) in a serving step's copies
             from bullet_ray.engine.transfer import step_copy_bytes, warm_pinned
 
@@ -379,6 +424,9 @@ class WorkerBase:
     def close(self) -> None:
         """At the worker's end, before its shared resources are closed."""
         self.profiler.close()
+        if self.lt_router is not None:
+            logger.info("%s worker: prefill GEMM calls %s", self.role, self.lt_router.calls)
+            self.lt_router.close()
 
     # loop -------------------------------------------------------------------------------------------
     def ready(self, timeout: float) -> Connection | None:

@@ -1,6 +1,6 @@
 """A ctypes binding to the libcublasLt that torch loaded: just what `benchmarks/gpu/lt_algos.py` needs to ask
 cuBLASLt's heuristic for every algorithm of an `F.linear` GEMM (or enumerate them: `LinearGemm.enumerate`, with the
-bounded configurations of `benchmarks/gpu/cublaslt_ids.py`), describe each one and launch it on a stream.
+bounded configurations of `bullet_ray/gpu/cublaslt_ids.py`), describe each one and launch it on a stream.
 
 The GEMM is `F.linear(x, w)`: x [M=T, K], w [N, K], y [M, N], bf16, row-major. In cuBLASLt's column-major terms
 D (N x M, ld N) = op(A) op(B) with A = w as K x N (ld K, TRANSA = T) and B = x as K x M (ld K, TRANSB = N);
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.gpu.cublaslt_ids import (
+from bullet_ray.gpu.cublaslt_ids import (
     ALGO_CONFIG_ATTRS,
     CLUSTER_NAMES,
     REDUCTION_NAMES,

@@ -1,6 +1,6 @@
 """cuBLASLt's ids by name (tiles, stages, cluster shapes, reduction schemes, the algorithm config attributes) and
 the bounded configurations `lt_algos --enumerate` hands to cublasLtMatmulAlgoCheck (`enumerate_configs`): pure
-Python, tested without a GPU; `benchmarks/gpu/cublaslt.py` is the binding that uses them. Values from cuBLAS 13.10's
+Python, tested without a GPU; `bullet_ray/gpu/cublaslt.py` is the binding that uses them. Values from cuBLAS 13.10's
 cublasLt.h (the pip nvidia-cublas wheel), checked by script against the header when written.
 """
 

@@ -1,0 +1,376 @@
+"""`engine.prefill_gemm: cublaslt`: the prefill worker's projections (qkv, o, gate_up, down) launched with the
+cuBLASLt algorithm that ran fastest on each SM partition, chosen by timing at start.
+
+Why: cuBLAS picks its GEMM kernels for the whole device. On an H200 (132 SMs) its kernels for a prefill step's
+projections launch 132 CTAs in clusters of two; on a green-context partition of 84-124 SMs the CTAs that find no SM
+wait for a second round, and a 2,048-token step takes 64.8-71.9 ms against 50.7 ms on the whole GPU
+(`benchmarks/results/prefill_kernels_h200/`). cuBLASLt's heuristic returns other algorithms for the same GEMM, and
+with CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET set to the partition's SMs it sizes their grids for it;
+`benchmarks/gpu/lt_algos.py` times every one per place. This module makes the engine use the winner.
+
+At start (`LtGemmTuner.tune`, on the prefill worker before its piecewise graphs are tuned or captured, alone on the
+GPU) for every partition the prefill side may run on, every distinct projection shape and every token count of
+`TUNE_TOKENS` (up to the step cap): F.linear is timed on the partition's stream, then each candidate algorithm
+(the heuristic's, asked without and with the SM-count target; with `cublaslt-all` also the bounded enumeration of
+`bullet_ray.gpu.cublaslt_ids`, once per shape), its output checked against F.linear's. A candidate is kept only if
+it beats F.linear by `MARGIN`; else the point keeps F.linear. `LtGemmRouter` then replaces each projection's forward
+(and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
+runs the choice of the nearest tuned token count (its algorithm checked once for the call's exact rows with
+cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the algorithm.
+
+The algorithm runs with the descriptor it was found with (with or without the target: the target can change the
+launch as well as the choice) and one workspace shared by every partition: the prefill side runs one step at a
+time, and a step on a new partition waits for the last (`WorkerBase.launch`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# a decoder layer's projections, as (submodule, attribute) of the layer
+PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
+                      "gate_up": ("mlp", "gate_up_proj"), "down": ("mlp", "down_proj")}
+TUNE_TOKENS: tuple[int, ...] = (1024, 2048, 4096)  # rows timed per partition and shape (capped by the step cap)
+MIN_ROUTED_TOKENS = 256  # fewer rows run F.linear: bandwidth-bound, where the split's grid matters little
+MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated timings vary by ~1%
+MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
+WORKSPACE_BYTES = 32 << 20
+HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
+ENUMERATED_COUNT = 24  # enumerated configurations timed per point (cublaslt-all)
+REPEATS, WARMUP = 10, 2
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one (partition, shape, token count) point chose."""
+    tokens: int
+    algo: bytes | None  # the cublasLtMatmulAlgo_t's 64 bytes; None: F.linear
+    sm_target: int  # the descriptor it was found with (0: no target)
+    ms: float
+    base_ms: float  # F.linear's
+    label: str  # e.g. "algo66 tile 256x128 stages 64x4 cluster 1x2x1 splitK 1", or "F.linear"
+    source: str = "f_linear"  # heuristic / enumerated / f_linear
+    candidates: int = 0  # algorithms timed
+
+    @property
+    def speedup(self) -> float:
+        return self.base_ms / self.ms if self.ms > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algo: bytes
+    sm_target: int
+    ms: float | None  # None: it failed to launch
+    rel_err: float
+    label: str
+    source: str
+
+
+def pick(tokens: int, base_ms: float, candidates: Iterable[Candidate], margin: float = MARGIN,
+         max_rel_err: float = MAX_REL_ERR) -> Choice:
+    """The fastest candidate that ran, matched F.linear within `max_rel_err` and beat it by more than `margin`;
+    else F.linear."""
+    timed = list(candidates)
+    ran = [c for c in timed if c.ms is not None and c.rel_err <= max_rel_err]
+    best = min(ran, key=lambda c: c.ms or math.inf, default=None)
+    if best is None or best.ms is None or best.ms >= base_ms * (1.0 - margin):
+        return Choice(tokens, None, 0, base_ms, base_ms, "F.linear", candidates=len(timed))
+    return Choice(tokens, best.algo, best.sm_target, best.ms, base_ms, best.label, best.source, len(timed))
+
+
+def tune_tokens(max_tokens: int, tokens: Sequence[int] = TUNE_TOKENS) -> list[int]:
+    """The token counts timed for a step cap: those of `tokens` within it, or the cap alone if none is."""
+    within = sorted(t for t in tokens if t <= max_tokens)
+    return within or ([max_tokens] if max_tokens >= MIN_ROUTED_TOKENS else [])
+
+
+def nearest(choices: Sequence[Choice], rows: int) -> Choice | None:
+    """The choice timed nearest to `rows` (in ratio; a tie goes to the larger count); None below MIN_ROUTED_TOKENS."""
+    if rows < MIN_ROUTED_TOKENS or not choices:
+        return None
+    return min(choices, key=lambda c: (abs(math.log(c.tokens / rows)), -c.tokens))
+
+
+def projections(model: Any) -> dict[str, list[Any]]:
+    """The modules of each projection over the model's decoder layers (the Llama family's names)."""
+    out: dict[str, list[Any]] = {}
+    for layer in model.model.layers:
+        for proj, (sub, attr) in PROJECTION_MODULES.items():
+            out.setdefault(proj, []).append(getattr(getattr(layer, sub), attr))
+    return out
+
+
+def rel_error(y: Any, ref: Any) -> float:
+    """max |y - ref| / max |ref|, in float32."""
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
+
+
+class LtLib:
+    """torch's libcublasLt, one handle and one workspace (`open` on the GPU; tests build one around fakes)."""
+
+    def __init__(self, make_gemm: Callable[[int, int, int, int], Any], workspace: Any, describe: Callable[[Any], str],
+                 close: Callable[[], None] = lambda: None):
+        self.make_gemm, self.workspace, self.describe, self._close = make_gemm, workspace, describe, close
+
+    @classmethod
+    def open(cls, workspace_bytes: int = WORKSPACE_BYTES) -> LtLib:
+        import torch
+        import torch.nn.functional as F
+
+        from bullet_ray.gpu import cublaslt
+
+        probe = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+        F.linear(probe, probe)  # torch loads cuBLAS / cuBLASLt now
+        torch.cuda.synchronize()
+        lib, path = cublaslt.load_cublaslt()
+        handle = ctypes.c_void_p()
+        cublaslt.check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+        logger.info("cuBLASLt %s from %s", lib.cublasLtGetVersion(), path)
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda")
+
+        def describe(algo: Any) -> str:
+            return cublaslt.describe(lib, cublaslt.MatmulAlgo.from_buffer_copy(bytes(algo))).label
+        return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe,
+                   lambda: lib.cublasLtDestroy(handle))
+
+    def close(self) -> None:
+        self._close()
+
+
+class LtGemmRouter:
+    """The projections' forward through the tuned algorithms. `choices[(place, n, k)]`: the Choices of one
+    partition (keyed by its stream's handle, `place_of()` at call time) and one weight shape [n, k]."""
+
+    def __init__(self, lt: LtLib, choices: dict[tuple[int, int, int], list[Choice]],
+                 place_of: Callable[[], int] | None = None):
+        self.lt, self.choices = lt, {key: sorted(c, key=lambda x: x.tokens) for key, c in choices.items()}
+        self.place_of = place_of or _current_stream_handle
+        self._gemms: dict[tuple[int, int, int, int], Any] = {}
+        self._valid: dict[tuple[int, int, int, int, bytes], bool] = {}
+        self.calls = {"routed": 0, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
+        self._routed: list[Any] = []
+
+    def route(self, model: Any) -> None:
+        """Every projection of the model through `linear` (forward and gemm_into), as instance attributes."""
+        import torch
+
+        if self._routed:
+            raise RuntimeError("the projections are routed already")
+        for mods in projections(model).values():
+            for mod in mods:
+                if mod.bias is not None or mod.weight.dtype != torch.bfloat16:
+                    continue  # biased projections keep F.linear; the descriptors are bf16
+                mod.forward = functools.partial(self.linear, mod.weight)
+                mod.gemm_into = functools.partial(self._into, mod.weight)
+                self._routed.append(mod)
+
+    def unroute(self) -> None:
+        for mod in self._routed:
+            del mod.forward, mod.gemm_into
+        self._routed.clear()
+
+    def _into(self, weight: Any, x: Any, out: Any) -> Any:
+        return self.linear(weight, x, out)
+
+    def linear(self, weight: Any, x: Any, out: Any = None) -> Any:
+        """x @ weight.T (into `out` if given) with the place's chosen algorithm, or F.linear."""
+        n, k = weight.shape
+        rows = x.shape[0] if x.dim() == 2 else -1
+        choice, stream = None, 0
+        if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (out is None or out.is_contiguous()):
+            stream = self.place_of()  # the place is its stream
+            choice = nearest(self.choices.get((stream, n, k), ()), rows)
+        if choice is not None and choice.algo is not None and self._valid_for(rows, n, k, choice):
+            y = out if out is not None else x.new_empty(rows, n)
+            if self.launch(self._gemm(rows, n, k, choice.sm_target), choice.algo, weight, x, y, stream):
+                self.calls["routed"] += 1
+                return y
+            self.calls["launch_failed"] += 1
+            logger.warning("cublasLtMatmul failed (%d x %d x %d, %s): F.linear instead", rows, n, k, choice.label)
+        self.calls["f_linear"] += 1
+        if out is None:
+            return x @ weight.t()
+        import torch
+
+        return torch.mm(x, weight.t(), out=out)
+
+    def _gemm(self, m: int, n: int, k: int, sm_target: int) -> Any:
+        key = (m, n, k, sm_target)
+        if key not in self._gemms:
+            self._gemms[key] = self.lt.make_gemm(m, n, k, sm_target)
+        return self._gemms[key]
+
+    def _valid_for(self, m: int, n: int, k: int, choice: Choice) -> bool:
+        """cublasLtMatmulAlgoCheck of the choice's algorithm for exactly m rows (within the workspace), once."""
+        assert choice.algo is not None
+        key = (m, n, k, choice.sm_target, choice.algo)
+        if key not in self._valid:
+            status, result = self._gemm(m, n, k, choice.sm_target).check_algo(_algo(choice.algo))
+            self._valid[key] = status == 0 and result.workspaceSize <= self.lt.workspace.numel()
+            if not self._valid[key]:
+                self.calls["check_refused"] += 1
+        return self._valid[key]
+
+    def launch(self, gemm: Any, algo: bytes, weight: Any, x: Any, y: Any, stream: int) -> bool:
+        """y = x weight^T with `algo` on `stream` (a cudaStream_t); False when cuBLASLt refused the launch."""
+        ws = self.lt.workspace
+        return gemm.run(_algo(algo), weight.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(),
+                        stream) == 0
+
+    def report(self) -> dict[str, Any]:
+        chosen = [c for cs in self.choices.values() for c in cs]
+        kept = [c for c in chosen if c.algo is not None]
+        return {"points": len(chosen), "kept": len(kept),
+                "kept_speedup_median": round(sorted(c.speedup for c in kept)[len(kept) // 2], 3) if kept else None,
+                "by_source": {s: sum(c.source == s for c in kept) for s in ("heuristic", "enumerated")},
+                "calls": dict(self.calls)}
+
+    def close(self) -> None:
+        for gemm in self._gemms.values():
+            gemm.close()
+        self._gemms.clear()
+
+
+def _algo(raw: bytes) -> Any:
+    from bullet_ray.gpu.cublaslt import MatmulAlgo
+
+    return MatmulAlgo.from_buffer_copy(raw)
+
+
+def _current_stream_handle() -> int:
+    import torch
+
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
+@dataclass
+class Place:
+    """A partition the prefill side runs on: its ladder index, SMs and stream."""
+    index: int
+    sms: int
+    stream: Any
+
+
+@dataclass
+class LtGemmTuner:
+    """Times the candidates of every (place, shape, token count) point and returns the router's choices."""
+    lt: LtLib
+    device_sms: int
+    enumerate: bool = False  # cublaslt-all: the bounded enumeration too
+    time_ms: Callable[[Callable[[], Any], Any], float] | None = None  # (launch, stream) -> ms; None: CUDA events
+    log: list[dict[str, Any]] = field(default_factory=list)  # one row per point (the Ready info's summary)
+    _enumerated: dict[tuple[int, int], list[tuple[bytes, str]]] = field(default_factory=dict)
+
+    def tune(self, places: Sequence[Place], shapes: Iterable[tuple[int, int]], tokens: Sequence[int],
+             progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda it: it) -> dict[tuple[int, int, int],
+                                                                                      list[Choice]]:
+        """{(place stream handle, n, k): [Choice per token count]} over every point."""
+        choices: dict[tuple[int, int, int], list[Choice]] = {}
+        points = [(p, s, t) for p in places for s in sorted(set(shapes)) for t in tokens]
+        for place, (n, k), t in progress(points):
+            choice = self.tune_point(place, t, n, k)
+            choices.setdefault((_stream_handle(place.stream), n, k), []).append(choice)
+            self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, **asdict(choice),
+                             "algo": None if choice.algo is None else choice.algo.hex()})
+        return choices
+
+    def tune_point(self, place: Place, m: int, n: int, k: int) -> Choice:
+        import torch
+        import torch.nn.functional as F
+
+        from bullet_ray.gpu.cublaslt import CublasLtError, dedupe
+
+        with torch.cuda.stream(place.stream):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+            y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x, w)
+        timer = self.time_ms or _event_ms
+        base_ms = timer(lambda: F.linear(x, w), place.stream)
+        ws = self.lt.workspace
+        candidates: list[Candidate] = []
+        for target in ([0] if place.sms >= self.device_sms else [0, place.sms]):
+            gemm = None
+            try:
+                gemm = self.lt.make_gemm(m, n, k, target)
+                found = [(bytes(r.algo), "heuristic") for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
+                if self.enumerate:  # found once per shape; each is checked against this descriptor below
+                    found += self._enumerated_for(n, k, m, {a for a, _ in found})
+                for raw, source in found:
+                    status, result = gemm.check_algo(_algo(raw))
+                    if status != 0 or result.workspaceSize > ws.numel():
+                        continue
+                    candidates.append(self._time(gemm, raw, target, source, w, x, y, ref, place.stream, timer))
+            except CublasLtError as e:  # a descriptor or query this GEMM cannot take: the others still count
+                logger.warning("cuBLASLt tuning %dx%dx%d on %d SMs (target %d): %s", m, n, k, place.sms, target, e)
+            finally:
+                if gemm is not None:
+                    gemm.close()
+        return pick(m, base_ms, candidates)
+
+    def _time(self, gemm: Any, raw: bytes, target: int, source: str, w: Any, x: Any, y: Any, ref: Any, stream: Any,
+              timer: Callable[[Callable[[], Any], Any], float]) -> Candidate:
+        import torch
+
+        algo, ws = _algo(raw), self.lt.workspace
+        handle = _stream_handle(stream)
+
+        def launch() -> int:
+            return int(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(), handle))
+        with torch.cuda.stream(stream):  # checked on the stream it ran on
+            y.zero_()
+            if launch() != 0:
+                return Candidate(raw, target, None, math.inf, "launch refused", source)
+            err = rel_error(y, ref)
+        return Candidate(raw, target, timer(launch, stream), err, self.lt.describe(raw), source)
+
+    def _enumerated_for(self, n: int, k: int, m: int, known: set[bytes]) -> list[tuple[bytes, str]]:
+        """Up to ENUMERATED_COUNT configurations of the shape's bounded enumeration (1x1 and 1x2 clusters, two stages
+        ids per tile) that the heuristic did not return; enumerated once per shape, at the first token count."""
+        from bullet_ray.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
+
+        if (n, k) not in self._enumerated:
+            bounds = EnumBounds(max_stages=2, cluster_shape_ids=(CLUSTER_IDS["1x1x1"], CLUSTER_IDS["1x2x1"]),
+                                max_checks=2000)
+            started = time.perf_counter()
+            gemm = self.lt.make_gemm(m, n, k, 0)
+            try:
+                found = gemm.enumerate(bounds, self.lt.workspace.numel())
+            finally:
+                gemm.close()
+            self._enumerated[(n, k)] = [(bytes(r.algo), "enumerated") for r in found.results]
+            logger.info("cuBLASLt enumeration %dx%d: %d valid of %d checked in %.1f s", n, k, len(found.results),
+                        found.num_checked, time.perf_counter() - started)
+        fresh = [(a, s) for a, s in self._enumerated[(n, k)] if a not in known]
+        return fresh[:ENUMERATED_COUNT]
+
+
+def _stream_handle(stream: Any) -> int:
+    """A stream's cudaStream_t as an int; None (no partition's stream) is 0, the default stream."""
+    return int(stream.cuda_stream) if stream is not None else 0
+
+
+def _event_ms(fn: Callable[[], Any], stream: Any, repeats: int = REPEATS, warmup: int = WARMUP) -> float:
+    """Milliseconds per call of fn() launched back to back on `stream`, from CUDA events."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / repeats

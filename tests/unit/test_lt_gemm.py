@@ -1,0 +1,208 @@
+"""bullet_ray.engine.lt_gemm without a GPU: the choice rule, the token lookup, the tuner over a fake cuBLASLt that
+computes through host pointers (CPU tensors), and the router in a bf16 model on the CPU (outputs equal to F.linear's,
+every fallback counted)."""
+
+import contextlib
+import ctypes
+
+import pytest
+import torch
+
+from bullet_ray.engine import lt_gemm
+from bullet_ray.engine.lt_gemm import Candidate, Choice, LtGemmRouter, LtGemmTuner, LtLib, Place
+from bullet_ray.models.layers import linear_into
+
+
+def _algo(tag: int) -> bytes:
+    return bytes([tag]) + bytes(63)
+
+
+def _cand(tag: int, ms: float | None, err: float = 0.0, target: int = 0) -> Candidate:
+    return Candidate(_algo(tag), target, ms, err, f"algo{tag}", "heuristic")
+
+
+def test_pick_keeps_the_fastest_valid_algorithm_only_past_the_margin():
+    chosen = lt_gemm.pick(2048, 10.0, [_cand(1, 9.0), _cand(2, 7.0, err=0.5), _cand(3, 8.0, target=116),
+                                       _cand(4, None)])
+    assert (chosen.algo, chosen.sm_target, chosen.ms, chosen.label, chosen.candidates) == (_algo(3), 116, 8.0,
+                                                                                          "algo3", 4)
+    assert chosen.speedup == pytest.approx(1.25)
+    kept_out = lt_gemm.pick(2048, 10.0, [_cand(1, 9.9)])  # 1% faster: within the timings' noise
+    assert (kept_out.algo, kept_out.label, kept_out.ms) == (None, "F.linear", 10.0)
+    assert lt_gemm.pick(2048, 10.0, []).algo is None
+
+
+def test_tune_tokens_and_nearest():
+    assert lt_gemm.tune_tokens(8192) == [1024, 2048, 4096]
+    assert lt_gemm.tune_tokens(2048) == [1024, 2048]
+    assert lt_gemm.tune_tokens(512) == [512] and lt_gemm.tune_tokens(128) == []
+    choices = [Choice(t, None, 0, 1.0, 1.0, "F.linear") for t in (1024, 2048, 4096)]
+    assert [lt_gemm.nearest(choices, r).tokens for r in (256, 1400, 1500, 3000, 9000)] == [1024, 1024, 2048, 4096,
+                                                                                          4096]
+    assert lt_gemm.nearest(choices, 255) is None and lt_gemm.nearest([], 2048) is None
+
+
+# ---- a fake cuBLASLt: LinearGemm's surface over host pointers --------------------------------------------------
+class FakeStatus:
+    def __init__(self, ws: int = 0):
+        self.workspaceSize = ws
+
+
+class FakeLt:
+    """Algorithms by their first byte: 1 exact, 2 exact and fast, 3 wrong (doubles the output), 4 refuses to launch,
+    5 needs too much workspace; algorithm 6 is refused by the check at odd row counts."""
+    cost = {1: 9.0, 2: 6.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 5.0}
+
+    def __init__(self):
+        self.last: int | None = None
+        self.made: list[tuple[int, int, int, int]] = []
+        self.launches: list[tuple[int, int, int]] = []  # (algo, rows, sm_target)
+
+    def lib(self) -> LtLib:
+        return LtLib(self.make_gemm, torch.empty(1024, dtype=torch.uint8), lambda raw: f"algo{raw[0]}")
+
+    def make_gemm(self, m, n, k, target):
+        self.made.append((m, n, k, target))
+        fake = self
+
+        class Gemm:
+            def heuristics(self, ws, count):
+                return [type("R", (), {"algo": bytearray(_algo(t))})() for t in (1, 2, 3, 4, 5, 6, 2)]
+
+            def check_algo(self, algo):
+                tag = bytes(algo)[0]
+                if tag == 6 and m % 2:
+                    return 15, FakeStatus()
+                return 0, FakeStatus(4096 if tag == 5 else 0)
+
+            def run(self, algo, w_ptr, x_ptr, y_ptr, ws_ptr, ws_bytes, stream):
+                tag = bytes(algo)[0]
+                if tag == 4:
+                    return 13
+                fake.last = tag
+                fake.launches.append((tag, m, target))
+                x, w, y = (_view(p, shape) for p, shape in ((x_ptr, (m, k)), (w_ptr, (n, k)), (y_ptr, (m, n))))
+                y.copy_((x.float() @ w.float().t() * (2 if tag == 3 else 1)).to(torch.bfloat16))
+                return 0
+
+            def close(self):
+                pass
+        return Gemm()
+
+
+def _view(ptr: int, shape: tuple[int, int]) -> torch.Tensor:
+    count = shape[0] * shape[1]
+    buf = (ctypes.c_uint16 * count).from_address(ptr)
+    return torch.frombuffer(buf, dtype=torch.bfloat16, count=count).view(shape)
+
+
+@pytest.fixture
+def cpu_tuning(monkeypatch):
+    """The tuner's CUDA parts on the CPU: tensors on the host, no stream, the MatmulAlgo struct kept."""
+    real_randn, real_empty = torch.randn, torch.empty
+
+    def on_cpu(fn):
+        return lambda *a, device=None, **kw: fn(*a, **kw)
+    monkeypatch.setattr(torch, "randn", on_cpu(real_randn))
+    monkeypatch.setattr(torch, "empty", on_cpu(real_empty))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
+    fake = FakeLt()
+
+    def timer(fn, stream):
+        fake.last = None
+        fn()
+        return 10.0 if fake.last is None else fake.cost[fake.last]
+    tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer)
+    places = [Place(3, 116, None), Place(0, 132, None)]
+    choices = tuner.tune(places, [(32, 16), (32, 16), (16, 32)], [301, 512])
+    assert set(choices) == {(0, 32, 16), (0, 16, 32)}  # both places have stream None here: one key per shape
+    by_place = {(row["sms"], row["n"], row["tokens"]): row for row in tuner.log}
+    assert len(tuner.log) == 2 * 2 * 2
+    row = by_place[(116, 32, 512)]
+    # 3 is wrong, 4 refused, 5 over the workspace, the duplicate 2 dropped: 6 (5 ms) wins at 512 rows
+    assert (row["label"], row["source"], row["ms"], row["base_ms"]) == ("algo6", "heuristic", 5.0, 10.0)
+    assert by_place[(116, 32, 301)]["label"] == "algo2"  # the check refuses 6 at odd row counts
+    # a place with fewer SMs than the device asks both descriptors (no target, target 116); the whole GPU one
+    assert {t for (_, _, _, t) in fake.made} == {0, 116}
+    assert sum(1 for m in fake.made if m[3] == 116) == 4
+    assert [row["candidates"] for row in tuner.log if row["sms"] == 132] == [4, 5, 4, 5]  # 1-4 and 6 at 512 rows
+
+
+def test_router_runs_the_choice_for_its_place_and_falls_back_to_f_linear_elsewhere():
+    from bullet_ray.perf.sweep import Bench
+
+    bench = Bench("dummy:tiny-llama", "cpu", "bfloat16", use_graphs=False)
+    model = bench.model
+    fn = bench.step_fn(bench.batch(1, 300, 0), 0)
+    plain = fn()
+    attn = model.model.layers[0].self_attn
+    n, k = attn.qkv_proj.weight.shape
+    place = [7]
+    fake = FakeLt()
+    shapes = {tuple(m.weight.shape) for mods in lt_gemm.projections(model).values() for m in mods}
+    choices = {(7, sn, sk): [Choice(256, _algo(2), 0, 6.0, 10.0, "algo2", "heuristic"),
+                             Choice(1024, _algo(6), 116, 5.0, 10.0, "algo6", "heuristic")] for sn, sk in shapes}
+    choices[(8, n, k)] = [Choice(512, None, 0, 10.0, 10.0, "F.linear")]
+    router = LtGemmRouter(fake.lib(), choices, place_of=lambda: place[0])
+    router.route(model)
+    with pytest.raises(RuntimeError, match="routed already"):
+        router.route(model)
+    routed = fn()
+    assert lt_gemm.rel_error(routed, plain) < 0.02  # the fake accumulates in float32 as F.linear does
+    layers = len(model.model.layers)
+    assert router.calls == {"routed": 4 * layers, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
+    assert {tag for tag, rows, _ in fake.launches} == {2} and {r for _, r, _ in fake.launches} == {300}
+
+    x = torch.randn(1025, k, dtype=torch.bfloat16)  # nearest 1024: algorithm 6 with its target; odd rows: refused
+    buf, ref = torch.zeros(1025, n, dtype=torch.bfloat16), torch.zeros(1025, n, dtype=torch.bfloat16)
+    before = dict(router.calls)
+    linear_into(attn.qkv_proj, x, buf)
+    linear_into(attn.qkv_proj, x, buf)
+    assert router.calls["check_refused"] == before["check_refused"] + 1  # checked once per row count
+    assert router.calls["f_linear"] == before["f_linear"] + 2
+    torch.mm(x, attn.qkv_proj.weight.t(), out=ref)
+    assert torch.equal(buf, ref)
+    x2 = torch.randn(1024, k, dtype=torch.bfloat16)
+    out = attn.qkv_proj(x2)
+    assert fake.launches[-1] == (6, 1024, 116)
+    assert torch.equal(out, (x2.float() @ attn.qkv_proj.weight.float().t()).to(torch.bfloat16))
+    place[0] = 8  # a place whose point kept F.linear; then one never tuned
+    count = len(fake.launches)
+    attn.qkv_proj(x2)
+    place[0] = 99
+    attn.qkv_proj(x2)
+    attn.qkv_proj(x2[:, :].t().contiguous().t())  # not contiguous: F.linear
+    assert len(fake.launches) == count
+    report = router.report()
+    assert (report["points"], report["kept"], report["by_source"]["heuristic"]) == (2 * len(shapes) + 1,
+                                                                                     2 * len(shapes), 2 * len(shapes))
+    router.unroute()
+    assert not any("gemm_into" in m.__dict__ or "forward" in m.__dict__ for m in model.modules())
+    router.close()
+
+
+def test_a_refused_launch_falls_back_and_is_counted(caplog):
+    fake = FakeLt()
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(4), 0, 1.0, 2.0, "algo4", "heuristic")]},
+                          place_of=lambda: 1)
+    x = torch.randn(512, 16, dtype=torch.bfloat16)
+    assert torch.equal(router.linear(w, x), x @ w.t())
+    assert router.calls == {"routed": 0, "f_linear": 1, "check_refused": 0, "launch_failed": 1}
+    assert "cublasLtMatmul failed" in caplog.text
+
+
+def test_prefill_gemm_config_is_validated():
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prefill_gemm.*unknown GEMM 'triton'"):
+        EngineConfig(prefill_gemm="triton")
+    with pytest.raises(ConfigError, match="prefill_gemm.*bullet and static schedules on a GPU"):
+        EngineConfig(prefill_gemm="cublaslt")  # the CPU default
+    with pytest.raises(ConfigError, match="prefill_gemm.*bfloat16"):
+        EngineConfig(prefill_gemm="cublaslt", device="cuda", schedule="bullet", dtype="float16")
+    assert EngineConfig(prefill_gemm="cublaslt-all", device="cuda", schedule="bullet").prefill_gemm == "cublaslt-all"

@@ -169,8 +169,9 @@ class EngineConfig:
     prefill_backlog_batch_tokens: int | None = None
     # the GEMM of the prefill worker's projections (qkv, o, gate_up, down; the bullet and static schedules, GPU):
     # "cublas" (default: PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
-    # and with the partition's SM count as target, is timed per partition, projection shape and token count against
-    # F.linear and the fastest kept: bullet_ray.engine.lt_gemm), "cublaslt-all" (also a bounded enumeration of
+    # and with the partition's SM count as target, the first few also with 1x1 / 1x2 / 2x1 clusters, is timed per
+    # partition, projection shape and token count against F.linear and the fastest kept:
+    # bullet_ray.engine.lt_gemm), "cublaslt-all" (also a bounded enumeration of
     # configurations with 1x1 and 1x2 clusters the heuristic never offers). Why: cuBLAS's kernels are sized for the
     # whole GPU and ran a 2,048-token step 28-42% slower on 84-124 SMs of an H200 (docs/policy.md, twenty-eighth
     # session). Unmeasured on a GPU

@@ -11,7 +11,8 @@ with CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET set to the partition's SMs it sizes th
 At start (`LtGemmTuner.tune`, on the prefill worker before its piecewise graphs are tuned or captured, alone on the
 GPU) for every partition the prefill side may run on, every distinct projection shape and every token count of
 `TUNE_TOKENS` (up to the step cap): F.linear is timed on the partition's stream, then each candidate algorithm
-(the heuristic's, asked without and with the SM-count target; with `cublaslt-all` also the bounded enumeration of
+(the heuristic's, asked without and with the SM-count target; its first few again with clusters of 1x1, 1x2 and 2x1,
+the whole GPU's kernel with a grid that may fit the partition; with `cublaslt-all` also the bounded enumeration of
 `bullet_ray.gpu.cublaslt_ids`, once per shape), its output checked against F.linear's. A candidate is kept only if
 it beats F.linear by `MARGIN`; else the point keeps F.linear. `LtGemmRouter` then replaces each projection's forward
 (and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
@@ -34,7 +35,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bullet_ray.gpu.cublaslt_ids import ALGO_CONFIG_ATTRS, CLUSTER_IDS
+
 logger = logging.getLogger(__name__)
+
+CLUSTER_SHAPE_ATTR = next(value for name, value, _ in ALGO_CONFIG_ATTRS if name == "cluster_shape_id")
 
 # a decoder layer's projections, as (submodule, attribute) of the layer
 PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
@@ -45,6 +50,10 @@ MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated ti
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
 WORKSPACE_BYTES = 32 << 20
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
+# the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
+# whole GPU's kernel (clusters of two, 132 CTAs) may fit the partition's grid best with its own tile and a small cluster
+CLUSTER_VARIANTS: tuple[str, ...] = ("1x1x1", "1x2x1", "2x1x1")
+VARIANT_SOURCES = 4
 ENUMERATED_COUNT = 24  # enumerated configurations timed per point (cublaslt-all)
 REPEATS, WARMUP = 10, 2
 
@@ -58,7 +67,7 @@ class Choice:
     ms: float
     base_ms: float  # F.linear's
     label: str  # e.g. "algo66 tile 256x128 stages 64x4 cluster 1x2x1 splitK 1", or "F.linear"
-    source: str = "f_linear"  # heuristic / enumerated / f_linear
+    source: str = "f_linear"  # heuristic / cluster_variant / enumerated / f_linear
     candidates: int = 0  # algorithms timed
 
     @property
@@ -119,8 +128,10 @@ class LtLib:
     """torch's libcublasLt, one handle and one workspace (`open` on the GPU; tests build one around fakes)."""
 
     def __init__(self, make_gemm: Callable[[int, int, int, int], Any], workspace: Any, describe: Callable[[Any], str],
+                 with_cluster: Callable[[bytes, str], bytes | None] = lambda raw, cluster: None,
                  close: Callable[[], None] = lambda: None):
         self.make_gemm, self.workspace, self.describe, self._close = make_gemm, workspace, describe, close
+        self.with_cluster = with_cluster  # (algorithm, cluster shape name) -> the algorithm with it, None if refused
 
     @classmethod
     def open(cls, workspace_bytes: int = WORKSPACE_BYTES) -> LtLib:
@@ -140,7 +151,14 @@ class LtLib:
 
         def describe(algo: Any) -> str:
             return cublaslt.describe(lib, cublaslt.MatmulAlgo.from_buffer_copy(bytes(algo))).label
-        return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe,
+
+        def with_cluster(raw: bytes, cluster: str) -> bytes | None:
+            try:
+                return bytes(cublaslt.with_settings(lib, cublaslt.MatmulAlgo.from_buffer_copy(raw),
+                                                    [(CLUSTER_SHAPE_ATTR, CLUSTER_IDS[cluster])]))
+            except cublaslt.CublasLtError:
+                return None
+        return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe, with_cluster,
                    lambda: lib.cublasLtDestroy(handle))
 
     def close(self) -> None:
@@ -232,7 +250,8 @@ class LtGemmRouter:
         kept = [c for c in chosen if c.algo is not None]
         return {"points": len(chosen), "kept": len(kept),
                 "kept_speedup_median": round(sorted(c.speedup for c in kept)[len(kept) // 2], 3) if kept else None,
-                "by_source": {s: sum(c.source == s for c in kept) for s in ("heuristic", "enumerated")},
+                "by_source": {s: sum(c.source == s for c in kept) for s in ("heuristic", "cluster_variant",
+                                                                                "enumerated")},
                 "calls": dict(self.calls)}
 
     def close(self) -> None:
@@ -304,6 +323,7 @@ class LtGemmTuner:
             try:
                 gemm = self.lt.make_gemm(m, n, k, target)
                 found = [(bytes(r.algo), "heuristic") for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
+                found += self._cluster_variants([raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})
                 if self.enumerate:  # found once per shape; each is checked against this descriptor below
                     found += self._enumerated_for(n, k, m, {a for a, _ in found})
                 for raw, source in found:
@@ -334,10 +354,21 @@ class LtGemmTuner:
             err = rel_error(y, ref)
         return Candidate(raw, target, timer(launch, stream), err, self.lt.describe(raw), source)
 
+    def _cluster_variants(self, sources: list[bytes], known: set[bytes]) -> list[tuple[bytes, str]]:
+        """Each source algorithm with each of CLUSTER_VARIANTS' cluster shapes, those not already known."""
+        out = []
+        for raw in sources:
+            for cluster in CLUSTER_VARIANTS:
+                variant = self.lt.with_cluster(raw, cluster)
+                if variant is not None and variant not in known:
+                    known.add(variant)
+                    out.append((variant, "cluster_variant"))
+        return out
+
     def _enumerated_for(self, n: int, k: int, m: int, known: set[bytes]) -> list[tuple[bytes, str]]:
         """Up to ENUMERATED_COUNT configurations of the shape's bounded enumeration (1x1 and 1x2 clusters, two stages
         ids per tile) that the heuristic did not return; enumerated once per shape, at the first token count."""
-        from bullet_ray.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
+        from bullet_ray.gpu.cublaslt_ids import EnumBounds
 
         if (n, k) not in self._enumerated:
             bounds = EnumBounds(max_stages=2, cluster_shape_ids=(CLUSTER_IDS["1x1x1"], CLUSTER_IDS["1x2x1"]),

@@ -338,8 +338,14 @@ def algo_caps(lib: ctypes.CDLL, algo: MatmulAlgo, algo_id: int) -> AlgoCaps:
 
 def configure(lib: ctypes.CDLL, algo: MatmulAlgo, choice: AlgoChoice) -> MatmulAlgo:
     """A copy of `algo` (cublasLtMatmulAlgoInit of choice.algo_id) with choice's settings; raises CublasLtError."""
+    return with_settings(lib, algo, choice.settings())
+
+
+def with_settings(lib: ctypes.CDLL, algo: MatmulAlgo, settings: list[tuple[int, int]]) -> MatmulAlgo:
+    """A copy of `algo` with each (config attribute, value) set, e.g. a heuristic's algorithm with another cluster
+    shape (CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID); raises CublasLtError where the library refuses a value."""
     out = MatmulAlgo.from_buffer_copy(bytes(algo))
-    for attr, value in choice.settings():
+    for attr, value in settings:
         v = ALGO_CONFIG_TYPES[attr](value)
         check(lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(out), attr, ctypes.byref(v), ctypes.sizeof(v)),
               f"cublasLtMatmulAlgoConfigSetAttribute({attr} = {value})")

@@ -138,3 +138,13 @@ def test_linear_gemm_enumerate_through_a_fake_library():
     assert found.check_statuses == {"SUCCESS": 2, "over_workspace": 2, "NOT_SUPPORTED": 4}
     assert [(r.algo.data[0], r.algo.data[1], r.algo.data[7]) for r in found.results] == [(66, 24, 2)] * 2
     assert lib.set_sizes == {1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 8: 2}
+
+
+def test_with_settings_copies_the_algorithm_and_sets_one_attribute():
+    """A heuristic's algorithm with another cluster shape (lt_gemm's cluster variants): a copy, the source untouched."""
+    lib = FakeLt()
+    source = cublaslt.MatmulAlgo()
+    source.data[0], source.data[1] = 66, 24
+    variant = cublaslt.with_settings(lib, source, [(8, cublaslt_ids.CLUSTER_IDS["1x2x1"])])  # type: ignore[arg-type]
+    assert (variant.data[0], variant.data[1], variant.data[7]) == (66, 24, 5)
+    assert source.data[7] == 0 and lib.set_sizes == {8: 2}

@@ -50,8 +50,9 @@ class FakeStatus:
 
 class FakeLt:
     """Algorithms by their first byte: 1 exact, 2 exact and fast, 3 wrong (doubles the output), 4 refuses to launch,
-    5 needs too much workspace; algorithm 6 is refused by the check at odd row counts."""
-    cost = {1: 9.0, 2: 6.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 5.0}
+    5 needs too much workspace; algorithm 6 is refused by the check at odd row counts; 7 (2 with clusters of 1x2)
+    is the fastest, valid only with an SM-count target."""
+    cost = {1: 9.0, 2: 6.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 5.0, 7: 4.0}
 
     def __init__(self):
         self.last: int | None = None
@@ -59,7 +60,14 @@ class FakeLt:
         self.launches: list[tuple[int, int, int]] = []  # (algo, rows, sm_target)
 
     def lib(self) -> LtLib:
-        return LtLib(self.make_gemm, torch.empty(1024, dtype=torch.uint8), lambda raw: f"algo{raw[0]}")
+        return LtLib(self.make_gemm, torch.empty(1024, dtype=torch.uint8), lambda raw: f"algo{raw[0]}",
+                     self.with_cluster)
+
+    @staticmethod
+    def with_cluster(raw: bytes, cluster: str) -> bytes | None:
+        if (raw[0], cluster) == (2, "1x2x1"):
+            return _algo(7)
+        return _algo(2) if (raw[0], cluster) == (1, "1x1x1") else None  # 1 with 1x1 clusters is 2: known already
 
     def make_gemm(self, m, n, k, target):
         self.made.append((m, n, k, target))
@@ -71,7 +79,7 @@ class FakeLt:
 
             def check_algo(self, algo):
                 tag = bytes(algo)[0]
-                if tag == 6 and m % 2:
+                if (tag == 6 and m % 2) or (tag == 7 and not target):
                     return 15, FakeStatus()
                 return 0, FakeStatus(4096 if tag == 5 else 0)
 
@@ -122,9 +130,13 @@ def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
     by_place = {(row["sms"], row["n"], row["tokens"]): row for row in tuner.log}
     assert len(tuner.log) == 2 * 2 * 2
     row = by_place[(116, 32, 512)]
-    # 3 is wrong, 4 refused, 5 over the workspace, the duplicate 2 dropped: 6 (5 ms) wins at 512 rows
-    assert (row["label"], row["source"], row["ms"], row["base_ms"]) == ("algo6", "heuristic", 5.0, 10.0)
-    assert by_place[(116, 32, 301)]["label"] == "algo2"  # the check refuses 6 at odd row counts
+    # 2 with 1x2 clusters, under the target: the fastest
+    assert (row["label"], row["source"], row["sm_target"], row["ms"], row["base_ms"]) == ("algo7", "cluster_variant",
+                                                                                          116, 4.0, 10.0)
+    # on the whole GPU (no target: 7 refused) 3 is wrong, 4 refused, 5 over the workspace, the duplicate 2 dropped:
+    # 6 (5 ms) wins at 512 rows, 2 at 301 (the check refuses 6 at odd row counts)
+    assert (by_place[(132, 32, 512)]["label"], by_place[(132, 32, 512)]["source"]) == ("algo6", "heuristic")
+    assert by_place[(132, 32, 301)]["label"] == "algo2"
     # a place with fewer SMs than the device asks both descriptors (no target, target 116); the whole GPU one
     assert {t for (_, _, _, t) in fake.made} == {0, 116}
     assert sum(1 for m in fake.made if m[3] == 116) == 4

@@ -12,7 +12,8 @@ What it measures, per place (the whole GPU; the prefill stream of a green partit
 with `--green-whole` a green context holding every SM) x `--tokens` x projection (qkv, o, gate_up, down of
 `--model`): `F.linear` (the baseline), then every algorithm cuBLASLt's heuristic returns (up to `--algos`) for the
 same GEMM, queried twice: without an SM-count target and with SM_COUNT_TARGET = the place's SMs (one query on a
-place holding every SM). Each algorithm runs with the descriptor it was found with (the target may change the
+place holding every SM); the first four of each query also with clusters of 1x1, 1x2 and 2x1 (`cluster_variants`,
+the engine's `prefill_gemm: cublaslt` tries the same). Each algorithm runs with the descriptor it was found with (the target may change the
 launch as well as the choice), its output checked against `F.linear` (relative max error), timed with CUDA
 events on the place's stream over `--repeats` back-to-back launches. An algorithm that fails is recorded with its
 status. JSON: every algorithm's configuration (algo/tile/stages/cluster/split-K/reduction/swizzle/custom option),
@@ -58,7 +59,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bullet_ray.engine.lt_gemm import PROJECTION_MODULES, rel_error
+from bullet_ray.engine.lt_gemm import (
+    CLUSTER_SHAPE_ATTR,
+    CLUSTER_VARIANTS,
+    PROJECTION_MODULES,
+    VARIANT_SOURCES,
+    rel_error,
+)
 from bullet_ray.gpu.cublaslt import (
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
@@ -70,6 +77,7 @@ from bullet_ray.gpu.cublaslt import (
     dedupe,
     describe,
     load_cublaslt,
+    with_settings,
 )
 from bullet_ray.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
 
@@ -103,6 +111,28 @@ def enumerated(gemm: LinearGemm, target: int, heuristic_keys: set[bytes], ws_byt
          "checked": found.num_checked, "valid": len(found.results), "new": len(seen) - len(heuristic_keys),
          "timed": len(out), "check_statuses": found.check_statuses, "errors": found.errors,
          "seconds": round(time.perf_counter() - start, 3)})
+    return out
+
+
+def cluster_variants(lib: ctypes.CDLL, gemm: LinearGemm, sources: list[Any], known: set[bytes],
+                     ws_bytes: int) -> list[tuple[str, int, Any]]:
+    """("cluster_variant", rank of the source, result) of each source algorithm with each of lt_gemm's
+    CLUSTER_VARIANTS cluster shapes that cublasLtMatmulAlgoCheck accepts within the workspace and that is new (the
+    engine's `prefill_gemm: cublaslt` tries the same)."""
+    out: list[tuple[str, int, Any]] = []
+    seen = set(known)
+    for rank, r in enumerate(sources):
+        for cluster in CLUSTER_VARIANTS:
+            try:
+                variant = with_settings(lib, r.algo, [(CLUSTER_SHAPE_ATTR, CLUSTER_IDS[cluster])])
+            except CublasLtError:
+                continue
+            if algo_key(variant) in seen:
+                continue
+            seen.add(algo_key(variant))
+            status, result = gemm.check_algo(variant)
+            if status == CUBLAS_STATUS_SUCCESS and result.workspaceSize <= ws_bytes:
+                out.append(("cluster_variant", rank, result))
     return out
 
 
@@ -142,6 +172,9 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
             found = gemm.heuristics(ws_bytes, args.algos)
             keys[target] = {algo_key(r.algo) for r in found}
             candidates = [("heuristic", rank, r) for rank, r in dedupe(found)]
+            candidates += cluster_variants(lib, gemm, [r for _, _, r in candidates[:VARIANT_SOURCES]], keys[target],
+                                           ws_bytes)
+            keys[target] |= {algo_key(r.algo) for source, _, r in candidates if source == "cluster_variant"}
             if args.enumerate:
                 candidates += enumerated(gemm, target, keys[target], ws_bytes, args.max_candidates // len(targets),
                                          args, row)

@@ -144,3 +144,21 @@ def test_routed_step_sends_the_chosen_projections_through_the_launcher_and_undoe
     assert out["logits_rel_err"] < 1e-5 and set(calls) == {"qkv", "gate_up"} and sorted(closed) == ["gate_up", "qkv"]
     layers = bench.model.model.layers
     assert not any("forward" in m.__dict__ for layer in layers for m in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj))
+
+
+def test_cluster_variants_are_new_checked_algorithms():
+    """Each source algorithm with 1x1 / 1x2 / 2x1 clusters: a variant the check refuses, one over the workspace or one
+    already known is left out."""
+    from tests.unit.test_cublaslt import FakeLt
+
+    lib = FakeLt()
+    gemm = cublaslt.LinearGemm(lib, ctypes.c_void_p(), 2048, 6144, 4096)  # type: ignore[arg-type]
+    sources = []
+    for tile in (24, 20):  # FakeLt's check accepts tile 24 only, and asks 2 MiB of workspace of 2x1x1 clusters
+        r = cublaslt.HeuristicResult()
+        r.algo.data[0], r.algo.data[1] = 66, tile
+        sources.append(r)
+    known_variant = cublaslt.with_settings(lib, sources[0].algo, [(8, cublaslt_ids.CLUSTER_IDS["1x1x1"])])
+    out = lt_algos.cluster_variants(lib, gemm, sources, {cublaslt.algo_key(known_variant)}, 1 << 20)
+    assert [(source, rank, r.algo.data[1], r.algo.data[7]) for source, rank, r in out] == [
+        ("cluster_variant", 0, 24, cublaslt_ids.CLUSTER_IDS["1x2x1"])]

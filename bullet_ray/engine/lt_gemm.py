@@ -13,8 +13,9 @@ GPU) for every partition the prefill side may run on, every distinct projection 
 `TUNE_TOKENS` (up to the step cap): F.linear is timed on the partition's stream, then each candidate algorithm
 (the heuristic's, asked without and with the SM-count target; its first few again with clusters of 1x1, 1x2 and 2x1,
 the whole GPU's kernel with a grid that may fit the partition; with `cublaslt-all` also the bounded enumeration of
-`bullet_ray.gpu.cublaslt_ids`, once per shape), its output checked against F.linear's. A candidate is kept only if
-it beats F.linear by `MARGIN`; else the point keeps F.linear. `LtGemmRouter` then replaces each projection's forward
+`bullet_ray.gpu.cublaslt_ids`, once per shape), its output checked against F.linear's and its time screened with two
+launches; the three fastest are timed as F.linear is. The fastest of those is kept only if it beats F.linear by
+`MARGIN`; else the point keeps F.linear. `LtGemmRouter` then replaces each projection's forward
 (and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
 runs the choice of the nearest tuned token count (its algorithm checked once for the call's exact rows with
 cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the algorithm.
@@ -32,7 +33,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bullet_ray.gpu.cublaslt_ids import ALGO_CONFIG_ATTRS, CLUSTER_IDS
@@ -56,6 +57,9 @@ CLUSTER_VARIANTS: tuple[str, ...] = ("1x1x1", "1x2x1", "2x1x1")
 VARIANT_SOURCES = 4
 ENUMERATED_COUNT = 24  # enumerated configurations timed per point (cublaslt-all)
 REPEATS, WARMUP = 10, 2
+# every candidate is screened with SCREEN_REPEATS launches after one warm-up; the FINALISTS fastest are timed in full
+# (a point offers up to ~60 candidates, and on a small partition a 4,096-token gate_up takes ~12 ms)
+SCREEN_REPEATS, FINALISTS = 2, 3
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,7 @@ class LtGemmTuner:
     device_sms: int
     enumerate: bool = False  # cublaslt-all: the bounded enumeration too
     time_ms: Callable[[Callable[[], Any], Any], float] | None = None  # (launch, stream) -> ms; None: CUDA events
+    screen_ms: Callable[[Callable[[], Any], Any], float] | None = None  # the short timing every candidate gets
     log: list[dict[str, Any]] = field(default_factory=list)  # one row per point (the Ready info's summary)
     _enumerated: dict[tuple[int, int], list[tuple[bytes, str]]] = field(default_factory=dict)
 
@@ -304,6 +309,8 @@ class LtGemmTuner:
         return choices
 
     def tune_point(self, place: Place, m: int, n: int, k: int) -> Choice:
+        """F.linear against every candidate for one GEMM on one place: each candidate is launched once, checked against
+        F.linear and screened with a short timing; the FINALISTS fastest are then timed as F.linear is."""
         import torch
         import torch.nn.functional as F
 
@@ -314,32 +321,38 @@ class LtGemmTuner:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
             y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w)
-        timer = self.time_ms or _event_ms
+        timer, screen = self.time_ms or _event_ms, self.screen_ms or _screen_ms
         base_ms = timer(lambda: F.linear(x, w), place.stream)
         ws = self.lt.workspace
-        candidates: list[Candidate] = []
-        for target in ([0] if place.sms >= self.device_sms else [0, place.sms]):
-            gemm = None
-            try:
-                gemm = self.lt.make_gemm(m, n, k, target)
-                found = [(bytes(r.algo), "heuristic") for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
-                found += self._cluster_variants([raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})
-                if self.enumerate:  # found once per shape; each is checked against this descriptor below
-                    found += self._enumerated_for(n, k, m, {a for a, _ in found})
-                for raw, source in found:
-                    status, result = gemm.check_algo(_algo(raw))
-                    if status != 0 or result.workspaceSize > ws.numel():
-                        continue
-                    candidates.append(self._time(gemm, raw, target, source, w, x, y, ref, place.stream, timer))
-            except CublasLtError as e:  # a descriptor or query this GEMM cannot take: the others still count
-                logger.warning("cuBLASLt tuning %dx%dx%d on %d SMs (target %d): %s", m, n, k, place.sms, target, e)
-            finally:
-                if gemm is not None:
-                    gemm.close()
-        return pick(m, base_ms, candidates)
+        screened: list[tuple[Candidate, Callable[[], int]]] = []
+        gemms = []
+        try:
+            for target in ([0] if place.sms >= self.device_sms else [0, place.sms]):
+                try:
+                    gemm = self.lt.make_gemm(m, n, k, target)
+                    gemms.append(gemm)
+                    found = [(bytes(r.algo), "heuristic")
+                             for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
+                    found += self._cluster_variants([raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})
+                    if self.enumerate:  # found once per shape; each is checked against this descriptor below
+                        found += self._enumerated_for(n, k, m, {a for a, _ in found})
+                    for raw, source in found:
+                        status, result = gemm.check_algo(_algo(raw))
+                        if status == 0 and result.workspaceSize <= ws.numel():
+                            screened.append(self._screen(gemm, raw, target, source, w, x, y, ref, place.stream, screen))
+                except CublasLtError as e:  # a descriptor or query this GEMM cannot take: the others still count
+                    logger.warning("cuBLASLt tuning %dx%dx%d on %d SMs (target %d): %s", m, n, k, place.sms, target, e)
+            ran = sorted(((c, fn) for c, fn in screened if c.ms is not None and c.rel_err <= MAX_REL_ERR),
+                         key=lambda pair: pair[0].ms or math.inf)
+            finalists = [replace(c, ms=timer(fn, place.stream)) for c, fn in ran[:FINALISTS]]
+        finally:
+            for gemm in gemms:
+                gemm.close()
+        return replace(pick(m, base_ms, finalists), candidates=len(screened))
 
-    def _time(self, gemm: Any, raw: bytes, target: int, source: str, w: Any, x: Any, y: Any, ref: Any, stream: Any,
-              timer: Callable[[Callable[[], Any], Any], float]) -> Candidate:
+    def _screen(self, gemm: Any, raw: bytes, target: int, source: str, w: Any, x: Any, y: Any, ref: Any, stream: Any,
+                screen: Callable[[Callable[[], Any], Any], float]) -> tuple[Candidate, Callable[[], int]]:
+        """(the candidate with its error against F.linear and its screening time, its launch)."""
         import torch
 
         algo, ws = _algo(raw), self.lt.workspace
@@ -350,9 +363,9 @@ class LtGemmTuner:
         with torch.cuda.stream(stream):  # checked on the stream it ran on
             y.zero_()
             if launch() != 0:
-                return Candidate(raw, target, None, math.inf, "launch refused", source)
+                return Candidate(raw, target, None, math.inf, "launch refused", source), launch
             err = rel_error(y, ref)
-        return Candidate(raw, target, timer(launch, stream), err, self.lt.describe(raw), source)
+        return Candidate(raw, target, screen(launch, stream), err, self.lt.describe(raw), source), launch
 
     def _cluster_variants(self, sources: list[bytes], known: set[bytes]) -> list[tuple[bytes, str]]:
         """Each source algorithm with each of CLUSTER_VARIANTS' cluster shapes, those not already known."""
@@ -389,6 +402,10 @@ class LtGemmTuner:
 def _stream_handle(stream: Any) -> int:
     """A stream's cudaStream_t as an int; None (no partition's stream) is 0, the default stream."""
     return int(stream.cuda_stream) if stream is not None else 0
+
+
+def _screen_ms(fn: Callable[[], Any], stream: Any) -> float:
+    return _event_ms(fn, stream, SCREEN_REPEATS, 1)
 
 
 def _event_ms(fn: Callable[[], Any], stream: Any, repeats: int = REPEATS, warmup: int = WARMUP) -> float:

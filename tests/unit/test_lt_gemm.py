@@ -123,7 +123,7 @@ def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
         fake.last = None
         fn()
         return 10.0 if fake.last is None else fake.cost[fake.last]
-    tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer)
+    tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer)
     places = [Place(3, 116, None), Place(0, 132, None)]
     choices = tuner.tune(places, [(32, 16), (32, 16), (16, 32)], [301, 512])
     assert set(choices) == {(0, 32, 16), (0, 16, 32)}  # both places have stream None here: one key per shape
@@ -218,3 +218,26 @@ def test_prefill_gemm_config_is_validated():
     with pytest.raises(ConfigError, match="prefill_gemm.*bfloat16"):
         EngineConfig(prefill_gemm="cublaslt", device="cuda", schedule="bullet", dtype="float16")
     assert EngineConfig(prefill_gemm="cublaslt-all", device="cuda", schedule="bullet").prefill_gemm == "cublaslt-all"
+
+
+def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):
+    """The short screening ranks the candidates; only the first FINALISTS are timed as F.linear is and may be chosen
+    (here the screening misranks algorithm 1 first, so with one finalist it is chosen over the faster 6)."""
+    fake = FakeLt()
+    full_timings = []
+
+    def timer(fn, stream):
+        fake.last = None
+        fn()
+        full_timings.append(fake.last)
+        return 10.0 if fake.last is None else fake.cost[fake.last]
+
+    def screen(fn, stream):
+        fake.last = None
+        fn()
+        return 0.5 if fake.last == 1 else fake.cost[fake.last]
+    monkeypatch.setattr(lt_gemm, "FINALISTS", 1)
+    tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=screen)
+    choice = tuner.tune_point(Place(0, 132, None), 512, 32, 16)
+    assert full_timings == [None, 1]  # F.linear, then the one finalist
+    assert (choice.label, choice.ms, choice.candidates) == ("algo1", 9.0, 5)

@@ -178,7 +178,7 @@ class LtGemmRouter:
         self.lt, self.choices = lt, {key: sorted(c, key=lambda x: x.tokens) for key, c in choices.items()}
         self.place_of = place_of or _current_stream_handle
         self._gemms: dict[tuple[int, int, int, int], Any] = {}
-        self._valid: dict[tuple[int, int, int, int, bytes], bool] = {}
+        self._plans: dict[tuple[int, int, int, int], tuple[Any, Any, Choice] | None] = {}  # (stream, n, k, rows)
         self.calls = {"routed": 0, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
         self._routed: list[Any] = []
 
@@ -208,13 +208,15 @@ class LtGemmRouter:
         """x @ weight.T (into `out` if given) with the place's chosen algorithm, or F.linear."""
         n, k = weight.shape
         rows = x.shape[0] if x.dim() == 2 else -1
-        choice, stream = None, 0
+        plan, stream = None, 0
         if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (out is None or out.is_contiguous()):
             stream = self.place_of()  # the place is its stream
-            choice = nearest(self.choices.get((stream, n, k), ()), rows)
-        if choice is not None and choice.algo is not None and self._valid_for(rows, n, k, choice):
+            key = (stream, n, k, rows)
+            plan = self._plans[key] if key in self._plans else self._plan(key)
+        if plan is not None:
+            gemm, algo, choice = plan
             y = out if out is not None else x.new_empty(rows, n)
-            if self.launch(self._gemm(rows, n, k, choice.sm_target), choice.algo, weight, x, y, stream):
+            if self.launch(gemm, algo, weight, x, y, stream):
                 self.calls["routed"] += 1
                 return y
             self.calls["launch_failed"] += 1
@@ -226,28 +228,34 @@ class LtGemmRouter:
 
         return torch.mm(x, weight.t(), out=out)
 
+    def _plan(self, key: tuple[int, int, int, int]) -> tuple[Any, Any, Choice] | None:
+        """(descriptors, algorithm struct, choice) for a call of `rows` rows on a place and shape, or None (F.linear):
+        the nearest timed choice, its algorithm checked by cublasLtMatmulAlgoCheck for exactly these rows. Made once
+        per key: CUDA graph captures make millions of calls."""
+        stream, n, k, rows = key
+        choice = nearest(self.choices.get((stream, n, k), ()), rows)
+        plan = None
+        if choice is not None and choice.algo is not None:
+            gemm, algo = self._gemm(rows, n, k, choice.sm_target), _algo(choice.algo)
+            status, result = gemm.check_algo(algo)
+            if status == 0 and result.workspaceSize <= self.lt.workspace.numel():
+                plan = (gemm, algo, choice)
+            else:
+                self.calls["check_refused"] += 1
+        self._plans[key] = plan
+        return plan
+
     def _gemm(self, m: int, n: int, k: int, sm_target: int) -> Any:
         key = (m, n, k, sm_target)
         if key not in self._gemms:
             self._gemms[key] = self.lt.make_gemm(m, n, k, sm_target)
         return self._gemms[key]
 
-    def _valid_for(self, m: int, n: int, k: int, choice: Choice) -> bool:
-        """cublasLtMatmulAlgoCheck of the choice's algorithm for exactly m rows (within the workspace), once."""
-        assert choice.algo is not None
-        key = (m, n, k, choice.sm_target, choice.algo)
-        if key not in self._valid:
-            status, result = self._gemm(m, n, k, choice.sm_target).check_algo(_algo(choice.algo))
-            self._valid[key] = status == 0 and result.workspaceSize <= self.lt.workspace.numel()
-            if not self._valid[key]:
-                self.calls["check_refused"] += 1
-        return self._valid[key]
-
-    def launch(self, gemm: Any, algo: bytes, weight: Any, x: Any, y: Any, stream: int) -> bool:
-        """y = x weight^T with `algo` on `stream` (a cudaStream_t); False when cuBLASLt refused the launch."""
+    def launch(self, gemm: Any, algo: Any, weight: Any, x: Any, y: Any, stream: int) -> bool:
+        """y = x weight^T with `algo` (a cublasLtMatmulAlgo_t) on `stream` (a cudaStream_t); False when cuBLASLt
+        refused the launch."""
         ws = self.lt.workspace
-        return gemm.run(_algo(algo), weight.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(),
-                        stream) == 0
+        return gemm.run(algo, weight.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(), stream) == 0
 
     def report(self) -> dict[str, Any]:
         chosen = [c for cs in self.choices.values() for c in cs]

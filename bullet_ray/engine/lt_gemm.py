@@ -45,11 +45,14 @@ CLUSTER_SHAPE_ATTR = next(value for name, value, _ in ALGO_CONFIG_ATTRS if name 
 # a decoder layer's projections, as (submodule, attribute) of the layer
 PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
                       "gate_up": ("mlp", "gate_up_proj"), "down": ("mlp", "down_proj")}
-TUNE_TOKENS: tuple[int, ...] = (1024, 2048, 4096)  # rows timed per partition and shape (capped by the step cap)
-MIN_ROUTED_TOKENS = 256  # fewer rows run F.linear: bandwidth-bound, where the split's grid matters little
+# rows timed per partition and shape (those within the step cap); a call runs the choice of the nearest count within
+# a factor ROUTE_RATIO, else F.linear (an algorithm is never used far from the row count it was timed at)
+TUNE_TOKENS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+ROUTE_RATIO = math.sqrt(2)
 MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated timings vary by ~1%
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
 WORKSPACE_BYTES = 32 << 20
+MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
 # the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
 # whole GPU's kernel (clusters of two, 132 CTAs) may fit the partition's grid best with its own tile and a small cluster
@@ -102,16 +105,29 @@ def pick(tokens: int, base_ms: float, candidates: Iterable[Candidate], margin: f
 
 
 def tune_tokens(max_tokens: int, tokens: Sequence[int] = TUNE_TOKENS) -> list[int]:
-    """The token counts timed for a step cap: those of `tokens` within it, or the cap alone if none is."""
+    """The token counts timed for a step cap: those of `tokens` within it, and the cap itself where it lies past
+    ROUTE_RATIO of the largest (none below the smallest of `tokens`)."""
     within = sorted(t for t in tokens if t <= max_tokens)
-    return within or ([max_tokens] if max_tokens >= MIN_ROUTED_TOKENS else [])
+    if within and max_tokens > within[-1] * ROUTE_RATIO:
+        within.append(max_tokens)
+    return within
 
 
 def nearest(choices: Sequence[Choice], rows: int) -> Choice | None:
-    """The choice timed nearest to `rows` (in ratio; a tie goes to the larger count); None below MIN_ROUTED_TOKENS."""
-    if rows < MIN_ROUTED_TOKENS or not choices:
+    """The choice timed nearest to `rows` (in ratio; a tie goes to the larger count), if within ROUTE_RATIO."""
+    if rows <= 0 or not choices:
         return None
-    return min(choices, key=lambda c: (abs(math.log(c.tokens / rows)), -c.tokens))
+    best = min(choices, key=lambda c: (abs(math.log(c.tokens / rows)), -c.tokens))
+    return best if max(best.tokens / rows, rows / best.tokens) <= ROUTE_RATIO + 1e-9 else None
+
+
+def tuned_places(partitions: Iterable[tuple[int, int, Any]], device_sms: int) -> list[Place]:
+    """The partitions worth tuning, from (ladder index, prefill SMs, stream): those with more than half the device's
+    SMs and fewer than all. cuBLAS's 132-CTA grid fills a partition of 66 or fewer SMs in two or more full rounds,
+    which keeps the whole GPU's per-SM speed (68 SMs did, `benchmarks/results/prefill_kernels_h200/`); between half
+    and all of the SMs its second round runs mostly empty (116 SMs: 1.74x on qkv / o / down)."""
+    return [Place(i, sms, stream) for i, sms, stream in partitions
+            if stream is not None and device_sms // 2 < sms < device_sms]
 
 
 def projections(model: Any) -> dict[str, list[Any]]:
@@ -175,15 +191,17 @@ class LtGemmRouter:
 
     def __init__(self, lt: LtLib, choices: dict[tuple[int, int, int], list[Choice]],
                  place_of: Callable[[], int] | None = None):
-        self.lt, self.choices = lt, {key: sorted(c, key=lambda x: x.tokens) for key, c in choices.items()}
+        self.lt = lt
         self.place_of = place_of or _current_stream_handle
         self._gemms: dict[tuple[int, int, int, int], Any] = {}
         self._plans: dict[tuple[int, int, int, int], tuple[Any, Any, Choice] | None] = {}  # (stream, n, k, rows)
+        self.use(choices)
         self.calls = {"routed": 0, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
         self._routed: list[Any] = []
 
-    def route(self, model: Any) -> None:
-        """Every projection of the model through `linear` (forward and gemm_into), as instance attributes."""
+    def route(self, model: Any) -> set[tuple[int, int]]:
+        """Every projection of the model through `linear` (forward and gemm_into), as instance attributes; returns
+        the weight shapes [n, k] routed (what a tuner times)."""
         import torch
 
         if self._routed:
@@ -195,6 +213,12 @@ class LtGemmRouter:
                 mod.forward = functools.partial(self.linear, mod.weight)
                 mod.gemm_into = functools.partial(self._into, mod.weight)
                 self._routed.append(mod)
+        return {tuple(mod.weight.shape) for mod in self._routed}  # type: ignore[misc]
+
+    def use(self, choices: dict[tuple[int, int, int], list[Choice]]) -> None:
+        """Route by these choices from now on (the plans made so far are dropped)."""
+        self.choices = {key: sorted(c, key=lambda x: x.tokens) for key, c in choices.items()}
+        self._plans.clear()
 
     def unroute(self) -> None:
         for mod in self._routed:
@@ -209,7 +233,8 @@ class LtGemmRouter:
         n, k = weight.shape
         rows = x.shape[0] if x.dim() == 2 else -1
         plan, stream = None, 0
-        if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (out is None or out.is_contiguous()):
+        if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (
+                out is None or (out.is_contiguous() and out.dtype == x.dtype and tuple(out.shape) == (rows, n))):
             stream = self.place_of()  # the place is its stream
             key = (stream, n, k, rows)
             plan = self._plans[key] if key in self._plans else self._plan(key)
@@ -220,7 +245,9 @@ class LtGemmRouter:
                 self.calls["routed"] += 1
                 return y
             self.calls["launch_failed"] += 1
-            logger.warning("cublasLtMatmul failed (%d x %d x %d, %s): F.linear instead", rows, n, k, choice.label)
+            self._plans[key] = None  # never again for this row count (a graph capture would not survive a failure)
+            logger.warning("cublasLtMatmul failed (%d x %d x %d, %s): F.linear for these rows", rows, n, k,
+                           choice.label)
         self.calls["f_linear"] += 1
         if out is None:
             return x @ weight.t()
@@ -248,8 +275,17 @@ class LtGemmRouter:
     def _gemm(self, m: int, n: int, k: int, sm_target: int) -> Any:
         key = (m, n, k, sm_target)
         if key not in self._gemms:
+            if len(self._gemms) >= MAX_DESCRIPTORS:  # eager steps of every row count: start afresh, lazily again
+                self._forget()
             self._gemms[key] = self.lt.make_gemm(m, n, k, sm_target)
         return self._gemms[key]
+
+    def _forget(self) -> None:
+        """Close every descriptor and drop every plan (captured graphs keep their launches; eager calls plan again)."""
+        for gemm in self._gemms.values():
+            gemm.close()
+        self._gemms.clear()
+        self._plans.clear()
 
     def launch(self, gemm: Any, algo: Any, weight: Any, x: Any, y: Any, stream: int) -> bool:
         """y = x weight^T with `algo` (a cublasLtMatmulAlgo_t) on `stream` (a cudaStream_t); False when cuBLASLt
@@ -267,9 +303,10 @@ class LtGemmRouter:
                 "calls": dict(self.calls)}
 
     def close(self) -> None:
-        for gemm in self._gemms.values():
-            gemm.close()
-        self._gemms.clear()
+        """Unroute the projections, close the descriptors and the library handle."""
+        self.unroute()
+        self._forget()
+        self.lt.close()
 
 
 def _algo(raw: bytes) -> Any:
@@ -298,6 +335,7 @@ class LtGemmTuner:
     lt: LtLib
     device_sms: int
     enumerate: bool = False  # cublaslt-all: the bounded enumeration too
+    margin: float = MARGIN  # how much faster than F.linear a choice must be (a test forces one with a negative one)
     time_ms: Callable[[Callable[[], Any], Any], float] | None = None  # (launch, stream) -> ms; None: CUDA events
     screen_ms: Callable[[Callable[[], Any], Any], float] | None = None  # the short timing every candidate gets
     log: list[dict[str, Any]] = field(default_factory=list)  # one row per point (the Ready info's summary)
@@ -356,7 +394,7 @@ class LtGemmTuner:
         finally:
             for gemm in gemms:
                 gemm.close()
-        return replace(pick(m, base_ms, finalists), candidates=len(screened))
+        return replace(pick(m, base_ms, finalists, self.margin), candidates=len(screened))
 
     def _screen(self, gemm: Any, raw: bytes, target: int, source: str, w: Any, x: Any, y: Any, ref: Any, stream: Any,
                 screen: Callable[[Callable[[], Any], Any], float]) -> tuple[Candidate, Callable[[], int]]:
@@ -368,12 +406,16 @@ class LtGemmTuner:
 
         def launch() -> int:
             return int(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(), handle))
-        with torch.cuda.stream(stream):  # checked on the stream it ran on
-            y.zero_()
-            if launch() != 0:
-                return Candidate(raw, target, None, math.inf, "launch refused", source), launch
-            err = rel_error(y, ref)
-        return Candidate(raw, target, screen(launch, stream), err, self.lt.describe(raw), source), launch
+        try:
+            with torch.cuda.stream(stream):  # checked on the stream it ran on
+                y.zero_()
+                if launch() != 0:
+                    return Candidate(raw, target, None, math.inf, "launch refused", source), launch
+                err = rel_error(y, ref)
+            return Candidate(raw, target, screen(launch, stream), err, self.lt.describe(raw), source), launch
+        except RuntimeError as e:  # e.g. a configuration the check passed and the launch did not take
+            logger.warning("cuBLASLt candidate %s (target %d) failed: %s", self.lt.describe(raw), target, e)
+            return Candidate(raw, target, None, math.inf, "failed", source), launch
 
     def _cluster_variants(self, sources: list[bytes], known: set[bytes]) -> list[tuple[bytes, str]]:
         """Each source algorithm with each of CLUSTER_VARIANTS' cluster shapes, those not already known."""

@@ -31,8 +31,57 @@ def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_
     same = sum(a == b for r, p in zip(routed, plain) for a, b in zip(r, p))
     assert same / sum(len(p) for p in plain) >= 0.9
     report = startup[0]["prefill_gemm"]
-    assert report["gemm"] == "cublaslt" and report["tokens"] == [1024, 2048]
-    # every point of every partition timed F.linear and at least one algorithm (the heuristic always has one)
+    assert report["gemm"] == "cublaslt" and report["tokens"] == [256, 512, 1024, 2048]
+    # every point of every partition over half the GPU timed F.linear and at least one algorithm
     assert report["points"] == len(report["choices"]) > 0
-    assert all(p["candidates"] > 0 and p["base_ms"] > 0 for p in report["choices"])
+    assert all(p["candidates"] > 0 and p["base_ms"] > 0 and p["sms"] * 2 > startup[0]["prefill_gemm"]["device_sms"]
+               for p in report["choices"])
+    # SmolLM2's GEMMs take microseconds: F.linear may keep every point; whatever was kept was launched without fault
     assert report["calls"]["launch_failed"] == 0
+    assert (report["kept"] > 0) == (report["calls"]["routed"] > 0)
+
+
+def test_the_real_cublaslt_path_on_a_green_partition():
+    """In process, Llama-3.1-8B's qkv shape on the prefill side of a 16 / 116 split: the tuner times real candidates
+    (each checked against F.linear), the router launches the fastest through libcublasLt on the partition's stream,
+    eagerly and inside a CUDA graph, with F.linear's result; on a stream without a choice it runs F.linear."""
+    import torch
+    import torch.nn.functional as F
+
+    from bullet_ray.engine.lt_gemm import LtGemmRouter, LtGemmTuner, LtLib, Place, rel_error
+    from bullet_ray.gpu.partition import make_partitioner
+
+    torch.zeros(1, device="cuda")
+    part = make_partitioner("green", "both", 0, [16])
+    lt = LtLib.open()
+    try:
+        stream = part.stream(0, "prefill")
+        device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        # a negative margin keeps the fastest algorithm even if F.linear is faster: the launch is what is tested
+        tuner = LtGemmTuner(lt, device_sms, margin=-10.0)
+        n, k, m = 6144, 4096, 2048
+        choice = tuner.tune_point(Place(0, part.ladder[0].prefill_sms, stream), m, n, k)
+        assert choice.candidates > 0 and choice.base_ms > 0 and choice.algo is not None, choice
+        router = LtGemmRouter(lt, {(int(stream.cuda_stream), n, k): [choice]})
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x, w)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            eager = router.linear(w, x)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            router.linear(w, x, out)  # the plan is made here, outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                router.linear(w, x, out)
+            out.zero_()
+            graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(eager, ref) < 0.02 and rel_error(out, ref) < 0.02
+        assert router.calls["routed"] == 3 and router.calls["launch_failed"] == 0
+        assert rel_error(router.linear(w, x), ref) < 0.02 and router.calls["f_linear"] == 1  # the default stream
+        print(f"qkv {m} rows on {part.ladder[0].prefill_sms} SMs: F.linear {choice.base_ms:.3f} ms, {choice.label} "
+              f"{choice.ms:.3f} ms ({choice.source}, target {choice.sm_target}, {choice.candidates} candidates)")
+    finally:
+        lt.close()
+        part.close()

@@ -32,14 +32,20 @@ def test_pick_keeps_the_fastest_valid_algorithm_only_past_the_margin():
     assert lt_gemm.pick(2048, 10.0, []).algo is None
 
 
-def test_tune_tokens_and_nearest():
-    assert lt_gemm.tune_tokens(8192) == [1024, 2048, 4096]
-    assert lt_gemm.tune_tokens(2048) == [1024, 2048]
-    assert lt_gemm.tune_tokens(512) == [512] and lt_gemm.tune_tokens(128) == []
+def test_tune_tokens_nearest_and_tuned_places():
+    assert lt_gemm.tune_tokens(8192) == [256, 512, 1024, 2048, 4096, 8192]
+    assert lt_gemm.tune_tokens(2048) == [256, 512, 1024, 2048]
+    assert lt_gemm.tune_tokens(2500) == [256, 512, 1024, 2048]  # 2,500 rows take 2,048's choice
+    assert lt_gemm.tune_tokens(3000)[-2:] == [2048, 3000]  # past sqrt(2) x 2,048: the cap is timed too
+    assert lt_gemm.tune_tokens(200) == []
     choices = [Choice(t, None, 0, 1.0, 1.0, "F.linear") for t in (1024, 2048, 4096)]
-    assert [lt_gemm.nearest(choices, r).tokens for r in (256, 1400, 1500, 3000, 9000)] == [1024, 1024, 2048, 4096,
+    assert [lt_gemm.nearest(choices, r).tokens for r in (800, 1400, 1500, 3000, 5700)] == [1024, 1024, 2048, 4096,
                                                                                           4096]
-    assert lt_gemm.nearest(choices, 255) is None and lt_gemm.nearest([], 2048) is None
+    assert [lt_gemm.nearest(choices, r) for r in (256, 700, 6000, 0)] == [None] * 4  # never far from a timed count
+    assert lt_gemm.nearest([], 2048) is None
+    parts = [(0, 116, "s0"), (1, 124, "s1"), (2, 132, "s2"), (3, 66, "s3"), (4, 68, "s4"), (5, 100, None)]
+    assert [(p.index, p.sms, p.stream) for p in lt_gemm.tuned_places(parts, 132)] == [(0, 116, "s0"), (1, 124, "s1"),
+                                                                                      (4, 68, "s4")]
 
 
 # ---- a fake cuBLASLt: LinearGemm's surface over host pointers --------------------------------------------------
@@ -196,15 +202,38 @@ def test_router_runs_the_choice_for_its_place_and_falls_back_to_f_linear_elsewhe
     router.close()
 
 
-def test_a_refused_launch_falls_back_and_is_counted(caplog):
+def test_a_refused_launch_falls_back_once_and_for_all(caplog):
+    """A launch cuBLASLt refuses runs F.linear, and those rows are never launched with it again (a CUDA graph capture
+    would not survive a failed launch)."""
     fake = FakeLt()
     w = torch.randn(32, 16, dtype=torch.bfloat16)
     router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(4), 0, 1.0, 2.0, "algo4", "heuristic")]},
                           place_of=lambda: 1)
     x = torch.randn(512, 16, dtype=torch.bfloat16)
     assert torch.equal(router.linear(w, x), x @ w.t())
-    assert router.calls == {"routed": 0, "f_linear": 1, "check_refused": 0, "launch_failed": 1}
+    assert torch.equal(router.linear(w, x), x @ w.t())
+    assert router.calls == {"routed": 0, "f_linear": 2, "check_refused": 0, "launch_failed": 1}
     assert "cublasLtMatmul failed" in caplog.text
+
+
+def test_an_out_buffer_of_another_shape_or_dtype_runs_f_linear(monkeypatch):
+    fake = FakeLt()
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic")]},
+                          place_of=lambda: 1)
+    x = torch.randn(512, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):  # a float32 buffer: torch.mm's own error, as without the router
+        router.linear(w, x, torch.zeros(512, 32))
+    router.linear(w, x, torch.zeros(0, 32, dtype=torch.bfloat16))  # another shape: torch.mm's way (it resizes)
+    assert (router.calls["f_linear"], len(fake.launches)) == (2, 0)
+    out = torch.zeros(512, 32, dtype=torch.bfloat16)
+    assert router.linear(w, x, out) is out and (router.calls["routed"], len(fake.launches)) == (1, 1)
+    monkeypatch.setattr(lt_gemm, "MAX_DESCRIPTORS", 2)  # past it the router closes every descriptor and plans again
+    for rows in (400, 450, 500):
+        router.linear(w, torch.randn(rows, 16, dtype=torch.bfloat16))
+    assert sorted(router._gemms) == [(450, 32, 16, 0), (500, 32, 16, 0)] and router.calls["routed"] == 4
+    router.close()
+    assert router._gemms == {} and router._plans == {}
 
 
 def test_prefill_gemm_config_is_validated():

@@ -100,19 +100,13 @@ class WorkerBase:
         Alone on the GPU: the creating worker does it before it sends its handles."""
         from tqdm import tqdm
 
-        from bullet_ray.engine.lt_gemm import (
-            LtGemmRouter,
-            LtGemmTuner,
-            LtLib,
-            Place,
-            projections,
-            tune_tokens,
-        )
+        from bullet_ray.engine.lt_gemm import LtGemmRouter, LtGemmTuner, LtLib, tune_tokens, tuned_places
         from bullet_ray.errors import ConfigError
 
         ladder = self.partitioner.ladder
-        places = [Place(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()
-                  if stream is not None]
+        device_sms = torch.cuda.get_device_properties(self.res.device).multi_processor_count
+        places = tuned_places([(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()],
+                              device_sms)
         tokens = tune_tokens(self.config.max_num_batched_tokens)
         if not places or not tokens:
             logger.warning("%s worker: prefill_gemm %s has nothing to tune (partitions %d, token counts %s)",
@@ -122,14 +116,15 @@ class WorkerBase:
             lt = LtLib.open()
         except (OSError, RuntimeError) as e:
             raise ConfigError("prefill_gemm", f"{self.config.prefill_gemm} needs torch's libcublasLt: {e}") from e
-        device_sms = torch.cuda.get_device_properties(self.res.device).multi_processor_count
         tuner = LtGemmTuner(lt, device_sms, enumerate=self.config.prefill_gemm == "cublaslt-all")
-        shapes = {tuple(m.weight.shape) for mods in projections(self.res.model).values() for m in mods}
-        choices = tuner.tune(places, shapes, tokens, progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
-        self.lt_router = LtGemmRouter(lt, choices)
-        self.lt_router.route(self.res.model)
+        self.lt_router = LtGemmRouter(lt, {})
+        shapes = self.lt_router.route(self.res.model)  # the shapes of the projections it routes (bf16, no bias)
+        self.lt_router.use(tuner.tune(places, shapes, tokens,
+                                      progress=lambda it: tqdm(it, desc="prefill GEMM algorithms")))
+        torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
         self.graph_capture = {**self.graph_capture, "prefill_gemm": {
-            "gemm": self.config.prefill_gemm, "tokens": tokens, **self.lt_router.report(), "choices": tuner.log}}
+            "gemm": self.config.prefill_gemm, "tokens": tokens, "device_sms": device_sms, **self.lt_router.report(),
+            "choices": tuner.log}}
         logger.info("%s worker: prefill GEMMs through cuBLASLt: %s", self.role,
                     {k: v for k, v in self.graph_capture["prefill_gemm"].items() if k != "choices"})
 
@@ -427,6 +422,7 @@ class WorkerBase:
         if self.lt_router is not None:
             logger.info("%s worker: prefill GEMM calls %s", self.role, self.lt_router.calls)
             self.lt_router.close()
+            self.lt_router = None
 
     # loop -------------------------------------------------------------------------------------------
     def ready(self, timeout: float) -> Connection | None:

@@ -53,6 +53,16 @@ def _token_list(text: str) -> list[int]:
     return values
 
 
+def _gemm_list(text: str) -> list[str]:
+    from bullet_ray.config import PREFILL_GEMMS
+
+    names = [t for t in text.split(",") if t]
+    unknown = [n for n in names if n not in PREFILL_GEMMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(PREFILL_GEMMS)} (got {text!r})")
+    return names
+
+
 def _suffixed(path: str | None, suffix: str) -> str | None:
     """`steps.jsonl` -> `steps-<suffix>.jsonl`, `steps.jsonl.gz` -> `steps-<suffix>.jsonl.gz` (a variant's
     step log beside the first run's)."""
@@ -84,7 +94,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
                         profile_num_steps=args.profile_num_steps,
                         piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None,
-                        piecewise_buckets=args.piecewise_buckets)
+                        piecewise_buckets=args.piecewise_buckets, prefill_gemm=args.prefill_gemm[0])
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "the engine's: the whole token budget on the chunked schedule, at most 2048 on bullet "
                              "or static); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_pw<N>' (e.g. 16384,2048)")
+    parser.add_argument("--prefill-gemm", type=_gemm_list, default=["cublas"],
+                        help="engine.prefill_gemm (cublas, cublaslt, cublaslt-all: the projections of steps with "
+                             "prompt tokens through cuBLASLt algorithms tuned at start); a comma list runs our engine "
+                             "once per value, the first as 'ours', the others as 'ours_<gemm>' (e.g. cublas,cublaslt)")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-timeout-s", type=float, default=900,
                         help="the vLLM child (start-up ~3 min on the H100, then the run) is killed with its "
@@ -217,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
+    for gemm in args.prefill_gemm[1:]:  # the same run with the projections' other GEMMs
+        variant = argparse.Namespace(**{**vars(args), "prefill_gemm": [gemm],
+                                        "step_log": _suffixed(args.step_log, gemm)})
+        results[f"ours_{gemm}"] = run_ours(variant)
+        print(json.dumps(results[f"ours_{gemm}"]), flush=True)
+        save(args, argv, results)
     for tokens in (args.piecewise_graph_tokens or [])[1:]:  # the same run with other piecewise limits
         variant = argparse.Namespace(**{**vars(args), "piecewise_graph_tokens": [tokens],
                                         "step_log": _suffixed(args.step_log, f"pw{tokens}")})

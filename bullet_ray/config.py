@@ -167,7 +167,9 @@ class EngineConfig:
     # None (default): off. One H200 sample lost at strict (26.95 against 32.57 req/s: a batch's requests all wait
     # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
-    # the GEMM of the prefill worker's projections (qkv, o, gate_up, down; the bullet and static schedules, GPU):
+    # the GEMM of the projections (qkv, o, gate_up, down) of the worker that prefills (GPU): the prefill worker's on
+    # the bullet and static schedules (tuned on its partitions over half the SMs), the one worker's on the chunked
+    # schedule (tuned on the whole GPU):
     # "cublas" (default: PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
     # and with the partition's SM count as target, the first few also with 1x1 / 1x2 / 2x1 clusters, is timed per
     # partition, projection shape and token count against F.linear and the fastest kept:
@@ -239,9 +241,9 @@ class EngineConfig:
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
         if self.prefill_gemm not in PREFILL_GEMMS:
             raise ConfigError("prefill_gemm", f"unknown GEMM {self.prefill_gemm!r}; choose {', '.join(PREFILL_GEMMS)}")
-        if self.prefill_gemm != "cublas" and not (self.is_gpu and self.is_disaggregated):
-            raise ConfigError("prefill_gemm", f"{self.prefill_gemm} is for the prefill worker of the bullet and static "
-                              f"schedules on a GPU (this engine: schedule {self.schedule}, device {self.device})")
+        if self.prefill_gemm != "cublas" and not self.is_gpu:
+            raise ConfigError("prefill_gemm", f"{self.prefill_gemm} runs cuBLASLt: it needs a GPU (device "
+                              f"{self.device})")
         if self.prefill_gemm != "cublas" and self.dtype not in ("auto", "bfloat16"):
             raise ConfigError("prefill_gemm", f"{self.prefill_gemm} runs bfloat16 GEMMs (dtype {self.dtype})")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:

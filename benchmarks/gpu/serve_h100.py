@@ -47,10 +47,11 @@ runs/vllm-rate<R>.json: engine steps, tokens per step, queue / prefill / decode 
 
 A "+handoff" suffix on a bullet system (bullet-slo+handoff) sets engine.handoff: direct (the prefill worker hands
 prefilled sequences to the decode worker itself, not through the engine front; both ways time each hand-off in
-the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them). A "+lt" / "+ltall" suffix on a
-bullet system (bullet-slo-margin50+lt+direct) sets engine.prefill_gemm: cublaslt / cublaslt-all (the prefill worker
-times cuBLASLt's algorithms per partition at start and launches the fastest: bullet_ray.engine.lt_gemm; the step
-log's `startup` record keeps every point's choice).
+the step log's `handoff` records, `python -m benchmarks.plot_steps` prints them). A "+lt" / "+ltall" suffix on an
+engine system (bullet-slo-margin50+lt+direct, chunked-2048+lt+direct) sets engine.prefill_gemm: cublaslt /
+cublaslt-all (at start the prefill worker times cuBLASLt's algorithms per partition, the chunked schedule's worker on
+the whole GPU, and launches the fastest: bullet_ray.engine.lt_gemm; the step log's `startup` record keeps every
+point's choice).
 
 A "+direct" suffix on an engine system (chunked-2048+direct, bullet-slo+direct, chunked-2048+pw1024+direct)
 launches the same YAML with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in `serve run`'s environment (Ray Serve's
@@ -192,8 +193,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     tuned ones), "+pw<N>" sets piecewise_graph_tokens to N (chunked-2048+pw1024: the sixth session's chunked
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
     prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+lt" / "+ltall"
-    a bullet system's prefill projections through the cuBLASLt algorithms tuned per partition (engine.prefill_gemm:
-    cublaslt / cublaslt-all). "+direct"
+    the prefilling worker's projections through the cuBLASLt algorithms tuned per partition, or on the whole GPU for
+    chunked (engine.prefill_gemm: cublaslt / cublaslt-all). "+direct"
     leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
@@ -210,10 +211,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling == "handoff":
         engine["handoff"] = "direct"
-    elif scheduling in LT_SUFFIXES:  # the prefill worker's projections through tuned cuBLASLt algorithms
-        if not name.startswith("bullet"):
-            raise SystemExit(f"unknown system {system!r}: +{scheduling} is for bullet systems (the prefill worker's "
-                             "GEMMs)")
+    elif scheduling in LT_SUFFIXES:  # the prefilling worker's projections through tuned cuBLASLt algorithms
         engine["prefill_gemm"] = LT_SUFFIXES[scheduling]
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
@@ -565,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                              "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
                              "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
-                             "prefill -> decode hand-off, + '+lt' / '+ltall' (bullet systems) the prefill GEMMs through "
-                             "cuBLASLt algorithms tuned per partition (one of these), and/or + '+direct': Ray "
+                             "prefill -> decode hand-off, + '+lt' / '+ltall' the prefilling worker's GEMMs through "
+                             "cuBLASLt algorithms tuned per partition or whole GPU (one of these), and/or + '+direct': Ray "
                              "Serve's direct ingress (chunked-2048+direct, chunked-2048+pw1024+direct)")
     parser.add_argument("--rates", default="4,8,12,16", help="Poisson request rates to sweep (req/s)")
     parser.add_argument("--num-prompts", type=int, default=100, help="requests per rate")

@@ -52,6 +52,7 @@ ROUTE_RATIO = math.sqrt(2)
 MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated timings vary by ~1%
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
 WORKSPACE_BYTES = 32 << 20
+WHOLE_GPU = 0  # the place key of a worker on the whole GPU (the chunked schedule's): stream None's handle
 MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
 # the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
@@ -186,15 +187,18 @@ class LtLib:
 
 
 class LtGemmRouter:
-    """The projections' forward through the tuned algorithms. `choices[(place, n, k)]`: the Choices of one
-    partition (keyed by its stream's handle, `place_of()` at call time) and one weight shape [n, k]."""
+    """The projections' forward through the tuned algorithms. `choices[(place, n, k)]`: the Choices of one place and
+    one weight shape [n, k]. A partition is keyed by its stream's handle (`place_of()` at call time: the current
+    stream's, by default); a worker on the whole GPU has one place, whatever stream a capture uses (`place_of`
+    constant: `WHOLE_GPU`). Launches go to the current stream (`stream_of()`)."""
 
     def __init__(self, lt: LtLib, choices: dict[tuple[int, int, int], list[Choice]],
-                 place_of: Callable[[], int] | None = None):
+                 place_of: Callable[[], int] | None = None, stream_of: Callable[[], int] | None = None):
         self.lt = lt
         self.place_of = place_of or _current_stream_handle
+        self.stream_of = stream_of or _current_stream_handle
         self._gemms: dict[tuple[int, int, int, int], Any] = {}
-        self._plans: dict[tuple[int, int, int, int], tuple[Any, Any, Choice] | None] = {}  # (stream, n, k, rows)
+        self._plans: dict[tuple[int, int, int, int], tuple[Any, Any, Choice] | None] = {}  # (place, n, k, rows)
         self.use(choices)
         self.calls = {"routed": 0, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
         self._routed: list[Any] = []
@@ -232,16 +236,15 @@ class LtGemmRouter:
         """x @ weight.T (into `out` if given) with the place's chosen algorithm, or F.linear."""
         n, k = weight.shape
         rows = x.shape[0] if x.dim() == 2 else -1
-        plan, stream = None, 0
+        plan = None
         if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (
                 out is None or (out.is_contiguous() and out.dtype == x.dtype and tuple(out.shape) == (rows, n))):
-            stream = self.place_of()  # the place is its stream
-            key = (stream, n, k, rows)
+            key = (self.place_of(), n, k, rows)
             plan = self._plans[key] if key in self._plans else self._plan(key)
         if plan is not None:
             gemm, algo, choice = plan
             y = out if out is not None else x.new_empty(rows, n)
-            if self.launch(gemm, algo, weight, x, y, stream):
+            if self.launch(gemm, algo, weight, x, y, self.stream_of()):
                 self.calls["routed"] += 1
                 return y
             self.calls["launch_failed"] += 1
@@ -259,8 +262,8 @@ class LtGemmRouter:
         """(descriptors, algorithm struct, choice) for a call of `rows` rows on a place and shape, or None (F.linear):
         the nearest timed choice, its algorithm checked by cublasLtMatmulAlgoCheck for exactly these rows. Made once
         per key: CUDA graph captures make millions of calls."""
-        stream, n, k, rows = key
-        choice = nearest(self.choices.get((stream, n, k), ()), rows)
+        place, n, k, rows = key
+        choice = nearest(self.choices.get((place, n, k), ()), rows)
         plan = None
         if choice is not None and choice.algo is not None:
             gemm, algo = self._gemm(rows, n, k, choice.sm_target), _algo(choice.algo)
@@ -349,7 +352,7 @@ class LtGemmTuner:
         points = [(p, s, t) for p in places for s in sorted(set(shapes)) for t in tokens]
         for place, (n, k), t in progress(points):
             choice = self.tune_point(place, t, n, k)
-            choices.setdefault((_stream_handle(place.stream), n, k), []).append(choice)
+            choices.setdefault((place_key(place.stream), n, k), []).append(choice)
             self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, **asdict(choice),
                              "algo": None if choice.algo is None else choice.algo.hex()})
         return choices
@@ -402,7 +405,7 @@ class LtGemmTuner:
         import torch
 
         algo, ws = _algo(raw), self.lt.workspace
-        handle = _stream_handle(stream)
+        handle = int(stream.cuda_stream) if stream is not None else _current_stream_handle()
 
         def launch() -> int:
             return int(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(), handle))
@@ -449,9 +452,9 @@ class LtGemmTuner:
         return fresh[:ENUMERATED_COUNT]
 
 
-def _stream_handle(stream: Any) -> int:
-    """A stream's cudaStream_t as an int; None (no partition's stream) is 0, the default stream."""
-    return int(stream.cuda_stream) if stream is not None else 0
+def place_key(stream: Any) -> int:
+    """The router's key of a place: a partition's stream handle, WHOLE_GPU for stream None (the whole GPU)."""
+    return int(stream.cuda_stream) if stream is not None else WHOLE_GPU
 
 
 def _screen_ms(fn: Callable[[], Any], stream: Any) -> float:

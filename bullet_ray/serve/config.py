@@ -96,10 +96,11 @@ class EngineArgs(BaseModel):
                                 "instead of stopping where throughput saturates; null: off (one GPU sample: it lost "
                                 "at strict)")
     prefill_gemm: Literal["cublas", "cublaslt", "cublaslt-all"] = Field(
-        "cublas", description="the prefill worker's projection GEMMs (bullet and static schedules, GPU): cublas "
-                              "(PyTorch's), cublaslt (at start, cuBLASLt's heuristic algorithms timed per partition, "
-                              "shape and token count, the fastest kept: bullet_ray.engine.lt_gemm), cublaslt-all "
-                              "(also a bounded enumeration of 1x1 / 1x2 cluster configurations); opt-in, unmeasured")
+        "cublas", description="the prefilling worker's projection GEMMs (GPU): cublas (PyTorch's), cublaslt (at "
+                              "start, cuBLASLt's heuristic algorithms timed per partition over half the SMs, or on "
+                              "the whole GPU for chunked, per shape and token count, the fastest kept: "
+                              "bullet_ray.engine.lt_gemm), cublaslt-all (also a bounded enumeration of 1x1 / 1x2 "
+                              "cluster configurations); opt-in, unmeasured")
     split_rule: dict[str, Any] | None = Field(None, description="settings of the split rule (aim, backlog_aim, "
                                               "idle_decode, max_shrink, ...: bullet_ray.policy.split.SplitSettings, "
                                               "docs/policy.md); null: its defaults")

@@ -120,6 +120,7 @@ def cpu_tuning(monkeypatch):
     monkeypatch.setattr(torch, "randn", on_cpu(real_randn))
     monkeypatch.setattr(torch, "empty", on_cpu(real_empty))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(lt_gemm, "_current_stream_handle", lambda: 0)
 
 
 def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
@@ -164,7 +165,7 @@ def test_router_runs_the_choice_for_its_place_and_falls_back_to_f_linear_elsewhe
     choices = {(7, sn, sk): [Choice(256, _algo(2), 0, 6.0, 10.0, "algo2", "heuristic"),
                              Choice(1024, _algo(6), 116, 5.0, 10.0, "algo6", "heuristic")] for sn, sk in shapes}
     choices[(8, n, k)] = [Choice(512, None, 0, 10.0, 10.0, "F.linear")]
-    router = LtGemmRouter(fake.lib(), choices, place_of=lambda: place[0])
+    router = LtGemmRouter(fake.lib(), choices, place_of=lambda: place[0], stream_of=lambda: 0)
     router.route(model)
     with pytest.raises(RuntimeError, match="routed already"):
         router.route(model)
@@ -208,7 +209,7 @@ def test_a_refused_launch_falls_back_once_and_for_all(caplog):
     fake = FakeLt()
     w = torch.randn(32, 16, dtype=torch.bfloat16)
     router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(4), 0, 1.0, 2.0, "algo4", "heuristic")]},
-                          place_of=lambda: 1)
+                          place_of=lambda: 1, stream_of=lambda: 0)
     x = torch.randn(512, 16, dtype=torch.bfloat16)
     assert torch.equal(router.linear(w, x), x @ w.t())
     assert torch.equal(router.linear(w, x), x @ w.t())
@@ -220,7 +221,7 @@ def test_an_out_buffer_of_another_shape_or_dtype_runs_f_linear(monkeypatch):
     fake = FakeLt()
     w = torch.randn(32, 16, dtype=torch.bfloat16)
     router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic")]},
-                          place_of=lambda: 1)
+                          place_of=lambda: 1, stream_of=lambda: 0)
     x = torch.randn(512, 16, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError):  # a float32 buffer: torch.mm's own error, as without the router
         router.linear(w, x, torch.zeros(512, 32))
@@ -242,11 +243,12 @@ def test_prefill_gemm_config_is_validated():
 
     with pytest.raises(ConfigError, match="prefill_gemm.*unknown GEMM 'triton'"):
         EngineConfig(prefill_gemm="triton")
-    with pytest.raises(ConfigError, match="prefill_gemm.*bullet and static schedules on a GPU"):
+    with pytest.raises(ConfigError, match="prefill_gemm.*needs a GPU"):
         EngineConfig(prefill_gemm="cublaslt")  # the CPU default
     with pytest.raises(ConfigError, match="prefill_gemm.*bfloat16"):
         EngineConfig(prefill_gemm="cublaslt", device="cuda", schedule="bullet", dtype="float16")
     assert EngineConfig(prefill_gemm="cublaslt-all", device="cuda", schedule="bullet").prefill_gemm == "cublaslt-all"
+    assert EngineConfig(prefill_gemm="cublaslt", device="cuda", schedule="chunked").prefill_gemm == "cublaslt"
 
 
 def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):

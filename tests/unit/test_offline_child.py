@@ -88,3 +88,24 @@ def test_a_finished_run_saves_both_and_their_ratio(tmp_path, monkeypatch):
     saved = json.loads(out.read_text())
     assert saved["vllm"]["requests_per_s"] == 20.0
     assert saved["ours_over_vllm"] == {"requests_per_s": 0.95, "output_tokens_per_s": 1.0}
+
+
+def test_prefill_gemm_variants_run_ours_once_each_beside_vllm(tmp_path, monkeypatch, capsys):
+    """--prefill-gemm cublas,cublaslt: our engine once per GEMM ('ours', 'ours_cublaslt'), each over vLLM; an unknown
+    GEMM is a one-line error naming the flag."""
+    import json
+
+    import pytest
+
+    out = tmp_path / "o.json"
+    offline = _fake_run(monkeypatch, lambda *_a: {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0})
+    gemms = []
+    monkeypatch.setattr(offline, "run_ours", lambda args: gemms.append(offline.engine_config(args).prefill_gemm)
+                        or {"requests_per_s": 19.0 + len(gemms), "output_tokens_per_s": 4000.0})
+    assert offline.main(["--vllm", "--device", "cuda", "--prefill-gemm", "cublas,cublaslt", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert gemms == ["cublas", "cublaslt"]
+    assert saved["ours_over_vllm"]["requests_per_s"] == 1.0 and saved["ours_cublaslt_over_vllm"]["requests_per_s"] == 1.05
+    with pytest.raises(SystemExit) as exc:
+        offline.parse_args(["--prefill-gemm", "cublas,triton"])
+    assert exc.value.code == 2 and "--prefill-gemm" in capsys.readouterr().err

@@ -301,9 +301,9 @@ def test_backlog_batch_modifier_applies_to_any_bullet_slo_system(tmp_path):
             system_yaml(bad, tmp_path)
 
 
-def test_lt_suffixes_route_the_prefill_gemm_of_bullet_systems_only(tmp_path):
-    """+lt / +ltall: engine.prefill_gemm cublaslt / cublaslt-all on a bullet system (a valid engine config on the GPU
-    YAML); on a chunked system a one-line error naming the suffix."""
+def test_lt_suffixes_route_the_prefill_gemm_of_engine_systems(tmp_path):
+    """+lt / +ltall: engine.prefill_gemm cublaslt / cublaslt-all on a bullet or chunked system (a valid engine config
+    on the GPU YAML)."""
     from bullet_ray.serve.config import EngineArgs
 
     engine = _engine(system_yaml("bullet-slo-margin50+lt+direct", tmp_path))
@@ -311,8 +311,7 @@ def test_lt_suffixes_route_the_prefill_gemm_of_bullet_systems_only(tmp_path):
     assert EngineArgs(**engine).to_engine_config().prefill_gemm == "cublaslt"
     assert _engine(system_yaml("bullet-slo+ltall", tmp_path))["prefill_gemm"] == "cublaslt-all"
     assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
-    with pytest.raises(SystemExit, match=r"\+lt is for bullet systems"):
-        system_yaml("chunked-2048+lt", tmp_path)
+    assert _engine(system_yaml("chunked-2048+lt+direct", tmp_path))["prefill_gemm"] == "cublaslt"
 
 
 def test_tgemm_suffix_is_gone(tmp_path):

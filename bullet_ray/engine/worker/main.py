@@ -85,7 +85,7 @@ class WorkerBase:
             self.switch.reset(self.partitioner.current_index)
         self.uses_graphs = uses_cuda_graphs(self.config)
         self.lt_router: Any = None  # engine.prefill_gemm: cublaslt (bullet_ray.engine.lt_gemm)
-        if self.role == "prefill" and cfg.prefill_gemm != "cublas":
+        if self.role in ("prefill", "hybrid") and cfg.prefill_gemm != "cublas":
             with self._timed("prefill_gemm_tune"):  # before the piecewise buckets are timed and any graph captured
                 self._route_prefill_gemm()
         # piecewise graphs' buckets are chosen here (tuned: GEMMs timed), on the creating worker before it sends its
@@ -96,17 +96,27 @@ class WorkerBase:
 
     def _route_prefill_gemm(self) -> None:
         """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on every
-        partition this side runs on, then route the projections through the winners (bullet_ray.engine.lt_gemm).
-        Alone on the GPU: the creating worker does it before it sends its handles."""
+        partition this side runs on (a prefill worker: those over half the SMs; the chunked schedule's one worker: the
+        whole GPU), then route the projections through the winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the
+        creating worker does it before it sends its handles."""
         from tqdm import tqdm
 
-        from bullet_ray.engine.lt_gemm import LtGemmRouter, LtGemmTuner, LtLib, tune_tokens, tuned_places
+        from bullet_ray.engine.lt_gemm import (
+            WHOLE_GPU,
+            LtGemmRouter,
+            LtGemmTuner,
+            LtLib,
+            Place,
+            tune_tokens,
+            tuned_places,
+        )
         from bullet_ray.errors import ConfigError
 
         ladder = self.partitioner.ladder
         device_sms = torch.cuda.get_device_properties(self.res.device).multi_processor_count
-        places = tuned_places([(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()],
-                              device_sms)
+        whole = self.partitioner.side == "both"  # the hybrid worker: every step on the whole GPU, one place
+        places = [Place(self.partitioner.current_index, device_sms, None)] if whole else tuned_places(
+            [(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()], device_sms)
         tokens = tune_tokens(self.config.max_num_batched_tokens)
         if not places or not tokens:
             logger.warning("%s worker: prefill_gemm %s has nothing to tune (partitions %d, token counts %s)",
@@ -117,7 +127,7 @@ class WorkerBase:
         except (OSError, RuntimeError) as e:
             raise ConfigError("prefill_gemm", f"{self.config.prefill_gemm} needs torch's libcublasLt: {e}") from e
         tuner = LtGemmTuner(lt, device_sms, enumerate=self.config.prefill_gemm == "cublaslt-all")
-        self.lt_router = LtGemmRouter(lt, {})
+        self.lt_router = LtGemmRouter(lt, {}, place_of=(lambda: WHOLE_GPU) if whole else None)
         shapes = self.lt_router.route(self.res.model)  # the shapes of the projections it routes (bf16, no bias)
         self.lt_router.use(tuner.tune(places, shapes, tokens,
                                       progress=lambda it: tqdm(it, desc="prefill GEMM algorithms")))

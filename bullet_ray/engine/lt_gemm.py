@@ -20,6 +20,10 @@ launches; the three fastest are timed as F.linear is. The fastest of those is ke
 runs the choice of the nearest tuned token count (its algorithm checked once for the call's exact rows with
 cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the algorithm.
 
+The choices are cached (`cache_path`: BULLET_RAY_LT_GEMM_CACHE, default ~/.cache/bullet_ray/lt_gemm.json) by device,
+SM count, cuBLASLt and torch version, mode, partition size, shape and token count: a later start times only what is
+new, and runs the same algorithms as the last (serving runs compared with each other do not differ by tuning noise).
+
 The algorithm runs with the descriptor it was found with (with or without the target: the target can change the
 launch as well as the choice) and one workspace shared by every partition: the prefill side runs one step at a
 time, and a step on a new partition waits for the last (`WorkerBase.launch`).
@@ -29,11 +33,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from bullet_ray.gpu.cublaslt_ids import ALGO_CONFIG_ATTRS, CLUSTER_IDS
@@ -150,8 +157,9 @@ class LtLib:
 
     def __init__(self, make_gemm: Callable[[int, int, int, int], Any], workspace: Any, describe: Callable[[Any], str],
                  with_cluster: Callable[[bytes, str], bytes | None] = lambda raw, cluster: None,
-                 close: Callable[[], None] = lambda: None):
+                 close: Callable[[], None] = lambda: None, version: str = ""):
         self.make_gemm, self.workspace, self.describe, self._close = make_gemm, workspace, describe, close
+        self.version = version  # cuBLASLt's (a cached choice holds for this version only)
         self.with_cluster = with_cluster  # (algorithm, cluster shape name) -> the algorithm with it, None if refused
 
     @classmethod
@@ -180,7 +188,7 @@ class LtLib:
             except cublaslt.CublasLtError:
                 return None
         return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe, with_cluster,
-                   lambda: lib.cublasLtDestroy(handle))
+                   lambda: lib.cublasLtDestroy(handle), version=str(lib.cublasLtGetVersion()))
 
     def close(self) -> None:
         self._close()
@@ -342,6 +350,9 @@ class LtGemmTuner:
     time_ms: Callable[[Callable[[], Any], Any], float] | None = None  # (launch, stream) -> ms; None: CUDA events
     screen_ms: Callable[[Callable[[], Any], Any], float] | None = None  # the short timing every candidate gets
     log: list[dict[str, Any]] = field(default_factory=list)  # one row per point (the Ready info's summary)
+    # earlier choices by `cache_key` (load_cache); a point found there is not timed again, a new one is added
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache_prefix: str = ""  # what else a cached choice depends on: device, cuBLASLt version, mode (worker's)
     _enumerated: dict[tuple[int, int], list[tuple[bytes, str]]] = field(default_factory=dict)
 
     def tune(self, places: Sequence[Place], shapes: Iterable[tuple[int, int]], tokens: Sequence[int],
@@ -351,10 +362,13 @@ class LtGemmTuner:
         choices: dict[tuple[int, int, int], list[Choice]] = {}
         points = [(p, s, t) for p in places for s in sorted(set(shapes)) for t in tokens]
         for place, (n, k), t in progress(points):
-            choice = self.tune_point(place, t, n, k)
+            key = cache_key(self.cache_prefix, place.sms, n, k, t)
+            cached = key in self.cache
+            choice = choice_from_dict(self.cache[key]) if cached else self.tune_point(place, t, n, k)
+            self.cache[key] = choice_to_dict(choice)
             choices.setdefault((place_key(place.stream), n, k), []).append(choice)
-            self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, **asdict(choice),
-                             "algo": None if choice.algo is None else choice.algo.hex()})
+            self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, "cached": cached,
+                             **choice_to_dict(choice)})
         return choices
 
     def tune_point(self, place: Place, m: int, n: int, k: int) -> Choice:
@@ -450,6 +464,54 @@ class LtGemmTuner:
                         found.num_checked, time.perf_counter() - started)
         fresh = [(a, s) for a, s in self._enumerated[(n, k)] if a not in known]
         return fresh[:ENUMERATED_COUNT]
+
+
+def cache_key(prefix: str, sms: int, n: int, k: int, tokens: int) -> str:
+    return f"{prefix}|sms {sms}|{n}x{k}|{tokens} rows"
+
+
+def choice_to_dict(choice: Choice) -> dict[str, Any]:
+    return {**asdict(choice), "algo": None if choice.algo is None else choice.algo.hex()}
+
+
+def choice_from_dict(row: dict[str, Any]) -> Choice:
+    fields = {k: row[k] for k in ("tokens", "sm_target", "ms", "base_ms", "label", "source", "candidates")}
+    return Choice(algo=None if row["algo"] is None else bytes.fromhex(row["algo"]), **fields)
+
+
+def cache_path() -> Path | None:
+    """The choices' cache: BULLET_RAY_LT_GEMM_CACHE (a JSON file; "off": none), else
+    ~/.cache/bullet_ray/lt_gemm.json. A later start on the same device, cuBLASLt and mode times only what is new (and
+    runs the same algorithms: serving runs compared with each other do not differ by their tuning's noise)."""
+    value = os.environ.get("BULLET_RAY_LT_GEMM_CACHE", "")
+    if value.lower() in ("off", "0"):
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "bullet_ray" / "lt_gemm.json"
+
+
+def load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
+    """The cached choices at `path` ({} when there is none or it cannot be read: it is only a cache)."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as e:
+        logger.warning("the cuBLASLt choices' cache %s was not read (%s): tuning afresh", path, e)
+        return {}
+
+
+def save_cache(path: Path | None, cache: dict[str, dict[str, Any]]) -> None:
+    """Write the cache whole, atomically (a failure is logged, never raised)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as e:
+        logger.warning("the cuBLASLt choices' cache %s was not written: %s", path, e)
 
 
 def place_key(stream: Any) -> int:

@@ -23,7 +23,8 @@ def _run(tmp_path, gemm: str):
     return tokens, startup
 
 
-def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_path):
+def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", str(tmp_path / "lt_gemm.json"))  # tuned afresh, then cached
     plain, _ = _run(tmp_path, "cublas")
     routed, startup = _run(tmp_path, "cublaslt")
     assert all(len(t) == 24 for t in routed)
@@ -39,6 +40,7 @@ def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_
     # SmolLM2's GEMMs take microseconds: F.linear may keep every point; whatever was kept was launched without fault
     assert report["calls"]["launch_failed"] == 0
     assert (report["kept"] > 0) == (report["calls"]["routed"] > 0)
+    assert report["cached"] == 0 and (tmp_path / "lt_gemm.json").exists()
 
 
 def test_the_real_cublaslt_path_on_a_green_partition():

@@ -4,6 +4,7 @@ every fallback counted)."""
 
 import contextlib
 import ctypes
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,3 +273,39 @@ def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):
     choice = tuner.tune_point(Place(0, 132, None), 512, 32, 16)
     assert full_timings == [None, 1]  # F.linear, then the one finalist
     assert (choice.label, choice.ms, choice.candidates) == ("algo1", 9.0, 5)
+
+
+def test_a_cached_choice_is_not_timed_again(cpu_tuning, tmp_path, monkeypatch):
+    """The tuner's cache: a second start with the same prefix times nothing and routes the same choices; another
+    prefix (device, cuBLASLt, mode) times afresh; the file round-trips, and an unreadable one is an empty cache."""
+    fake = FakeLt()
+    timed = []
+
+    def timer(fn, stream):
+        fake.last = None
+        fn()
+        timed.append(fake.last)
+        return 10.0 if fake.last is None else fake.cost[fake.last]
+    places = [Place(3, 116, None)]
+    first = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer, cache_prefix="H200|a")
+    choices = first.tune(places, [(32, 16)], [512])
+    assert timed and not any(row["cached"] for row in first.log)
+    monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", str(tmp_path / "c" / "lt.json"))
+    path = lt_gemm.cache_path()
+    lt_gemm.save_cache(path, first.cache)
+    assert not list((tmp_path / "c").glob("*.tmp"))
+    timed.clear()
+    again = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer, cache=lt_gemm.load_cache(path),
+                        cache_prefix="H200|a")
+    assert again.tune(places, [(32, 16)], [512]) == choices and timed == [] and again.log[0]["cached"]
+    other = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer, cache=lt_gemm.load_cache(path),
+                        cache_prefix="H200|b")
+    other.tune(places, [(32, 16)], [512])
+    assert timed and len(other.cache) == 2
+    path.write_text("{not json")
+    assert lt_gemm.load_cache(path) == {}
+    monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", "off")
+    assert lt_gemm.cache_path() is None and lt_gemm.load_cache(None) == {}
+    lt_gemm.save_cache(None, {"x": {}})  # no file: nothing written, nothing raised
+    monkeypatch.delenv("BULLET_RAY_LT_GEMM_CACHE")
+    assert lt_gemm.cache_path() == Path.home() / ".cache" / "bullet_ray" / "lt_gemm.json"

@@ -168,7 +168,7 @@ class EngineConfig:
     # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
     # the GEMM of the projections (qkv, o, gate_up, down) of the worker that prefills (GPU): the prefill worker's on
-    # the bullet and static schedules (tuned on its partitions over half the SMs), the one worker's on the chunked
+    # the bullet and static schedules (tuned on its partitions where cuBLAS's grid wastes SM-rounds), the one worker's on the chunked
     # schedule (tuned on the whole GPU):
     # "cublas" (default: PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
     # and with the partition's SM count as target, the first few also with 1x1 / 1x2 / 2x1 clusters, is timed per

@@ -60,6 +60,7 @@ MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated ti
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
 WORKSPACE_BYTES = 32 << 20
 WHOLE_GPU = 0  # the place key of a worker on the whole GPU (the chunked schedule's): stream None's handle
+MIN_WAVE_EFFICIENCY = 0.9  # partitions where cuBLAS's device-sized grid keeps less busy are tuned (tuned_places)
 MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
 # the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
@@ -129,13 +130,20 @@ def nearest(choices: Sequence[Choice], rows: int) -> Choice | None:
     return best if max(best.tokens / rows, rows / best.tokens) <= ROUTE_RATIO + 1e-9 else None
 
 
-def tuned_places(partitions: Iterable[tuple[int, int, Any]], device_sms: int) -> list[Place]:
-    """The partitions worth tuning, from (ladder index, prefill SMs, stream): those with more than half the device's
-    SMs and fewer than all. cuBLAS's 132-CTA grid fills a partition of 66 or fewer SMs in two or more full rounds,
-    which keeps the whole GPU's per-SM speed (68 SMs did, `benchmarks/results/prefill_kernels_h200/`); between half
-    and all of the SMs its second round runs mostly empty (116 SMs: 1.74x on qkv / o / down)."""
+def wave_efficiency(sms: int, grid: int) -> float:
+    """The share of a partition's SM-rounds a persistent kernel of `grid` CTAs (one per SM) keeps busy:
+    grid / (rounds x sms)."""
+    return grid / (math.ceil(grid / sms) * sms)
+
+
+def tuned_places(partitions: Iterable[tuple[int, int, Any]], device_sms: int,
+                 min_efficiency: float = MIN_WAVE_EFFICIENCY) -> list[Place]:
+    """The partitions worth tuning, from (ladder index, prefill SMs, stream): those where cuBLAS's kernels, launched
+    with one CTA per SM of the device, waste more than 1 - `min_efficiency` of the partition's SM-rounds. On a 132-SM
+    H200: 116 SMs keep 57% busy (a 2,048-token qkv / o / down took 1.74x), 68 SMs 97% (they kept the whole GPU's
+    per-SM speed, `benchmarks/results/prefill_kernels_h200/`), 60 SMs 73%, 44 SMs 100%."""
     return [Place(i, sms, stream) for i, sms, stream in partitions
-            if stream is not None and device_sms // 2 < sms < device_sms]
+            if stream is not None and sms < device_sms and wave_efficiency(sms, device_sms) < min_efficiency]
 
 
 def projections(model: Any) -> dict[str, list[Any]]:

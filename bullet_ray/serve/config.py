@@ -97,7 +97,7 @@ class EngineArgs(BaseModel):
                                 "at strict)")
     prefill_gemm: Literal["cublas", "cublaslt", "cublaslt-all"] = Field(
         "cublas", description="the prefilling worker's projection GEMMs (GPU): cublas (PyTorch's), cublaslt (at "
-                              "start, cuBLASLt's heuristic algorithms timed per partition over half the SMs, or on "
+                              "start, cuBLASLt's heuristic algorithms timed per partition (where cuBLAS's grid wastes SM-rounds), or on "
                               "the whole GPU for chunked, per shape and token count, the fastest kept: "
                               "bullet_ray.engine.lt_gemm), cublaslt-all (also a bounded enumeration of 1x1 / 1x2 "
                               "cluster configurations); opt-in, unmeasured")

@@ -44,9 +44,10 @@ def test_tune_tokens_nearest_and_tuned_places():
                                                                                           4096]
     assert [lt_gemm.nearest(choices, r) for r in (256, 700, 6000, 0)] == [None] * 4  # never far from a timed count
     assert lt_gemm.nearest([], 2048) is None
-    parts = [(0, 116, "s0"), (1, 124, "s1"), (2, 132, "s2"), (3, 66, "s3"), (4, 68, "s4"), (5, 100, None)]
-    assert [(p.index, p.sms, p.stream) for p in lt_gemm.tuned_places(parts, 132)] == [(0, 116, "s0"), (1, 124, "s1"),
-                                                                                      (4, 68, "s4")]
+    ladder = [116, 108, 100, 92, 84, 76, 68, 60, 52, 44, 36, 28, 20]  # an H200's prefill sides
+    assert [round(lt_gemm.wave_efficiency(s, 132), 2) for s in (116, 68, 60, 44)] == [0.57, 0.97, 0.73, 1.0]
+    parts = [(i, s, f"s{i}") for i, s in enumerate(ladder)] + [(13, 132, "whole"), (14, 100, None)]
+    assert [p.sms for p in lt_gemm.tuned_places(parts, 132)] == [116, 108, 100, 92, 84, 76, 60, 52]
 
 
 # ---- a fake cuBLASLt: LinearGemm's surface over host pointers --------------------------------------------------

@@ -96,7 +96,7 @@ class WorkerBase:
 
     def _route_prefill_gemm(self) -> None:
         """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on every
-        partition this side runs on (a prefill worker: those over half the SMs; the chunked schedule's one worker: the
+        partition this side runs on (a prefill worker: those where cuBLAS's device-sized grid wastes SM-rounds, `tuned_places`; the chunked schedule's one worker: the
         whole GPU), then route the projections through the winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the
         creating worker does it before it sends its handles."""
         from tqdm import tqdm

@@ -38,8 +38,8 @@ JSON says its `source` (heuristic / enumerated), `enumeration` gives per descrip
 valid, new, timed, the check statuses and seconds, and `best` (and the table) considers and names both sources.
 
 With `--step`, each place's whole prefill step is also timed plain and with every projection whose best algorithm
-beat `F.linear` launched with it (`routed_step`; the JSON's `algo_hex` keeps each algorithm's 64 bytes, so the
-engine could launch the same one).
+beat `F.linear` launched with it through the engine's own router (`routed_step`: `bullet_ray.engine.lt_gemm`'s
+`LtGemmRouter`, as `engine.prefill_gemm: cublaslt` runs it; the JSON's `algo_hex` keeps each algorithm's 64 bytes).
 
 The GEMM is `F.linear(x, w)`: x [M=T, K], w [N, K], y [M, N], bf16, row-major. In cuBLASLt's column-major terms
 D (N x M, ld N) = op(A) op(B) with A = w as K x N (ld K, TRANSA = T) and B = x as K x M (ld K, TRANSB = N);
@@ -50,11 +50,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -62,8 +62,11 @@ from typing import Any
 from bullet_ray.engine.lt_gemm import (
     CLUSTER_SHAPE_ATTR,
     CLUSTER_VARIANTS,
-    PROJECTION_MODULES,
     VARIANT_SOURCES,
+    Choice,
+    LtGemmRouter,
+    LtLib,
+    place_key,
     rel_error,
 )
 from bullet_ray.gpu.cublaslt import (
@@ -215,75 +218,36 @@ def sweep_point(lib: ctypes.CDLL, handle: ctypes.c_void_p, place: tuple[str, int
     return row
 
 
-Launcher = Callable[[Any, Any, Any], None]  # (x [m, k], w [n, k], y [m, n]): y = x w^T, on the current stream
-
-
-def cublaslt_launchers(lib: ctypes.CDLL, handle: ctypes.c_void_p, workspace: Any) -> Callable[..., Any]:
-    """make(row) -> (launcher, close) for a sweep point's best algorithm, with the descriptor it was found with (with
-    or without the SM target) and the algorithm's 64 bytes (`algo_hex`)."""
-    def make(row: dict[str, Any]) -> tuple[Launcher, Callable[[], None]]:
-        import torch
-
-        gemm = LinearGemm(lib, handle, row["tokens"], row["n"], row["k"], row["best"]["sm_target"])
-        algo = MatmulAlgo.from_buffer_copy(bytes.fromhex(row["best"]["algo_hex"]))
-
-        def launch(x: Any, w: Any, y: Any) -> None:
-            check(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), workspace.data_ptr(), workspace.numel(),
-                           torch.cuda.current_stream().cuda_stream), "cublasLtMatmul")
-        return launch, gemm.close
-    return make
-
-
-def routed_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: int,
-                make_launcher: Callable[..., Any]) -> dict[str, Any]:
+def routed_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: int, lt: LtLib) -> dict[str, Any]:
     """One place's prefill step (`rows`: its sweep points at one token count), plain and with every projection whose
-    best algorithm beat F.linear launched through `make_launcher(row)` (cublaslt_launchers), and the two steps'
-    logits compared. A call whose input is not the [T, k] contiguous matrix the algorithm was chosen for runs
-    F.linear (counted)."""
-    import functools
-
-    import torch
-    import torch.nn.functional as F
-
+    best algorithm beat F.linear launched with it through the engine's own router (`LtGemmRouter`, as
+    `engine.prefill_gemm: cublaslt` runs it: the descriptor it was found with, checked for the step's rows), and the
+    two steps' logits compared. The router's call counts say what ran where."""
     from benchmarks.gpu.common import on_stream
     from bullet_ray.perf.sweep import _time_s
 
     place, sms, n_rows = rows[0]["place"], rows[0]["sms"], rows[0]["tokens"]
     chosen = {r["proj"]: r for r in rows if r["best"] is not None and (r["best_over_f_linear"] or 0) > 1.0}
-    fallbacks = [0]
-
-    def linear(mod: Any, launch: Launcher, x: Any) -> Any:
-        if x.dim() != 2 or x.shape[0] != n_rows or not x.is_contiguous():
-            fallbacks[0] += 1
-            return F.linear(x, mod.weight)
-        y = torch.empty(n_rows, mod.weight.shape[0], dtype=x.dtype, device=x.device)
-        launch(x, mod.weight, y)
-        return y
-
+    key = place_key(stream)
+    choices = {(key, r["n"], r["k"]): [Choice(n_rows, bytes.fromhex(r["best"]["algo_hex"]), r["best"]["sm_target"],
+                                              r["best"]["ms"], r["f_linear"]["ms"], r["best"]["label"],
+                                              r["best"]["source"])] for r in chosen.values()}
+    # one place, on one stream, nothing captured: the key and the launch stream are the place's
+    router = LtGemmRouter(lt, choices, place_of=lambda: key, stream_of=lambda: key)
     run, sync = on_stream(bench.step_fn(bench.batch(1, n_rows, 0), 0), stream)
     plain_logits = run()
     plain = _time_s(run, sync, repeats, 2)
-    patched, closers = [], []
+    router.route(bench.model)
     try:
-        for proj, r in chosen.items():
-            launch, close = make_launcher(r)
-            closers.append(close)
-            for layer in bench.model.model.layers:
-                mod = getattr(getattr(layer, PROJECTION_MODULES[proj][0]), PROJECTION_MODULES[proj][1])
-                mod.forward = functools.partial(linear, mod, launch)
-                patched.append(mod)
         routed_logits = run()
         sync()
         routed = _time_s(run, sync, repeats, 2)
     finally:
-        for mod in patched:
-            del mod.forward
-        for close in closers:
-            close()
+        router.unroute()
     return {"place": place, "sms": sms, "tokens": n_rows, "plain_ms": round(plain * 1e3, 3),
             "routed_ms": round(routed * 1e3, 3), "speedup": round(plain / routed, 3), "routed_projs": sorted(chosen),
             "tokens_per_s": {"plain": round(n_rows / plain), "routed": round(n_rows / routed)},
-            "f_linear_fallbacks": fallbacks[0], "logits_rel_err": rel_error(routed_logits, plain_logits)}
+            "router_calls": dict(router.calls), "logits_rel_err": rel_error(routed_logits, plain_logits)}
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -365,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = projections(resolve_source(args.model).config)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     workspace = torch.empty(args.max_workspace_mib << 20, dtype=torch.uint8, device="cuda")
+    # the engine's router (--step) over this handle and workspace: the same launches prefill_gemm: cublaslt makes
+    engine_lt = LtLib(functools.partial(LinearGemm, lib, handle), workspace,
+                      lambda raw: describe(lib, MatmulAlgo.from_buffer_copy(raw)).label)
     bench = None
     if args.step:
         from bullet_ray.perf.sweep import Bench
@@ -391,8 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"algos, best {row['best'] and row['best']['label']} ({row['best_over_f_linear']}x)")
             if bench is not None and proj == list(shapes)[-1]:  # the place's last projection at this T: its step
                 mine = [r for r in results if r["place"] == place[0] and r["tokens"] == t]
-                steps.append(routed_step(bench, mine, place[2], args.repeats,
-                                         cublaslt_launchers(lib, handle, workspace)))
+                steps.append(routed_step(bench, mine, place[2], args.repeats, engine_lt))
                 args.out.write_text(json.dumps(out, indent=1))
                 tqdm.write(f"step {json.dumps(steps[-1])}")
     finally:

@@ -118,32 +118,34 @@ def test_module_imports_no_torch_at_import_time():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-def test_routed_step_sends_the_chosen_projections_through_the_launcher_and_undoes_it(monkeypatch):
-    """On CPU, with a launcher that runs torch's matmul: the routed step's logits equal the plain step's, only the
-    projections whose best beat F.linear are routed, every call of them went through the launcher, and every module
-    has its own forward back."""
+def test_routed_step_runs_the_chosen_projections_through_the_engines_router_and_undoes_it(monkeypatch):
+    """On CPU (bf16), with test_lt_gemm's fake cuBLASLt: the routed step's logits match the plain step's, only the
+    projections whose best beat F.linear are launched (with their own algorithm), and every module has its own
+    forward back."""
     import torch
 
     from bullet_ray.perf.sweep import Bench
+    from tests.unit.test_lt_gemm import FakeLt
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # on_stream's wait, without CUDA
-    bench = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False)
-    calls, closed = [], []
-
-    def make(row):
-        def launch(x, w, y):
-            calls.append(row["proj"])
-            torch.matmul(x, w.T, out=y)
-        return launch, lambda: closed.append(row["proj"])
-
-    best = {"label": "x", "sm_target": 0, "rank": 0, "ms": 1.0, "tflops": 1.0, "algo_hex": "00" * 64}
-    rows = [{"place": "whole", "sms": 132, "tokens": 24, "proj": p, "n": 0, "k": 0, "best": best,
-             "best_over_f_linear": speed} for p, speed in (("qkv", 1.3), ("o", 0.9), ("gate_up", 1.1), ("down", None))]
-    out = lt_algos.routed_step(bench, rows, None, 2, make)
-    assert out["routed_projs"] == ["gate_up", "qkv"] and out["f_linear_fallbacks"] == 0
-    assert out["logits_rel_err"] < 1e-5 and set(calls) == {"qkv", "gate_up"} and sorted(closed) == ["gate_up", "qkv"]
-    layers = bench.model.model.layers
-    assert not any("forward" in m.__dict__ for layer in layers for m in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj))
+    bench = Bench("dummy:tiny-llama", "cpu", "bfloat16", use_graphs=False)
+    layer = bench.model.model.layers[0]
+    shapes = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj, "gate_up": layer.mlp.gate_up_proj,
+              "down": layer.mlp.down_proj}
+    fake = FakeLt()
+    rows = []
+    for tag, (proj, speed) in enumerate((("qkv", 1.3), ("o", 0.9), ("gate_up", 1.1), ("down", None)), start=1):
+        n, k = shapes[proj].weight.shape
+        best = {"label": f"algo{tag}", "source": "heuristic", "sm_target": 0, "rank": 0, "ms": 1.0, "tflops": 1.0,
+                "algo_hex": (bytes([1 if tag == 1 else 2]) + bytes(63)).hex()}
+        rows.append({"place": "whole", "sms": 132, "tokens": 24, "proj": proj, "n": n, "k": k, "best": best,
+                     "f_linear": {"ms": 1.3}, "best_over_f_linear": speed})
+    out = lt_algos.routed_step(bench, rows, None, 2, fake.lib())
+    layers = len(bench.model.model.layers)
+    assert out["routed_projs"] == ["gate_up", "qkv"] and out["logits_rel_err"] < 0.02
+    assert out["router_calls"]["routed"] > 0 and out["router_calls"]["routed"] % (2 * layers) == 0
+    assert {tag for tag, rows_, _ in fake.launches} == {1, 2} and {r for _, r, _ in fake.launches} == {24}
+    assert not any("forward" in m.__dict__ for m in bench.model.modules())
 
 
 def test_cluster_variants_are_new_checked_algorithms():

@@ -9,16 +9,19 @@ with CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET set to the partition's SMs it sizes th
 `benchmarks/gpu/lt_algos.py` times every one per place. This module makes the engine use the winner.
 
 At start (`LtGemmTuner.tune`, on the prefill worker before its piecewise graphs are tuned or captured, alone on the
-GPU) for every partition the prefill side may run on, every distinct projection shape and every token count of
-`TUNE_TOKENS` (up to the step cap): F.linear is timed on the partition's stream, then each candidate algorithm
+GPU) for every partition the prefill side may run on where cuBLAS's device-sized grid wastes SM-rounds
+(`tuned_places`; the chunked schedule's one worker: the whole GPU, one place), every distinct projection shape and
+every token count of `TUNE_TOKENS` (up to the step cap): F.linear is timed on the partition's stream, then each
+candidate algorithm
 (the heuristic's, asked without and with the SM-count target; its first few again with clusters of 1x1, 1x2 and 2x1,
 the whole GPU's kernel with a grid that may fit the partition; with `cublaslt-all` also the bounded enumeration of
 `bullet_ray.gpu.cublaslt_ids`, once per shape), its output checked against F.linear's and its time screened with two
 launches; the three fastest are timed as F.linear is. The fastest of those is kept only if it beats F.linear by
 `MARGIN`; else the point keeps F.linear. `LtGemmRouter` then replaces each projection's forward
 (and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
-runs the choice of the nearest tuned token count (its algorithm checked once for the call's exact rows with
-cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the algorithm.
+runs the choice of the nearest tuned token count within a factor ROUTE_RATIO (its algorithm checked once for the
+call's exact rows with cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the
+algorithm.
 
 The choices are cached (`cache_path`: BULLET_RAY_LT_GEMM_CACHE, default ~/.cache/bullet_ray/lt_gemm.json) by device,
 SM count, cuBLASLt and torch version, mode, partition size, shape and token count: a later start times only what is

@@ -331,6 +331,37 @@ class LtGemmRouter:
         self.lt.close()
 
 
+def tune_and_route(model: Any, places: Sequence[Place], mode: str, max_tokens: int, device: Any, device_sms: int,
+                   whole: bool = False, progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda it: it,
+                   ) -> tuple[LtGemmRouter, dict[str, Any]] | None:
+    """`prefill_gemm` `mode` (cublaslt / cublaslt-all) for a model on a GPU: route its projections, time the choices on
+    `places` (the cache's first), and return (the router, a report: counts and every point's choice); None when there
+    is nothing to tune. `whole`: one place, the whole GPU, whatever stream a call runs on. ConfigError (naming
+    prefill_gemm) without torch's libcublasLt. The engine's prefill worker and `bullet-ray profile` call it."""
+    import torch
+
+    from bullet_ray.errors import ConfigError
+
+    tokens = tune_tokens(max_tokens)
+    if not places or not tokens:
+        return None
+    try:
+        lt = LtLib.open()
+    except (OSError, RuntimeError) as e:
+        raise ConfigError("prefill_gemm", f"{mode} needs torch's libcublasLt: {e}") from e
+    cache = cache_path()
+    tuner = LtGemmTuner(lt, device_sms, enumerate=mode == "cublaslt-all", cache=load_cache(cache),
+                        cache_prefix=f"{torch.cuda.get_device_name(device)}|{device_sms} SMs|cuBLASLt {lt.version}|"
+                                     f"torch {torch.__version__}|{mode}")
+    router = LtGemmRouter(lt, {}, place_of=(lambda: WHOLE_GPU) if whole else None)
+    shapes = router.route(model)  # the shapes of the projections it routes (bf16, no bias)
+    router.use(tuner.tune(places, shapes, tokens, progress))
+    save_cache(cache, tuner.cache)
+    torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
+    return router, {"gemm": mode, "tokens": tokens, "device_sms": device_sms, **router.report(),
+                    "cached": sum(row["cached"] for row in tuner.log), "cache": str(cache), "choices": tuner.log}
+
+
 def _algo(raw: bytes) -> Any:
     from bullet_ray.gpu.cublaslt import MatmulAlgo
 

@@ -37,6 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--enforce-eager", action="store_true", help="decode without CUDA graphs")
     p.add_argument("--entries", default=None, help="ladder indexes to sweep, in this order, e.g. 6,0,12,3,9 "
                                                    "(default: all)")
+    p.add_argument("--prefill-gemm", default="cublas", choices=["cublas", "cublaslt", "cublaslt-all"],
+                   help="the prefill side's projection GEMMs, as the engine's prefill_gemm (cuda only): profile with "
+                        "the GEMM you serve with (cublaslt: cuBLASLt's algorithms tuned per partition at start)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting new ladder entries when the next one would end past this many seconds "
                         "from the start (the profile keeps what was measured)")
@@ -63,12 +66,16 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bullet_ray.errors import ConfigError
     from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
     from bullet_ray.perf.sweep import Bench, SweepPlan, decode_points, prefill_points
 
     is_gpu = args.device.startswith("cuda")
     dtype = args.dtype or ("bfloat16" if is_gpu else "float32")
+    if args.prefill_gemm != "cublas" and not (is_gpu and dtype == "bfloat16"):
+        raise ConfigError("--prefill-gemm", f"{args.prefill_gemm} runs bf16 cuBLASLt GEMMs on a GPU (device "
+                          f"{args.device}, dtype {dtype})")
     plan = SweepPlan.gpu(args.quick) if is_gpu else SweepPlan.cpu(args.quick)
     bench = Bench(args.model, args.device, dtype, use_graphs=is_gpu and not args.enforce_eager,
                   max_batch=max(plan.decode_batches))
@@ -76,10 +83,13 @@ def _run(args: argparse.Namespace) -> int:
         gpu, ladder, partitioner = _gpu_ceilings(bench, args)
     else:
         gpu, ladder, partitioner = _cpu_ceilings(bench), [1], None
+    pre, dec = prefill_points(plan, bench.capacity_tokens), decode_points(plan, bench.capacity_tokens)
+    router, gemm_note = None, ""
+    if args.prefill_gemm != "cublas":
+        router, gemm_note = _route_prefill_gemm(bench, partitioner, args, max(s * n for s, n, _ in pre))
     entries = list(range(len(ladder)))
     if args.entries:
         entries = [int(i) for i in args.entries.split(",")]
-    pre, dec = prefill_points(plan, bench.capacity_tokens), decode_points(plan, bench.capacity_tokens)
     total = len(entries) * len(plan.busy) * (len(pre) + len(dec))
     samples: list = []
     started, slowest = time.monotonic(), 0.0
@@ -101,18 +111,43 @@ def _run(args: argparse.Namespace) -> int:
         model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
         model.calibration = model.fit(samples)
     fit = profile_fit(model, samples)
+    if router is not None:
+        router.close()
     if partitioner is not None:
         partitioner.close()
     profile = Profile(gpu, {"name": args.name or _model_name(args.model), **model_fingerprint(bench.cfg)}, dtype,
                       [e for e in ladder] if is_gpu else [1], model.calibration, samples,
                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       "bullet-ray profile " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
-                      "measured", f"ladder entries swept: {done}; plan {plan}", fit)
+                      "measured", f"ladder entries swept: {done}; plan {plan}{gemm_note}", fit)
     path = save_profile(profile, args.out)
     print(f"wrote {path}")
     print(f"calibration {model.calibration.to_dict()}")
     print(f"fit {fit}")
     return 0
+
+
+def _route_prefill_gemm(bench: Any, partitioner: Any, args: argparse.Namespace, max_tokens: int) -> tuple[Any, str]:
+    """The bench model's projections through cuBLASLt's algorithms tuned on each prefill side where cuBLAS's grid
+    wastes SM-rounds (bullet_ray.engine.lt_gemm, as the engine's prefill worker); (the router, the profile note)."""
+    from tqdm import tqdm
+
+    from bullet_ray.engine import lt_gemm
+
+    torch = bench.torch
+    device = torch.device(args.device)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    places = lt_gemm.tuned_places([(e.index, e.prefill_sms, partitioner.stream(e.index, "prefill"))
+                                   for e in partitioner.ladder], sm_count)
+    routed = lt_gemm.tune_and_route(bench.model, places, args.prefill_gemm, max_tokens, device, sm_count,
+                                    progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
+    if routed is None:
+        return None, f"; prefill_gemm {args.prefill_gemm}: nothing to tune"
+    router, report = routed
+    print(f"prefill GEMMs: {report['kept']} of {report['points']} points kept a cuBLASLt algorithm "
+          f"(median speedup {report['kept_speedup_median']})")
+    return router, (f"; prefill_gemm {args.prefill_gemm}: {report['kept']} of {report['points']} points kept an "
+                    f"algorithm, median speedup {report['kept_speedup_median']}")
 
 
 def _cpu_ceilings(bench: Any) -> Any:

@@ -38,6 +38,17 @@ def test_cpu_profile_sweep_writes_a_profile_the_engine_finds(tmp_path: Path):
     assert model.predict_prefill_s(64, sms=1) > 0
 
 
+def test_prefill_gemm_on_cpu_is_a_one_line_error(tmp_path: Path, capsys):
+    """--prefill-gemm cublaslt profiles with the engine's tuned cuBLASLt GEMMs on a GPU; on a CPU it is refused with
+    one line naming the flag (exit 2), before any model loads."""
+    args = build_parser().parse_args(["profile", "--model", "dummy:tiny-llama", "--device", "cpu",
+                                      "--prefill-gemm", "cublaslt", "--out", str(tmp_path)])
+    assert profile_cli.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bullet-ray profile: --prefill-gemm: cublaslt runs bf16 cuBLASLt GEMMs on a GPU")
+    assert not list(tmp_path.iterdir())
+
+
 def test_shipped_profiles_load_and_match():
     h100 = find_profile("NVIDIA H100 80GB HBM3", _cfg("llama-3.1-8b"), "bfloat16", [PACKAGE_DIR])
     # the H100 sweep of 2026-11-26 (11 of 13 ladder entries, 726 steps), refitted (benchmarks.refit_profile); the

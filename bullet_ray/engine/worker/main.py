@@ -95,46 +95,31 @@ class WorkerBase:
                 self._make_piecewise_graphs()
 
     def _route_prefill_gemm(self) -> None:
-        """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on every
-        partition this side runs on (a prefill worker: those where cuBLAS's device-sized grid wastes SM-rounds, `tuned_places`; the chunked schedule's one worker: the
-        whole GPU), then route the projections through the winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the
-        creating worker does it before it sends its handles."""
+        """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on the
+        partitions this side runs on (a prefill worker: those where cuBLAS's device-sized grid wastes SM-rounds,
+        `tuned_places`; the chunked schedule's one worker: the whole GPU), then route the projections through the
+        winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the creating worker does it before it sends its
+        handles."""
         from tqdm import tqdm
 
         from bullet_ray.engine import lt_gemm
-        from bullet_ray.engine.lt_gemm import WHOLE_GPU, LtGemmRouter, LtGemmTuner, LtLib, Place
-        from bullet_ray.errors import ConfigError
 
         ladder = self.partitioner.ladder
         device_sms = torch.cuda.get_device_properties(self.res.device).multi_processor_count
         whole = self.partitioner.side == "both"  # the hybrid worker: every step on the whole GPU, one place
-        places = [Place(self.partitioner.current_index, device_sms, None)] if whole else lt_gemm.tuned_places(
+        places = [lt_gemm.Place(self.partitioner.current_index, device_sms, None)] if whole else lt_gemm.tuned_places(
             [(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()], device_sms)
-        tokens = lt_gemm.tune_tokens(self.config.max_num_batched_tokens)
-        if not places or not tokens:
-            logger.warning("%s worker: prefill_gemm %s has nothing to tune (partitions %d, token counts %s)",
-                           self.role, self.config.prefill_gemm, len(places), tokens)
+        routed = lt_gemm.tune_and_route(self.res.model, places, self.config.prefill_gemm,
+                                        self.config.max_num_batched_tokens, self.res.device, device_sms, whole,
+                                        progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
+        if routed is None:
+            logger.warning("%s worker: prefill_gemm %s has nothing to tune (%d partitions)", self.role,
+                           self.config.prefill_gemm, len(places))
             return
-        try:
-            lt = LtLib.open()
-        except (OSError, RuntimeError) as e:
-            raise ConfigError("prefill_gemm", f"{self.config.prefill_gemm} needs torch's libcublasLt: {e}") from e
-        cache = lt_gemm.cache_path()
-        tuner = LtGemmTuner(lt, device_sms, enumerate=self.config.prefill_gemm == "cublaslt-all",
-                            cache=lt_gemm.load_cache(cache),
-                            cache_prefix=f"{torch.cuda.get_device_name(self.res.device)}|{device_sms} SMs|cuBLASLt "
-                                         f"{lt.version}|torch {torch.__version__}|{self.config.prefill_gemm}")
-        self.lt_router = LtGemmRouter(lt, {}, place_of=(lambda: WHOLE_GPU) if whole else None)
-        shapes = self.lt_router.route(self.res.model)  # the shapes of the projections it routes (bf16, no bias)
-        self.lt_router.use(tuner.tune(places, shapes, tokens,
-                                      progress=lambda it: tqdm(it, desc="prefill GEMM algorithms")))
-        lt_gemm.save_cache(cache, tuner.cache)
-        torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
-        self.graph_capture = {**self.graph_capture, "prefill_gemm": {
-            "gemm": self.config.prefill_gemm, "tokens": tokens, "device_sms": device_sms, **self.lt_router.report(),
-            "cached": sum(row["cached"] for row in tuner.log), "cache": str(cache), "choices": tuner.log}}
+        self.lt_router, report = routed
+        self.graph_capture = {**self.graph_capture, "prefill_gemm": report}
         logger.info("%s worker: prefill GEMMs through cuBLASLt: %s", self.role,
-                    {k: v for k, v in self.graph_capture["prefill_gemm"].items() if k != "choices"})
+                    {k: v for k, v in report.items() if k != "choices"})
 
     def capture_graphs(self) -> None:
         """Capture this worker's CUDA graphs (decode, piecewise) and fill the host's pinned-memory cache: the long

@@ -544,13 +544,14 @@ def load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
 
 
 def save_cache(path: Path | None, cache: dict[str, dict[str, Any]]) -> None:
-    """Write the cache whole, atomically (a failure is logged, never raised)."""
+    """Write the cache over what the file holds now (another engine on the node may have added to it since this one
+    read it), atomically; a failure is logged, never raised."""
     if path is None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        tmp.write_text(json.dumps({**load_cache(path), **cache}, indent=0, sort_keys=True))
         os.replace(tmp, path)
     except OSError as e:
         logger.warning("the cuBLASLt choices' cache %s was not written: %s", path, e)

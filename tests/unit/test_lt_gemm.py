@@ -303,6 +303,9 @@ def test_a_cached_choice_is_not_timed_again(cpu_tuning, tmp_path, monkeypatch):
                         cache_prefix="H200|b")
     other.tune(places, [(32, 16)], [512])
     assert timed and len(other.cache) == 2
+    lt_gemm.save_cache(path, {"another engine's": first.cache[next(iter(first.cache))]})
+    lt_gemm.save_cache(path, other.cache)  # what the file gained meanwhile stays
+    assert set(lt_gemm.load_cache(path)) == set(other.cache) | {"another engine's"}
     path.write_text("{not json")
     assert lt_gemm.load_cache(path) == {}
     monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", "off")

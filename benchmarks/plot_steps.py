@@ -91,6 +91,26 @@ def startup_summary(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def prefill_gemm_summary(path: str) -> dict[str, Any]:
+    """engine.prefill_gemm's tuning from the prefilling worker's last `startup` record (serve_h100's
+    extra.prefill_gemm): the report's counts, and per partition size the points kept and their median speedup over
+    F.linear (`by_sms`); {} when the log has none (cublas, or a log from before it)."""
+    rows = [r for r in records(path) if r.get("kind") == "startup" and r.get("prefill_gemm")]
+    if not rows:
+        return {}
+    report = rows[-1]["prefill_gemm"]
+    by_sms: dict[int, list[dict[str, Any]]] = {}
+    for point in report.get("choices", []):
+        by_sms.setdefault(point["sms"], []).append(point)
+    out = {k: v for k, v in report.items() if k != "choices"}
+    out["by_sms"] = {}
+    for sms, points in sorted(by_sms.items(), reverse=True):
+        kept = sorted(p["base_ms"] / p["ms"] for p in points if p["algo"] is not None and p["ms"] > 0)
+        out["by_sms"][sms] = {"points": len(points), "kept": len(kept),
+                              "median_speedup": round(kept[len(kept) // 2], 3) if kept else None}
+    return out
+
+
 def handoff_summary(path: str) -> dict[str, dict[str, float]]:
     """The prefill -> decode hand-offs of a step log by the way they came ("front": relayed by the engine front,
     "direct": from the prefill worker itself): count and the prefill worker's send -> the decode worker taking it

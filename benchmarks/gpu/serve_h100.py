@@ -302,7 +302,12 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
             system.extra["graph_captures_serving"] = graph_captures_serving()
             steps = out_dir / f"{system.name}-steps.jsonl"
             if steps.is_file():  # a bullet system's split switches (to both acks and to the drain) and hand-offs
-                from benchmarks.plot_steps import handoff_summary, startup_summary, switch_summary
+                from benchmarks.plot_steps import (
+                    handoff_summary,
+                    prefill_gemm_summary,
+                    startup_summary,
+                    switch_summary,
+                )
 
                 summary = switch_summary(str(steps))
                 if summary is not None:
@@ -313,6 +318,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                 startup = startup_summary(str(steps))  # where the workers' part of ready_s went
                 if startup:
                     system.extra["startup"] = startup
+                gemm = prefill_gemm_summary(str(steps))  # +lt: what the tuning kept, by partition size
+                if gemm:
+                    system.extra["prefill_gemm"] = gemm
         finally:
             _stop(proc, idle_gib)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)

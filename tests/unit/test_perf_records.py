@@ -416,6 +416,25 @@ def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_pat
     assert drain_idle(str(log)) == {"switches": 1, "idle_sm_ms": 8 * 20.0, "share": round(160.0 / (1000 * 132), 6)}
 
 
+def test_prefill_gemm_summary_counts_what_the_tuning_kept_by_partition(tmp_path):
+    """plot_steps.prefill_gemm_summary (serve_h100's extra.prefill_gemm): the report without its points, and per
+    partition size the points kept and their median speedup; {} for a log without the report."""
+    from benchmarks.plot_steps import prefill_gemm_summary
+
+    def point(sms, algo, base_ms, ms):
+        return {"sms": sms, "algo": algo, "base_ms": base_ms, "ms": ms}
+    report = {"gemm": "cublaslt", "points": 4, "kept": 3, "choices": [
+        point(116, "ab", 3.0, 2.0), point(116, "cd", 2.0, 1.6), point(116, None, 1.0, 1.0), point(84, "ef", 2.2, 2.0)]}
+    log = tmp_path / "steps.jsonl"
+    log.write_text(json.dumps({"kind": "startup", "role": "decode", "seconds": {}}) + "\n"
+                   + json.dumps({"kind": "startup", "role": "prefill", "seconds": {}, "prefill_gemm": report}) + "\n")
+    assert prefill_gemm_summary(str(log)) == {"gemm": "cublaslt", "points": 4, "kept": 3, "by_sms": {
+        116: {"points": 3, "kept": 2, "median_speedup": 1.5}, 84: {"points": 1, "kept": 1, "median_speedup": 1.1}}}
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"kind": "startup", "role": "prefill", "seconds": {}}) + "\n")
+    assert prefill_gemm_summary(str(plain)) == {}
+
+
 def test_startup_summary_reads_each_workers_startup_record(tmp_path):
     """plot_steps.startup_summary (serve_h100's extra.startup): seconds by part, by role; {} without records."""
     from benchmarks.plot_steps import startup_summary

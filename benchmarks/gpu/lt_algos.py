@@ -237,13 +237,13 @@ def routed_step(bench: Any, rows: list[dict[str, Any]], stream: Any, repeats: in
     run, sync = on_stream(bench.step_fn(bench.batch(1, n_rows, 0), 0), stream)
     plain_logits = run()
     plain = _time_s(run, sync, repeats, 2)
-    router.route(bench.model)
+    router.route(bench.model, only={(r["n"], r["k"]) for r in chosen.values()})  # the others keep their own forward
     try:
         routed_logits = run()
         sync()
         routed = _time_s(run, sync, repeats, 2)
     finally:
-        router.unroute()
+        router.close()  # unrouted, descriptors closed (lt's handle is main's to destroy)
     return {"place": place, "sms": sms, "tokens": n_rows, "plain_ms": round(plain * 1e3, 3),
             "routed_ms": round(routed * 1e3, 3), "speedup": round(plain / routed, 3), "routed_projs": sorted(chosen),
             "tokens_per_s": {"plain": round(n_rows / plain), "routed": round(n_rows / routed)},

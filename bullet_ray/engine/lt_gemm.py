@@ -35,6 +35,7 @@ time, and a step on a new partition waits for the last (`WorkerBase.launch`).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import json
 import logging
@@ -64,7 +65,8 @@ MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show 
 WORKSPACE_BYTES = 32 << 20
 WHOLE_GPU = 0  # the place key of a worker on the whole GPU (the chunked schedule's): stream None's handle
 MIN_WAVE_EFFICIENCY = 0.9  # partitions where cuBLAS's device-sized grid keeps less busy are tuned (tuned_places)
-MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
+MAX_DESCRIPTORS = 4096
+CACHE_VERSION = 1  # raise with any change to how a point is chosen (candidates, MARGIN, MAX_REL_ERR, timing)  # the router's descriptors (one per row count, shape and target) before it starts afresh
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
 # the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
 # whole GPU's kernel (clusters of two, 132 CTAs) may fit the partition's grid best with its own tile and a small cluster
@@ -222,16 +224,17 @@ class LtGemmRouter:
         self.calls = {"routed": 0, "f_linear": 0, "check_refused": 0, "launch_failed": 0}
         self._routed: list[Any] = []
 
-    def route(self, model: Any) -> set[tuple[int, int]]:
-        """Every projection of the model through `linear` (forward and gemm_into), as instance attributes; returns
-        the weight shapes [n, k] routed (what a tuner times)."""
+    def route(self, model: Any, only: set[tuple[int, int]] | None = None) -> set[tuple[int, int]]:
+        """Every projection of the model (of a weight shape in `only`, if given) through `linear` (forward and
+        gemm_into), as instance attributes; returns the weight shapes [n, k] routed (what a tuner times)."""
         import torch
 
         if self._routed:
             raise RuntimeError("the projections are routed already")
         for mods in projections(model).values():
             for mod in mods:
-                if mod.bias is not None or mod.weight.dtype != torch.bfloat16:
+                if mod.bias is not None or mod.weight.dtype != torch.bfloat16 or (
+                        only is not None and tuple(mod.weight.shape) not in only):
                     continue  # biased projections keep F.linear; the descriptors are bf16
                 mod.forward = functools.partial(self.linear, mod.weight)
                 mod.gemm_into = functools.partial(self._into, mod.weight)
@@ -351,13 +354,21 @@ def tune_and_route(model: Any, places: Sequence[Place], mode: str, max_tokens: i
         raise ConfigError("prefill_gemm", f"{mode} needs torch's libcublasLt: {e}") from e
     cache = cache_path()
     tuner = LtGemmTuner(lt, device_sms, enumerate=mode == "cublaslt-all", cache=load_cache(cache),
-                        cache_prefix=f"{torch.cuda.get_device_name(device)}|{device_sms} SMs|cuBLASLt {lt.version}|"
-                                     f"torch {torch.__version__}|{mode}")
+                        cache_prefix=f"v{CACHE_VERSION}|{torch.cuda.get_device_name(device)}|{device_sms} SMs|"
+                                     f"cuBLASLt {lt.version}|torch {torch.__version__}|{mode}")
     router = LtGemmRouter(lt, {}, place_of=(lambda: WHOLE_GPU) if whole else None)
-    shapes = router.route(model)  # the shapes of the projections it routes (bf16, no bias)
-    router.use(tuner.tune(places, shapes, tokens, progress))
-    save_cache(cache, tuner.cache)
-    torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
+    try:
+        shapes = router.route(model)  # the shapes of the projections it routes (bf16, no bias)
+        if not shapes:
+            router.close()
+            return None
+        router.use(tuner.tune(places, shapes, tokens, progress))
+    except BaseException:
+        router.close()  # nothing left routed, the handle released
+        raise
+    finally:
+        save_cache(cache, tuner.cache)  # what was timed counts for the next start, even if this one failed
+        torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
     return router, {"gemm": mode, "tokens": tokens, "device_sms": device_sms, **router.report(),
                     "cached": sum(row["cached"] for row in tuner.log), "cache": str(cache), "choices": tuner.log}
 
@@ -405,8 +416,10 @@ class LtGemmTuner:
         points = [(p, s, t) for p in places for s in sorted(set(shapes)) for t in tokens]
         for place, (n, k), t in progress(points):
             key = cache_key(self.cache_prefix, place.sms, n, k, t)
-            cached = key in self.cache
-            choice = choice_from_dict(self.cache[key]) if cached else self.tune_point(place, t, n, k)
+            choice = _cached_choice(self.cache.get(key))
+            cached = choice is not None
+            if choice is None:
+                choice = self.tune_point(place, t, n, k)
             self.cache[key] = choice_to_dict(choice)
             choices.setdefault((place_key(place.stream), n, k), []).append(choice)
             self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, "cached": cached,
@@ -440,7 +453,10 @@ class LtGemmTuner:
                              for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
                     found += self._cluster_variants([raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})
                     if self.enumerate:  # found once per shape; each is checked against this descriptor below
-                        found += self._enumerated_for(n, k, m, {a for a, _ in found})
+                        try:
+                            found += self._enumerated_for(n, k, m, {a for a, _ in found})
+                        except CublasLtError as e:  # the heuristic's candidates still count
+                            logger.warning("cuBLASLt enumeration %dx%d failed: %s", n, k, e)
                     for raw, source in found:
                         status, result = gemm.check_algo(_algo(raw))
                         if status == 0 and result.workspaceSize <= ws.numel():
@@ -449,7 +465,12 @@ class LtGemmTuner:
                     logger.warning("cuBLASLt tuning %dx%dx%d on %d SMs (target %d): %s", m, n, k, place.sms, target, e)
             ran = sorted(((c, fn) for c, fn in screened if c.ms is not None and c.rel_err <= MAX_REL_ERR),
                          key=lambda pair: pair[0].ms or math.inf)
-            finalists = [replace(c, ms=timer(fn, place.stream)) for c, fn in ran[:FINALISTS]]
+            finalists = []
+            for c, fn in ran[:FINALISTS]:
+                try:
+                    finalists.append(replace(c, ms=timer(fn, place.stream)))
+                except RuntimeError as e:  # a launch refused while timed: not a candidate
+                    logger.warning("cuBLASLt candidate %s (target %d) failed while timed: %s", c.label, c.sm_target, e)
         finally:
             for gemm in gemms:
                 gemm.close()
@@ -465,16 +486,22 @@ class LtGemmTuner:
 
         def launch() -> int:
             return int(gemm.run(algo, w.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), ws.numel(), handle))
+
+        def timed() -> int:  # a launch refused while timed would otherwise time as ~0 ms
+            status = launch()
+            if status != 0:
+                raise RuntimeError(f"cublasLtMatmul returned {status}")
+            return status
         try:
             with torch.cuda.stream(stream):  # checked on the stream it ran on
                 y.zero_()
                 if launch() != 0:
-                    return Candidate(raw, target, None, math.inf, "launch refused", source), launch
+                    return Candidate(raw, target, None, math.inf, "launch refused", source), timed
                 err = rel_error(y, ref)
-            return Candidate(raw, target, screen(launch, stream), err, self.lt.describe(raw), source), launch
+            return Candidate(raw, target, screen(timed, stream), err, self.lt.describe(raw), source), timed
         except RuntimeError as e:  # e.g. a configuration the check passed and the launch did not take
             logger.warning("cuBLASLt candidate %s (target %d) failed: %s", self.lt.describe(raw), target, e)
-            return Candidate(raw, target, None, math.inf, "failed", source), launch
+            return Candidate(raw, target, None, math.inf, "failed", source), timed
 
     def _cluster_variants(self, sources: list[bytes], known: set[bytes]) -> list[tuple[bytes, str]]:
         """Each source algorithm with each of CLUSTER_VARIANTS' cluster shapes, those not already known."""
@@ -516,6 +543,16 @@ def choice_to_dict(choice: Choice) -> dict[str, Any]:
     return {**asdict(choice), "algo": None if choice.algo is None else choice.algo.hex()}
 
 
+def _cached_choice(row: Any) -> Choice | None:
+    """A cache row as a Choice; None when there is none or it is not one (a damaged row is timed again)."""
+    if row is None:
+        return None
+    try:
+        return choice_from_dict(row)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def choice_from_dict(row: dict[str, Any]) -> Choice:
     fields = {k: row[k] for k in ("tokens", "sm_target", "ms", "base_ms", "label", "source", "candidates")}
     return Choice(algo=None if row["algo"] is None else bytes.fromhex(row["algo"]), **fields)
@@ -528,14 +565,21 @@ def cache_path() -> Path | None:
     value = os.environ.get("BULLET_RAY_LT_GEMM_CACHE", "")
     if value.lower() in ("off", "0"):
         return None
-    return Path(value) if value else Path.home() / ".cache" / "bullet_ray" / "lt_gemm.json"
+    if value:
+        return Path(value)
+    try:
+        return Path.home() / ".cache" / "bullet_ray" / "lt_gemm.json"
+    except RuntimeError:  # no home to resolve: no cache
+        return None
 
 
 def load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
     """The cached choices at `path` ({} when there is none or it cannot be read: it is only a cache)."""
-    if path is None or not path.exists():
+    if path is None:
         return {}
     try:
+        if not path.exists():
+            return {}
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError) as e:
@@ -548,13 +592,16 @@ def save_cache(path: Path | None, cache: dict[str, dict[str, Any]]) -> None:
     read it), atomically; a failure is logged, never raised."""
     if path is None:
         return
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**load_cache(path), **cache}, indent=0, sort_keys=True))
-        os.replace(tmp, path)
+        with open(path.with_name(f"{path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # read, merge and replace as one: engines on a node start together
+            tmp.write_text(json.dumps({**load_cache(path), **cache}, indent=0, sort_keys=True))
+            os.replace(tmp, path)
     except OSError as e:
         logger.warning("the cuBLASLt choices' cache %s was not written: %s", path, e)
+        tmp.unlink(missing_ok=True)
 
 
 def place_key(stream: Any) -> int:

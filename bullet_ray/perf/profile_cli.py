@@ -84,26 +84,30 @@ def _run(args: argparse.Namespace) -> int:
     else:
         gpu, ladder, partitioner = _cpu_ceilings(bench), [1], None
     pre, dec = prefill_points(plan, bench.capacity_tokens), decode_points(plan, bench.capacity_tokens)
-    router, gemm_note = None, ""
-    if args.prefill_gemm != "cublas":
-        router, gemm_note = _route_prefill_gemm(bench, partitioner, args, max(s * n for s, n, _ in pre))
     entries = list(range(len(ladder)))
     if args.entries:
         entries = [int(i) for i in args.entries.split(",")]
+    router, gemm_note = None, ""
+    if args.prefill_gemm != "cublas":
+        router, gemm_note = _route_prefill_gemm(bench, partitioner, args, max(s * n for s, n, _ in pre), entries)
     total = len(entries) * len(plan.busy) * (len(pre) + len(dec))
     samples: list = []
     started, slowest = time.monotonic(), 0.0
     done: list[int] = []
-    with tqdm(total=total, desc="profile", unit="step") as bar:
-        for index in entries:
-            elapsed = time.monotonic() - started
-            if args.max_seconds is not None and done and elapsed + 1.2 * slowest > args.max_seconds:
-                print(f"stopping after entries {done}: the next would end past --max-seconds {args.max_seconds}")
-                break
-            t0 = time.monotonic()
-            samples += _sweep_entry(bench, plan, partitioner, index, gpu, pre, dec, bar)
-            slowest = max(slowest, time.monotonic() - t0)
-            done.append(index)
+    try:
+        with tqdm(total=total, desc="profile", unit="step") as bar:
+            for index in entries:
+                elapsed = time.monotonic() - started
+                if args.max_seconds is not None and done and elapsed + 1.2 * slowest > args.max_seconds:
+                    print(f"stopping after entries {done}: the next would end past --max-seconds {args.max_seconds}")
+                    break
+                t0 = time.monotonic()
+                samples += _sweep_entry(bench, plan, partitioner, index, gpu, pre, dec, bar)
+                slowest = max(slowest, time.monotonic() - t0)
+                done.append(index)
+    finally:
+        if router is not None:
+            router.close()
     if is_gpu:  # the bandwidth curve's shape from the decode steps themselves, and the calibration on it
         gpu, calibration = refine_bandwidth_curve(bench.cfg, gpu, samples, bench.dtype.itemsize)
         model = PerfModel(bench.cfg, gpu, calibration, dtype_bytes=bench.dtype.itemsize)
@@ -111,8 +115,6 @@ def _run(args: argparse.Namespace) -> int:
         model = PerfModel(bench.cfg, gpu, dtype_bytes=bench.dtype.itemsize)
         model.calibration = model.fit(samples)
     fit = profile_fit(model, samples)
-    if router is not None:
-        router.close()
     if partitioner is not None:
         partitioner.close()
     profile = Profile(gpu, {"name": args.name or _model_name(args.model), **model_fingerprint(bench.cfg)}, dtype,
@@ -127,7 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _route_prefill_gemm(bench: Any, partitioner: Any, args: argparse.Namespace, max_tokens: int) -> tuple[Any, str]:
+def _route_prefill_gemm(bench: Any, partitioner: Any, args: argparse.Namespace, max_tokens: int,
+                        entries: list[int]) -> tuple[Any, str]:
     """The bench model's projections through cuBLASLt's algorithms tuned on each prefill side where cuBLAS's grid
     wastes SM-rounds (bullet_ray.engine.lt_gemm, as the engine's prefill worker); (the router, the profile note)."""
     from tqdm import tqdm
@@ -138,7 +141,7 @@ def _route_prefill_gemm(bench: Any, partitioner: Any, args: argparse.Namespace, 
     device = torch.device(args.device)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     places = lt_gemm.tuned_places([(e.index, e.prefill_sms, partitioner.stream(e.index, "prefill"))
-                                   for e in partitioner.ladder], sm_count)
+                                   for e in partitioner.ladder if e.index in entries], sm_count)
     routed = lt_gemm.tune_and_route(bench.model, places, args.prefill_gemm, max_tokens, device, sm_count,
                                     progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
     if routed is None:

@@ -46,6 +46,22 @@ def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_
     assert report["cached"] == 0 and (tmp_path / "lt_gemm.json").exists()
 
 
+def test_the_chunked_schedule_tunes_the_whole_gpu_and_keeps_its_report(tmp_path, monkeypatch):
+    """The chunked schedule's one worker: one place (the whole GPU), its graphs captured on a side stream still routed
+    (the place is WHOLE_GPU, whatever stream captures), its decode graphs' report beside prefill_gemm's."""
+    monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", "off")
+    plain, _, _ = run_logged(tmp_path / "chunked.jsonl", PROMPTS, 24, schedule="chunked", max_num_batched_tokens=2048)
+    routed, records, _ = run_logged(tmp_path / "chunked-lt.jsonl", PROMPTS, 24, schedule="chunked",
+                                    max_num_batched_tokens=2048, prefill_gemm="cublaslt")
+    same = sum(a == b for r, p in zip(routed, plain) for a, b in zip(r, p))
+    assert same / sum(len(p) for p in plain) >= 0.9
+    startup = [r for r in records if r["kind"] == "startup" and r.get("role") == "hybrid"]
+    report = startup[0]["prefill_gemm"]
+    assert {p["sms"] for p in report["choices"]} == {report["device_sms"]} and report["cache"] == "None"
+    assert report["calls"]["launch_failed"] == 0 and (report["kept"] > 0) == (report["calls"]["routed"] > 0)
+    assert startup[0].get("decode_graphs")  # the decode graphs' count, from the report that no longer drops ours
+
+
 def test_the_real_cublaslt_path_on_a_green_partition():
     """In process, Llama-3.1-8B's qkv shape on the prefill side of a 16 / 116 split: the tuner times real candidates
     (each checked against F.linear), the router launches the fastest through libcublasLt on the partition's stream,

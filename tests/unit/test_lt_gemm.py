@@ -313,3 +313,81 @@ def test_a_cached_choice_is_not_timed_again(cpu_tuning, tmp_path, monkeypatch):
     lt_gemm.save_cache(None, {"x": {}})  # no file: nothing written, nothing raised
     monkeypatch.delenv("BULLET_RAY_LT_GEMM_CACHE")
     assert lt_gemm.cache_path() == Path.home() / ".cache" / "bullet_ray" / "lt_gemm.json"
+
+
+def test_tune_and_route_leaves_nothing_routed_when_tuning_fails_and_keeps_what_was_timed(cpu_tuning, tmp_path,
+                                                                                          monkeypatch):
+    """A failure part-way (here the second point) unroutes the model and releases the handle, and the points timed
+    before it are in the cache file for the next start; a damaged cache row is timed again; a model with nothing to
+    route (not bf16) gets no router."""
+    from bullet_ray.perf.sweep import Bench
+
+    fake, closed = FakeLt(), []
+    lib = fake.lib()
+    lib._close = lambda: closed.append(True)
+    monkeypatch.setattr(LtLib, "open", classmethod(lambda cls, *a: lib))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setenv("BULLET_RAY_LT_GEMM_CACHE", str(tmp_path / "lt.json"))
+    model = Bench("dummy:tiny-llama", "cpu", "bfloat16", use_graphs=False).model
+    points = []
+
+    def tune_point(self, place, m, n, k):
+        if points:
+            raise RuntimeError("CUDA out of memory")
+        points.append((m, n, k))
+        return Choice(m, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic", 3)
+    monkeypatch.setattr(LtGemmTuner, "tune_point", tune_point)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        lt_gemm.tune_and_route(model, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132)
+    assert not any("forward" in m.__dict__ for m in model.modules()) and closed == [True]
+    saved = lt_gemm.load_cache(lt_gemm.cache_path())
+    assert len(saved) == 1 and next(iter(saved)).startswith(f"v{lt_gemm.CACHE_VERSION}|fake|132 SMs|")
+    key = next(iter(saved))
+    lt_gemm.save_cache(lt_gemm.cache_path(), {key: {"algo": "zz"}})  # damaged: timed again
+    points.clear()
+    monkeypatch.setattr(LtGemmTuner, "tune_point", lambda self, place, m, n, k: points.append(m) or Choice(
+        m, None, 0, 1.0, 1.0, "F.linear"))
+    router, report = lt_gemm.tune_and_route(model, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132)
+    assert report["cached"] == 0 and len(points) == report["points"] and report["kept"] == 0
+    router.close()
+    half = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False).model
+    assert lt_gemm.tune_and_route(half, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132) is None
+    assert not any("forward" in m.__dict__ for m in half.modules())
+
+
+def test_a_candidate_refused_while_timed_is_not_chosen(cpu_tuning):
+    """An algorithm whose first launch is right and whose later ones are refused would time as ~0 ms (nothing ran):
+    the timed launch raises on a refusal, and the candidate is dropped."""
+    fake = FakeLt()
+    refused = {"n": 0}
+    real_make = fake.make_gemm
+
+    def make_gemm(m, n, k, target):
+        gemm = real_make(m, n, k, target)
+        run = gemm.run
+
+        def flaky(algo, *args):
+            if bytes(algo)[0] != 3:
+                return run(algo, *args)
+            if refused["n"] == 0:  # the first launch: right (as algorithm 2 computes)
+                refused["n"] += 1
+                return run(lt_gemm._algo(_algo(2)), *args)
+            refused["n"] += 1
+            return 13
+        gemm.run = flaky
+        return gemm
+    lib = fake.lib()
+    lib.make_gemm = make_gemm
+    calls = []
+
+    def timer(fn, stream):  # a launch that did nothing times as almost nothing, as on a GPU
+        fake.last = None
+        calls.append(fn)
+        fn()
+        if len(calls) == 1:
+            return 10.0  # F.linear
+        return 0.01 if fake.last is None else fake.cost[fake.last]
+    choice = LtGemmTuner(lib, device_sms=132, time_ms=timer, screen_ms=timer).tune_point(Place(0, 132, None), 512,
+                                                                                         32, 16)
+    assert refused["n"] >= 2 and choice.label == "algo6"

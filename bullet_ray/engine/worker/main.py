@@ -166,7 +166,7 @@ class WorkerBase:
         for index, stream in partitions:
             graphs.capture_all(index, stream)
         graphs.is_serving = True
-        self.graph_capture = graphs.capture_report()
+        self.graph_capture = {**self.graph_capture, **graphs.capture_report()}  # prefill_gemm's report stays
         if "sm_target" in self.graph_capture:  # its replays were timed beside the creating worker's captures, or alone
             self.graph_capture["sm_target"]["timed_beside_prefill"] = \
                 self.spec.attach is not None and overlaps_startup(self.config)

@@ -21,7 +21,8 @@ launches; the three fastest are timed as F.linear is. The fastest of those is ke
 (and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
 runs the choice of the nearest tuned token count within a factor ROUTE_RATIO (its algorithm checked once for the
 call's exact rows with cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the
-algorithm.
+algorithm. On the chunked schedule every step of 182 rows or more is routed, decode-only steps of large batches too
+(by the 256-row choice); below that F.linear.
 
 The choices are cached (`cache_path`: BULLET_RAY_LT_GEMM_CACHE, default ~/.cache/bullet_ray/lt_gemm.json) by device,
 SM count, cuBLASLt and torch version, mode, partition size, shape and token count: a later start times only what is

@@ -14,10 +14,17 @@ kernels and host launch calls per step (eager decode, graph decode, chunked mixe
 schedule's greedy tokens with decode graphs vs eager.
 
     python -m benchmarks.gpu.engine_speed
+    python -m benchmarks.gpu.engine_speed --prefill-gemm cublaslt   # the projections through tuned cuBLASLt algorithms
+
+With `--prefill-gemm cublaslt` every figure is taken with the model's projections routed as the chunked schedule's
+worker routes them (`bullet_ray.engine.lt_gemm.tune_and_route` on the whole GPU, decode batches' rows included);
+the JSON is `gpu_engine_speed_h100_cublaslt.json`, with the tuning's report. Each run's bandwidth fractions are
+against its own copy bandwidth, so two runs' fractions can be set side by side; their absolute times cannot.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import sys
 
@@ -62,12 +69,29 @@ def forward_ms(runner, batch) -> float:
     return time_cuda(step, iters=5, warmup=2)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefill-gemm", choices=["cublas", "cublaslt", "cublaslt-all"], default="cublas",
+                        help="the model's projections: PyTorch's cuBLAS (default) or cuBLASLt algorithms tuned on the "
+                             "whole GPU at start, as engine.prefill_gemm on the chunked schedule")
+    args = parser.parse_args(argv)
     peak = peak_gemm_tflops()
     bw = copy_bandwidth_gbs()
     print(f"bf16 GEMM peak {peak:.0f} TFLOP/s, copy bandwidth {bw:.0f} GB/s")
     loaded = load_model("dummy:llama-3.1-8b", dtype=torch.bfloat16, device="cuda", show_progress=True)
     model, cfg = loaded.model, loaded.config
+    router, gemm_report = None, None
+    if args.prefill_gemm != "cublas":
+        from bullet_ray.engine import lt_gemm
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        routed = lt_gemm.tune_and_route(model, [lt_gemm.Place(0, sms, None)], args.prefill_gemm, 16384,
+                                        torch.device("cuda"), sms, whole=True,
+                                        progress=lambda it: tqdm(it, desc="GEMM algorithms"))
+        if routed is not None:
+            router, report = routed
+            gemm_report = {k: v for k, v in report.items() if k != "choices"}
+            print("projections through cuBLASLt:", gemm_report, flush=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_per_token = cfg.kv_bytes_per_token(2)
     free = torch.cuda.mem_get_info()[0]
@@ -124,20 +148,25 @@ def main() -> int:
         hf = hf_generate(cfg, model)
     except Exception as exc:  # noqa: BLE001 - keep the engine's figures when transformers fails
         hf = {"error": repr(exc)}
-    save("gpu_engine_speed_h100", {"peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
-                                   "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
-                                   "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
-                                   "decode_cuda_graphs": graphs_result, "decode_cuda_graphs_row0_last": row0_last,
-                                   "decode_kernels_bs64_ctx1024": kernels,
-                                   **steps,
-                                   "transformers_generate": hf,
-                                   "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
-                                            "'decode_cuda_graphs': the same decode step replayed as a CUDA graph "
-                                            "(padding rows write the pool's scratch block; "
-                                            "'decode_cuda_graphs_row0_last': row 0's slot, row 0 written last; "
-                                            "ms: one step at a time, host plan included; pipelined_ms: "
-                                            "back to back, host planning overlapped with the GPU); "
-                                            "decode steps include the lm_head and the graph's host-side plan"})
+    if router is not None:
+        gemm_report["calls"] = dict(router.calls)
+        router.close()
+    name = "gpu_engine_speed_h100" + ("" if args.prefill_gemm == "cublas" else f"_{args.prefill_gemm}")
+    save(name, {"prefill_gemm": args.prefill_gemm, "prefill_gemm_report": gemm_report,
+                "peak_gemm_tflops": round(peak), "copy_bandwidth_gbs": round(bw),
+                "weights_gb": round(weight_bytes / 1e9, 2), "kv_blocks": num_blocks,
+                "prefill": prefill, "decode": decode, "decode_skipped_no_memory": skipped,
+                "decode_cuda_graphs": graphs_result, "decode_cuda_graphs_row0_last": row0_last,
+                "decode_kernels_bs64_ctx1024": kernels,
+                **steps,
+                "transformers_generate": hf,
+                "notes": "prefill and 'decode': eager PyTorch + flashinfer kernels; "
+                         "'decode_cuda_graphs': the same decode step replayed as a CUDA graph "
+                         "(padding rows write the pool's scratch block; "
+                         "'decode_cuda_graphs_row0_last': row 0's slot, row 0 written last; "
+                         "ms: one step at a time, host plan included; pipelined_ms: "
+                         "back to back, host planning overlapped with the GPU); "
+                         "decode steps include the lm_head and the graph's host-side plan"})
     print(f"GEMM {peak:.0f} TFLOP/s, copy {bw:.0f} GB/s")
     for k, v in prefill.items():
         print(f"prefill {k:>6} tokens: {v['ms']:8.2f} ms {v['tokens_per_s']:>7} tok/s MFU {v['mfu']:.3f}")

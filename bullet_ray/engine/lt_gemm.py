@@ -21,8 +21,8 @@ launches; the three fastest are timed as F.linear is. The fastest of those is ke
 (and `gemm_into`, which `layers.linear_into` calls with a CUDA graph's buffer): a call on a tuned partition's stream
 runs the choice of the nearest tuned token count within a factor ROUTE_RATIO (its algorithm checked once for the
 call's exact rows with cublasLtMatmulAlgoCheck), anything else F.linear. CUDA graphs captured afterwards keep the
-algorithm. On the chunked schedule every step of 182 rows or more is routed, decode-only steps of large batches too
-(by the 256-row choice); below that F.linear.
+algorithm. On the chunked schedule the worker also times decode batches' row counts (`WHOLE_GPU_ROWS`, 16-128), so
+every step of 12 rows or more is routed, decode-only steps included; below that F.linear.
 
 The choices are cached (`cache_path`: BULLET_RAY_LT_GEMM_CACHE, default ~/.cache/bullet_ray/lt_gemm.json) by device,
 SM count, cuBLASLt and torch version, mode, partition size, shape and token count: a later start times only what is
@@ -60,6 +60,9 @@ PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_pr
 # rows timed per partition and shape (those within the step cap); a call runs the choice of the nearest count within
 # a factor ROUTE_RATIO, else F.linear (an algorithm is never used far from the row count it was timed at)
 TUNE_TOKENS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+# and on the whole GPU (the chunked schedule's worker, whose decode-only steps are its own) decode batches' rows too:
+# small-M GEMMs are bandwidth-bound, and cuBLAS's split-K choice for them may not be the fastest
+WHOLE_GPU_ROWS: tuple[int, ...] = (16, 32, 64, 128)
 ROUTE_RATIO = math.sqrt(2)
 MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated timings vary by ~1%
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
@@ -346,7 +349,7 @@ def tune_and_route(model: Any, places: Sequence[Place], mode: str, max_tokens: i
 
     from bullet_ray.errors import ConfigError
 
-    tokens = tune_tokens(max_tokens)
+    tokens = tune_tokens(max_tokens, (*WHOLE_GPU_ROWS, *TUNE_TOKENS) if whole else TUNE_TOKENS)
     if not places or not tokens:
         return None
     try:

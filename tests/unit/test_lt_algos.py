@@ -164,3 +164,16 @@ def test_cluster_variants_are_new_checked_algorithms():
     out = lt_algos.cluster_variants(lib, gemm, sources, {cublaslt.algo_key(known_variant)}, 1 << 20)
     assert [(source, rank, r.algo.data[1], r.algo.data[7]) for source, rank, r in out] == [
         ("cluster_variant", 0, 24, cublaslt_ids.CLUSTER_IDS["1x2x1"])]
+
+
+def test_engine_speed_takes_the_prefill_gemm_flag(capsys):
+    """benchmarks.gpu.engine_speed --prefill-gemm (the engine_speed call of a lease with cuBLASLt's tuned GEMMs):
+    --help names it; an unknown GEMM is a one-line error, exit 2."""
+    from benchmarks.gpu import engine_speed
+
+    with pytest.raises(SystemExit) as done:
+        engine_speed.main(["--help"])
+    assert done.value.code == 0 and "--prefill-gemm" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        engine_speed.main(["--prefill-gemm", "triton"])
+    assert bad.value.code == 2 and "--prefill-gemm" in capsys.readouterr().err

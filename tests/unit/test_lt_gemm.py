@@ -350,6 +350,10 @@ def test_tune_and_route_leaves_nothing_routed_when_tuning_fails_and_keeps_what_w
         m, None, 0, 1.0, 1.0, "F.linear"))
     router, report = lt_gemm.tune_and_route(model, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132)
     assert report["cached"] == 0 and len(points) == report["points"] and report["kept"] == 0
+    assert report["tokens"] == [256, 512]
+    router.close()
+    router, report = lt_gemm.tune_and_route(model, [Place(0, 132, None)], "cublaslt", 512, "cpu", 132, whole=True)
+    assert report["tokens"] == [16, 32, 64, 128, 256, 512]  # the whole GPU's decode batches too
     router.close()
     half = Bench("dummy:tiny-llama", "cpu", "float32", use_graphs=False).model
     assert lt_gemm.tune_and_route(half, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132) is None

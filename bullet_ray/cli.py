@@ -162,7 +162,7 @@ def _bench(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------- doctor
 
 def _add_doctor(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="report GPU, driver, SM-partition and MPS capabilities",
+    p = sub.add_parser("doctor", help="report GPU, driver, SM-partition and MPS capabilities, and libcublasLt",
                        description="Run the SM-partition self-test (python -m bullet_ray.gpu.selftest).")
     p.add_argument("--out", default=None, help="write the report as JSON to this file")
     p.set_defaults(run=_doctor)

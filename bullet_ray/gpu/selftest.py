@@ -5,8 +5,9 @@ Prints the capability report. On a GPU with green contexts it then measures, on 
 together, against a control of two partitions that overlap (disjoint sides slow each other little:
 shared power, L2 and memory; overlapping ones nearly double); the CPU cost of select(); and whether
 kernels alternating between two ladder entries' streams leave the GPU idle (gap per switch). With
-nvcc present it also checks which SMs each side's kernels ran on. Without a GPU it prints the reason,
-"no GPU: nothing to measure", and exits 0.
+nvcc present it also checks which SMs each side's kernels ran on. It also reports what `engine.prefill_gemm:
+cublaslt` would find (torch's libcublasLt, the choices' cache). Without a GPU it prints the reason, "no GPU: nothing
+to measure", and exits 0.
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ def measure_pair(decode_sms: int) -> dict[str, Any]:
         control.close()
 
 
+def prefill_gemm_report(has_gpu: bool) -> dict[str, Any]:
+    """What `engine.prefill_gemm: cublaslt` would find: its choices' cache (file, entries) and, on a GPU, torch's
+    libcublasLt (its version, or why it cannot be opened)."""
+    from bullet_ray.engine import lt_gemm
+
+    path = lt_gemm.cache_path()
+    out: dict[str, Any] = {"cache": str(path) if path else "off", "cached_choices": len(lt_gemm.load_cache(path))}
+    if has_gpu:
+        try:
+            lt = lt_gemm.LtLib.open(workspace_bytes=1 << 20)
+            out["cublaslt"] = lt.version
+            lt.close()
+        except Exception as e:  # noqa: BLE001 - reported, not raised: the doctor says what is missing
+            out["cublaslt"] = f"unavailable: {e}"
+    return out
+
+
 def print_table(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -160,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                  ("green contexts", "yes" if caps.green_ctx_supported else "no"),
                  ("granularity", f">= {caps.min_partition_sms} SMs in steps of {caps.partition_alignment}"
                   if caps.green_ctx_supported else "-"), ("reason", caps.reason or "-")])
+    gemm = report["prefill_gemm"] = prefill_gemm_report(caps.has_gpu)
+    print("engine.prefill_gemm: cublaslt")
+    print_table([("libcublasLt", str(gemm.get("cublaslt", "- (no GPU)"))),
+                 ("choices' cache", f"{gemm['cache']} ({gemm['cached_choices']} entries)")])
     if not caps.has_gpu:
         print("no GPU: nothing to measure")
     elif not caps.green_ctx_supported:

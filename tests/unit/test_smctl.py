@@ -202,3 +202,5 @@ def test_selftest_without_gpu_reports_and_exits_zero(tmp_path, capsys):
     assert "no GPU: nothing to measure" in out and "no CUDA driver" in out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["capabilities"]["sm_count"] == 0 and "driver" in report["capabilities"]["reason"]
+    assert "choices' cache" in out and "cublaslt" not in report["prefill_gemm"]  # no GPU: the library is not opened
+    assert set(report["prefill_gemm"]) == {"cache", "cached_choices"}

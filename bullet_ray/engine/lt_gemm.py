@@ -67,10 +67,11 @@ ROUTE_RATIO = math.sqrt(2)
 MARGIN = 0.02  # an algorithm must beat F.linear by this to be kept: repeated timings vary by ~1%
 MAX_REL_ERR = 0.02  # max |y - F.linear| / max |F.linear| an algorithm may show (bf16, fp32 accumulation)
 WORKSPACE_BYTES = 32 << 20
+ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t)
 WHOLE_GPU = 0  # the place key of a worker on the whole GPU (the chunked schedule's): stream None's handle
 MIN_WAVE_EFFICIENCY = 0.9  # partitions where cuBLAS's device-sized grid keeps less busy are tuned (tuned_places)
-MAX_DESCRIPTORS = 4096
-CACHE_VERSION = 1  # raise with any change to how a point is chosen (candidates, MARGIN, MAX_REL_ERR, timing)  # the router's descriptors (one per row count, shape and target) before it starts afresh
+MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
+CACHE_VERSION = 1  # raise with any change to how a point is chosen (candidates, MARGIN, MAX_REL_ERR, timing)
 HEURISTIC_COUNT = 16  # algorithms asked of the heuristic per descriptor
 # the heuristic's first algorithms per descriptor are also tried with each of these cluster shapes: on a partition the
 # whole GPU's kernel (clusters of two, 132 CTAs) may fit the partition's grid best with its own tile and a small cluster
@@ -81,6 +82,9 @@ REPEATS, WARMUP = 10, 2
 # every candidate is screened with SCREEN_REPEATS launches after one warm-up; the FINALISTS fastest are timed in full
 # (a point offers up to ~60 candidates, and on a small partition a 4,096-token gate_up takes ~12 ms)
 SCREEN_REPEATS, FINALISTS = 2, 3
+# the GPU sleeps this many cycles (~1 ms) before each timing while the host enqueues the launches: the events then
+# time the device only, not the host's ctypes call (which costs more than F.linear's and would decide small GEMMs)
+HOLD_CYCLES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,10 @@ class LtGemmRouter:
         if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (
                 out is None or (out.is_contiguous() and out.dtype == x.dtype and tuple(out.shape) == (rows, n))):
             key = (self.place_of(), n, k, rows)
-            plan = self._plans[key] if key in self._plans else self._plan(key)
+            if key in self._plans:
+                plan = self._plans[key]
+            elif not self._capturing():  # planning (descriptors, AlgoCheck) only outside a graph capture
+                plan = self._plan(key)
         if plan is not None:
             gemm, algo, choice = plan
             y = out if out is not None else x.new_empty(rows, n)
@@ -283,6 +290,13 @@ class LtGemmRouter:
         import torch
 
         return torch.mm(x, weight.t(), out=out)
+
+    def _capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph (no cuBLASLt set-up calls then: such a call ran
+        unplanned falls back to F.linear; captures warm each shape up first, so it does not happen)."""
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
     def _plan(self, key: tuple[int, int, int, int]) -> tuple[Any, Any, Choice] | None:
         """(descriptors, algorithm struct, choice) for a call of `rows` rows on a place and shape, or None (F.linear):
@@ -354,7 +368,7 @@ def tune_and_route(model: Any, places: Sequence[Place], mode: str, max_tokens: i
         return None
     try:
         lt = LtLib.open()
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, AttributeError) as e:  # AttributeError: a libcublasLt without a function we call
         raise ConfigError("prefill_gemm", f"{mode} needs torch's libcublasLt: {e}") from e
     cache = cache_path()
     tuner = LtGemmTuner(lt, device_sms, enumerate=mode == "cublaslt-all", cache=load_cache(cache),
@@ -381,6 +395,13 @@ def _algo(raw: bytes) -> Any:
     from bullet_ray.gpu.cublaslt import MatmulAlgo
 
     return MatmulAlgo.from_buffer_copy(raw)
+
+
+def _release_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _current_stream_handle() -> int:
@@ -418,7 +439,11 @@ class LtGemmTuner:
         """{(place stream handle, n, k): [Choice per token count]} over every point."""
         choices: dict[tuple[int, int, int], list[Choice]] = {}
         points = [(p, s, t) for p in places for s in sorted(set(shapes)) for t in tokens]
+        last_place = None
         for place, (n, k), t in progress(points):
+            if last_place is not None and place is not last_place:
+                _release_cached_memory()  # the last place's operands were cached for its stream alone
+            last_place = place
             key = cache_key(self.cache_prefix, place.sms, n, k, t)
             choice = _cached_choice(self.cache.get(key))
             cached = choice is not None
@@ -559,7 +584,10 @@ def _cached_choice(row: Any) -> Choice | None:
 
 def choice_from_dict(row: dict[str, Any]) -> Choice:
     fields = {k: row[k] for k in ("tokens", "sm_target", "ms", "base_ms", "label", "source", "candidates")}
-    return Choice(algo=None if row["algo"] is None else bytes.fromhex(row["algo"]), **fields)
+    algo = None if row["algo"] is None else bytes.fromhex(row["algo"])
+    if algo is not None and len(algo) != ALGO_BYTES:
+        raise ValueError(f"an algorithm is {ALGO_BYTES} bytes, the row has {len(algo)}")
+    return Choice(algo=algo, **fields)
 
 
 def cache_path() -> Path | None:
@@ -622,6 +650,7 @@ def _event_ms(fn: Callable[[], Any], stream: Any, repeats: int = REPEATS, warmup
     import torch
 
     with torch.cuda.stream(stream):
+        torch.cuda._sleep(HOLD_CYCLES)  # the launches below queue up behind it
         for _ in range(warmup):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -395,3 +395,22 @@ def test_a_candidate_refused_while_timed_is_not_chosen(cpu_tuning):
     choice = LtGemmTuner(lib, device_sms=132, time_ms=timer, screen_ms=timer).tune_point(Place(0, 132, None), 512,
                                                                                          32, 16)
     assert refused["n"] >= 2 and choice.label == "algo6"
+
+
+def test_nothing_is_planned_inside_a_graph_capture_and_a_short_cached_algorithm_is_retimed(monkeypatch):
+    """A call not planned before a capture runs F.linear without planning (no cuBLASLt set-up call while capturing)
+    and is planned at its next call outside; a cache row whose algorithm is not 64 bytes is no choice."""
+    fake = FakeLt()
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    router = LtGemmRouter(fake.lib(), {(1, 32, 16): [Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic")]},
+                          place_of=lambda: 1, stream_of=lambda: 0)
+    x = torch.randn(512, 16, dtype=torch.bfloat16)
+    monkeypatch.setattr(router, "_capturing", lambda: True)
+    router.linear(w, x)
+    assert router._plans == {} and fake.made == [] and router.calls["f_linear"] == 1
+    monkeypatch.setattr(router, "_capturing", lambda: False)
+    router.linear(w, x)
+    assert router.calls["routed"] == 1 and len(router._plans) == 1
+    row = lt_gemm.choice_to_dict(Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic"))
+    assert lt_gemm._cached_choice(row) is not None
+    assert lt_gemm._cached_choice({**row, "algo": "00" * 8}) is None

@@ -67,6 +67,17 @@ class FakeLt:
         self.made: list[tuple[int, int, int, int]] = []
         self.launches: list[tuple[int, int, int]] = []  # (algo, rows, sm_target)
 
+    def timer(self, seen: list | None = None):
+        """A tuner's timing over the fake: fn runs once; F.linear (no algorithm ran) takes 10 ms, an algorithm its
+        cost; `seen` collects which ran."""
+        def time_ms(fn, stream):
+            self.last = None
+            fn()
+            if seen is not None:
+                seen.append(self.last)
+            return 10.0 if self.last is None else self.cost[self.last]
+        return time_ms
+
     def lib(self) -> LtLib:
         return LtLib(self.make_gemm, torch.empty(1024, dtype=torch.uint8), lambda raw: f"algo{raw[0]}",
                      self.with_cluster)
@@ -127,11 +138,7 @@ def cpu_tuning(monkeypatch):
 
 def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
     fake = FakeLt()
-
-    def timer(fn, stream):
-        fake.last = None
-        fn()
-        return 10.0 if fake.last is None else fake.cost[fake.last]
+    timer = fake.timer()
     tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer)
     places = [Place(3, 116, None), Place(0, 132, None)]
     choices = tuner.tune(places, [(32, 16), (32, 16), (16, 32)], [301, 512])
@@ -257,13 +264,8 @@ def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):
     """The short screening ranks the candidates; only the first FINALISTS are timed as F.linear is and may be chosen
     (here the screening misranks algorithm 1 first, so with one finalist it is chosen over the faster 6)."""
     fake = FakeLt()
-    full_timings = []
-
-    def timer(fn, stream):
-        fake.last = None
-        fn()
-        full_timings.append(fake.last)
-        return 10.0 if fake.last is None else fake.cost[fake.last]
+    full_timings: list = []
+    timer = fake.timer(full_timings)
 
     def screen(fn, stream):
         fake.last = None
@@ -280,13 +282,8 @@ def test_a_cached_choice_is_not_timed_again(cpu_tuning, tmp_path, monkeypatch):
     """The tuner's cache: a second start with the same prefix times nothing and routes the same choices; another
     prefix (device, cuBLASLt, mode) times afresh; the file round-trips, and an unreadable one is an empty cache."""
     fake = FakeLt()
-    timed = []
-
-    def timer(fn, stream):
-        fake.last = None
-        fn()
-        timed.append(fake.last)
-        return 10.0 if fake.last is None else fake.cost[fake.last]
+    timed: list = []
+    timer = fake.timer(timed)
     places = [Place(3, 116, None)]
     first = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=timer, cache_prefix="H200|a")
     choices = first.tune(places, [(32, 16)], [512])

@@ -59,16 +59,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bullet_ray.engine.lt_gemm import (
-    CLUSTER_SHAPE_ATTR,
-    CLUSTER_VARIANTS,
-    VARIANT_SOURCES,
-    Choice,
-    LtGemmRouter,
-    LtLib,
-    place_key,
-    rel_error,
-)
+from bullet_ray.engine.lt_gemm import Choice, LtGemmRouter, LtLib, place_key, rel_error
+from bullet_ray.engine.lt_gemm.router import CLUSTER_SHAPE_ATTR
+from bullet_ray.engine.lt_gemm.tuner import CLUSTER_VARIANTS, VARIANT_SOURCES
 from bullet_ray.gpu.cublaslt import (
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,

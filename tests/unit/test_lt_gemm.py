@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from bullet_ray.engine import lt_gemm
-from bullet_ray.engine.lt_gemm import Candidate, Choice, LtGemmRouter, LtGemmTuner, LtLib, Place
+from bullet_ray.engine.lt_gemm import Choice, LtGemmRouter, LtGemmTuner, LtLib, Place
+from bullet_ray.engine.lt_gemm import cache as lt_cache
+from bullet_ray.engine.lt_gemm import router as lt_router
+from bullet_ray.engine.lt_gemm import tuner as lt_tuner
+from bullet_ray.engine.lt_gemm.tuner import Candidate
 from bullet_ray.models.layers import linear_into
 
 
@@ -23,14 +27,14 @@ def _cand(tag: int, ms: float | None, err: float = 0.0, target: int = 0) -> Cand
 
 
 def test_pick_keeps_the_fastest_valid_algorithm_only_past_the_margin():
-    chosen = lt_gemm.pick(2048, 10.0, [_cand(1, 9.0), _cand(2, 7.0, err=0.5), _cand(3, 8.0, target=116),
+    chosen = lt_tuner.pick(2048, 10.0, [_cand(1, 9.0), _cand(2, 7.0, err=0.5), _cand(3, 8.0, target=116),
                                        _cand(4, None)])
     assert (chosen.algo, chosen.sm_target, chosen.ms, chosen.label, chosen.candidates) == (_algo(3), 116, 8.0,
                                                                                           "algo3", 4)
     assert chosen.speedup == pytest.approx(1.25)
-    kept_out = lt_gemm.pick(2048, 10.0, [_cand(1, 9.9)])  # 1% faster: within the timings' noise
+    kept_out = lt_tuner.pick(2048, 10.0, [_cand(1, 9.9)])  # 1% faster: within the timings' noise
     assert (kept_out.algo, kept_out.label, kept_out.ms) == (None, "F.linear", 10.0)
-    assert lt_gemm.pick(2048, 10.0, []).algo is None
+    assert lt_tuner.pick(2048, 10.0, []).algo is None
 
 
 def test_tune_tokens_nearest_and_tuned_places():
@@ -40,10 +44,10 @@ def test_tune_tokens_nearest_and_tuned_places():
     assert lt_gemm.tune_tokens(3000)[-2:] == [2048, 3000]  # past sqrt(2) x 2,048: the cap is timed too
     assert lt_gemm.tune_tokens(200) == []
     choices = [Choice(t, None, 0, 1.0, 1.0, "F.linear") for t in (1024, 2048, 4096)]
-    assert [lt_gemm.nearest(choices, r).tokens for r in (800, 1400, 1500, 3000, 5700)] == [1024, 1024, 2048, 4096,
+    assert [lt_router.nearest(choices, r).tokens for r in (800, 1400, 1500, 3000, 5700)] == [1024, 1024, 2048, 4096,
                                                                                           4096]
-    assert [lt_gemm.nearest(choices, r) for r in (256, 700, 6000, 0)] == [None] * 4  # never far from a timed count
-    assert lt_gemm.nearest([], 2048) is None
+    assert [lt_router.nearest(choices, r) for r in (256, 700, 6000, 0)] == [None] * 4  # never far from a timed count
+    assert lt_router.nearest([], 2048) is None
     ladder = [116, 108, 100, 92, 84, 76, 68, 60, 52, 44, 36, 28, 20]  # an H200's prefill sides
     assert [round(lt_gemm.wave_efficiency(s, 132), 2) for s in (116, 68, 60, 44)] == [0.57, 0.97, 0.73, 1.0]
     parts = [(i, s, f"s{i}") for i, s in enumerate(ladder)] + [(13, 132, "whole"), (14, 100, None)]
@@ -133,7 +137,7 @@ def cpu_tuning(monkeypatch):
     monkeypatch.setattr(torch, "randn", on_cpu(real_randn))
     monkeypatch.setattr(torch, "empty", on_cpu(real_empty))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(lt_gemm, "_current_stream_handle", lambda: 0)
+    monkeypatch.setattr(lt_tuner, "_current_stream_handle", lambda: 0)
 
 
 def test_tuner_keeps_the_fastest_algorithm_that_matches_f_linear(cpu_tuning):
@@ -238,7 +242,7 @@ def test_an_out_buffer_of_another_shape_or_dtype_runs_f_linear(monkeypatch):
     assert (router.calls["f_linear"], len(fake.launches)) == (2, 0)
     out = torch.zeros(512, 32, dtype=torch.bfloat16)
     assert router.linear(w, x, out) is out and (router.calls["routed"], len(fake.launches)) == (1, 1)
-    monkeypatch.setattr(lt_gemm, "MAX_DESCRIPTORS", 2)  # past it the router closes every descriptor and plans again
+    monkeypatch.setattr(lt_router, "MAX_DESCRIPTORS", 2)  # past it the router closes every descriptor and plans again
     for rows in (400, 450, 500):
         router.linear(w, torch.randn(rows, 16, dtype=torch.bfloat16))
     assert sorted(router._gemms) == [(450, 32, 16, 0), (500, 32, 16, 0)] and router.calls["routed"] == 4
@@ -271,7 +275,7 @@ def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):
         fake.last = None
         fn()
         return 0.5 if fake.last == 1 else fake.cost[fake.last]
-    monkeypatch.setattr(lt_gemm, "FINALISTS", 1)
+    monkeypatch.setattr(lt_tuner, "FINALISTS", 1)
     tuner = LtGemmTuner(fake.lib(), device_sms=132, time_ms=timer, screen_ms=screen)
     choice = tuner.tune_point(Place(0, 132, None), 512, 32, 16)
     assert full_timings == [None, 1]  # F.linear, then the one finalist
@@ -373,7 +377,7 @@ def test_a_candidate_refused_while_timed_is_not_chosen(cpu_tuning):
                 return run(algo, *args)
             if refused["n"] == 0:  # the first launch: right (as algorithm 2 computes)
                 refused["n"] += 1
-                return run(lt_gemm._algo(_algo(2)), *args)
+                return run(lt_router._algo(_algo(2)), *args)
             refused["n"] += 1
             return 13
         gemm.run = flaky
@@ -408,6 +412,6 @@ def test_nothing_is_planned_inside_a_graph_capture_and_a_short_cached_algorithm_
     monkeypatch.setattr(router, "_capturing", lambda: False)
     router.linear(w, x)
     assert router.calls["routed"] == 1 and len(router._plans) == 1
-    row = lt_gemm.choice_to_dict(Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic"))
-    assert lt_gemm._cached_choice(row) is not None
-    assert lt_gemm._cached_choice({**row, "algo": "00" * 8}) is None
+    row = lt_cache.choice_to_dict(Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic"))
+    assert lt_cache.cached_choice(row) is not None
+    assert lt_cache.cached_choice({**row, "algo": "00" * 8}) is None

@@ -415,3 +415,18 @@ def test_nothing_is_planned_inside_a_graph_capture_and_a_short_cached_algorithm_
     row = lt_cache.choice_to_dict(Choice(512, _algo(2), 0, 1.0, 2.0, "algo2", "heuristic"))
     assert lt_cache.cached_choice(row) is not None
     assert lt_cache.cached_choice({**row, "algo": "00" * 8}) is None
+
+
+def test_only_256_byte_aligned_gpu_operands_take_a_tuned_algorithm():
+    """cuBLASLt's heuristic assumed 256-byte alignment: a GPU operand off it runs F.linear (host tensors only meet the
+    fake library)."""
+    class Gpu:
+        is_cuda = True
+
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+    assert lt_router._aligned(Gpu(256 * 7)) and not lt_router._aligned(Gpu(256 * 7 + 64))
+    assert lt_router._aligned(torch.zeros(3)[1:])  # a host view: not the GPU's concern

@@ -26,6 +26,7 @@ PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_pr
 ROUTE_RATIO = math.sqrt(2)
 WORKSPACE_BYTES = 32 << 20
 ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t)
+ALIGNMENT = 256  # bytes: CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES' default, what the heuristic assumes
 WHOLE_GPU = 0  # the place key of a worker on the whole GPU (the chunked schedule's): stream None's handle
 MAX_DESCRIPTORS = 4096  # the router's descriptors (one per row count, shape and target) before it starts afresh
 
@@ -132,9 +133,9 @@ class LtGemmRouter:
             raise RuntimeError("the projections are routed already")
         for mods in projections(model).values():
             for mod in mods:
-                if mod.bias is not None or mod.weight.dtype != torch.bfloat16 or (
-                        only is not None and tuple(mod.weight.shape) not in only):
-                    continue  # biased projections keep F.linear; the descriptors are bf16
+                if mod.bias is not None or mod.weight.dtype != torch.bfloat16 or not mod.weight.is_contiguous() \
+                        or not _aligned(mod.weight) or (only is not None and tuple(mod.weight.shape) not in only):
+                    continue  # F.linear for biased projections; the descriptors are bf16, row-major, aligned
                 mod.forward = functools.partial(self.linear, mod.weight)
                 mod.gemm_into = functools.partial(self._into, mod.weight)
                 self._routed.append(mod)
@@ -158,8 +159,9 @@ class LtGemmRouter:
         n, k = weight.shape
         rows = x.shape[0] if x.dim() == 2 else -1
         plan = None
-        if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and (
-                out is None or (out.is_contiguous() and out.dtype == x.dtype and tuple(out.shape) == (rows, n))):
+        if rows > 0 and x.dtype == weight.dtype and x.is_contiguous() and _aligned(x) and (
+                out is None or (out.is_contiguous() and out.dtype == x.dtype and tuple(out.shape) == (rows, n)
+                                and _aligned(out))):
             key = (self.place_of(), n, k, rows)
             if key in self._plans:
                 plan = self._plans[key]
@@ -246,6 +248,12 @@ class LtGemmRouter:
 def place_key(stream: Any) -> int:
     """The router's key of a place: a partition's stream handle, WHOLE_GPU for stream None (the whole GPU)."""
     return int(stream.cuda_stream) if stream is not None else WHOLE_GPU
+
+
+def _aligned(t: Any) -> bool:
+    """Whether a GPU tensor starts where cuBLASLt's heuristic assumed (ALIGNMENT bytes, its default); an algorithm
+    chosen for aligned operands is not launched on others. (Host tensors only meet the tests' fake library.)"""
+    return not t.is_cuda or t.data_ptr() % ALIGNMENT == 0
 
 
 def _algo(raw: bytes) -> Any:

@@ -2,7 +2,8 @@
 
 DOPD (arXiv 2511.20982) sizes capacity from a forecast of the arrival rate and of the prompt/output length
 mix instead of the load already queued. Here each series (arrival rate, mean prompt tokens, mean output
-tokens) is one `Holt` smoother, updated once per controller interval:
+tokens) is one `Holt` smoother, updated once per controller interval (the lengths are forecast at their smoothed
+level, without the trend: see `LoadForecaster`):
 
     level_t = alpha * y_t + (1 - alpha) * (level_{t-1} + phi * trend_{t-1})
     trend_t = beta * (level_t - level_{t-1}) + (1 - beta) * phi * trend_{t-1}
@@ -102,7 +103,11 @@ class LoadForecast:
 
 
 class LoadForecaster:
-    """Arrival rate and length mix, each through its own `Holt` smoother."""
+    """Arrival rate and length mix, each through its own `Holt` smoother. The rate is forecast with its trend over the
+    horizon; the mean lengths at their smoothed level now. A length's per-interval mean is noisy (the output-token
+    counter is exported apart from the request counter, so an interval can count requests whose tokens come in the
+    next one), and its trend carried over a horizon of ten intervals ran a steady 8-token mean down to 0 in the
+    integration test's rising load, hiding the very demand the forecast was for."""
 
     def __init__(self, interval_s: float, horizon_s: float, alpha: float = 0.5, beta: float = 0.3,
                  phi: float = 0.98, default_prompt_tokens: float = 512.0, default_output_tokens: float = 128.0) -> None:
@@ -128,8 +133,8 @@ class LoadForecaster:
     def forecast(self, horizon_s: float | None = None) -> LoadForecast:
         horizon = self.horizon_s if horizon_s is None else horizon_s
         steps = horizon / self.interval_s
-        prompt = self.prompt.forecast(steps)
-        output = self.output.forecast(steps)
+        prompt = self.prompt.forecast(0)  # the level: the mix, not its noise, carried ahead
+        output = self.output.forecast(0)
         return LoadForecast(horizon, self.rate.forecast(steps) or 0.0,
                             self.default_prompt_tokens if prompt is None else prompt,
                             self.default_output_tokens if output is None else output)

@@ -81,3 +81,16 @@ def test_a_restored_forecaster_keeps_its_levels_and_its_own_factors():
     assert (new.rate.level, new.rate.trend, new.rate.num_observations) == \
         (old.rate.level, old.rate.trend, old.rate.num_observations)
     assert new.prompt.level == old.prompt.level and new.output.level == old.output.level
+
+
+def test_lengths_are_forecast_at_their_level_not_carried_down_by_a_noisy_trend():
+    """A steady 8-token output mean read with a lagging counter (a low interval now and then, then catching up) keeps
+    a forecast near 8 whatever the horizon, while the rising rate is carried ahead (the integration test's rising
+    load once saw the output mean's trend forecast 0 and the second replica come late)."""
+    f = LoadForecaster(interval_s=2.0, horizon_s=20.0)
+    for t, out in enumerate([8.0, 8.0, 3.0, 8.0, 2.0, 1.5, 8.0]):
+        f.update(LoadSample(rate_rps=0.3 + 0.2 * t, mean_prompt_tokens=4.0, mean_output_tokens=out))
+    fc = f.forecast()
+    assert fc.mean_output_tokens == pytest.approx(f.output.level) and 3.0 < fc.mean_output_tokens < 8.0
+    assert fc.mean_prompt_tokens == pytest.approx(4.0)
+    assert fc.rate_rps > 0.3 + 0.2 * 6  # the rate still leads by its trend

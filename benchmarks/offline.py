@@ -231,17 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
-    for gemm in args.prefill_gemm[1:]:  # the same run with the projections' other GEMMs
-        variant = argparse.Namespace(**{**vars(args), "prefill_gemm": [gemm],
-                                        "step_log": _suffixed(args.step_log, gemm)})
-        results[f"ours_{gemm}"] = run_ours(variant)
-        print(json.dumps(results[f"ours_{gemm}"]), flush=True)
-        save(args, argv, results)
-    for tokens in (args.piecewise_graph_tokens or [])[1:]:  # the same run with other piecewise limits
-        variant = argparse.Namespace(**{**vars(args), "piecewise_graph_tokens": [tokens],
-                                        "step_log": _suffixed(args.step_log, f"pw{tokens}")})
-        results[f"ours_pw{tokens}"] = run_ours(variant)
-        print(json.dumps(results[f"ours_pw{tokens}"]), flush=True)
+    # the same run with the projections' other GEMMs, then with other piecewise limits: "ours_<name>"
+    variants = [(gemm, {"prefill_gemm": [gemm]}) for gemm in args.prefill_gemm[1:]] + \
+        [(f"pw{tokens}", {"piecewise_graph_tokens": [tokens]}) for tokens in (args.piecewise_graph_tokens or [])[1:]]
+    for name, changed in variants:
+        variant = argparse.Namespace(**{**vars(args), **changed, "step_log": _suffixed(args.step_log, name)})
+        results[f"ours_{name}"] = run_ours(variant)
+        print(json.dumps(results[f"ours_{name}"]), flush=True)
         save(args, argv, results)
     if args.vllm:
         log_path = (args.out.parent if args.out is not None else Path(tempfile.gettempdir())) / "offline_vllm_child.log"

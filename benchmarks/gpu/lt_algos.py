@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from bullet_ray.engine.lt_gemm import Choice, LtGemmRouter, LtLib, place_key, rel_error
-from bullet_ray.engine.lt_gemm.router import CLUSTER_SHAPE_ATTR
-from bullet_ray.engine.lt_gemm.tuner import CLUSTER_VARIANTS, VARIANT_SOURCES
+from bullet_ray.engine.lt_gemm.tuner import VARIANT_SOURCES
+from bullet_ray.engine.lt_gemm.tuner import cluster_variants as engine_cluster_variants
 from bullet_ray.gpu.cublaslt import (
     CUBLAS_STATUS_SUCCESS,
     STATUS_NAMES,
@@ -73,7 +73,7 @@ from bullet_ray.gpu.cublaslt import (
     dedupe,
     describe,
     load_cublaslt,
-    with_settings,
+    with_cluster,
 )
 from bullet_ray.gpu.cublaslt_ids import CLUSTER_IDS, EnumBounds
 
@@ -112,23 +112,15 @@ def enumerated(gemm: LinearGemm, target: int, heuristic_keys: set[bytes], ws_byt
 
 def cluster_variants(lib: ctypes.CDLL, gemm: LinearGemm, sources: list[Any], known: set[bytes],
                      ws_bytes: int) -> list[tuple[str, int, Any]]:
-    """("cluster_variant", rank of the source, result) of each source algorithm with each of lt_gemm's
-    CLUSTER_VARIANTS cluster shapes that cublasLtMatmulAlgoCheck accepts within the workspace and that is new (the
-    engine's `prefill_gemm: cublaslt` tries the same)."""
+    """("cluster_variant", rank of the source, result) of each source algorithm (heuristic results) with each of
+    lt_gemm's CLUSTER_VARIANTS cluster shapes that is new and that cublasLtMatmulAlgoCheck accepts within the
+    workspace (the engine's tuner tries the same: `lt_gemm.tuner.cluster_variants`)."""
     out: list[tuple[str, int, Any]] = []
-    seen = set(known)
-    for rank, r in enumerate(sources):
-        for cluster in CLUSTER_VARIANTS:
-            try:
-                variant = with_settings(lib, r.algo, [(CLUSTER_SHAPE_ATTR, CLUSTER_IDS[cluster])])
-            except CublasLtError:
-                continue
-            if algo_key(variant) in seen:
-                continue
-            seen.add(algo_key(variant))
-            status, result = gemm.check_algo(variant)
-            if status == CUBLAS_STATUS_SUCCESS and result.workspaceSize <= ws_bytes:
-                out.append(("cluster_variant", rank, result))
+    for rank, raw in engine_cluster_variants(functools.partial(with_cluster, lib), [bytes(r.algo) for r in sources],
+                                             set(known)):
+        status, result = gemm.check_algo(MatmulAlgo.from_buffer_copy(raw))
+        if status == CUBLAS_STATUS_SUCCESS and result.workspaceSize <= ws_bytes:
+            out.append(("cluster_variant", rank, result))
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from bullet_ray.gpu.cublaslt_ids import (
     ALGO_CONFIG_ATTRS,
+    CLUSTER_IDS,
     CLUSTER_NAMES,
     REDUCTION_NAMES,
     STAGES_NAMES,
@@ -46,6 +47,7 @@ CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttribut
 # libcublasLt 13.10 on a CPU: ConfigSetAttribute takes exactly these sizes (the id none: read-only), and
 # ConfigGetAttribute reads back what `configure` set
 ALGO_CONFIG_TYPES = {value: ctype for _, value, ctype in ALGO_CONFIG_ATTRS}
+CLUSTER_SHAPE_ATTR = next(value for name, value, _ in ALGO_CONFIG_ATTRS if name == "cluster_shape_id")
 # cublasLtMatmulAlgoCapAttributes_t (cuBLAS 13.10's cublasLt.h) read by `algo_caps`, with the C type each holds; the
 # header has no capability for cluster shapes (NVIDIA's LtMatmulCustomFind sample tries every cublasLtClusterShape_t)
 CUBLASLT_ALGO_CAP_SPLITK_SUPPORT = 0  # int32_t, 0: no split-K
@@ -350,3 +352,12 @@ def with_settings(lib: ctypes.CDLL, algo: MatmulAlgo, settings: list[tuple[int, 
         check(lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(out), attr, ctypes.byref(v), ctypes.sizeof(v)),
               f"cublasLtMatmulAlgoConfigSetAttribute({attr} = {value})")
     return out
+
+
+def with_cluster(lib: ctypes.CDLL, raw: bytes, cluster: str) -> bytes | None:
+    """The algorithm `raw` (a cublasLtMatmulAlgo_t's 64 bytes) with cluster shape `cluster` (a CLUSTER_IDS name), as
+    64 bytes; None where the library refuses the value (cublasLtMatmulAlgoCheck still judges the result)."""
+    try:
+        return bytes(with_settings(lib, MatmulAlgo.from_buffer_copy(raw), [(CLUSTER_SHAPE_ATTR, CLUSTER_IDS[cluster])]))
+    except CublasLtError:
+        return None

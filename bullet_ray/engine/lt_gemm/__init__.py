@@ -101,7 +101,9 @@ def tune_and_route(model: Any, places: Sequence[Place], mode: str, max_tokens: i
         router.close()  # nothing left routed, the handle released
         raise
     finally:
-        save_cache(cache, tuner.cache)  # what was timed counts for the next start, even if this one failed
+        # what was timed counts for the next start, even if this one failed; a start that timed nothing writes nothing
+        if not all(row["cached"] for row in tuner.log):
+            save_cache(cache, tuner.cache)
         torch.cuda.empty_cache()  # the tuning's operands, cached per partition stream, before any capture
     return router, {"gemm": mode, "tokens": tokens, "device_sms": device_sms, **router.report(),
                     "cached": sum(row["cached"] for row in tuner.log), "cache": str(cache), "choices": tuner.log}

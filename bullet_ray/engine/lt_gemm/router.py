@@ -13,11 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bullet_ray.gpu.cublaslt_ids import ALGO_CONFIG_ATTRS, CLUSTER_IDS
-
 logger = logging.getLogger(__name__)
 
-CLUSTER_SHAPE_ATTR = next(value for name, value, _ in ALGO_CONFIG_ATTRS if name == "cluster_shape_id")
 # a decoder layer's projections, as (submodule, attribute) of the layer
 PROJECTION_MODULES = {"qkv": ("self_attn", "qkv_proj"), "o": ("self_attn", "o_proj"),
                       "gate_up": ("mlp", "gate_up_proj"), "down": ("mlp", "down_proj")}
@@ -93,14 +90,8 @@ class LtLib:
 
         def describe(algo: Any) -> str:
             return cublaslt.describe(lib, cublaslt.MatmulAlgo.from_buffer_copy(bytes(algo))).label
-
-        def with_cluster(raw: bytes, cluster: str) -> bytes | None:
-            try:
-                return bytes(cublaslt.with_settings(lib, cublaslt.MatmulAlgo.from_buffer_copy(raw),
-                                                    [(CLUSTER_SHAPE_ATTR, CLUSTER_IDS[cluster])]))
-            except cublaslt.CublasLtError:
-                return None
-        return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe, with_cluster,
+        return cls(functools.partial(cublaslt.LinearGemm, lib, handle), workspace, describe,
+                   functools.partial(cublaslt.with_cluster, lib),
                    lambda: lib.cublasLtDestroy(handle), version=str(lib.cublasLtGetVersion()))
 
     def close(self) -> None:

@@ -78,6 +78,21 @@ def tune_tokens(max_tokens: int, tokens: Sequence[int] = TUNE_TOKENS) -> list[in
     return within
 
 
+def cluster_variants(with_cluster: Callable[[bytes, str], bytes | None], sources: Sequence[bytes],
+                     known: set[bytes]) -> list[tuple[int, bytes]]:
+    """(rank of the source, variant) of each source algorithm with each of CLUSTER_VARIANTS' cluster shapes that the
+    library takes and that is not in `known` (which grows): the engine's tuner and `benchmarks/gpu/lt_algos.py` try
+    the same."""
+    out = []
+    for rank, raw in enumerate(sources):
+        for cluster in CLUSTER_VARIANTS:
+            variant = with_cluster(raw, cluster)
+            if variant is not None and variant not in known:
+                known.add(variant)
+                out.append((rank, variant))
+    return out
+
+
 def wave_efficiency(sms: int, grid: int) -> float:
     """The share of a partition's SM-rounds a persistent kernel of `grid` CTAs (one per SM) keeps busy:
     grid / (rounds x sms)."""
@@ -138,10 +153,10 @@ class LtGemmTuner:
             cached = choice is not None
             if choice is None:
                 choice = self.tune_point(place, t, n, k)
-            self.cache[key] = choice_to_dict(choice)
+            row = choice_to_dict(choice)
+            self.cache[key] = row
             choices.setdefault((place_key(place.stream), n, k), []).append(choice)
-            self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, "cached": cached,
-                             **choice_to_dict(choice)})
+            self.log.append({"index": place.index, "sms": place.sms, "n": n, "k": k, "cached": cached, **row})
         return choices
 
     def tune_point(self, place: Place, m: int, n: int, k: int) -> Choice:
@@ -169,7 +184,8 @@ class LtGemmTuner:
                     gemms.append(gemm)
                     found = [(bytes(r.algo), "heuristic")
                              for _, r in dedupe(gemm.heuristics(ws.numel(), HEURISTIC_COUNT))]
-                    found += self._cluster_variants([raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})
+                    found += [(v, "cluster_variant") for _, v in cluster_variants(
+                        self.lt.with_cluster, [raw for raw, _ in found[:VARIANT_SOURCES]], {a for a, _ in found})]
                     if self.enumerate:  # found once per shape; each is checked against this descriptor below
                         try:
                             found += self._enumerated_for(n, k, m, {a for a, _ in found})
@@ -220,17 +236,6 @@ class LtGemmTuner:
         except RuntimeError as e:  # e.g. a configuration the check passed and the launch did not take
             logger.warning("cuBLASLt candidate %s (target %d) failed: %s", self.lt.describe(raw), target, e)
             return Candidate(raw, target, None, math.inf, "failed", source), timed
-
-    def _cluster_variants(self, sources: list[bytes], known: set[bytes]) -> list[tuple[bytes, str]]:
-        """Each source algorithm with each of CLUSTER_VARIANTS' cluster shapes, those not already known."""
-        out = []
-        for raw in sources:
-            for cluster in CLUSTER_VARIANTS:
-                variant = self.lt.with_cluster(raw, cluster)
-                if variant is not None and variant not in known:
-                    known.add(variant)
-                    out.append((variant, "cluster_variant"))
-        return out
 
     def _enumerated_for(self, n: int, k: int, m: int, known: set[bytes]) -> list[tuple[bytes, str]]:
         """Up to ENUMERATED_COUNT configurations of the shape's bounded enumeration (1x1 and 1x2 clusters, two stages

@@ -353,6 +353,10 @@ def test_tune_and_route_leaves_nothing_routed_when_tuning_fails_and_keeps_what_w
     assert report["cached"] == 0 and len(points) == report["points"] and report["kept"] == 0
     assert report["tokens"] == [256, 512]
     router.close()
+    written = lt_gemm.cache_path().stat().st_mtime_ns
+    router, report = lt_gemm.tune_and_route(model, [Place(0, 116, None)], "cublaslt", 512, "cpu", 132)
+    assert report["cached"] == report["points"] and lt_gemm.cache_path().stat().st_mtime_ns == written  # no rewrite
+    router.close()
     router, report = lt_gemm.tune_and_route(model, [Place(0, 132, None)], "cublaslt", 512, "cpu", 132, whole=True)
     assert report["tokens"] == [16, 32, 64, 128, 256, 512]  # the whole GPU's decode batches too
     router.close()

@@ -20,7 +20,7 @@ SCHEDULES: tuple[str, ...] = ("bullet", "chunked", "static")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
-PREFILL_GEMMS: tuple[str, ...] = ("cublas", "cublaslt", "cublaslt-all")
+PREFILL_GEMMS: tuple[str, ...] = ("auto", "cublas", "cublaslt", "cublaslt-all")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
@@ -170,14 +170,17 @@ class EngineConfig:
     # the GEMM of the projections (qkv, o, gate_up, down) of the worker that prefills (GPU): the prefill worker's on
     # the bullet and static schedules (tuned on its partitions where cuBLAS's grid wastes SM-rounds), the one worker's on the chunked
     # schedule (tuned on the whole GPU):
-    # "cublas" (default: PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
+    # "cublas" (PyTorch's), "cublaslt" (at start, every algorithm cuBLASLt's heuristic offers, asked without
     # and with the partition's SM count as target, the first few also with 1x1 / 1x2 / 2x1 clusters, is timed per
-    # partition, projection shape and token count against F.linear and the fastest kept:
-    # bullet_ray.engine.lt_gemm), "cublaslt-all" (also a bounded enumeration of
-    # configurations with 1x1 and 1x2 clusters the heuristic never offers). Why: cuBLAS's kernels are sized for the
-    # whole GPU and ran a 2,048-token step 28-42% slower on 84-124 SMs of an H200 (docs/policy.md, twenty-eighth
-    # session). Unmeasured on a GPU
-    prefill_gemm: str = "cublas"
+    # partition, projection shape and token count against F.linear and the fastest kept, cached per device in
+    # ~/.cache/bullet_ray/lt_gemm.json: bullet_ray.engine.lt_gemm), "cublaslt-all" (also a bounded enumeration of
+    # configurations with 1x1 and 1x2 clusters the heuristic never offers), "auto" (default): cublaslt on the
+    # bullet and static schedules' prefill worker on a GPU in bfloat16, cublas otherwise (`prefill_gemm_mode`).
+    # Why: cuBLAS's kernels are sized for the whole GPU and ran a 2,048-token step 28-42% slower on 84-124 SMs of an
+    # H200 (docs/policy.md); tuned, the step on 116 SMs took 56.8 ms instead of 65.4 and bullet-slo-margin50's goodput
+    # rose 1.14x strict / 1.16x relaxed in one run (benchmarks/results/serve_h200_m5/); on the whole GPU (chunked)
+    # it gained nothing offline (0.955x vLLM against cuBLAS's 0.959x, benchmarks/results/offline_h200_m5/)
+    prefill_gemm: str = "auto"
     # settings of the split rule (fields of bullet_ray.policy.split.SplitSettings: aim, hold_below,
     # max_shrink, min_dwell_s, idle_margin, backlog_aim, idle_decode; docs/policy.md); None: its defaults
     split_rule: dict | None = None
@@ -241,10 +244,10 @@ class EngineConfig:
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
         if self.prefill_gemm not in PREFILL_GEMMS:
             raise ConfigError("prefill_gemm", f"unknown GEMM {self.prefill_gemm!r}; choose {', '.join(PREFILL_GEMMS)}")
-        if self.prefill_gemm != "cublas" and not self.is_gpu:
+        if self.prefill_gemm not in ("auto", "cublas") and not self.is_gpu:
             raise ConfigError("prefill_gemm", f"{self.prefill_gemm} runs cuBLASLt: it needs a GPU (device "
                               f"{self.device})")
-        if self.prefill_gemm != "cublas" and self.dtype not in ("auto", "bfloat16"):
+        if self.prefill_gemm not in ("auto", "cublas") and self.dtype not in ("auto", "bfloat16"):
             raise ConfigError("prefill_gemm", f"{self.prefill_gemm} runs bfloat16 GEMMs (dtype {self.dtype})")
         if self.mixed_fallback_tokens is not None and self.mixed_fallback_tokens < 1:
             raise ConfigError("mixed_fallback_tokens", f"must be >= 1 or null, got {self.mixed_fallback_tokens}")
@@ -350,6 +353,15 @@ class EngineConfig:
     def uses_split_policy(self) -> bool:
         """True when the workers move the SM split step by step (bullet schedule, policy slo)."""
         return self.schedule == "bullet" and self.split_policy == "slo"
+
+    @property
+    def prefill_gemm_mode(self) -> str:
+        """`prefill_gemm` with "auto" resolved: cublaslt where it was measured to pay (the bullet and static
+        schedules' prefill worker, GPU, bfloat16), cublas elsewhere."""
+        if self.prefill_gemm != "auto":
+            return self.prefill_gemm
+        fits = self.is_gpu and self.torch_dtype_name == "bfloat16" and self.schedule in ("bullet", "static")
+        return "cublaslt" if fits else "cublas"
 
     @property
     def is_async_scheduling(self) -> bool:

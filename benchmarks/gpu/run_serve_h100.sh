@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls for the Serve application on the H100 (run from the repo root on the GPU machine).
 #   stage            copy whatever .carry/ folders came with this call: ray and flashinfer wheels to /tmp/wh,
-#                    vLLM's to /tmp/whv, a flashinfer JIT cache (.carry/fi-jit), the Azure traces (.carry/azure)
+#                    vLLM's to /tmp/whv, a flashinfer JIT cache (.carry/fi-jit), the Azure traces (.carry/azure),
+#                    cuBLASLt choices (.carry/lt-cache/lt_gemm.json)
 #   run SYSTEMS...   (once everything is staged) install, build native/, warm the JIT, then
 #                    `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS ...`; results in $OUT
 #   py MODULE ARGS   the same set-up, then `python -m MODULE ARGS` (offline throughput, profile, recovery ...)
@@ -15,6 +16,9 @@ if [ "${1:-}" = stage ]; then
   for d in .carry/vllm-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/whv/; done
   [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
   [ -d .carry/azure ] && cp .carry/azure/* /tmp/azure/
+  # engine.prefill_gemm's tuned choices from an earlier lease (benchmarks/results/serve_h200_m5/lt_gemm_cache_h200.json
+  # copied to .carry/lt-cache/lt_gemm.json): keyed by device, cuBLASLt and torch, so a start on another kind re-times
+  [ -f .carry/lt-cache/lt_gemm.json ] && mkdir -p ~/.cache/bullet_ray && cp .carry/lt-cache/lt_gemm.json ~/.cache/bullet_ray/
   echo "wheels: $(ls /tmp/wh | wc -l) ours, $(ls /tmp/whv | wc -l) vllm"; ls /tmp/azure; exit 0
 fi
 mode=$1; shift

@@ -185,7 +185,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, int]]:
 
 
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
-    """deploy/gpu.yaml for "bullet" (fixed split); copies of it with the SLO split policy for "bullet-slo"
+    """Copies of deploy/gpu.yaml: as it is for "bullet" (fixed split), with the SLO split policy for "bullet-slo"
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
@@ -194,15 +194,16 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
     prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+lt" / "+ltall"
     the prefilling worker's projections through the cuBLASLt algorithms tuned per partition, or on the whole GPU for
-    chunked (engine.prefill_gemm: cublaslt / cublaslt-all). "+direct"
+    chunked (engine.prefill_gemm: cublaslt / cublaslt-all; every other system pins cublas). "+direct"
     leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
     suffix = system[len(name):]  # every suffix, "+direct" included: the file names of two systems never meet
-    if name == "bullet" and not scheduling:
-        return base_yaml
     doc = yaml.safe_load(base_yaml.read_text())
     engine = doc["applications"][0]["args"]["engine"]
+    # PyTorch's cuBLAS GEMMs unless "+lt" / "+ltall": the engine's default (auto) tunes cuBLASLt on a bullet prefill
+    # worker since the thirtieth session, and a system's name keeps meaning what it measured in the runs before
+    engine["prefill_gemm"] = LT_SUFFIXES.get(scheduling, "cublas")
     if scheduling == "nopw":
         engine["piecewise_graph_tokens"] = 0
     elif scheduling == "fixedpw":
@@ -211,8 +212,6 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         engine["piecewise_graph_tokens"] = int(scheduling.removeprefix("pw"))
     elif scheduling == "handoff":
         engine["handoff"] = "direct"
-    elif scheduling in LT_SUFFIXES:  # the prefilling worker's projections through tuned cuBLASLt algorithms
-        engine["prefill_gemm"] = LT_SUFFIXES[scheduling]
     elif scheduling in ("sync", "async"):  # (+attn<mode> is `serve run`'s environment: SUFFIX_ENV)
         engine["async_scheduling"] = scheduling == "async"
     policy, modifiers = _modifiers(name)  # "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {...: 8192})

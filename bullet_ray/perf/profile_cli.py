@@ -37,9 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--enforce-eager", action="store_true", help="decode without CUDA graphs")
     p.add_argument("--entries", default=None, help="ladder indexes to sweep, in this order, e.g. 6,0,12,3,9 "
                                                    "(default: all)")
-    p.add_argument("--prefill-gemm", default="cublas", choices=["cublas", "cublaslt", "cublaslt-all"],
-                   help="the prefill side's projection GEMMs, as the engine's prefill_gemm (cuda only): profile with "
-                        "the GEMM you serve with (cublaslt: cuBLASLt's algorithms tuned per partition at start)")
+    p.add_argument("--prefill-gemm", default="auto", choices=["auto", "cublas", "cublaslt", "cublaslt-all"],
+                   help="the prefill side's projection GEMMs, as the engine's prefill_gemm: profile with the GEMM you "
+                        "serve with (cublaslt: cuBLASLt's algorithms tuned per partition at start, cuda only; auto, "
+                        "the engine's default: cublaslt on a GPU in bfloat16, cublas otherwise)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting new ladder entries when the next one would end past this many seconds "
                         "from the start (the profile keeps what was measured)")
@@ -73,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
 
     is_gpu = args.device.startswith("cuda")
     dtype = args.dtype or ("bfloat16" if is_gpu else "float32")
+    if args.prefill_gemm == "auto":  # as the engine resolves it on a bullet prefill worker (EngineConfig.prefill_gemm_mode)
+        args.prefill_gemm = "cublaslt" if is_gpu and dtype == "bfloat16" else "cublas"
     if args.prefill_gemm != "cublas" and not (is_gpu and dtype == "bfloat16"):
         raise ConfigError("--prefill-gemm", f"{args.prefill_gemm} runs bf16 cuBLASLt GEMMs on a GPU (device "
                           f"{args.device}, dtype {dtype})")

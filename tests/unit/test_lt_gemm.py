@@ -264,6 +264,24 @@ def test_prefill_gemm_config_is_validated():
     assert EngineConfig(prefill_gemm="cublaslt", device="cuda", schedule="chunked").prefill_gemm == "cublaslt"
 
 
+@pytest.mark.parametrize("changes, mode", [
+    ({}, "cublas"),  # CPU
+    ({"device": "cuda", "schedule": "bullet"}, "cublaslt"),
+    ({"device": "cuda", "schedule": "static"}, "cublaslt"),
+    ({"device": "cuda", "schedule": "chunked"}, "cublas"),  # the whole GPU: measured no gain offline
+    ({"device": "cuda", "schedule": "bullet", "dtype": "float16"}, "cublas"),
+    ({"device": "cuda", "schedule": "chunked", "prefill_gemm": "cublaslt"}, "cublaslt"),
+    ({"device": "cuda", "schedule": "bullet", "prefill_gemm": "cublas"}, "cublas"),
+])
+def test_prefill_gemm_auto_tunes_cublaslt_only_on_a_gpu_bullet_or_static_prefill_worker(changes, mode):
+    """The default, auto: cuBLASLt where it was measured to pay (a prefill worker on green partitions, bf16), cuBLAS
+    elsewhere; an explicit choice stays as given; auto never fails validation (CPU, float16)."""
+    from bullet_ray.config import EngineConfig
+
+    cfg = EngineConfig(**changes)
+    assert cfg.prefill_gemm == changes.get("prefill_gemm", "auto") and cfg.prefill_gemm_mode == mode
+
+
 def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):
     """The short screening ranks the candidates; only the first FINALISTS are timed as F.linear is and may be chosen
     (here the screening misranks algorithm 1 first, so with one finalist it is chosen over the faster 6)."""

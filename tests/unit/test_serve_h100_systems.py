@@ -14,8 +14,11 @@ def _engine(path):
     return yaml.safe_load(path.read_text())["applications"][0]["args"]["engine"]
 
 
-def test_bullet_is_the_deploy_yaml_itself(tmp_path):
-    assert system_yaml("bullet", tmp_path) == GPU_YAML
+def test_bullet_is_the_deploy_yaml_with_cublas_pinned(tmp_path):
+    """"bullet" is deploy/gpu.yaml as shipped but for prefill_gemm: cublas (a system's name keeps what it measured
+    before the engine's auto default tuned cuBLASLt)."""
+    engine, shipped = _engine(system_yaml("bullet", tmp_path)), _engine(GPU_YAML)
+    assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped and engine == shipped
 
 
 def test_slo_layerwise_and_chunked_systems(tmp_path):
@@ -132,7 +135,7 @@ def test_parse_system_rejects_repeated_or_unknown_suffixes(system):
 
 
 def test_direct_leaves_the_yaml_as_it_is_but_names_its_files_apart(tmp_path):
-    assert system_yaml("bullet+direct", tmp_path) == GPU_YAML
+    assert _engine(system_yaml("bullet+direct", tmp_path)) == _engine(system_yaml("bullet", tmp_path))
     plain, direct = _engine(system_yaml("chunked-2048", tmp_path)), _engine(system_yaml("chunked-2048+direct", tmp_path))
     assert (tmp_path / "chunked-2048+direct.yaml").exists()
     assert direct.pop("step_log_path").endswith("chunked-2048+direct-steps.jsonl")
@@ -310,7 +313,7 @@ def test_lt_suffixes_route_the_prefill_gemm_of_engine_systems(tmp_path):
     assert (engine["prefill_gemm"], engine["ttft_margin_ms"]) == ("cublaslt", 50)
     assert EngineArgs(**engine).to_engine_config().prefill_gemm == "cublaslt"
     assert _engine(system_yaml("bullet-slo+ltall", tmp_path))["prefill_gemm"] == "cublaslt-all"
-    assert "prefill_gemm" not in _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
+    assert _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))["prefill_gemm"] == "cublas"
     assert _engine(system_yaml("chunked-2048+lt+direct", tmp_path))["prefill_gemm"] == "cublaslt"
 
 

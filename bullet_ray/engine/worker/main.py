@@ -85,7 +85,7 @@ class WorkerBase:
             self.switch.reset(self.partitioner.current_index)
         self.uses_graphs = uses_cuda_graphs(self.config)
         self.lt_router: Any = None  # engine.prefill_gemm: cublaslt (bullet_ray.engine.lt_gemm)
-        if self.role in ("prefill", "hybrid") and cfg.prefill_gemm != "cublas":
+        if self.role in ("prefill", "hybrid") and cfg.prefill_gemm_mode != "cublas":
             with self._timed("prefill_gemm_tune"):  # before the piecewise buckets are timed and any graph captured
                 self._route_prefill_gemm()
         # piecewise graphs' buckets are chosen here (tuned: GEMMs timed), on the creating worker before it sends its
@@ -95,9 +95,9 @@ class WorkerBase:
                 self._make_piecewise_graphs()
 
     def _route_prefill_gemm(self) -> None:
-        """engine.prefill_gemm cublaslt / cublaslt-all: time cuBLASLt's algorithms for every projection shape on the
-        partitions this side runs on (a prefill worker: those where cuBLAS's device-sized grid wastes SM-rounds,
-        `tuned_places`; the chunked schedule's one worker: the whole GPU), then route the projections through the
+        """engine.prefill_gemm cublaslt / cublaslt-all (auto on a bullet or static prefill worker): time cuBLASLt's
+        algorithms for every projection shape on the partitions this side runs on (a prefill worker: those where
+        cuBLAS's device-sized grid wastes SM-rounds, `tuned_places`; the chunked schedule's one worker: the whole GPU), then route the projections through the
         winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the creating worker does it before it sends its
         handles."""
         from tqdm import tqdm
@@ -109,12 +109,12 @@ class WorkerBase:
         whole = self.partitioner.side == "both"  # the hybrid worker: every step on the whole GPU, one place
         places = [lt_gemm.Place(self.partitioner.current_index, device_sms, None)] if whole else lt_gemm.tuned_places(
             [(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()], device_sms)
-        routed = lt_gemm.tune_and_route(self.res.model, places, self.config.prefill_gemm,
+        routed = lt_gemm.tune_and_route(self.res.model, places, self.config.prefill_gemm_mode,
                                         self.config.max_num_batched_tokens, self.res.device, device_sms, whole,
                                         progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
         if routed is None:
             logger.warning("%s worker: prefill_gemm %s has nothing to tune (%d partitions)", self.role,
-                           self.config.prefill_gemm, len(places))
+                           self.config.prefill_gemm_mode, len(places))
             return
         self.lt_router, report = routed
         self.graph_capture = {**self.graph_capture, "prefill_gemm": report}

@@ -29,7 +29,8 @@ prompts in chunks inside its steps: engine.mixed_fallback_tokens), any bullet-sl
 it (bullet-slo-margin50-bb8192: its prefill batches grow past saturation to <tokens> while a queued request misses
 its target whatever the split: engine.prefill_backlog_batch_tokens) and/or -fb<ms> (bullet-slo-margin50-fb1000: a
 request that can no longer make its TTFT target is still ordered to make <ms>, in the slack the others leave:
-engine.ttft_fallback_ms),
+engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill worker plans its next batch <ms>
+before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms),
 bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
@@ -161,14 +162,17 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>" and "-fb<ms>", in any order, each at most once
-MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms")}
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>" and "-pl<ms>", in any order, each at most once
+MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
+             "pl": ("prefill_plan_lead_ms", "ms")}
 
 
 def _modifiers(name: str) -> tuple[str, dict[str, int]]:
     """(the system without them, the engine fields they set) for a bullet-slo system with trailing "-bb<N>" (its
     prefill batches grow to N tokens while the split rule sees a backlog: engine.prefill_backlog_batch_tokens) and/or
-    "-fb<ms>" (a late request is still ordered to make a fallback TTFT target of <ms>: engine.ttft_fallback_ms);
+    "-fb<ms>" (a late request is still ordered to make a fallback TTFT target of <ms>: engine.ttft_fallback_ms)
+    and/or "-pl<ms>" (the prefill worker plans its next batch <ms> before the step in flight is predicted to end,
+    reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy);
     (name, {}) for any other name: "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
     base, fields = name, dict[str, int]()
     while True:
@@ -178,7 +182,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, int]]:
             return base, fields
         field, unit = MODIFIERS[kind]
         if field in fields or not tail[2:].isdigit() or int(tail[2:]) < 1:
-            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>], each once, "
+            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>], each once, "
                              f"{unit} >= 1")
         fields[field] = int(tail[2:])
         base = head
@@ -245,7 +249,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         mixed = _numbered(policy, "bullet-slo-mixed", "tokens", least=1)
         if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
             engine["mixed_fallback_tokens"] = mixed
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -253,7 +257,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
-                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>], "
+                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -557,8 +561,9 @@ def main(argv: list[str] | None = None) -> int:
                              "policy plans for each TTFT target <ms> shorter: order, batch fit and split rule), "
                              "bullet-slo-omargin<ms> (the same in the order and batch fit only; the split rule "
                              "keeps the real targets), <bullet-slo system>-bb<tokens> (its prefill batches grow "
-                             "to <tokens> under a backlog) and/or -fb<ms> (late requests ordered for a fallback "
-                             "TTFT target of <ms>), bullet-slo-mixed<tokens> (the "
+                             "to <tokens> under a backlog), -fb<ms> (late requests ordered for a fallback "
+                             "TTFT target of <ms>) and/or -pl<ms> (the prefill side plans <ms> before its step in "
+                             "flight ends), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

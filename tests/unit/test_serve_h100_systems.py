@@ -339,3 +339,17 @@ def test_fallback_modifier_sets_the_fallback_target_beside_the_backlog_one(tmp_p
     for bad in ("bullet-slo-fb", "bullet-slo-fb1000-fb900", "bullet-slo-fbx"):
         with pytest.raises(SystemExit, match="fb<ms>"):
             system_yaml(bad, tmp_path)
+
+
+def test_plan_lead_modifier_sets_the_prefill_plan_lead_beside_another_policy(tmp_path):
+    """<bullet-slo system>-pl<ms>: engine.prefill_plan_lead_ms (bullet-slo-late<ms>'s field) with a margin policy and
+    +lt, a valid engine config; repeated or empty is a one-line error."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10+lt+direct", tmp_path))
+    assert (engine["ttft_margin_ms"], engine["prefill_plan_lead_ms"], engine["prefill_gemm"]) == (50, 10, "cublaslt")
+    assert EngineArgs(**engine).to_engine_config().prefill_plan_lead_ms == 10
+    assert engine["step_log_path"].endswith("bullet-slo-margin50-pl10+lt+direct-steps.jsonl")
+    for bad in ("bullet-slo-pl", "bullet-slo-pl10-pl5"):
+        with pytest.raises(SystemExit, match="pl<ms>"):
+            system_yaml(bad, tmp_path)

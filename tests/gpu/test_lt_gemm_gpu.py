@@ -54,6 +54,10 @@ def test_cublaslt_prefill_gemm_tunes_every_partition_and_agrees_with_cublas(tmp_
     assert report["calls"]["launch_failed"] == 0
     assert (report["kept"] > 0) == (report["calls"]["routed"] > 0)
     assert report["cached"] == 0 and (tmp_path / "lt_gemm.json").exists()
+    # the default, auto, is cublaslt on a bullet prefill worker: the same choices, read back from the cache
+    _, auto_startup = _run(tmp_path, "auto")
+    auto = auto_startup[0]["prefill_gemm"]
+    assert auto["gemm"] == "cublaslt" and auto["cached"] == auto["points"] == report["points"]
 
 
 def test_the_chunked_schedule_tunes_the_whole_gpu_and_keeps_its_report(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ if [ "${1:-}" = stage ]; then
 fi
 mode=$1; shift
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CUDA_NORM=1 VLLM_SITE=/tmp/vsite
+export BULLET_RAY_TRACE_DIR=/tmp/azure  # the staged traces, for every module that reads them (offline, replay ...)
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
 join_parts() { (cd "$1" && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done); }
 if [ ! -f /tmp/site/.installed ]; then

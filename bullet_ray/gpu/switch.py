@@ -30,7 +30,7 @@ step boundary, without finishing its step in flight (its next launch waits on it
 growing side takes its new SMs at once and shares them with the other side's last step on its old partition
 until that step ends. A switch then takes until both sides' next launches, not a step of the shrinking side
 followed by the growing side's next boundary; the price is that brief sharing (the steps that run beside the
-other side's step on another entry are flagged `across_switch` and not learned from: engine/worker/roles.py).
+other side's step on another entry are flagged `across_switch` and not learned from: engine/worker/roles/).
 """
 
 from __future__ import annotations

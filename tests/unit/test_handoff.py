@@ -18,9 +18,11 @@ from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.worker import handoff, roles
+from bullet_ray.engine.state_block import Policy
+from bullet_ray.engine.worker import handoff
 from bullet_ray.engine.worker.handoff import AbortTombstones, HandoffInbox, HandoffOutbox
 from bullet_ray.engine.worker.roles import DecodeWorker, PrefillWorker
+from bullet_ray.engine.worker.roles import prefill as prefill_role
 from tests.unit.test_mixed_fallback_stall import FakeState
 from tests.unit.test_schedulers import FakeBlocks
 
@@ -69,7 +71,7 @@ def test_a_hand_off_whose_abort_came_first_is_dropped_with_its_blocks():
     d = _decode(blocks)
     d.abort(["x", "p"])  # neither is here yet
     d.handle(Handoff(_wire("x", blocks), sent_s=time.time()))
-    d.res.state.count_handed_prompts(roles.Policy.PROMPTS_HANDED_OVER)  # as the prefill side does before sending
+    d.res.state.count_handed_prompts(Policy.PROMPTS_HANDED_OVER)  # as the prefill side does before sending
     d.handle(Handoff(_wire("p", blocks), is_prompt=True, via="front"))
     d.handle(Handoff(_wire("y", blocks), sent_s=time.time()))  # never aborted: it runs
     assert [s.request_id for s in d.scheduler.running] == ["y"] and len(d.prompts) == 0
@@ -111,7 +113,7 @@ def _prefill(monkeypatch, outbox: HandoffOutbox, wires: list) -> list:
     p.handoff_outbox = outbox
     seqs = [SimpleNamespace(finish_reason=None, to_wire=lambda w=w: w) for w in wires]
     msg = StepOutputs("prefill", [w.request_id for w in wires], [9] * len(wires), sent_s=123.0)
-    monkeypatch.setattr(roles, "step_outputs", lambda worker, result: (msg, []))
+    monkeypatch.setattr(prefill_role, "step_outputs", lambda worker, result: (msg, []))
     p.process(SimpleNamespace(sampled=seqs), None, 0.0)
     return sent
 

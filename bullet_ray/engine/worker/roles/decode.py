@@ -1,0 +1,154 @@
+"""`DecodeWorker`: the bullet schedule's decode side (the package docstring has the KV-progress rules)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from bullet_ray.engine.messages import Handoff, StepOutputs
+from bullet_ray.engine.runner import StepResult
+from bullet_ray.engine.scheduler.base import ScheduledSeq, release
+from bullet_ray.engine.scheduler.chunked import promote, prompt_chunks
+from bullet_ray.engine.scheduler.decode import DecodeScheduler
+from bullet_ray.engine.scheduler.prefill import PrefillScheduler
+from bullet_ray.engine.sequence import Sequence
+from bullet_ray.engine.state_block import Policy, Side
+from bullet_ray.engine.worker.handoff import AbortTombstones, HandoffInbox
+from bullet_ray.engine.worker.policy_link import order_by_slack, with_pushed
+from bullet_ray.engine.worker.roles.side import SideWorker, admitting_scheduler_args, step_outputs
+
+
+class DecodeWorker(SideWorker):
+    """The decode side. Under overload (`mixed_fallback_tokens`) the prefill worker hands it its queued prompts
+    (with what is computed so far): it then runs chunked-prefill steps, its decode rows first and the token
+    budget filled with chunks of those prompts in least-slack order, until they are done; the prefill worker
+    plans nothing until each has left `prompts` (promoted or aborted: HANDED_PROMPTS_DONE, package docstring)."""
+
+    role = "decode"
+    side = Side.DECODE
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.scheduler = DecodeScheduler(self.allocator, self.config.block_size, self.config.max_num_seqs)
+        self.prompts = PrefillScheduler(*admitting_scheduler_args(self))  # prompts handed over (mixed fallback)
+        self._num_without_slot = 0  # running sequences the last plan left out (max_num_seqs): a hidden queue
+        # preempted sequences (blocks freed) not yet sent back to the front for recompute
+        self.preempted: list[Sequence] = []
+        # handoff: direct: the prefill worker's own socket to this worker (bullet_ray.engine.worker.handoff)
+        direct = self.config.handoff == "direct"
+        self.handoff_inbox = HandoffInbox(os.path.dirname(self.spec.address), self.spec.authkey) if direct else None
+        # direct: aborts of sequences not (yet) here, whose hand-off is then dropped as it arrives (through the
+        # front a hand-off and its abort travel in order on one socket: the front aborts again behind a relay)
+        self.tombstones = AbortTombstones() if direct else None
+        self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
+
+    @property
+    def handoff_address(self) -> str | None:
+        return self.handoff_inbox.address if self.handoff_inbox is not None else None
+
+    def inbox(self) -> list[Any]:
+        return self.handoff_inbox.connections() if self.handoff_inbox is not None else []
+
+    def receive(self, conn: Any) -> Any:
+        if conn is self.conn or self.handoff_inbox is None:
+            return super().receive(conn)
+        return self.handoff_inbox.receive(conn)
+
+    def close(self) -> None:
+        if self.handoff_inbox is not None:
+            self.handoff_inbox.close()
+        super().close()
+
+    def num_recomputed(self) -> int:
+        return self.prompts.num_reclaimed  # its preemptions travel to the front as `preempted`
+
+    def handle(self, msg: Any) -> None:
+        """A prompt the mixed fallback hands over joins `prompts`; a prefilled sequence joins the running set
+        (its one uncomputed token is its sampled one: it may be preempted there, never waits in a queue). One
+        whose abort came first is dropped, its blocks freed."""
+        if not isinstance(msg, Handoff):
+            raise TypeError(f"decode worker got unexpected message {type(msg).__name__}")
+        seq = Sequence.from_wire(msg.seq)
+        dropped = self.tombstones is not None and self.tombstones.take(seq.request_id)
+        if msg.sent_s and not msg.is_prompt:  # a prefilled sequence's hop (not the mixed fallback's prompts)
+            hop_s = time.time() - msg.sent_s
+            self._handoff_hops_s.append(hop_s)
+            self.recorder.log.write("handoff", request_id=seq.request_id, via=msg.via, hop_ms=round(hop_s * 1e3, 3),
+                                    num_running=len(self.scheduler), dropped=dropped)
+        if dropped:
+            release(seq, self.allocator)
+            if msg.is_prompt:  # it leaves this side's hands without running (the prefill side may plan again)
+                self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
+            return
+        if msg.is_prompt:
+            self.prompts.add(seq)
+        else:
+            self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0 or len(self.prompts) > 0 or self.switch_pending()
+
+    def next_step_is_eager(self) -> bool:
+        running = len(self.scheduler)
+        if len(self.prompts):
+            return self.runs_eagerly(running, max(self.config.mixed_chunk_tokens, running))
+        return self.runs_eagerly(running)
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            # missing: already finished or preempted (the front handles both)
+            seq = self.scheduler.abort(rid)
+            if seq is None:
+                seq = self.prompts.abort(rid)
+                if seq is not None:  # a handed-over prompt leaves this side's hands
+                    self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE)
+            if seq is not None:
+                seq.finish_reason = "abort"
+            elif self.tombstones is not None:  # finished or preempted here already, or (handoff: direct) its
+                self.tombstones.add(rid)  # hand-off still on its way: dropped if it arrives
+
+    def plan(self) -> list[ScheduledSeq]:
+        batch, preempted = self.scheduler.schedule()
+        self.preempted.extend(preempted)
+        self._num_without_slot = len(self.scheduler) - len(batch)
+        if len(self.prompts):
+            cfg = self.config
+            if len(self.prompts) > 1:
+                self._order_prompts()
+            batch = batch + prompt_chunks(self.prompts, len(batch), cfg.mixed_chunk_tokens, cfg.max_num_seqs)
+        if not batch and self.inflight is None and self.preempted:
+            self.conn.send(StepOutputs(self.role, preempted=self._take_preempted()))
+        return self.predicted(batch)
+
+    def _order_prompts(self) -> None:
+        """The handed-over prompts in the policy's least-slack order before they are chunked (first come, first
+        served made a whole burst wait alike: benchmarks/results/serve_h100_m2n)."""
+        targets = with_pushed(self.config.planning_targets(), self.res.state.slo_targets())  # per-token, margin kept
+        ordered = order_by_slack(self.prompts.waiting, self.recorder.model, self.partitioner.current.decode_sms,
+                                 targets)
+        self.prompts.waiting.clear()
+        self.prompts.waiting.extend(ordered)
+
+    def after_launch(self, step: Any) -> None:
+        super().after_launch(step)
+        if len(self.prompts):
+            promoted = promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step
+            self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE, len(promoted))
+
+    def _take_preempted(self) -> list[Any]:
+        """Wires of the preempted sequences whose last token the host knows (the rest wait a step)."""
+        ready = [s for s in self.preempted if s.num_pending_tokens == 0]
+        self.preempted = [s for s in self.preempted if s.num_pending_tokens > 0]
+        return [s.to_wire() for s in ready if s.finish_reason is None]
+
+    def process(self, result: StepResult, step: Any, started_s: float) -> None:
+        msg, finished = step_outputs(self, result)
+        for seq in finished:
+            self.scheduler.remove(seq)
+        # queued here: prompts handed over (mixed fallback) and prefilled sequences waiting for a decode slot
+        self.publish_step(step, started_s, result, len(self.prompts) + self._num_without_slot,
+                          sum(s.num_uncomputed_tokens for s in self.prompts.waiting))
+        hops, self._handoff_hops_s = self._handoff_hops_s, []
+        self.conn.send(dataclasses.replace(msg, preempted=self._take_preempted(), handoff_hops_s=hops))

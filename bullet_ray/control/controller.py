@@ -314,7 +314,8 @@ class ClusterController:
             if reading.is_baseline:  # a reader's first scrape measures nothing: a 0 req/s would seed the trend
                 return {"baseline": True, "time_s": reading.time_s}
             self.forecaster.update(reading.load)
-            inputs = ControllerInputs(reading.time_s, reading.engines, reading.load, self.forecaster.forecast(),
+            inputs = ControllerInputs(reading.time_s, reading.engines, reading.load,
+                                      self.forecaster.forecast(age_s=reading.age_s),
                                       self.num_replicas, engine_budget(self.cfg, self.spec, ray.cluster_resources()),
                                       reading.attainment)
             decision, self.state = decide(inputs, self.cfg, self.state)

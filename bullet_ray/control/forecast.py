@@ -2,8 +2,8 @@
 
 DOPD (arXiv 2511.20982) sizes capacity from a forecast of the arrival rate and of the prompt/output length
 mix instead of the load already queued. Here each series (arrival rate, mean prompt tokens, mean output
-tokens) is one `Holt` smoother, updated once per controller interval (the lengths are forecast at their smoothed
-level, without the trend: see `LoadForecaster`):
+tokens) is one `Holt` smoother, updated once per controller interval (the lengths without a trend: simple
+exponential smoothing, see `LoadForecaster`):
 
     level_t = alpha * y_t + (1 - alpha) * (level_{t-1} + phi * trend_{t-1})
     trend_t = beta * (level_t - level_{t-1}) + (1 - beta) * phi * trend_{t-1}
@@ -24,13 +24,15 @@ from bullet_ray.errors import ConfigError
 
 
 class Holt:
-    """One series' smoother. Forecasts are clipped at 0 (rates and lengths are never negative)."""
+    """One series' smoother. Forecasts are clipped at 0 (rates and lengths are never negative). Without a trend
+    (`has_trend` False) it is simple exponential smoothing: level_t = alpha * y_t + (1 - alpha) * level_{t-1}."""
 
-    def __init__(self, alpha: float = 0.5, beta: float = 0.3, phi: float = 0.98) -> None:
+    def __init__(self, alpha: float = 0.5, beta: float = 0.3, phi: float = 0.98, has_trend: bool = True) -> None:
         for name, value in (("alpha", alpha), ("beta", beta), ("phi", phi)):
             if not 0 < value <= 1:
                 raise ConfigError(f"forecast_{name}", f"must be in (0, 1], got {value}")
         self.alpha, self.beta, self.phi = alpha, beta, phi
+        self.has_trend = has_trend
         self.level: float | None = None
         self.trend = 0.0
         self.num_observations = 0
@@ -42,6 +44,9 @@ class Holt:
         self.num_observations += 1
         if self.level is None:
             self.level = value
+            return
+        if not self.has_trend:
+            self.level = self.alpha * value + (1 - self.alpha) * self.level
             return
         if self.num_observations == 2:  # the first difference seeds the trend
             self.trend = value - self.level
@@ -104,10 +109,12 @@ class LoadForecast:
 
 class LoadForecaster:
     """Arrival rate and length mix, each through its own `Holt` smoother. The rate is forecast with its trend over the
-    horizon; the mean lengths at their smoothed level now. A length's per-interval mean is noisy (the output-token
-    counter is exported apart from the request counter, so an interval can count requests whose tokens come in the
-    next one), and its trend carried over a horizon of ten intervals ran a steady 8-token mean down to 0 in the
-    integration test's rising load, hiding the very demand the forecast was for."""
+    horizon; the mean lengths by simple exponential smoothing, without a trend. A length's per-interval mean is noisy
+    (the output-token counter is exported apart from the request counter, so an interval can count requests whose
+    tokens come in the next one), and a trend on it misleads twice: carried over a horizon of ten intervals it ran a
+    steady 8-token mean down to 0 in the integration test's rising load, and even unused in the forecast it drags the
+    level (a first reading of 11 then 8, 8, 8 seeded a trend of -3 that held the level near 5.7 for four
+    intervals), hiding the very demand the forecast is for."""
 
     def __init__(self, interval_s: float, horizon_s: float, alpha: float = 0.5, beta: float = 0.3,
                  phi: float = 0.98, default_prompt_tokens: float = 512.0, default_output_tokens: float = 128.0) -> None:
@@ -117,9 +124,8 @@ class LoadForecaster:
             raise ConfigError("horizon_s", f"must be >= 0, got {horizon_s}")
         self.interval_s, self.horizon_s = interval_s, horizon_s
         self.rate = Holt(alpha, beta, phi)
-        # lengths change slowly: a weaker trend
-        self.prompt = Holt(alpha, beta / 2, phi)
-        self.output = Holt(alpha, beta / 2, phi)
+        self.prompt = Holt(alpha, beta, phi, has_trend=False)
+        self.output = Holt(alpha, beta, phi, has_trend=False)
         self.default_prompt_tokens = default_prompt_tokens
         self.default_output_tokens = default_output_tokens
 
@@ -130,10 +136,13 @@ class LoadForecaster:
         if sample.mean_output_tokens is not None:
             self.output.update(sample.mean_output_tokens)
 
-    def forecast(self, horizon_s: float | None = None) -> LoadForecast:
+    def forecast(self, horizon_s: float | None = None, age_s: float = 0.0) -> LoadForecast:
+        """The load `horizon_s` (default: the configured horizon) from now, the rate's trend carried over the horizon
+        plus `age_s`, how far behind now the readings are centred (`ClusterReading.age_s`: a rate over a window
+        describes its middle)."""
         horizon = self.horizon_s if horizon_s is None else horizon_s
-        steps = horizon / self.interval_s
-        prompt = self.prompt.forecast(0)  # the level: the mix, not its noise, carried ahead
+        steps = (horizon + max(0.0, age_s)) / self.interval_s
+        prompt = self.prompt.forecast(0)  # the smoothed mix, not its noise, carried ahead
         output = self.output.forecast(0)
         return LoadForecast(horizon, self.rate.forecast(steps) or 0.0,
                             self.default_prompt_tokens if prompt is None else prompt,
@@ -147,5 +156,6 @@ class LoadForecaster:
         config); the smoothing factors stay this forecaster's own (the config's), not the saved ones."""
         for name in ("rate", "prompt", "output"):
             saved, mine = Holt.from_dict(state[name]), getattr(self, name)
-            mine.level, mine.trend, mine.num_observations = saved.level, saved.trend, saved.num_observations
+            mine.level, mine.num_observations = saved.level, saved.num_observations
+            mine.trend = saved.trend if mine.has_trend else 0.0  # a length's trend saved before it had none
 

@@ -47,6 +47,9 @@ class ClusterReading:
     engines: tuple[EngineObservation, ...]
     # a reader's first scrape: no interval yet, so its rates are not measurements (the controller skips it)
     is_baseline: bool = False
+    # how long before `time_s` the window the rates were measured over is centred: a rate over a window describes its
+    # middle, so a rising load reads that much behind (the controller's forecast looks that much further ahead)
+    age_s: float = 0.0
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -68,7 +71,8 @@ class PrometheusReader:
     def __init__(self, url: str, model_name: str, window_s: float = 30.0, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.selector = f'{{model_name="{model_name}"}}'
-        self.window = f"{max(int(window_s), 2)}s"
+        self.window_s = max(int(window_s), 2)
+        self.window = f"{self.window_s}s"
         self.timeout_s = timeout_s
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
@@ -110,7 +114,7 @@ class PrometheusReader:
             for labels, value in self.query(q):
                 by_engine[labels.get("engine", "")][field] = value
         return ClusterReading(time.time(), LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
-                              attainment, _engines(by_engine))
+                              attainment, _engines(by_engine), age_s=self.window_s / 2)
 
 
 def _engines(by_engine: dict[str, dict[str, float]]) -> tuple[EngineObservation, ...]:
@@ -201,7 +205,8 @@ class NodeExporterReader:
     `window_s` None (the default) takes `NUM_EXPORTS_PER_WINDOW` (3) of the cluster's export periods: 30 s with Ray's
     10 s (as `PrometheusReader`'s 30 s), 6 s with the tests' 2 s. A longer window reads a steady load closer (2 s
     exports read every 2.35 s: within -15%/+13% over 6 s, -15%/+6% over 8 s, -2%/+5% over 30 s) but lags a
-    changing one by about half of it, and the controller's forecast takes its trend from these readings. In the
+    changing one by about half of it (`ClusterReading.age_s`: the controller's forecast looks that much further ahead),
+and the controller's forecast takes its trend from these readings. In the
     integration test's rising load (0.3 + 0.1 req/s each second, 2 s exports, a decision every ~2.3 s, a second
     replica due before 23.7 s) the controller asked for it 9.8, 13.3 and 15.4 s into the rise with 3 export
     periods, 17.7 and 21.9 s with 4, and 25.3 s in one run that read two consecutive scrapes; an offline model of
@@ -242,7 +247,8 @@ class NodeExporterReader:
         for edge in list(self._edges)[:-1]:  # each series from the oldest edge that holds it
             for key, value in edge.samples.items():
                 before.setdefault(key, value)
-        return _window_reading(now, cur, before, last.samples, last.time_s - first.time_s)
+        return _window_reading(now, cur, before, last.samples, last.time_s - first.time_s,
+                               age_s=now - (first.time_s + last.time_s) / 2)
 
     def _add(self, scrape: _Scrape) -> None:
         """Keep `scrape` if it is an edge, then drop the edges no window needs any more. A scrape without any counter
@@ -266,7 +272,7 @@ class NodeExporterReader:
 
 
 def _window_reading(now: float, gauges: dict[Series, float], before: dict[Series, float], after: dict[Series, float],
-                    span_s: float, is_baseline: bool = False) -> ClusterReading:
+                    span_s: float, is_baseline: bool = False, age_s: float = 0.0) -> ClusterReading:
     """The reading of the change from `before` (each series at the window's start, or where the window first holds
     it) to `after` (the window's end, `span_s` after its start; the same scrape for a baseline: no change), with the
     gauges of `gauges` (the newest scrape)."""
@@ -291,7 +297,7 @@ def _window_reading(now: float, gauges: dict[Series, float], before: dict[Series
             if value_q is not None:
                 by_engine[engine][field] = value_q
     return ClusterReading(now, LoadSample(rate, _tokens_per_request(prompt), _tokens_per_request(output)),
-                          attainment, _engines(by_engine), is_baseline=is_baseline)
+                          attainment, _engines(by_engine), is_baseline=is_baseline, age_s=age_s)
 
 
 def _increase(now: float, before: float) -> float:

@@ -94,3 +94,32 @@ def test_lengths_are_forecast_at_their_level_not_carried_down_by_a_noisy_trend()
     assert fc.mean_output_tokens == pytest.approx(f.output.level) and 3.0 < fc.mean_output_tokens < 8.0
     assert fc.mean_prompt_tokens == pytest.approx(4.0)
     assert fc.rate_rps > 0.3 + 0.2 * 6  # the rate still leads by its trend
+
+
+def test_a_first_outlier_does_not_drag_the_length_level_down():
+    """The integration test's controller log: output means of 11.0, then 8.0, 7.57, 7.7, 8.0 ... A trend seeded by
+    the first difference (-3) held the level near 5.7 for four intervals even though the forecast never carried it
+    ahead; smoothed without a trend the level stays within the readings."""
+    f = LoadForecaster(interval_s=2.0, horizon_s=20.0)
+    readings = [11.0, 8.0, 7.57, 7.7, 8.0, 8.0, 8.0]
+    levels = []
+    for mean in readings:
+        f.update(LoadSample(1.0, 4.0, mean))
+        levels.append(f.forecast().mean_output_tokens)
+    assert all(7.5 <= level <= 11.0 for level in levels), levels
+    assert levels[-1] == pytest.approx(8.0, abs=0.1) and f.output.trend == 0.0
+
+
+def test_the_rate_is_carried_ahead_over_the_readings_age_too():
+    """A reading over a window describes the window's middle: the forecast carries the rate's trend over the horizon
+    plus that age; the lengths (no trend) and the reported horizon do not change."""
+    f = LoadForecaster(interval_s=2.0, horizon_s=20.0)
+    for t in range(12):
+        f.update(LoadSample(1.0 + 0.2 * t, 4.0, 8.0))  # +0.2 req/s per interval
+    now, aged = f.forecast(), f.forecast(age_s=4.0)
+    assert aged.horizon_s == now.horizon_s == 20.0
+    # two more (damped) intervals of the trend: steps 11 and 12 of a 20 s horizon at 2 s
+    assert f.rate.trend == pytest.approx(0.2, rel=0.05)
+    assert aged.rate_rps - now.rate_rps == pytest.approx(f.rate.trend * (f.rate.phi ** 11 + f.rate.phi ** 12))
+    assert (aged.mean_prompt_tokens, aged.mean_output_tokens) == (now.mean_prompt_tokens, now.mean_output_tokens)
+    assert f.forecast(age_s=-3.0) == now  # a reading is never younger than now

@@ -339,3 +339,23 @@ def test_a_replica_that_starts_within_the_window_counts_from_when_it_was_first_s
     # at 13 s: e1's 10 req/s and e2's 15 arrivals since 10 s over the 5 s window (a window that dropped e2: 10)
     assert readings[13].load.rate_rps == pytest.approx(10.0 + 15.0 / 5.0)
     assert all(r.load.rate_rps == pytest.approx(15.0) for r in readings[16:])  # e2's 1,000 at start never counted
+
+
+def test_a_rising_load_reads_its_windows_middle_and_says_how_old_that_is():
+    """A ramp (0.3 + 0.1 req/s each second, the integration test's) read through a 6 s window of 2 s exports: the
+    rate is the one at the window's middle, `age_s` before the reading (the two edges' midpoint), so the reading
+    alone trails the load by about half a window and the age says by how much."""
+    def ramp(t: float) -> float:
+        return 0.3 * t + 0.05 * t * t  # requests arrived by t
+
+    read_times = [0.1 + 2.35 * i for i in range(12)]
+    readings = [r for r in _read_exports(ramp, 2.0, read_times, 6.0) if not r.is_baseline]
+    late = [r for r in readings if r.time_s > 12.0]
+    assert late
+    for r in late:
+        assert 2.0 < r.age_s < 6.0  # half the 6-9 s span of edges, plus the newest edge's distance from now
+        rate_then = 0.3 + 0.1 * (r.time_s - r.age_s)
+        assert r.load.rate_rps == pytest.approx(rate_then, rel=0.2)
+        assert r.load.rate_rps < 0.3 + 0.1 * r.time_s  # behind the load now
+    baseline = _read_exports(ramp, 2.0, read_times[:1], 6.0)[0]
+    assert baseline.is_baseline and baseline.age_s == 0.0

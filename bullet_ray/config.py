@@ -356,8 +356,9 @@ class EngineConfig:
 
     @property
     def prefill_gemm_mode(self) -> str:
-        """`prefill_gemm` with "auto" resolved: cublaslt where it was measured to pay (the bullet and static
-        schedules' prefill worker, GPU, bfloat16), cublas elsewhere."""
+        """`prefill_gemm` with "auto" resolved: cublaslt for a prefill worker on green partitions (GPU, bfloat16: the
+        bullet schedule, where it was measured to pay, and the static one, whose prefill side runs the same way),
+        cublas elsewhere."""
         if self.prefill_gemm != "auto":
             return self.prefill_gemm
         fits = self.is_gpu and self.torch_dtype_name == "bfloat16" and self.schedule in ("bullet", "static")

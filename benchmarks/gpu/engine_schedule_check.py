@@ -41,7 +41,9 @@ def main() -> int:
     os.environ.update(mps.env())
     prompts = [[(i * 13 + j) % 30000 + 100 for j in range(n)] for i, n in enumerate(PROMPT_LENGTHS)]
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    base = EngineConfig(model=MODEL, device="cuda", schedule="bullet", kv_cache_memory_gb=16.0, max_num_seqs=64)
+    # cuBLAS on both sides (prefill_gemm: cublas): the variants differ only in what each names
+    base = EngineConfig(model=MODEL, device="cuda", schedule="bullet", kv_cache_memory_gb=16.0, max_num_seqs=64,
+                        prefill_gemm="cublas")
     tokens: dict[str, list[list[int]]] = {}
     result: dict[str, Any] = {"prompt_lengths": list(PROMPT_LENGTHS), "num_new_tokens": NUM_NEW, "variants": {}}
     try:

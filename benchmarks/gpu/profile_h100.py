@@ -13,6 +13,9 @@ measured step's error under the shipped calibration and under the new fit. On 20
 the order 6,0,12,3,9,1,11,4,8,2,10,5,7 reached 11 entries in MAX_SECONDS=470 (726 steps; the progress bar read 6:37):
 benchmarks/results/lease_m2l/. Copy the new file over bullet_ray/perf/profiles/ to ship it (the sweep already
 picks the bandwidth curve from its decode steps; `python -m benchmarks.refit_profile` does it to an older file).
+The prefill side's GEMMs are the engine's default (`--prefill-gemm auto`: cuBLASLt tuned per partition, ~38 s at the
+start, before MAX_SECONDS' clock, unless `~/.cache/bullet_ray/lt_gemm.json` holds the choices); PREFILL_GEMM=cublas
+profiles PyTorch's cuBLAS instead.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main() -> int:
     args = parser.parse_args(["profile", "--model", "dummy:llama-3.1-8b", "--device", "cuda", "--out", str(out),
                               "--entries", os.environ.get("ENTRIES", "6,0,12,3,9"),
                               "--max-seconds", os.environ.get("MAX_SECONDS", "420"),
+                              "--prefill-gemm", os.environ.get("PREFILL_GEMM", "auto"),
                               *(["--quick"] if os.environ.get("QUICK") == "1" else [])])
     rc = profile_cli.run(args)
     if rc:

@@ -189,7 +189,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, int]]:
 
 
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
-    """Copies of deploy/gpu.yaml: as it is for "bullet" (fixed split), with the SLO split policy for "bullet-slo"
+    """Copies of deploy/gpu.yaml, prefill_gemm pinned to cublas unless "+lt" / "+ltall": otherwise as shipped for
+    "bullet" (fixed split), with the SLO split policy for "bullet-slo"
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
@@ -199,7 +200,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+lt" / "+ltall"
     the prefilling worker's projections through the cuBLASLt algorithms tuned per partition, or on the whole GPU for
     chunked (engine.prefill_gemm: cublaslt / cublaslt-all; every other system pins cublas). "+direct"
-    leaves the YAML as it is (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
+    changes nothing in the YAML (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
     suffix = system[len(name):]  # every suffix, "+direct" included: the file names of two systems never meet
@@ -238,6 +239,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["prefill_layer_group_min_tokens"] = 256
         lead = _numbered(policy, "bullet-slo-late", "ms")
         if lead is not None:  # the prefill side plans its next batch <lead> ms before the step in flight ends
+            if "prefill_plan_lead_ms" in modifiers:
+                raise SystemExit(f"unknown system {system!r}: bullet-slo-late<ms> sets the plan lead already; "
+                                 "-pl<ms> goes with another policy")
             engine["prefill_plan_lead_ms"] = lead
         margin = _numbered(policy, "bullet-slo-margin", "ms")
         if margin is not None:  # the policy plans as if each TTFT target were <margin> ms shorter

@@ -274,12 +274,39 @@ def test_prefill_gemm_config_is_validated():
     ({"device": "cuda", "schedule": "bullet", "prefill_gemm": "cublas"}, "cublas"),
 ])
 def test_prefill_gemm_auto_tunes_cublaslt_only_on_a_gpu_bullet_or_static_prefill_worker(changes, mode):
-    """The default, auto: cuBLASLt where it was measured to pay (a prefill worker on green partitions, bf16), cuBLAS
-    elsewhere; an explicit choice stays as given; auto never fails validation (CPU, float16)."""
+    """The default, auto: cuBLASLt for a prefill worker on green partitions in bf16 (measured on the bullet schedule),
+    cuBLAS elsewhere; an explicit choice stays as given; auto never fails validation (CPU, float16)."""
     from bullet_ray.config import EngineConfig
 
     cfg = EngineConfig(**changes)
     assert cfg.prefill_gemm == changes.get("prefill_gemm", "auto") and cfg.prefill_gemm_mode == mode
+
+
+def test_a_worker_under_auto_keeps_cublas_when_cublaslt_cannot_open(monkeypatch, caplog):
+    """The default must not fail a start that worked before it: under auto a torch whose libcublasLt cannot be
+    opened leaves the projections on cuBLAS with a warning; cublaslt asked for by name fails the start."""
+    from types import SimpleNamespace
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.engine.worker.main import WorkerBase
+    from bullet_ray.errors import ConfigError
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("prefill_gemm", "cublaslt needs torch's libcublasLt: no such symbol")
+
+    monkeypatch.setattr(lt_gemm, "tune_and_route", refuse)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    entry = SimpleNamespace(prefill_sms=116)
+    worker = SimpleNamespace(partitioner=SimpleNamespace(ladder=[entry], side="prefill", current_index=0),
+                             res=SimpleNamespace(device="cuda", model=None), role="prefill", lt_router=None,
+                             graph_capture={}, _graph_partitions=lambda: [(0, None)],
+                             config=EngineConfig(device="cuda", schedule="bullet"))
+    WorkerBase._route_prefill_gemm(worker)
+    assert worker.lt_router is None and worker.graph_capture == {}
+    assert "prefill_gemm auto keeps cuBLAS: prefill_gemm: cublaslt needs torch's libcublasLt" in caplog.text
+    worker.config = EngineConfig(device="cuda", schedule="bullet", prefill_gemm="cublaslt")
+    with pytest.raises(ConfigError, match="libcublasLt"):
+        WorkerBase._route_prefill_gemm(worker)
 
 
 def test_only_the_screened_finalists_are_timed_in_full(cpu_tuning, monkeypatch):

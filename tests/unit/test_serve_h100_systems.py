@@ -350,6 +350,8 @@ def test_plan_lead_modifier_sets_the_prefill_plan_lead_beside_another_policy(tmp
     assert (engine["ttft_margin_ms"], engine["prefill_plan_lead_ms"], engine["prefill_gemm"]) == (50, 10, "cublaslt")
     assert EngineArgs(**engine).to_engine_config().prefill_plan_lead_ms == 10
     assert engine["step_log_path"].endswith("bullet-slo-margin50-pl10+lt+direct-steps.jsonl")
+    with pytest.raises(SystemExit, match="late<ms> sets the plan lead already"):
+        system_yaml("bullet-slo-late20-pl10", tmp_path)
     for bad in ("bullet-slo-pl", "bullet-slo-pl10-pl5"):
         with pytest.raises(SystemExit, match="pl<ms>"):
             system_yaml(bad, tmp_path)

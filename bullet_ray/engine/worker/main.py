@@ -32,6 +32,7 @@ from bullet_ray.engine.startup_order import overlaps_startup, tunes_piecewise_bu
 from bullet_ray.engine.state_block import Side
 from bullet_ray.engine.worker.setup import WorkerResources
 from bullet_ray.engine.worker.step_profile import StepProfiler
+from bullet_ray.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +98,10 @@ class WorkerBase:
     def _route_prefill_gemm(self) -> None:
         """engine.prefill_gemm cublaslt / cublaslt-all (auto on a bullet or static prefill worker): time cuBLASLt's
         algorithms for every projection shape on the partitions this side runs on (a prefill worker: those where
-        cuBLAS's device-sized grid wastes SM-rounds, `tuned_places`; the chunked schedule's one worker: the whole GPU), then route the projections through the
-        winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the creating worker does it before it sends its
-        handles."""
+        cuBLAS's device-sized grid wastes SM-rounds, `tuned_places`; the chunked schedule's one worker: the whole
+        GPU), then route the projections through the winners (bullet_ray.engine.lt_gemm). Alone on the GPU: the
+        creating worker does it before it sends its handles. Under the default (auto) a torch without a usable
+        libcublasLt keeps cuBLAS with a warning; asked for by name, it fails the start."""
         from tqdm import tqdm
 
         from bullet_ray.engine import lt_gemm
@@ -109,12 +111,20 @@ class WorkerBase:
         whole = self.partitioner.side == "both"  # the hybrid worker: every step on the whole GPU, one place
         places = [lt_gemm.Place(self.partitioner.current_index, device_sms, None)] if whole else lt_gemm.tuned_places(
             [(i, ladder[i].prefill_sms, stream) for i, stream in self._graph_partitions()], device_sms)
-        routed = lt_gemm.tune_and_route(self.res.model, places, self.config.prefill_gemm_mode,
-                                        self.config.max_num_batched_tokens, self.res.device, device_sms, whole,
-                                        progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
-        if routed is None:
-            logger.warning("%s worker: prefill_gemm %s has nothing to tune (%d partitions)", self.role,
-                           self.config.prefill_gemm_mode, len(places))
+        is_auto = self.config.prefill_gemm == "auto"
+        try:
+            routed = lt_gemm.tune_and_route(self.res.model, places, self.config.prefill_gemm_mode,
+                                            self.config.max_num_batched_tokens, self.res.device, device_sms, whole,
+                                            progress=lambda it: tqdm(it, desc="prefill GEMM algorithms"))
+        except ConfigError as e:
+            if not is_auto:
+                raise
+            logger.warning("%s worker: prefill_gemm auto keeps cuBLAS: %s", self.role, e)
+            return
+        if routed is None:  # no partition where cuBLAS's grid wastes SM-rounds (or no green contexts)
+            log = logger.info if is_auto else logger.warning  # the default need not say it on every start
+            log("%s worker: prefill_gemm %s has nothing to tune (%d partitions)", self.role,
+                self.config.prefill_gemm_mode, len(places))
             return
         self.lt_router, report = routed
         self.graph_capture = {**self.graph_capture, "prefill_gemm": report}

@@ -25,6 +25,16 @@ TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
+def resolve_prefill_gemm(prefill_gemm: str, is_gpu: bool, dtype: str, schedule: str) -> str:
+    """An `EngineConfig.prefill_gemm` with "auto" resolved: cublaslt for a prefill worker on green partitions (GPU,
+    bfloat16: the bullet schedule, where it was measured to pay, and the static one, whose prefill side runs the same
+    way), cublas elsewhere. `bullet-ray profile` resolves its --prefill-gemm with it too."""
+    if prefill_gemm != "auto":
+        return prefill_gemm
+    fits = is_gpu and dtype == "bfloat16" and schedule in ("bullet", "static")
+    return "cublaslt" if fits else "cublas"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How one engine (one GPU, or the CPU) serves one model."""
@@ -356,13 +366,8 @@ class EngineConfig:
 
     @property
     def prefill_gemm_mode(self) -> str:
-        """`prefill_gemm` with "auto" resolved: cublaslt for a prefill worker on green partitions (GPU, bfloat16: the
-        bullet schedule, where it was measured to pay, and the static one, whose prefill side runs the same way),
-        cublas elsewhere."""
-        if self.prefill_gemm != "auto":
-            return self.prefill_gemm
-        fits = self.is_gpu and self.torch_dtype_name == "bfloat16" and self.schedule in ("bullet", "static")
-        return "cublaslt" if fits else "cublas"
+        """`prefill_gemm` with "auto" resolved (`resolve_prefill_gemm`)."""
+        return resolve_prefill_gemm(self.prefill_gemm, self.is_gpu, self.torch_dtype_name, self.schedule)
 
     @property
     def is_async_scheduling(self) -> bool:

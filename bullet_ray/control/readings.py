@@ -205,9 +205,8 @@ class NodeExporterReader:
     `window_s` None (the default) takes `NUM_EXPORTS_PER_WINDOW` (3) of the cluster's export periods: 30 s with Ray's
     10 s (as `PrometheusReader`'s 30 s), 6 s with the tests' 2 s. A longer window reads a steady load closer (2 s
     exports read every 2.35 s: within -15%/+13% over 6 s, -15%/+6% over 8 s, -2%/+5% over 30 s) but lags a
-    changing one by about half of it (`ClusterReading.age_s`: the controller's forecast looks that much further ahead),
-and the controller's forecast takes its trend from these readings. In the
-    integration test's rising load (0.3 + 0.1 req/s each second, 2 s exports, a decision every ~2.3 s, a second
+    changing one by about half of it (`ClusterReading.age_s`: the controller's forecast looks that much further
+    ahead), and the controller's forecast takes its trend from these readings. In the integration test's rising load (0.3 + 0.1 req/s each second, 2 s exports, a decision every ~2.3 s, a second
     replica due before 23.7 s) the controller asked for it 9.8, 13.3 and 15.4 s into the rise with 3 export
     periods, 17.7 and 21.9 s with 4, and 25.3 s in one run that read two consecutive scrapes; an offline model of
     that loop put a 30 s window past the deadline in 16 of 20 runs. The window must also stay longer than an

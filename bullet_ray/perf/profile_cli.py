@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bullet_ray.config import resolve_prefill_gemm
     from bullet_ray.errors import ConfigError
     from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
@@ -74,8 +75,7 @@ def _run(args: argparse.Namespace) -> int:
 
     is_gpu = args.device.startswith("cuda")
     dtype = args.dtype or ("bfloat16" if is_gpu else "float32")
-    if args.prefill_gemm == "auto":  # as the engine resolves it on a bullet prefill worker (EngineConfig.prefill_gemm_mode)
-        args.prefill_gemm = "cublaslt" if is_gpu and dtype == "bfloat16" else "cublas"
+    args.prefill_gemm = resolve_prefill_gemm(args.prefill_gemm, is_gpu, dtype, "bullet")  # the sweep's partitions
     if args.prefill_gemm != "cublas" and not (is_gpu and dtype == "bfloat16"):
         raise ConfigError("--prefill-gemm", f"{args.prefill_gemm} runs bf16 cuBLASLt GEMMs on a GPU (device "
                           f"{args.device}, dtype {dtype})")

@@ -109,9 +109,11 @@ class EngineConfig:
     # the prefill worker (GPU) plans its next batch only this long (ms, >= 0) before the step in flight is
     # predicted to end, or once it has ended, reading arrivals meanwhile, so that a prompt arriving during a long
     # prefill step joins the next batch; None: plan (and launch) the next batch at once, as every worker does.
-    # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own;
-    # opt-in until a serving run measures it
-    prefill_plan_lead_ms: float | None = None
+    # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own. The
+    # default since the thirty-first session: on an H200 (serve_h200_m6/seed4) 10 ms took the prefill worker's read
+    # of a new prompt from 30 ms after the front sent it to 0.3 ms and strict goodput 28.0 -> 30.4 req/s. On CPU a
+    # launch computes the step, so there is nothing in flight to wait on and this changes nothing
+    prefill_plan_lead_ms: float | None = 10.0
     # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint":
     # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that
     # ack, so the two sides' SMs never overlap; a switch then waits for a whole step of the shrinking side

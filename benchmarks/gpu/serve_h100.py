@@ -199,7 +199,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     schedule, whose steps with prompt tokens, up to 2,048, were collected before the launch), "+handoff" sends
     prefilled sequences from the prefill worker to the decode worker directly (engine.handoff: direct), "+lt" / "+ltall"
     the prefilling worker's projections through the cuBLASLt algorithms tuned per partition, or on the whole GPU for
-    chunked (engine.prefill_gemm: cublaslt / cublaslt-all; every other system pins cublas). "+direct"
+    chunked (engine.prefill_gemm: cublaslt / cublaslt-all; every other system pins cublas). Every system pins
+    engine.prefill_plan_lead_ms: null unless bullet-slo-late<ms> or -pl<ms> sets it. "+direct"
     changes nothing in the YAML (serve_run sets direct ingress in `serve run`'s environment) but names the copy and the
     step log apart."""
     name, scheduling, _ = parse_system(system)
@@ -209,6 +210,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     # PyTorch's cuBLAS GEMMs unless "+lt" / "+ltall": the engine's default (auto) tunes cuBLASLt on a bullet prefill
     # worker since the thirtieth session, and a system's name keeps meaning what it measured in the runs before
     engine["prefill_gemm"] = LT_SUFFIXES.get(scheduling, "cublas")
+    # likewise the plan lead (the engine's default 10 ms since the thirty-first session): none unless
+    # bullet-slo-late<ms> or -pl<ms> sets one below
+    engine["prefill_plan_lead_ms"] = None
     if scheduling == "nopw":
         engine["piecewise_graph_tokens"] = 0
     elif scheduling == "fixedpw":

@@ -52,9 +52,10 @@ class EngineArgs(BaseModel):
                                       "in this many layer groups and the SM split may move between them (1: off)")
     prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "
                                                 "that runs layer-wise when prefill_layer_groups > 1")
-    prefill_plan_lead_ms: float | None = Field(None, ge=0, description="the prefill worker plans its next batch "
-                                               "this long (ms) before the step in flight is predicted to end, "
-                                               "taking arrivals meanwhile; null: at once (opt-in, unmeasured)")
+    prefill_plan_lead_ms: float | None = Field(10.0, ge=0, description="the prefill worker (GPU) plans its next "
+                                               "batch this long (ms) before the step in flight is predicted to "
+                                               "end, taking arrivals meanwhile; null: at once, as before the "
+                                               "thirty-first session")
     split_switch: Literal["disjoint", "overlap"] = Field(
         "overlap", description="how the two sides move to a new SM split: overlap (the default: each side moves "
                                "at its next launch; the growing side shares its new SMs with the other's step in "

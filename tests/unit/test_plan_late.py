@@ -79,7 +79,9 @@ def test_config_bounds_name_the_field():
     from bullet_ray.errors import ConfigError
     from bullet_ray.serve.config import EngineArgs
 
-    assert EngineConfig().prefill_plan_lead_ms is None and EngineConfig(prefill_plan_lead_ms=0).prefill_plan_lead_ms == 0
+    assert EngineConfig().prefill_plan_lead_ms == 10.0 and EngineConfig(prefill_plan_lead_ms=0).prefill_plan_lead_ms == 0
+    assert EngineConfig(prefill_plan_lead_ms=None).prefill_plan_lead_ms is None  # plan at once
+    assert EngineArgs().to_engine_config().prefill_plan_lead_ms == 10.0  # the serve config's default too
     with pytest.raises(ConfigError, match="prefill_plan_lead_ms"):
         EngineConfig(prefill_plan_lead_ms=-1.0)
     assert EngineArgs(prefill_plan_lead_ms=15).to_engine_config().prefill_plan_lead_ms == 15

@@ -18,7 +18,8 @@ def test_bullet_is_the_deploy_yaml_with_cublas_pinned(tmp_path):
     """"bullet" is deploy/gpu.yaml as shipped but for prefill_gemm: cublas (a system's name keeps what it measured
     before the engine's auto default tuned cuBLASLt)."""
     engine, shipped = _engine(system_yaml("bullet", tmp_path)), _engine(GPU_YAML)
-    assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped and engine == shipped
+    assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped
+    assert engine.pop("prefill_plan_lead_ms") is None and "prefill_plan_lead_ms" not in shipped and engine == shipped
 
 
 def test_slo_layerwise_and_chunked_systems(tmp_path):
@@ -29,7 +30,7 @@ def test_slo_layerwise_and_chunked_systems(tmp_path):
     assert (lw["split_policy"], lw["prefill_layer_groups"], lw["prefill_layer_group_min_tokens"]) == ("slo", 4, 256)
     assert lw["async_scheduling"] is False and lw["step_log_path"].endswith("bullet-slo-lw4+sync-steps.jsonl")
     late = _engine(system_yaml("bullet-slo-late20+direct", tmp_path))
-    assert (late["split_policy"], late["prefill_plan_lead_ms"]) == ("slo", 20) and "prefill_plan_lead_ms" not in slo
+    assert (late["split_policy"], late["prefill_plan_lead_ms"]) == ("slo", 20) and slo["prefill_plan_lead_ms"] is None
     assert late["step_log_path"].endswith("bullet-slo-late20+direct-steps.jsonl")
     margin = _engine(system_yaml("bullet-slo-margin50+direct", tmp_path))
     assert (margin["split_policy"], margin["ttft_margin_ms"]) == ("slo", 50) and "ttft_margin_ms" not in slo

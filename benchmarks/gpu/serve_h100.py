@@ -112,6 +112,8 @@ def gpu_memory_gib() -> float:
     return float(out.splitlines()[0]) / 1024 if out and out.splitlines()[0].strip().isdigit() else float("nan")
 
 
+# deploy/gpu.yaml's split policy, dropped from every system's copy (system_yaml): the names set their own
+SHIPPED_POLICY_FIELDS = ("split_policy", "ttft_target_ms", "tpot_target_ms", "ttft_margin_ms")
 LT_SUFFIXES = {"lt": "cublaslt", "ltall": "cublaslt-all"}  # engine.prefill_gemm of a bullet system's suffix
 
 
@@ -189,8 +191,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, int]]:
 
 
 def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
-    """Copies of deploy/gpu.yaml, prefill_gemm pinned to cublas unless "+lt" / "+ltall": otherwise as shipped for
-    "bullet" (fixed split), with the SLO split policy for "bullet-slo"
+    """Copies of deploy/gpu.yaml without its split policy (SHIPPED_POLICY_FIELDS), prefill_gemm pinned to cublas
+    unless "+lt" / "+ltall": otherwise as shipped for "bullet" (the engine's default fixed split), with the SLO split policy for "bullet-slo"
     (aimed at a preset of bullet_ray.bench.slo for "bullet-slo-<preset>": preset_targets), and with schedule chunked and the token budget
     for chunked-<n>; a "+sync" / "+async" suffix sets async_scheduling off / on (else the engine's
     default), "+nopw" turns piecewise graphs off (steps with prompt tokens run eagerly, as before the fifth
@@ -210,6 +212,10 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     # PyTorch's cuBLAS GEMMs unless "+lt" / "+ltall": the engine's default (auto) tunes cuBLASLt on a bullet prefill
     # worker since the thirtieth session, and a system's name keeps meaning what it measured in the runs before
     engine["prefill_gemm"] = LT_SUFFIXES.get(scheduling, "cublas")
+    # the shipped YAML's split policy (slo, strict targets, a 50 ms margin since the thirty-first session) goes:
+    # each system's name states its own below, "bullet" the engine's default fixed split, as in the runs before
+    for key in SHIPPED_POLICY_FIELDS:
+        engine.pop(key, None)
     # likewise the plan lead (the engine's default 10 ms since the thirty-first session): none unless
     # bullet-slo-late<ms> or -pl<ms> sets one below
     engine["prefill_plan_lead_ms"] = None

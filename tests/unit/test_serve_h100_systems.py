@@ -19,7 +19,10 @@ def test_bullet_is_the_deploy_yaml_with_cublas_pinned(tmp_path):
     before the engine's auto default tuned cuBLASLt)."""
     engine, shipped = _engine(system_yaml("bullet", tmp_path)), _engine(GPU_YAML)
     assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped
-    assert engine.pop("prefill_plan_lead_ms") is None and "prefill_plan_lead_ms" not in shipped and engine == shipped
+    assert engine.pop("prefill_plan_lead_ms") is None and "prefill_plan_lead_ms" not in shipped
+    # the shipped split policy (slo, strict targets, margin 50) is not "bullet"'s: that is the fixed split
+    assert (shipped.pop("split_policy"), shipped.pop("ttft_margin_ms")) == ("slo", 50)
+    assert (shipped.pop("ttft_target_ms"), shipped.pop("tpot_target_ms")) == (500, 25) and engine == shipped
 
 
 def test_slo_layerwise_and_chunked_systems(tmp_path):

@@ -23,6 +23,7 @@ from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
 from bullet_ray.bench.slo import PRESETS, attainment
 from bullet_ray.config import EngineConfig
+from bullet_ray.errors import ConfigError
 from bullet_ray.gpu.partition import default_ladder
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.policy.bullet import BulletPolicy
@@ -47,9 +48,12 @@ def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Seque
 
 
 def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, scope: str, token_cap: int,
-                ladder: Sequence[int] = tuple(default_ladder(SM_COUNT))) -> BulletPolicy:
-    """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty)."""
-    cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap)
+                ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
+                split_rule: dict[str, Any] | None = None) -> BulletPolicy:
+    """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
+    EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults)."""
+    cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap,
+                       split_rule=split_rule)
     return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
                         settings=cfg.split_settings(), split_targets=cfg.split_targets())
 
@@ -93,7 +97,8 @@ def _mean_min_max(values: list[float]) -> dict[str, float]:
 
 def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
-             progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None) -> list[dict[str, Any]]:
+             progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
+             split_rule: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -102,7 +107,8 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
     for margin, scope in cells:
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
-            outcome = replay(reqs, steps, make_policy(factory, margin, scope, token_cap), random.Random(seed),
+            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule)
+            outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
             busy = sum(outcome.decode_sms_s.values())
@@ -173,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                              "first_token / handoff records, less the step-boundary waits the replay models")
     parser.add_argument("--prefill-speedup", type=float, default=1.0,
                         help="what-if: every prefill step this many times faster than the log's fit (default 1)")
+    parser.add_argument("--split-rule", default=None,
+                        help="the split rule's settings as a JSON object (EngineConfig.split_rule, the fields of "
+                             "bullet_ray.policy.split.SplitSettings: aim, backlog_aim, hold_below, ...), e.g. "
+                             "'{\"aim\": 0.9}'; default: SplitSettings' defaults, as the engine runs")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -188,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"replay_split: error: --noise: unknown noise {args.noise!r}; choose from {', '.join(NOISES)}\n")
     if args.delays not in ("none", "log"):
         parser.exit(2, f"replay_split: error: --delays: unknown value {args.delays!r}; choose from none, log\n")
+    split_rule = None
+    if args.split_rule is not None:
+        try:
+            split_rule = json.loads(args.split_rule)
+            if not isinstance(split_rule, dict):
+                raise ValueError(f"need a JSON object, got {args.split_rule!r}")
+            EngineConfig(split_rule=split_rule)  # unknown or out-of-range settings named here
+        except (ValueError, ConfigError) as e:
+            parser.exit(2, f"replay_split: error: --split-rule: {e}\n")
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
     if not 0 < args.prefill_speedup < float("inf"):
@@ -221,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress, warm, delays)
+                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
@@ -230,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.noise == 'lognormal' else f' (noise {args.noise})'}"
           f"{'' if delays is None else ' (delays from the log)'}"
           f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
+          f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
           f"; online correction warmed on {len(warm)} logged "
           f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
@@ -266,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
-            "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup,
+            "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {
                 "noise": args.noise, "delays": args.delays,

@@ -110,7 +110,16 @@ def test_scores_count_miss_kinds(setup) -> None:
     assert sc["attainment"] == pytest.approx((n - 2) / n)
 
 
-@pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian")])
+def test_split_rule_settings_reach_the_policy(factory) -> None:
+    policy = rs.make_policy(factory, 50.0, "all", 4096, split_rule={"aim": 0.9, "backlog_aim": 1.0})
+    assert (policy.rule.settings.aim, policy.rule.settings.backlog_aim) == (0.9, 1.0)
+    assert rs.make_policy(factory, 50.0, "all", 4096).rule.settings.aim == 0.85  # SplitSettings' default
+
+
+@pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
+                                                    ("--split-rule", '{"aimm": 0.9}', "aimm"),
+                                                    ("--split-rule", '{"aim": 1.5}', "aim"),
+                                                    ("--split-rule", "[0.9]", "[0.9]")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
         rs.main([flag, value, "--run", str(tmp_path / "none.json")])

@@ -26,8 +26,10 @@ What it models:
   first step boundary `relay_ms` after its prefill step ends, and every decode step gives each running sequence
   one token. TPOT = (last token - first token) / (output tokens - 1).
 
-What it leaves out: the prefill worker's read lag (it reads its pipe and plans after launching its next step:
-0.8-24 ms later than the step end the replay plans at), the mixed fallback and
+What it leaves out: the prefill worker's read lag in runs without the plan lead (`prefill_plan_lead_ms: null`: it
+reads its pipe and plans after launching its next step, 0.8-24 ms later than the step end the replay plans at; with
+the default 10 ms lead it reads arrivals until 10 ms before its step's predicted end, close to what the replay
+does), the mixed fallback and
 admission (off in the H200 runs), the SM sharing while a switch drains (a step runs wholly on the entry it
 launched on), the KV pool, the decode side's launch-ahead, and (with lognormal noise) errors that persist over
 steps.

@@ -3,8 +3,10 @@ form: step-time residuals (measured / fitted, per side and SM entry) and the two
 replay's timing does not already hold (front -> prefill worker, prefill -> decode hand-off).
 
 The delays, and what is subtracted from them. A worker reads its pipe once per step, at the top of its loop
-(`WorkerBase.run`, after `step()` has launched step k+1 and collected step k; these runs set no
-`prefill_plan_lead_ms`, so `PrefillWorker.wait_to_plan` takes none), and at once while idle. It plans its next
+(`WorkerBase.run`, after `step()` has launched step k+1 and collected step k), and at once while idle; so does the
+prefill worker in runs without the plan lead (`prefill_plan_lead_ms: null`, every run before the thirty-first session;
+with the lead, the default since, `PrefillWorker.wait_to_plan` reads arrivals during the step too, the measured
+front -> worker delay is ~0.3 ms, and what is kept below is ~0). It plans its next
 batch right after that read. `FirstTokenLog.received` stamps the read: `to_worker_ms` = read - the front's send
 (`AddRequest.arrival_s`). The decode worker's `handoff` record stamps its take: `hop_ms` = take - the prefill
 worker's send. The replay already makes an arrival wait for the prefill side's next plan (at its next step

@@ -63,6 +63,19 @@ def _gemm_list(text: str) -> list[str]:
     return names
 
 
+def _plan_lead(text: str) -> float | None:
+    """--prefill-plan-lead-ms: milliseconds >= 0, or none (plan at once)."""
+    if text == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or none; got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 or none; got {text!r}")
+    return value
+
+
 def _suffixed(path: str | None, suffix: str) -> str | None:
     """`steps.jsonl` -> `steps-<suffix>.jsonl`, `steps.jsonl.gz` -> `steps-<suffix>.jsonl.gz` (a variant's
     step log beside the first run's)."""
@@ -94,7 +107,8 @@ def engine_config(args: argparse.Namespace) -> Any:
                         profile_dir=args.profile_dir, profile_start_step=args.profile_start_step,
                         profile_num_steps=args.profile_num_steps,
                         piecewise_graph_tokens=args.piecewise_graph_tokens[0] if args.piecewise_graph_tokens else None,
-                        piecewise_buckets=args.piecewise_buckets, prefill_gemm=args.prefill_gemm[0])
+                        piecewise_buckets=args.piecewise_buckets, prefill_gemm=args.prefill_gemm[0],
+                        prefill_plan_lead_ms=args.prefill_plan_lead_ms)
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
@@ -206,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine.prefill_gemm (cublas, cublaslt, cublaslt-all: the projections of steps with "
                              "prompt tokens through cuBLASLt algorithms tuned at start); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_<gemm>' (e.g. cublas,cublaslt)")
+    parser.add_argument("--prefill-plan-lead-ms", type=_plan_lead, default=10.0,
+                        help="engine.prefill_plan_lead_ms of the bullet and static schedules' prefill worker (ms before "
+                             "its step in flight is predicted to end that it plans the next batch; none: at once); "
+                             "default 10, the engine's")
     parser.add_argument("--vllm", action="store_true", help="also run vLLM's LLM.generate (child process)")
     parser.add_argument("--vllm-timeout-s", type=float, default=900,
                         help="the vLLM child (start-up ~3 min on the H100, then the run) is killed with its "

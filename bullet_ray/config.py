@@ -97,8 +97,9 @@ class EngineConfig:
     static_decode_sms: int | None = None
     # SM split of the "bullet" schedule: "fixed" (stays at the middle of the ladder), "slo" (the prefill
     # worker decides it at every step boundary from the performance model and the ttft/tpot targets,
-    # bullet_ray.policy, docs/policy.md; opt-in until an H100 sweep shows it beats the fixed split),
-    # "auto" (fixed, until then)
+    # bullet_ray.policy, docs/policy.md; the GPU deployments in deploy/ set it, with ttft_margin_ms 50: it led
+    # chunked prefill and vLLM at strict in the H100 and H200 serving runs), "auto" (fixed: the engine's own
+    # default, which a CPU deployment and the tests get)
     split_policy: str = "auto"
     # layer-wise prefill (the prefill worker of the bullet and static schedules): a prefill batch of >= prefill_layer_group_min_tokens new tokens
     # runs through the model in this many groups of layers (1..num layers; 1: whole forward, the default),
@@ -110,9 +111,12 @@ class EngineConfig:
     # predicted to end, or once it has ended, reading arrivals meanwhile, so that a prompt arriving during a long
     # prefill step joins the next batch; None: plan (and launch) the next batch at once, as every worker does.
     # On the H100 (benchmarks/results/serve_h100_m2k) an arrival waited ~1.5 prefill steps before its own. The
-    # default since the thirty-first session: on an H200 (serve_h200_m6/seed4) 10 ms took the prefill worker's read
-    # of a new prompt from 30 ms after the front sent it to 0.3 ms and strict goodput 28.0 -> 30.4 req/s. On CPU a
-    # launch computes the step, so there is nothing in flight to wait on and this changes nothing
+    # default since the thirty-first session, on two A/Bs of one draw each: on an H200 (serve_h200_m6/seed4) 10 ms
+    # took the prefill worker's read of a new prompt from 30 ms after the front sent it to 0.3 ms and strict
+    # goodput 28.0 -> 30.4 req/s (bootstrap P 0.72; TTFT p50 at 32 req/s rose 130 -> 167 ms while p90 fell); on
+    # the H100 (serve_h100_m2l) goodput stayed equal and TTFT p50 fell. Measured on the bullet schedule with the
+    # slo policy only (the static schedule and the fixed split get it unmeasured). Not after a layer-wise step
+    # (PrefillWorker.wait_to_plan). On CPU a launch computes the step: nothing in flight, nothing changes
     prefill_plan_lead_ms: float | None = 10.0
     # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint":
     # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that
@@ -156,7 +160,8 @@ class EngineConfig:
     # count as lost, the batches' fit, the split rule's TTFT risk and backlog (ttft_margin_scope says which of
     # these). It leaves the SLO metrics, admission (admission_ttft_s) and the predicted TTFT the engine publishes as
     # they are. Headroom for prediction error and the time the client sees outside the workers (~14 ms on the H200:
-    # benchmarks/results/serve_h200_m2z); opt-in until a serving run measures it
+    # benchmarks/results/serve_h200_m2z). Off in the engine; 50 in the GPU deployments (deploy/gpu.yaml), measured
+    # in the H200 serving runs since the twenty-fifth session (benchmarks/results/serve_h200_m3a ... m6)
     ttft_margin_ms: float = 0.0
     # what plans with ttft_margin_ms: "all" (default): the prefill queue's order, the batches' fit and the split
     # rule (the setting of the H200 A/B: at 40 req/s the rule judged TTFT at risk more often, kept decode on its

@@ -1,19 +1,21 @@
 """The Serve application on one GPU, launched the way users launch it (`serve run <yaml>`), and the engine's
 schedules compared on the Azure conversation trace with dummy Llama-3.1-8B weights.
 
-For each system a YAML (deploy/gpu.yaml, or a copy with the schedule changed) is launched with `serve run`
+For each system a YAML (a copy of deploy/gpu.yaml with the system's settings: `system_yaml`) is launched with `serve run`
 (which starts a local Ray cluster); the system is swept over Poisson request rates with the trace's prompt and
-output lengths (benchmarks.compare), then Ctrl-C stops `serve run` and frees the GPU for the next one. The first launch of
-deploy/gpu.yaml itself (system "bullet") also answers a batch of concurrent streaming requests and one gRPC
-call, compared with HTTP (the Serve application issue's GPU check).
+output lengths (benchmarks.compare), then Ctrl-C stops `serve run` and frees the GPU for the next one. System
+"bullet" also answers a batch of concurrent streaming requests and one gRPC call, compared with HTTP (the Serve
+application issue's GPU check; `--check-requests 0` skips it). The copies drop deploy/gpu.yaml's own split
+policy (slo, strict targets, a 50 ms margin since the thirty-first session) and pin cuBLAS and no plan lead, so a
+system's name states all it runs: the shipped configuration is bullet-slo-margin50-pl10+lt.
 
     python -m benchmarks.gpu.serve_h100 --systems bullet --out $OUT          # one device call
     python -m benchmarks.gpu.serve_h100 --systems chunked-1024,chunked-2048 --out $OUT
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json C/ --out ...   # C: a sweep cut short (its runs/)
 
-Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split,
-deploy/gpu.yaml), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
+Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split, the
+engine's default policy), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
 (bullet-slo with layer-wise prefill: batches of >= 256 tokens in G layer groups, the split may move between them),
 bullet-slo-late<ms> (bullet-slo whose prefill side plans its next batch <ms> before the step in flight is
 predicted to end, taking arrivals meanwhile: engine.prefill_plan_lead_ms), bullet-slo-margin<ms> (bullet-slo

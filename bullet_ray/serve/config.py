@@ -46,8 +46,8 @@ class EngineArgs(BaseModel):
                                                                   "split; null: half the GPU")
     split_policy: Literal["auto", "slo", "fixed"] = Field(
         "auto", description="SM split of the bullet schedule: fixed (the middle of the ladder), slo (moved "
-                            "step by step to meet the ttft/tpot targets; opt-in, it has not beaten fixed on the "
-                            "H100 yet), auto (fixed for now)")
+                            "step by step to meet the ttft/tpot targets; what the GPU deployments in deploy/ "
+                            "set, with ttft_margin_ms 50), auto (fixed: the engine's default)")
     prefill_layer_groups: int = Field(1, ge=1, le=256, description="layer-wise prefill: a long prefill batch runs "
                                       "in this many layer groups and the SM split may move between them (1: off)")
     prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "

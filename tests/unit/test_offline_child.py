@@ -109,3 +109,19 @@ def test_prefill_gemm_variants_run_ours_once_each_beside_vllm(tmp_path, monkeypa
     with pytest.raises(SystemExit) as exc:
         offline.parse_args(["--prefill-gemm", "cublas,triton"])
     assert exc.value.code == 2 and "--prefill-gemm" in capsys.readouterr().err
+
+
+def test_plan_lead_flag_reaches_the_engine_config_or_names_itself():
+    """--prefill-plan-lead-ms: the engine's default 10, a number, or none; anything else is one line naming it."""
+    import pytest
+
+    from benchmarks import offline
+
+    assert offline.engine_config(offline.parse_args(["--device", "cpu"])).prefill_plan_lead_ms == 10.0
+    assert offline.engine_config(offline.parse_args(["--device", "cpu", "--prefill-plan-lead-ms", "none"])) \
+        .prefill_plan_lead_ms is None
+    assert offline.parse_args(["--prefill-plan-lead-ms", "2.5"]).prefill_plan_lead_ms == 2.5
+    for bad in ("-1", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            offline.parse_args(["--prefill-plan-lead-ms", bad])
+        assert exc.value.code == 2

@@ -54,6 +54,16 @@ def test_waits_until_lead_before_the_predicted_end_taking_messages():
     assert 0.045 <= waited < 0.2  # ~60 ms: predicted 80 ms, planned 20 ms before the end
 
 
+def test_plans_at_once_after_a_layer_wise_step():
+    """A layer-wise step's groups ran before its launch returned: its whole predicted time from the launch would
+    put the plan past its end, so the worker plans at once (as without a lead)."""
+    worker, got = _worker(lead_ms=10.0, predicted_s=10.0, done=_Event(), messages=["add-1"])
+    worker.inflight.num_layer_groups = 4
+    start = time.perf_counter()
+    worker.wait_to_plan()
+    assert time.perf_counter() - start < 0.05 and got == [] and worker.conn.polls == 0
+
+
 def test_returns_once_the_step_in_flight_has_ended():
     worker, got = _worker(lead_ms=0.0, predicted_s=10.0, done=_Event(done_after_s=0.01), messages=[])
     start = time.perf_counter()

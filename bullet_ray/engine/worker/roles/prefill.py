@@ -85,11 +85,15 @@ class PrefillWorker(SideWorker):
         messages instead of planning, so that a prompt arriving during a long prefill step joins the next
         batch (planned at once, the next batch is fixed and launched before it arrives: it then waits for
         the step in flight and the next). The predicted end: the model's step time from when the GPU took
-        the step (its launch, or the collect of the one before if that came later)."""
+        the step (its launch, or the collect of the one before if that came later). Not after a layer-wise
+        step: its groups ran before its launch returned, so the whole step's prediction from then would put
+        the plan past its end."""
         lead_ms, step = self.config.prefill_plan_lead_ms, self.inflight
         record = getattr(step, "perf_record", None)
         if lead_ms is None or step is None or step.done is None or record is None:
             return  # nothing in flight, or on CPU (a launch there computes the step)
+        if getattr(step, "num_layer_groups", 1) > 1:
+            return  # layer-wise: plan at once, as without a lead
         due = max(step.launched_s, self.last_done_s) + record[1] - lead_ms / 1e3
         while not self.is_stopped and not step.done.query():
             left = due - time.perf_counter()

@@ -1,5 +1,6 @@
 """Replay one served run through a model of BOTH sides of the bullet schedule and the real split rule, to predict
-what a TTFT planning margin (EngineConfig.ttft_margin_ms) and its scope (ttft_margin_scope) do to strict SLO
+what a TTFT planning margin (EngineConfig.ttft_margin_ms) and its scope (ttft_margin_scope), the split rule's
+settings (`--split-rule`: EngineConfig.split_rule) or a faster prefill side (`--prefill-speedup`) do to strict SLO
 attainment, TTFT and TPOT. A discrete-event MODEL calibrated on a step log, not a GPU measurement.
 
 What it models:

@@ -63,6 +63,7 @@ def test_gpu_deployments_ship_the_measured_split_policy():
         engine = BulletAppConfig(**raw["applications"][0]["args"]).engine.to_engine_config()
         assert (engine.split_policy, engine.ttft_margin_ms) == ("slo", 50)
         assert (engine.ttft_target_ms, engine.tpot_target_ms, engine.prefill_plan_lead_ms) == (500, 25, 10)
+        assert engine.max_num_batched_tokens == 8192  # the measured runs' prefill batch cap
     local = BulletAppConfig(**_load("local.yaml")["applications"][0]["args"]).engine.to_engine_config()
     assert local.split_policy in ("auto", "fixed") and local.ttft_margin_ms == 0
 

@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.plot_steps import records, run_start_unix_s
 from benchmarks.replay_split.fits import StepModel, fit_step_model
 from benchmarks.replay_split.noise import NOISES, Delays, delays_from_log, lag_autocorrelation, residual_noise
-from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before
+from benchmarks.replay_split.sim import DecodePause, Request, load_requests, replay, steps_before
 from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
 from bullet_ray.bench.slo import PRESETS, attainment
@@ -98,7 +98,7 @@ def _mean_min_max(values: list[float]) -> dict[str, float]:
 def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
              progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
-             split_rule: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -109,10 +109,11 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         for seed in range(seeds):
             policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule)
             outcome = replay(reqs, steps, policy, random.Random(seed),
-                             overhead_s, warm=warm, delays=delays)
+                             overhead_s, warm=warm, delays=delays, pause=pause)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
             busy = sum(outcome.decode_sms_s.values())
             sc["decisions"] = dict(outcome.decisions)
+            sc["num_pauses"] = len(outcome.pauses)
             sc["decode_time_share_by_sms"] = {str(k): v / busy for k, v in sorted(outcome.decode_sms_s.items())}
             sc["prefill_model_error_median"] = statistics.median(outcome.model_errors["prefill"])
             sc["decode_model_error_median"] = statistics.median(outcome.model_errors["decode"])
@@ -123,6 +124,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
             vals = [float(s["decisions"].get("balance", 0)) if key == "balance" else float(s[key]) for s in per_seed]
             row[key] = _mean_min_max(vals)
         row["seeds_tpot_only_ge_20"] = sum(s["tpot"] >= COLLAPSE_TPOT_MISSES for s in per_seed)
+        row["pauses"] = _mean_min_max([float(s["num_pauses"]) for s in per_seed])
         row["model_error_median"] = {p: statistics.fmean(s[f"{p}_model_error_median"] for s in per_seed)
                                      for p in ("prefill", "decode")}
         rows.append(row)
@@ -183,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="the split rule's settings as a JSON object (EngineConfig.split_rule, the fields of "
                              "bullet_ray.policy.split.SplitSettings: aim, backlog_aim, hold_below, ...), e.g. "
                              "'{\"aim\": 0.9}'; default: SplitSettings' defaults, as the engine runs")
+    parser.add_argument("--decode-pause", type=float, default=None, metavar="SPEEDUP",
+                        help="what-if the engine does not have (sim.DecodePause): while the split rule judges TTFT at "
+                             "risk, a prefill step runs on the whole GPU with decode paused, if every running "
+                             "sequence's TPOT stays under 0.9 x the target; SPEEDUP: that step's speed over the log's "
+                             "116-SM step with decode idle (1.1: the whole GPU's ~41k against ~37k tokens/s)")
+    parser.add_argument("--decode-pause-aim", type=float, default=0.9,
+                        help="--decode-pause: the share of the TPOT target every running sequence's TPOT must stay "
+                             "under with the pause added (default 0.9)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -207,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             EngineConfig(split_rule=split_rule)  # unknown or out-of-range settings named here
         except (ValueError, ConfigError) as e:
             parser.exit(2, f"replay_split: error: --split-rule: {e}\n")
+    if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
+        parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
+    if not 0 < args.decode_pause_aim < float("inf"):
+        parser.exit(2, f"replay_split: error: --decode-pause-aim must be > 0, got {args.decode_pause_aim}\n")
+    pause = DecodePause(speedup=args.decode_pause, tpot_aim=args.decode_pause_aim) \
+        if args.decode_pause is not None else None
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
     if not 0 < args.prefill_speedup < float("inf"):
@@ -240,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule)
+                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
@@ -250,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if delays is None else ' (delays from the log)'}"
           f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
           f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
+          f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
+          f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target)'}"
           f"; online correction warmed on {len(warm)} logged "
           f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")
@@ -282,11 +300,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['failed']['mean']:>4.1f} {row['balance']['mean']:>7.1f} "
               f"{row['model_error_median']['prefill']:>5.1%}/{row['model_error_median']['decode']:.1%} "
               f"{row['seeds_tpot_only_ge_20']:>8}/{len(row['seeds'])}")
+    if pause is not None:
+        print("decode pauses (prefill steps on the whole GPU with decode held) per replay: "
+              + "; ".join(f"margin {row['margin_ms']:g} {row['scope']}: {spread(row['pauses'])}" for row in rows))
     if args.json is not None:
         args.json.write_text(json.dumps({
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
+            "decode_pause": None if pause is None else pause.__dict__,
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {
                 "noise": args.noise, "delays": args.delays,

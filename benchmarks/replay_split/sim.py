@@ -31,6 +31,22 @@ class Request:
     num_output_tokens: int  # the first token (from prefill) included
 
 
+@dataclass(frozen=True)
+class DecodePause:
+    """A what-if the engine does not have: while the split rule has just judged TTFT at risk (a decision of one of
+    `reasons`) and decode has sequences, the next prefill step runs on the whole GPU with decode paused, if every
+    running sequence's TPOT still ends under `tpot_aim` x the TPOT target with the pause added (its tokens so far,
+    the pause, and its remaining tokens at decode's last step time). The paused step starts when decode's step in flight ends; its
+    time is the log's fit on the largest prefill entry with decode idle (116 SMs) / `speedup` (the whole GPU's 132
+    SMs alone: ~41k tokens/s against ~37k on 116, `serve_h200_m6` step logs). The online correction does not learn
+    from paused steps (no ladder entry holds them)."""
+
+    speedup: float = 1.1
+    tpot_aim: float = 0.9
+    reasons: tuple[str, ...] = ("backlog", "balance")
+    prefill_sms: int = 116  # the fitted entry a paused step's time is taken from
+
+
 def load_requests(path: Path) -> tuple[list[Request], list[Any]]:
     """The run's requests in send order, and its measured records for bullet_ray.bench.slo / rescore.miss_kinds."""
     rows = sorted(load_bench_run(path)["requests"], key=lambda r: r["scheduled_s"])
@@ -46,6 +62,7 @@ class Outcome:
     tpot_s: list[float | None]  # None: one output token
     num_tokens: list[int]  # output tokens each request got
     decisions: Counter = field(default_factory=Counter)  # split decisions by reason
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # DecodePause: (start, end) of each paused step
     decode_sms_s: dict[int, float] = field(default_factory=dict)  # decode step seconds by decode SMs
     max_decode_seqs: int = 0
     model_errors: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
@@ -79,11 +96,12 @@ def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
 
 def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng: random.Random | None = None,
            overhead_s: float = 0.014, relay_s: float = 0.001, warm: Sequence[dict] = (),
-           delays: Delays | None = None) -> Outcome:
+           delays: Delays | None = None, pause: DecodePause | None = None) -> Outcome:
     """One replay (see the module docstring); `policy` is fresh (its model's online correction starts empty, then
     learns the steps `warm`); `rng` None: no noise. `delays`: each arrival reaches the prefill queue a drawn
     `to_worker` delay later, and each hand-off takes a drawn `handoff` delay instead of `relay_s` (drawn from their
-    own generator, seeded by one draw of `rng`, or 0 without it, so the step noise stays as without delays)."""
+    own generator, seeded by one draw of `rng`, or 0 without it, so the step noise stays as without delays).
+    `pause`: the DecodePause what-if (None: as the engine runs)."""
     half = overhead_s / 2
     if steps.residuals is not None:
         steps.residuals.reset()
@@ -116,12 +134,14 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
     d_inflight: dict[str, Any] | None = None
     last_decode: tuple[StepShape, int, bool, int, float] | None = None  # for the next decision's observe
     last_decode_s: float | None = None
+    last_reason = ""  # the last decision's SplitReason value
+    paused_until: float | None = None  # decode holds until the paused prefill step ends (DecodePause)
 
     def prefill_shape(batch: list[tuple[int, int]]) -> StepShape:
         return StepShape.of_prompts([take + computed[i] for i, take in batch], [computed[i] for i, _ in batch])
 
     def decide(now: float) -> None:
-        nonlocal planned, requested, last_decode
+        nonlocal planned, requested, last_decode, last_reason
         if last_decode is not None:  # SplitDecider._observe_decode: decode's last step since the decision before
             shape, sms, busy, index, measured = last_decode
             model.observe(shape, sms, busy, index, measured)
@@ -137,7 +157,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         state = StepState(requested, queue, DecodeLoad(num_seqs, ctx, last_decode_s if running else None), now,
                           remaining)
         result = policy.step(state)
-        out.decisions[result.split.reason.value] += 1
+        last_reason = result.split.reason.value
+        out.decisions[last_reason] += 1
         if result.split.index != requested:
             out.timeline.append(("request", now, result.split.index))
         requested = result.split.index
@@ -153,10 +174,49 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
             if p_inflight is None:
                 launch_prefill(now)
 
+    def pause_fits(now: float, start: float, pause_s: float) -> bool:
+        """Every decoding sequence's TPOT, with decode held from `now` to the paused step's end, stays under the aim."""
+        assert pause is not None
+        if not (running or waiting):
+            return False  # nothing decodes: no pause (the what-if is decode's slack, not prefill alone on 132 SMs)
+        aim = pause.tpot_aim * rule.targets.tpot_s
+        step_s = last_decode_s if last_decode_s is not None else aim
+        for s in running + waiting:
+            n = reqs[s.index].num_output_tokens
+            end = start + pause_s + (n - s.tokens) * step_s
+            if n > 1 and (end - first[s.index]) / (n - 1) > aim:
+                return False
+        return True
+
+    def launch_paused(now: float, batch: list[tuple[int, int]]) -> bool:
+        """DecodePause: run `batch` on the whole GPU with decode held, if the last decision judged TTFT at risk and
+        the pause fits every sequence's TPOT; False: launch it as the engine does."""
+        nonlocal p_inflight, paused_until
+        if pause is None or last_reason not in pause.reasons:
+            return False
+        shape = prefill_shape(batch)
+        start = max(now, d_inflight["end"]) if d_inflight is not None else now
+        if not pause_fits(now, start, steps.seconds(shape, pause.prefill_sms, False) / pause.speedup):
+            return False
+        real = steps.noisy_seconds(shape, pause.prefill_sms, False, rng) / pause.speedup
+        done = []
+        for i, take in batch:
+            computed[i] += take
+            if computed[i] >= reqs[i].num_prompt_tokens:
+                done.append(i)
+        paused_until = start + real
+        p_inflight = {"paused": True, "predicted_end": start + real, "done": done}
+        out.pauses.append((start, start + real))
+        push(start + real, "prefill_end", real)
+        decide(now)
+        return True
+
     def launch_prefill(now: float) -> None:
         nonlocal planned, p_inflight
         assert planned is not None
         batch, planned = planned, None
+        if launch_paused(now, batch):
+            return
         index = requested
         sms = rule.prefill_sms(index)
         busy = bool(running or waiting or d_inflight)
@@ -176,6 +236,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
 
     def launch_decode(now: float) -> None:
         nonlocal d_inflight, waiting
+        if paused_until is not None:
+            return  # DecodePause: decode holds until the paused prefill step ends
         joined = [s for s in waiting if s.ready_s <= now]
         waiting = [s for s in waiting if s.ready_s > now]
         running.extend(joined)
@@ -187,7 +249,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         shape = StepShape.decode(len(running), sum(s.context for s in running))
         real = steps.noisy_seconds(shape, sms, busy, rng)
         d_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index,
-                      "predicted": model.predict(shape, sms, busy, index).seconds}
+                      "predicted": model.predict(shape, sms, busy, index).seconds, "end": now + real}
         out.max_decode_seqs = max(out.max_decode_seqs, len(running))
         out.decode_sms_s[sms] = out.decode_sms_s.get(sms, 0.0) + real
         out.timeline.append(("decode", now, index))
@@ -203,8 +265,11 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
             step = p_inflight
             assert step is not None
             p_inflight = None
-            model.observe(step["shape"], step["sms"], step["busy"], step["index"], payload)
-            out.model_errors["prefill"].append(abs(step["predicted"] - payload) / payload)
+            if step.get("paused"):
+                paused_until = None
+            else:
+                model.observe(step["shape"], step["sms"], step["busy"], step["index"], payload)
+                out.model_errors["prefill"].append(abs(step["predicted"] - payload) / payload)
             for i in step["done"]:
                 del computed[i]
                 first[i] = now
@@ -216,6 +281,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
                     push(now + hop, "handoff")
             if planned is not None:
                 launch_prefill(now)
+            if step.get("paused") and d_inflight is None:
+                launch_decode(now)  # decode resumes (after a next paused step's launch, it holds again)
         elif kind == "decode_end":
             step, d_inflight = d_inflight, None
             assert step is not None

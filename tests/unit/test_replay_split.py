@@ -110,6 +110,24 @@ def test_scores_count_miss_kinds(setup) -> None:
     assert sc["attainment"] == pytest.approx((n - 2) / n)
 
 
+def test_decode_pause_holds_decode_while_prefill_runs_alone(setup, factory) -> None:
+    """The DecodePause what-if: prefill steps run with decode held (no decode launch inside a pause), every request
+    still gets all its tokens, and a TPOT aim no sequence can meet takes no pause at all."""
+    from benchmarks.replay_split.sim import DecodePause
+    from bullet_ray.policy.state import SplitReason
+
+    reqs, _, steps = setup
+    every = tuple(r.value for r in SplitReason)
+    out = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
+                    pause=DecodePause(speedup=1.1, tpot_aim=100.0, reasons=every))
+    assert out.pauses and out.num_tokens == [r.num_output_tokens for r in reqs]
+    decode_launches = [t for kind, t, _ in out.timeline if kind == "decode"]
+    assert not any(start < t < end for start, end in out.pauses for t in decode_launches)
+    none = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
+                     pause=DecodePause(speedup=1.1, tpot_aim=1e-6, reasons=every))
+    assert not none.pauses
+
+
 def test_split_rule_settings_reach_the_policy(factory) -> None:
     policy = rs.make_policy(factory, 50.0, "all", 4096, split_rule={"aim": 0.9, "backlog_aim": 1.0})
     assert (policy.rule.settings.aim, policy.rule.settings.backlog_aim) == (0.9, 1.0)
@@ -119,7 +137,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
 @pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
                                                     ("--split-rule", '{"aimm": 0.9}', "aimm"),
                                                     ("--split-rule", '{"aim": 1.5}', "aim"),
-                                                    ("--split-rule", "[0.9]", "[0.9]")])
+                                                    ("--split-rule", "[0.9]", "[0.9]"),
+                                                    ("--decode-pause", "0", "0")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
         rs.main([flag, value, "--run", str(tmp_path / "none.json")])

@@ -60,6 +60,8 @@ class SplitSettings:
             raise ConfigError("split.backlog_aim", f"need aim <= backlog_aim <= 1, got {self.aim}, {self.backlog_aim}")
         if self.idle_decode not in ("aim", "fastest"):
             raise ConfigError("split.idle_decode", f"choose aim or fastest, got {self.idle_decode!r}")
+        if isinstance(self.max_shrink, bool) or not isinstance(self.max_shrink, int):
+            raise ConfigError("split.max_shrink", f"need a whole number of ladder entries, got {self.max_shrink!r}")
         if self.max_shrink < 1 or self.min_dwell_s < 0 or self.idle_margin < 0:
             raise ConfigError("split", f"max_shrink >= 1, min_dwell_s >= 0, idle_margin >= 0; got "
                               f"{self.max_shrink}, {self.min_dwell_s}, {self.idle_margin}")

@@ -93,6 +93,8 @@ def test_split_rule_settings_reach_the_policy_or_name_the_field():
         EngineConfig(model="dummy:tiny-llama", split_rule={"aimm": 0.9})
     with pytest.raises(ConfigError, match="split.aim"):
         EngineConfig(model="dummy:tiny-llama", split_rule={"aim": 1.5})
+    with pytest.raises(ConfigError, match="split.max_shrink"):  # ladder entries: a whole number
+        EngineConfig(model="dummy:tiny-llama", split_rule={"max_shrink": 1.5})
 
 
 def test_per_prompt_token_ttft_target_validates_and_reaches_the_engine_config():

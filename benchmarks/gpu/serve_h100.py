@@ -32,7 +32,9 @@ it (bullet-slo-margin50-bb8192: its prefill batches grow past saturation to <tok
 its target whatever the split: engine.prefill_backlog_batch_tokens) and/or -fb<ms> (bullet-slo-margin50-fb1000: a
 request that can no longer make its TTFT target is still ordered to make <ms>, in the slack the others leave:
 engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill worker plans its next batch <ms>
-before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms),
+before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms) and/or
+-tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first),
 bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
@@ -166,28 +168,38 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>" and "-pl<ms>", in any order, each at most once
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>" (and "-tf" below), in any order,
+# each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "pl": ("prefill_plan_lead_ms", "ms")}
+# and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first)
+FLAG_MODIFIERS = {"tf": ("split_rule", {"balance": "tpot_first"})}
 
 
-def _modifiers(name: str) -> tuple[str, dict[str, int]]:
+def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     """(the system without them, the engine fields they set) for a bullet-slo system with trailing "-bb<N>" (its
     prefill batches grow to N tokens while the split rule sees a backlog: engine.prefill_backlog_batch_tokens) and/or
     "-fb<ms>" (a late request is still ordered to make a fallback TTFT target of <ms>: engine.ttft_fallback_ms)
     and/or "-pl<ms>" (the prefill worker plans its next batch <ms> before the step in flight is predicted to end,
-    reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy);
-    (name, {}) for any other name: "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
-    base, fields = name, dict[str, int]()
+    reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy)
+    and/or "-tf" (engine.split_rule.balance: tpot_first); (name, {}) for any other name:
+    "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
+    base, fields = name, dict[str, Any]()
     while True:
         head, sep, tail = base.rpartition("-")
+        if sep and tail in FLAG_MODIFIERS and head.startswith("bullet-slo"):
+            field, value = FLAG_MODIFIERS[tail]
+            if field in fields:
+                raise SystemExit(f"unknown system {name!r}: -{tail} at most once")
+            fields[field], base = dict(value), head
+            continue
         kind = tail[:2]
         if not sep or kind not in MODIFIERS or not head.startswith("bullet-slo"):
             return base, fields
         field, unit = MODIFIERS[kind]
         if field in fields or not tail[2:].isdigit() or int(tail[2:]) < 1:
-            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>], each once, "
-                             f"{unit} >= 1")
+            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-tf], each "
+                             f"once, {unit} >= 1")
         fields[field] = int(tail[2:])
         base = head
 
@@ -265,6 +277,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         mixed = _numbered(policy, "bullet-slo-mixed", "tokens", least=1)
         if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
             engine["mixed_fallback_tokens"] = mixed
+        rule = modifiers.pop("split_rule", None)
+        if rule is not None:  # -tf: beside bullet-slo-m2's own settings
+            engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
@@ -273,7 +288,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
-                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>], "
+                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>]"
+                             f"[-tf], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -578,8 +594,9 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet-slo-omargin<ms> (the same in the order and batch fit only; the split rule "
                              "keeps the real targets), <bullet-slo system>-bb<tokens> (its prefill batches grow "
                              "to <tokens> under a backlog), -fb<ms> (late requests ordered for a fallback "
-                             "TTFT target of <ms>) and/or -pl<ms> (the prefill side plans <ms> before its step in "
-                             "flight ends), bullet-slo-mixed<tokens> (the "
+                             "TTFT target of <ms>), -pl<ms> (the prefill side plans <ms> before its step in "
+                             "flight ends) and/or -tf (BALANCE keeps decode at its TPOT target: "
+                             "split_rule.balance tpot_first), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

@@ -117,6 +117,22 @@ def test_ttft_at_risk_and_tpot_over_balances():
     assert d.index == LADDER.index(32)  # max(12.15 / 12, 0.5054 / 0.5) = 1.0125 is the lowest
 
 
+def test_tpot_first_balance_keeps_decode_at_its_target():
+    """balance "tpot_first": TTFT at risk and decode over its target: decode gets the fewest SMs whose step meets the
+    TPOT target (minimax gave it fewer, over the target); where no entry meets it, the minimax as before."""
+    state = _state(1, [_req("a", 2048, 0.455)])  # TPOT 12 ms: 14.1 ms on 24 SMs is over
+    minimax = _decide(_rule(tpot_ms=12.0), state)
+    first = _decide(_rule(tpot_ms=12.0, balance="tpot_first"), state)
+    assert minimax.reason is first.reason is SplitReason.BALANCE
+    steps = [_rule(tpot_ms=12.0).decode_step_s(state, i) for i in range(len(LADDER))]
+    assert first.index == next(i for i, t in enumerate(steps) if t <= 0.012) > minimax.index
+    assert steps[first.index] <= 0.012 < steps[minimax.index]
+    never = _decide(_rule(tpot_ms=5.0, balance="tpot_first"), state)  # no entry meets 5 ms
+    assert never.index == _decide(_rule(tpot_ms=5.0), state).index
+    with pytest.raises(ConfigError, match="split.balance"):
+        SplitSettings(balance="fair")
+
+
 def test_a_request_that_cannot_make_it_is_backlog_not_at_risk():
     d = _decide(_rule(), _state(6, [_req("a", 2048, 0.499)]))
     # not "at risk" (nothing can save it), but backlog: decode keeps only what holds 0.95 x TPOT, two entries a time

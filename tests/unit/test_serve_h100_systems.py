@@ -359,3 +359,21 @@ def test_plan_lead_modifier_sets_the_prefill_plan_lead_beside_another_policy(tmp
     for bad in ("bullet-slo-pl", "bullet-slo-pl10-pl5"):
         with pytest.raises(SystemExit, match="pl<ms>"):
             system_yaml(bad, tmp_path)
+
+
+def test_tpot_first_modifier_sets_the_balance_rule(tmp_path):
+    """<bullet-slo system>-tf: engine.split_rule.balance tpot_first, beside the other modifiers and bullet-slo-m2's
+    own split-rule settings; the engine builds its split settings from it."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-tf+lt+direct", tmp_path))
+    assert (engine["split_rule"], engine["prefill_plan_lead_ms"], engine["ttft_margin_ms"]) == (
+        {"balance": "tpot_first"}, 10, 50)
+    assert EngineArgs(**engine).to_engine_config().split_settings().balance == "tpot_first"
+    m2 = _engine(system_yaml("bullet-slo-m2-tf", tmp_path))
+    assert m2["split_rule"] == {"backlog_aim": None, "idle_decode": "fastest", "balance": "tpot_first"}
+    assert "split_rule" not in _engine(system_yaml("bullet-slo-margin50-pl10", tmp_path))
+    import pytest
+
+    with pytest.raises(SystemExit, match="-tf at most once"):
+        system_yaml("bullet-slo-margin50-tf-tf", tmp_path)

@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ax2.set(xlabel="time (s)", ylabel="decode SMs", title="SM split over time")
     for d in decisions:
         if d.get("switch"):
-            color = {"balance": "tab:red", "mixed": "tab:purple"}.get(d["reason"], "tab:gray")
+            color = {"balance": "tab:red", "balance_tpot": "tab:orange", "mixed": "tab:purple"}.get(d["reason"], "tab:gray")
             ax2.axvline(d["t"] - t0, color=color, lw=0.3 if color == "tab:gray" else 0.6, alpha=0.5)
     queue = ax2.twinx()
     queue.plot([s["t"] - t0 for s in prefill], [s["num_queued"] for s in prefill], color="tab:orange", lw=0.8,

@@ -4,6 +4,7 @@ the measured run."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import random
@@ -186,13 +187,14 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet_ray.policy.split.SplitSettings: aim, backlog_aim, hold_below, ...), e.g. "
                              "'{\"aim\": 0.9}'; default: SplitSettings' defaults, as the engine runs")
     parser.add_argument("--decode-pause", type=float, default=None, metavar="SPEEDUP",
-                        help="what-if the engine does not have (sim.DecodePause): while the split rule judges TTFT at "
-                             "risk, a prefill step runs on the whole GPU with decode paused, if every running "
-                             "sequence's TPOT stays under 0.9 x the target; SPEEDUP: that step's speed over the log's "
-                             "116-SM step with decode idle (1.1: the whole GPU's ~41k against ~37k tokens/s)")
-    parser.add_argument("--decode-pause-aim", type=float, default=0.9,
-                        help="--decode-pause: the share of the TPOT target every running sequence's TPOT must stay "
-                             "under with the pause added (default 0.9)")
+                        help="what-if the engine does not have (sim.DecodePause): after a BACKLOG or BALANCE split "
+                             "decision, a prefill step runs on the whole GPU with decode paused, if every running "
+                             "sequence's TPOT stays under --decode-pause-aim x the target; SPEEDUP: that step's speed "
+                             "over the log's 116-SM step with decode idle (1.1: the whole GPU's ~41k against ~37k "
+                             "tokens/s), times --prefill-speedup")
+    parser.add_argument("--decode-pause-aim", type=float, default=None,
+                        help="with --decode-pause: the share of the TPOT target every running sequence's TPOT must "
+                             "stay under with the pause added (default 0.9)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -219,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(2, f"replay_split: error: --split-rule: {e}\n")
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
-    if not 0 < args.decode_pause_aim < float("inf"):
-        parser.exit(2, f"replay_split: error: --decode-pause-aim must be > 0, got {args.decode_pause_aim}\n")
-    pause = DecodePause(speedup=args.decode_pause, tpot_aim=args.decode_pause_aim) \
-        if args.decode_pause is not None else None
+    if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):
+        parser.exit(2, f"replay_split: error: --decode-pause-aim: a share > 0 that goes with --decode-pause, got "
+                       f"{args.decode_pause_aim}\n")
+    aim = 0.9 if args.decode_pause_aim is None else args.decode_pause_aim
+    pause = DecodePause(speedup=args.decode_pause, tpot_aim=aim) if args.decode_pause is not None else None
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
     if not 0 < args.prefill_speedup < float("inf"):
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
-            "decode_pause": None if pause is None else pause.__dict__,
+            "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {
                 "noise": args.noise, "delays": args.delays,

@@ -33,8 +33,9 @@ class Request:
 
 @dataclass(frozen=True)
 class DecodePause:
-    """A what-if the engine does not have: while the split rule has just judged TTFT at risk (a decision of one of
-    `reasons`) and decode has sequences, the next prefill step runs on the whole GPU with decode paused, if every
+    """A what-if the engine does not have: after a split decision of one of `reasons` (BACKLOG: queued requests miss
+    their TTFT whatever the split; BALANCE: TTFT at risk with decode over its TPOT target) and while decode has
+    sequences, the next prefill step runs on the whole GPU with decode paused, if every
     running sequence's TPOT still ends under `tpot_aim` x the TPOT target with the pause added (its tokens so far,
     the pause, and its remaining tokens at decode's last step time). The paused step starts when decode's step in flight ends; its
     time is the log's fit on the largest prefill entry with decode idle (116 SMs) / `speedup` (the whole GPU's 132
@@ -66,8 +67,8 @@ class Outcome:
     decode_sms_s: dict[int, float] = field(default_factory=dict)  # decode step seconds by decode SMs
     max_decode_seqs: int = 0
     model_errors: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
-    # in order: ("prefill" | "decode", launch time, ladder entry it runs on) and ("request", decision time, entry
-    # requested) for each decision that changed the requested entry
+    # in order: ("prefill" | "decode", launch time, ladder entry it runs on), ("request", decision time, entry
+    # requested) for each decision that changed the requested entry, and ("pause", start, -1) for a paused step
     timeline: list[tuple[str, float, int]] = field(default_factory=list)
 
 
@@ -196,7 +197,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
             return False
         shape = prefill_shape(batch)
         start = max(now, d_inflight["end"]) if d_inflight is not None else now
-        if not pause_fits(now, start, steps.seconds(shape, pause.prefill_sms, False) / pause.speedup):
+        predicted = steps.seconds(shape, pause.prefill_sms, False) / pause.speedup  # noise-free, as the engine knows it
+        if not pause_fits(now, start, predicted):
             return False
         real = steps.noisy_seconds(shape, pause.prefill_sms, False, rng) / pause.speedup
         done = []
@@ -205,8 +207,9 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
             if computed[i] >= reqs[i].num_prompt_tokens:
                 done.append(i)
         paused_until = start + real
-        p_inflight = {"paused": True, "predicted_end": start + real, "done": done}
+        p_inflight = {"paused": True, "predicted_end": start + predicted, "done": done}
         out.pauses.append((start, start + real))
+        out.timeline.append(("pause", start, -1))
         push(start + real, "prefill_end", real)
         decide(now)
         return True

@@ -13,8 +13,9 @@ the current entry (their planned batches on its prefill SMs):
                                           `idle_margin` of the fastest decode step;
 - TTFT at risk and D_cur > TPOT target -> BALANCE: argmin_i max(D_i / TPOT, max_r TTFT_r,i / target_r)
                                           (a binary search: the first term falls with i, the second rises);
-                                          with `balance` "tpot_first", the fewest decode SMs with D_i <= TPOT
-                                          target (minimax only if none);
+                                          with `balance` "tpot_first", BALANCE_TPOT: the fewest decode SMs
+                                          with D_i <= TPOT target, never fewer than now (one more when only
+                                          the measured step is over; minimax only if none meets it);
 - TTFT at risk                         -> TO_PREFILL: the fewest decode SMs with D_i <= TPOT target;
 - a backlog (a queued request misses   -> BACKLOG: the fewest decode SMs with D_i <= `backlog_aim` x TPOT
   its target even alone on the most       (the most if none; decode gives up at most `max_shrink` entries):
@@ -54,9 +55,10 @@ class SplitSettings:
     idle_margin: float = 0.05  # ONLY_DECODE: the fewest SMs within this share of the fastest decode step
     backlog_aim: float | None = 0.95  # BACKLOG: decode keeps its step under this x TPOT (None: no BACKLOG rule)
     idle_decode: str = "aim"  # ONLY_DECODE: "aim" (the SMs that meet aim x TPOT) or "fastest" (idle_margin)
-    # BALANCE: "minimax" (Bullet's: argmin max(D_i / TPOT, worst at-risk TTFT_i / target)) or "tpot_first" (the fewest
-    # decode SMs whose step meets the TPOT target, as TO_PREFILL: TTFT at risk takes only decode's slack under the
-    # target, which every running sequence is owed; minimax only when no entry meets it). Opt-in, unmeasured: the
+    # TTFT at risk with decode over its TPOT target: "minimax" (BALANCE, Bullet's: argmin max(D_i / TPOT, worst at-risk
+    # TTFT_i / target)) or "tpot_first" (BALANCE_TPOT: the fewest decode SMs whose step meets the TPOT target, never
+    # fewer than now, as TO_PREFILL: TTFT at risk takes only decode's slack under the target, which every running
+    # sequence is owed; minimax only when no entry meets it). Opt-in, unmeasured: the
     # TPOT misses of serve_h200_m6/seed1 at 40 req/s came from minimax holding decode 20-35% over target for 1.3 s
     balance: str = "minimax"
 
@@ -163,7 +165,11 @@ class SplitRule:
         over = steps[cur] > tpot or (measured is not None and measured > tpot and steps[cur] > s.aim * tpot)
         fit_tpot = self._fewest_meeting(steps, tpot) if risk and over and s.balance == "tpot_first" else None
         if fit_tpot is not None:  # balance "tpot_first": decode keeps its target, prefill gets the rest
-            want, reason = fit_tpot, SplitReason.BALANCE
+            # never fewer decode SMs while decode is over its target; one more where only the measured step is over
+            # (the model says the current entry meets it)
+            want, reason = max(fit_tpot, cur), SplitReason.BALANCE_TPOT
+            if want == cur and measured is not None and measured > tpot:
+                want = min(cur + 1, top)
         elif risk and over:
             # D_i / TPOT falls and TTFT_i / target rises with i: the minimax sits where they cross
             ratios: dict[int, float] = {}
@@ -202,7 +208,8 @@ class SplitRule:
             if want != cur and state.now_s - self.last_move_s < s.min_dwell_s:
                 return SplitDecision(cur, SplitReason.HOLD, steps[cur], risk, slack)
         if want == cur:
-            return SplitDecision(cur, reason if reason in (SplitReason.BALANCE, SplitReason.BACKLOG) else SplitReason.HOLD,
+            kept = (SplitReason.BALANCE, SplitReason.BALANCE_TPOT, SplitReason.BACKLOG)
+            return SplitDecision(cur, reason if reason in kept else SplitReason.HOLD,
                                  steps[cur], risk, slack)
         risk, slack, _ = self.ttft_outlook(state, batches, want, True, feasible)
         return self._moved(state, SplitDecision(want, reason, steps[want], risk, slack))

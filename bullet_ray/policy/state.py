@@ -48,6 +48,8 @@ class SplitReason(str, enum.Enum):
     HOLD = "hold"  # inside the hysteresis band, or too soon after the last move
     BACKLOG = "backlog"  # queued requests already miss their TTFT: decode keeps only what holds its TPOT
     MIXED = "mixed"  # overload (mixed_fallback_tokens): decode takes the prompts in chunks, on the most SMs
+    # (appended last: the state block stores a reason's index in this order)
+    BALANCE_TPOT = "balance_tpot"  # TTFT at risk and TPOT over target, split_rule.balance tpot_first: decode's target
 
 
 @dataclass(frozen=True)

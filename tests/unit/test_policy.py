@@ -123,14 +123,21 @@ def test_tpot_first_balance_keeps_decode_at_its_target():
     state = _state(1, [_req("a", 2048, 0.455)])  # TPOT 12 ms: 14.1 ms on 24 SMs is over
     minimax = _decide(_rule(tpot_ms=12.0), state)
     first = _decide(_rule(tpot_ms=12.0, balance="tpot_first"), state)
-    assert minimax.reason is first.reason is SplitReason.BALANCE
+    assert (minimax.reason, first.reason) == (SplitReason.BALANCE, SplitReason.BALANCE_TPOT)
     steps = [_rule(tpot_ms=12.0).decode_step_s(state, i) for i in range(len(LADDER))]
     assert first.index == next(i for i, t in enumerate(steps) if t <= 0.012) > minimax.index
     assert steps[first.index] <= 0.012 < steps[minimax.index]
+    # the model says the current entry meets the target but decode's measured step does not: one entry more
+    fit = first.index
+    measured_over = _state(fit, [_req("a", 2048, 0.455)], DecodeLoad(BUSY.num_seqs, BUSY.num_context_tokens, 0.0125))
+    up = _decide(_rule(tpot_ms=12.0, balance="tpot_first"), measured_over)
+    assert (up.index, up.reason) == (fit + 1, SplitReason.BALANCE_TPOT)
     never = _decide(_rule(tpot_ms=5.0, balance="tpot_first"), state)  # no entry meets 5 ms
     assert never.index == _decide(_rule(tpot_ms=5.0), state).index
     with pytest.raises(ConfigError, match="split.balance"):
         SplitSettings(balance="fair")
+    with pytest.raises(ConfigError, match="split.max_shrink"):
+        SplitSettings(max_shrink=True)
 
 
 def test_a_request_that_cannot_make_it_is_backlog_not_at_risk():

@@ -123,6 +123,7 @@ def test_decode_pause_holds_decode_while_prefill_runs_alone(setup, factory) -> N
     assert out.pauses and out.num_tokens == [r.num_output_tokens for r in reqs]
     decode_launches = [t for kind, t, _ in out.timeline if kind == "decode"]
     assert not any(start < t < end for start, end in out.pauses for t in decode_launches)
+    assert [t for kind, t, _ in out.timeline if kind == "pause"] == [start for start, _ in out.pauses]
     none = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
                      pause=DecodePause(speedup=1.1, tpot_aim=1e-6, reasons=every))
     assert not none.pauses
@@ -138,7 +139,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--split-rule", '{"aimm": 0.9}', "aimm"),
                                                     ("--split-rule", '{"aim": 1.5}', "aim"),
                                                     ("--split-rule", "[0.9]", "[0.9]"),
-                                                    ("--decode-pause", "0", "0")])
+                                                    ("--decode-pause", "0", "0"),
+                                                    ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
         rs.main([flag, value, "--run", str(tmp_path / "none.json")])

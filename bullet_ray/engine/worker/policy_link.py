@@ -362,7 +362,7 @@ class SplitDecider:
         per_token_ns = int(self.policy.ttft_per_prompt_token_s(state) * 1e9)
         self.state.record_decision(index, REASONS.index(out.split.reason), int(out.decision_s * 1e6),
                                    int(ttft * 1e6), bool(is_switch), avg, per_token_ns)
-        if is_switch or out.split.reason is SplitReason.BALANCE:
+        if is_switch or out.split.reason in (SplitReason.BALANCE, SplitReason.BALANCE_TPOT):
             self.recorder.log_decision({
                 "index": index, "reason": out.split.reason.value, "switch": bool(is_switch),
                 "decode_step_ms": None if out.split.decode_step_s is None else round(out.split.decode_step_s * 1e3, 3),

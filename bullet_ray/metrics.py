@@ -36,6 +36,7 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
                                                                 prefill worker's send to the decode worker taking
                                                                 it, relayed by the front or direct: engine.handoff)
     ray_bullet_split_decision_seconds                           (bullet's own: what the last decision cost)
+    ray_bullet_split_decisions_total{reason=...}                (bullet's own: split decisions by SplitReason)
     ray_bullet_graph_captures_serving                           (bullet's own: CUDA graphs captured after start;
                                                                 every one is captured at start, so 0)
 
@@ -138,6 +139,10 @@ class EngineMetrics:
                                    "to the decode worker taking it (s).", boundaries=SWITCH_BUCKETS_S, tag_keys=TAGS)
         self.decision_cost = m.Gauge("bullet_split_decision_seconds", "Time the last split decision took (s).",
                                      tag_keys=TAGS)
+        self.decisions = m.Counter("bullet_split_decisions", "Split decisions by reason (bullet_ray.policy.state."
+                                   "SplitReason: balance, balance_tpot, backlog, to_prefill, ...).",
+                                   tag_keys=(*TAGS, "reason"))
+        self._decisions_seen: dict[str, int] = {}  # the engine's cumulative counts already added
         self.captures_serving = m.Gauge("bullet_graph_captures_serving", "CUDA graphs the engine's workers captured "
                                         "after start (0: every graph was captured at start).", tag_keys=TAGS)
         for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
@@ -145,7 +150,7 @@ class EngineMetrics:
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
                        self.max_decode_sms, self.max_waiting, self.switch, self.switch_drain, self.handoff,
-                       self.decision_cost, self.captures_serving, self.success, self.slo_total, self.step,
+                       self.decision_cost, self.decisions, self.captures_serving, self.success, self.slo_total, self.step,
                        self.step_predicted, self.step_error):
             metric.set_default_tags(tags)
         self.targets = SloTargets(ttft_target_s, tpot_target_s, ttft_per_token_s)
@@ -225,6 +230,11 @@ class EngineMetrics:
         policy = extra.get("policy")
         if policy and policy.get("num_decisions", 0) > 0:
             self.decision_cost.set(policy["decision_cost_us"] / 1e6)
+        for reason, count in ((policy or {}).get("decisions_by_reason") or {}).items():
+            added = count - self._decisions_seen.get(reason, 0)
+            if added > 0:  # the engine's counts are cumulative; a new engine starts them again (never negative)
+                self.decisions.inc(added, tags={"reason": reason})
+            self._decisions_seen[reason] = count
 
     def observe_steps(self, records: dict[str, Any]) -> None:
         """Per-step records drained from the engine (LLMEngine.drain_step_records)."""

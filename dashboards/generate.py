@@ -131,6 +131,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "worker taking it (relayed by the engine front, or direct: engine.handoff), p50 and p99; it includes "
               "waiting for the decode side's step in flight.",
               quantiles("handoff_seconds", (0.5, 0.99)), "s"),
+        Panel("Split Decisions by Reason", "Split decisions per minute by the rule's reason (split_policy: slo): "
+              "balance / balance_tpot (TTFT at risk with decode over its TPOT target), backlog (queued requests miss "
+              "their TTFT whatever the split), to_prefill / to_decode, only_prefill / only_decode, hold, idle, mixed.",
+              (Target(f"sum by (reason) (increase(ray_bullet_split_decisions_total{{{SEL}}}[1m]))", "{{reason}}"),)),
         Panel("CUDA Graphs Captured While Serving", "Graphs each engine's workers captured after start: every one "
               "is captured at start, so anything above 0 is a step shape the start-up missed (and a stall).",
               (Target(f"max by (engine) (ray_bullet_graph_captures_serving{{{SEL}}})", "{{engine}}"),)),

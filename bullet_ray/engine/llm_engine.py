@@ -392,7 +392,8 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
                               "prefill_sms_now": self.sm_count - counts[min(indexes["prefill"], len(counts) - 1)],
                               "num_requests": self.num_split_requests + policy["num_switches"],
                               "decode_sms": counts}
-            extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"])}
+            by_reason = {_reason_name(i): n for i, n in enumerate(self.state.read_decisions_by_reason()) if n}
+            extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"]), "decisions_by_reason": by_reason}
             # the last 256 hand-offs, prefill's send -> decode takes it (stats() runs often: a short sort)
             hops = sorted(itertools.islice(reversed(self.hop_handoff_s), 256))
             extra["handoff"] = {"way": self.config.handoff, "num_direct": self.num_direct_handoffs,

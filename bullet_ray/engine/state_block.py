@@ -56,6 +56,9 @@ class Field(enum.IntEnum):
     NUM_FIELDS = 12
 
 
+MAX_DECISION_REASONS = 16  # reasons Policy.DECISIONS_BY_REASON counts (bullet_ray.policy.state.SplitReason has 10)
+
+
 class Policy(enum.IntEnum):
     """The policy's slots (written by the side that decides, and by the sides that complete a switch)."""
 
@@ -86,7 +89,10 @@ class Policy(enum.IntEnum):
     NUM_DRAINS = 20  # settled switches whose older steps have all ended (each timed)
     LAST_DRAIN_US = 21  # decision to no step of either side on another entry, of the last of them
     NUM_DRAINS_OVERTAKEN = 22  # settled switches a newer request overtook before their older steps ended (not timed)
-    NUM_SLOTS = 23
+    # split decisions by reason: slot DECISIONS_BY_REASON + i counts the decisions whose DECISION_REASON is i, for i
+    # below MAX_DECISION_REASONS (by the deciding side; `read_decisions_by_reason`)
+    DECISIONS_BY_REASON = 23
+    NUM_SLOTS = 23 + MAX_DECISION_REASONS
 
 
 RING_SIZE = 64
@@ -214,6 +220,8 @@ class StateBlock:
         if is_switch:
             with self._locked():  # not between another side's read of the last pending switch and its clear
                 p[Policy.PENDING_SWITCH_US] = now
+        if 0 <= reason < MAX_DECISION_REASONS:
+            p[Policy.DECISIONS_BY_REASON + reason] += 1
         p[Policy.NUM_DECISIONS] += 1
 
     def request_switch(self, index: int) -> bool:
@@ -341,7 +349,12 @@ class StateBlock:
 
     def read_policy(self) -> dict[str, int]:
         p = self.policy.copy()
-        return {f.name.lower(): int(p[f]) for f in Policy if f is not Policy.NUM_SLOTS}
+        return {f.name.lower(): int(p[f]) for f in Policy if f not in (Policy.NUM_SLOTS, Policy.DECISIONS_BY_REASON)}
+
+    def read_decisions_by_reason(self) -> list[int]:
+        """Split decisions so far, by reason index (bullet_ray.engine.worker.policy_link.REASONS order)."""
+        start = int(Policy.DECISIONS_BY_REASON)
+        return [int(v) for v in self.policy[start:start + MAX_DECISION_REASONS].tolist()]
 
     def read(self, side: Side) -> dict[str, int]:
         row = self.rows[int(side)].copy()

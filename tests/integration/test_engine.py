@@ -190,6 +190,9 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     # the first prompt finds decode idle: all to prefill (index 0), a switch both sides completed
     assert policy["num_decisions"] > 0 and policy["num_switches"] >= 1
     assert 0 < policy["last_switch_us"] < 5_000_000
+    # every decision counted under its reason (the bullet_split_decisions_total counter's source)
+    assert sum(policy["decisions_by_reason"].values()) == policy["num_decisions"]
+    assert policy["decisions_by_reason"].get("only_prefill", 0) >= 1
     # admission and the router read the model's predicted TTFT, published by the prefill worker
     assert stats.predicted_ttft_s == pytest.approx(policy["predicted_ttft_us"] / 1e6) and stats.predicted_ttft_s > 0
     # ... for a typical prompt, and how it grows per prompt token (admission moves it to a request's length)

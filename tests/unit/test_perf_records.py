@@ -140,6 +140,36 @@ def test_a_switch_drains_once_no_step_of_either_side_runs_on_the_old_entry(tmp_p
         block.close()
 
 
+def test_decisions_are_counted_by_reason_and_exported_as_increments(tmp_path: Path):
+    """The state block counts each split decision under its reason; the metrics add each reason's new decisions to
+    a counter (a new engine's counts start again: no negative increment)."""
+    from types import SimpleNamespace
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        for reason in (0, 0, 7, 9):
+            block.record_decision(1, reason, 10, 0, is_switch=False)
+        counts = block.read_decisions_by_reason()
+        assert counts[0] == 2 and counts[7] == 1 and counts[9] == 1 and sum(counts) == 4
+        assert block.read_policy()["num_decisions"] == 4 and "decisions_by_reason" not in block.read_policy()
+    finally:
+        block.close()
+    metrics = EngineMetrics("m", "e")
+    added: list[tuple[int, str]] = []
+    metrics.decisions = SimpleNamespace(inc=lambda n, tags: added.append((n, tags["reason"])))
+
+    def observe(by_reason: dict[str, int]) -> None:
+        metrics.observe_stats(SimpleNamespace(num_running=0, num_waiting=0, kv_usage=0.0, predicted_ttft_s=None,
+                                              extra={"policy": {"num_decisions": sum(by_reason.values()),
+                                                                "decision_cost_us": 5,
+                                                                "decisions_by_reason": by_reason}}))
+    observe({"balance": 2, "hold": 5})
+    observe({"balance": 3, "hold": 5, "backlog": 1})
+    observe({"balance": 1})  # a restarted engine: counts start again
+    observe({"balance": 4})
+    assert added == [(2, "balance"), (5, "hold"), (1, "balance"), (1, "backlog"), (3, "balance")]
+
+
 def test_metrics_take_step_records_outside_ray():
     metrics = EngineMetrics("m", "e")  # Ray's metrics are no-ops outside a Ray worker
     metrics.observe_steps({"prefill": [(0.05, 0.045, 0)], "decode": [(0.02, 0.021, 6), (0.0, 0.0, 6)],

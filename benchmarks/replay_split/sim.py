@@ -141,6 +141,15 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
     def prefill_shape(batch: list[tuple[int, int]]) -> StepShape:
         return StepShape.of_prompts([take + computed[i] for i, take in batch], [computed[i] for i, _ in batch])
 
+    def compute(batch: list[tuple[int, int]]) -> list[int]:
+        """Count a launched batch's prompt tokens as computed; the requests whose prompt it completes."""
+        done = []
+        for i, take in batch:
+            computed[i] += take
+            if computed[i] >= reqs[i].num_prompt_tokens:
+                done.append(i)
+        return done
+
     def decide(now: float) -> None:
         nonlocal planned, requested, last_decode, last_reason
         if last_decode is not None:  # SplitDecider._observe_decode: decode's last step since the decision before
@@ -201,11 +210,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         if not pause_fits(now, start, predicted):
             return False
         real = steps.noisy_seconds(shape, pause.prefill_sms, False, rng) / pause.speedup
-        done = []
-        for i, take in batch:
-            computed[i] += take
-            if computed[i] >= reqs[i].num_prompt_tokens:
-                done.append(i)
+        done = compute(batch)
         paused_until = start + real
         p_inflight = {"paused": True, "predicted_end": start + predicted, "done": done}
         out.pauses.append((start, start + real))
@@ -226,11 +231,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         shape = prefill_shape(batch)
         predicted = model.predict(shape, sms, busy, index).seconds
         real = steps.noisy_seconds(shape, sms, busy, rng)
-        done = []
-        for i, take in batch:
-            computed[i] += take
-            if computed[i] >= reqs[i].num_prompt_tokens:
-                done.append(i)
+        done = compute(batch)
         p_inflight = {"shape": shape, "sms": sms, "busy": busy, "index": index, "predicted": predicted,
                       "predicted_end": now + predicted, "done": done}
         out.timeline.append(("prefill", now, index))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -54,11 +55,17 @@ from bullet_ray.errors import EngineDeadError, InvalidRequest
 logger = logging.getLogger(__name__)
 
 
-def _reason_name(code: int) -> str:
+@functools.cache
+def _reason_names() -> tuple[str, ...]:
+    """SplitReason values in the order the state block stores their indexes."""
     from bullet_ray.policy.state import SplitReason
 
-    reasons = list(SplitReason)
-    return reasons[code].value if 0 <= code < len(reasons) else "?"
+    return tuple(r.value for r in SplitReason)
+
+
+def _reason_name(code: int) -> str:
+    names = _reason_names()
+    return names[code] if 0 <= code < len(names) else "?"
 
 
 class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
@@ -392,7 +399,7 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
                               "prefill_sms_now": self.sm_count - counts[min(indexes["prefill"], len(counts) - 1)],
                               "num_requests": self.num_split_requests + policy["num_switches"],
                               "decode_sms": counts}
-            by_reason = {_reason_name(i): n for i, n in enumerate(self.state.read_decisions_by_reason()) if n}
+            by_reason = {name: n for name, n in zip(_reason_names(), self.state.read_decisions_by_reason()) if n}
             extra["policy"] = policy | {"reason": _reason_name(policy["decision_reason"]), "decisions_by_reason": by_reason}
             # the last 256 hand-offs, prefill's send -> decode takes it (stats() runs often: a short sort)
             hops = sorted(itertools.islice(reversed(self.hop_handoff_s), 256))

@@ -6,8 +6,9 @@
 Left: each step's predicted against its measured time (log-log, per side; the diagonal is a perfect model,
 the band +-25%). Right: decode SMs over time, with the prefill queue length, and split decisions marked by
 reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure), the
-prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode by its SMs, and the split
-switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that acked last).
+prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode and with decode idle by its
+SMs, and the split switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that
+acked last); with `--requests`, also that run's streaks of BALANCE decisions and the decode steps they held.
 With `--requests` (one rate's run of the bench tool, served while the log was written) a second row zooms
 into that run: the split with the queue and decode batch, and each request's TTFT and TPOT at its arrival
 against the run's first SLO.
@@ -252,15 +253,47 @@ def split_of_run(steps: list[dict], decisions: list[dict], run: dict) -> dict | 
             "decode_step_ms_p50": round(_q(times, 0.5), 2), "decode_step_ms_p90": round(_q(times, 0.9), 2)}
 
 
-def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500) -> dict[int, dict[str, float]]:
-    """Prefill steps of >= `min_tokens` tokens taken while the decode side was busy, by their prefill SMs: how
-    many, and their median tokens per second of step time (what the prefill side beside decode delivers)."""
+def prefill_rate_by_sms(steps: list[dict], min_tokens: int = 1500, other_busy: bool = True) -> dict[int, dict[str, float]]:
+    """Prefill steps of >= `min_tokens` tokens taken while the decode side was busy (`other_busy`; False: idle), by
+    their prefill SMs: how many, and their median tokens per second of step time (what the prefill side beside
+    decode delivers, or alone)."""
     by_sms: dict[int, list[float]] = {}
     for s in steps:
-        if s["side"] == "prefill" and s.get("other_busy") and s["num_tokens"] >= min_tokens and s["measured_ms"] > 0:
+        if s["side"] == "prefill" and bool(s.get("other_busy")) == other_busy and s["num_tokens"] >= min_tokens \
+                and s["measured_ms"] > 0:
             by_sms.setdefault(int(s["prefill_sms"]), []).append(s["num_tokens"] / s["measured_ms"] * 1e3)
     return {sms: {"steps": len(rates), "tokens_per_s_p50": statistics.median(rates)}
             for sms, rates in sorted(by_sms.items())}
+
+
+BALANCE_REASONS = ("balance", "balance_tpot")
+
+
+def balance_streaks(decisions: list[dict], steps: list[dict], gap_s: float = 0.5) -> list[dict[str, Any]]:
+    """Runs of logged BALANCE decisions (TTFT at risk with decode over its TPOT target; every one is logged) with no
+    other logged decision between them and at most `gap_s` apart, with the decode steps taken meanwhile: when
+    (log time), how many decisions, the decode SMs, batch and measured step times (ms) in the streak."""
+    streaks: list[list[dict]] = []
+    for d in sorted(decisions, key=lambda d: d["t"]):
+        if d.get("reason") not in BALANCE_REASONS:
+            if streaks and streaks[-1]:
+                streaks.append([])
+            continue
+        if streaks and streaks[-1] and d["t"] - streaks[-1][-1]["t"] <= gap_s:
+            streaks[-1].append(d)
+        else:
+            streaks.append([d])
+    out = []
+    for streak in (s for s in streaks if s):
+        t0, t1 = streak[0]["t"], streak[-1]["t"]
+        decode = [s for s in steps if group(s) == "decode" and t0 <= s["t"] <= t1]
+        times = [s["measured_ms"] for s in decode]
+        out.append({"t_start": t0, "t_end": t1, "decisions": len(streak),
+                    "decode_sms": sorted({int(s["decode_sms"]) for s in decode}),
+                    "decode_seqs": (min((s["num_seqs"] for s in decode), default=0),
+                                    max((s["num_seqs"] for s in decode), default=0)),
+                    "decode_step_ms": (round(min(times), 1), round(max(times), 1)) if times else None})
+    return out
 
 
 def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
@@ -345,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     for sms, row in prefill_rate_by_sms(steps).items():
         print(f"prefill steps of >= 1500 tokens beside a busy decode on {sms} SMs: {row['steps']}, "
               f"median {row['tokens_per_s_p50']:.0f} tokens/s")
+    for sms, row in prefill_rate_by_sms(steps, other_busy=False).items():
+        print(f"prefill steps of >= 1500 tokens with decode idle on {sms} SMs: {row['steps']}, "
+              f"median {row['tokens_per_s_p50']:.0f} tokens/s")
     done = switches(args.log)
     if done:
         print(f"switches: {len(done)}, decision to both sides launching on the new split (acked) p50 "
@@ -381,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"decode steps of this run: {split['decode_steps']}, measured p50 {split['decode_step_ms_p50']} ms, "
                   f"p90 {split['decode_step_ms_p90']} ms; share by decode SMs: " + ", ".join(
                       f"{sms}: {share:.0%}" for sms, share in split["decode_share_by_sms"].items()))
+        start = run_start_unix_s(run)
+        for b in balance_streaks(during_run(decisions, run), during_run(steps, run)):
+            if b["decisions"] >= 3:
+                print(f"balance streak of this run: {b['t_start'] - start:.2f}-{b['t_end'] - start:.2f} s after its "
+                      f"start, {b['decisions']} decisions, decode on {b['decode_sms']} SMs, batch "
+                      f"{b['decode_seqs'][0]}-{b['decode_seqs'][1]}, steps {b['decode_step_ms']} ms")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

@@ -321,6 +321,7 @@ def test_prefill_rate_by_sms_and_switches_by_reason(tmp_path):
              step(116, True, 2900, 100.0)]
     assert prefill_rate_by_sms(steps) == {100: {"steps": 3, "tokens_per_s_p50": 30000.0},
                                           116: {"steps": 1, "tokens_per_s_p50": 29000.0}}
+    assert prefill_rate_by_sms(steps, other_busy=False) == {100: {"steps": 1, "tokens_per_s_p50": 200000.0}}
     log = tmp_path / "log.jsonl"
     rows = [{"kind": "decision", "t": 1.0, "reason": "to_decode", "switch": True},
             {"kind": "switch", "t": 1.1, "decision_to_split_us": 100_000, "acked_last": "decode"},
@@ -489,3 +490,19 @@ def test_startup_summary_reads_each_workers_startup_record(tmp_path):
     empty = tmp_path / "none.jsonl"
     empty.write_text(json.dumps(rows[2]) + "\n")
     assert startup_summary(str(empty)) == {}
+
+
+def test_balance_streaks_group_consecutive_balance_decisions_with_their_decode_steps():
+    """plot_steps.balance_streaks: logged BALANCE decisions close together, broken by another logged decision or a
+    gap, each with the decode steps taken meanwhile (SMs, batch, step times)."""
+    from benchmarks.plot_steps import balance_streaks
+
+    decisions = [{"t": t, "reason": r} for t, r in ((1.0, "balance"), (1.2, "balance"), (1.4, "balance_tpot"),
+                                                    (1.5, "backlog"), (1.6, "balance"), (3.0, "balance"))]
+    steps = [{"t": t, "side": "decode", "decode_sms": sms, "num_seqs": n, "measured_ms": ms}
+             for t, sms, n, ms in ((1.1, 16, 40, 30.0), (1.3, 24, 44, 26.5), (2.0, 32, 50, 20.0))]
+    assert balance_streaks(decisions, steps) == [
+        {"t_start": 1.0, "t_end": 1.4, "decisions": 3, "decode_sms": [16, 24], "decode_seqs": (40, 44),
+         "decode_step_ms": (26.5, 30.0)},
+        {"t_start": 1.6, "t_end": 1.6, "decisions": 1, "decode_sms": [], "decode_seqs": (0, 0), "decode_step_ms": None},
+        {"t_start": 3.0, "t_end": 3.0, "decisions": 1, "decode_sms": [], "decode_seqs": (0, 0), "decode_step_ms": None}]

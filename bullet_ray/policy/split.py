@@ -59,7 +59,7 @@ class SplitSettings:
     # TTFT_i / target)) or "tpot_first" (BALANCE_TPOT: the fewest decode SMs whose step meets the TPOT target, never
     # fewer than now, as TO_PREFILL: TTFT at risk takes only decode's slack under the target, which every running
     # sequence is owed; minimax only when no entry meets it). Opt-in, unmeasured: the
-    # TPOT misses of serve_h200_m6/seed1 at 40 req/s came from minimax holding decode 20-35% over target for 1.3 s
+    # TPOT misses of serve_h200_m6/seed1 at 40 req/s came from minimax holding decode up to 37% over target for 1.3 s
     balance: str = "minimax"
 
     def __post_init__(self) -> None:

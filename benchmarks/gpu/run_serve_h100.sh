@@ -52,7 +52,9 @@ if [ "$mode" = py ]; then
 else
   # only letters, digits, '.', '_' and '-' come back from $OUT ("chunked-2048+pw1024" would not)
   NAME=$(echo "$*" | sed 's/^-*//' | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
-  timeout -k 10 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
+  # at LIMIT, timeout's SIGTERM makes serve_h100 stop the server it runs (serve run, vllm serve) before it exits;
+  # 45 s later it is killed whatever it is doing. A server left running would answer the next call's sweep.
+  timeout -k 45 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
     | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
   cp "$RES"/compare.{json,md,png} "$RES"/goodput_ci.txt "$OUT/" 2>/dev/null
   tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"

@@ -90,7 +90,7 @@ from typing import Any
 import yaml
 
 from benchmarks import direct_ingress, report
-from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, wait_ready
+from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, stop_on_sigterm, wait_ready
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import PRESETS, parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
@@ -503,13 +503,15 @@ def grpc_check(base_url: str) -> dict[str, Any]:
 
 
 def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
-    """compare.json's `systems` rebuilt from a sweep's run files (`folder`/runs/<system>-rate<R>.json), for a
-    sweep cut short after its last rate but before it wrote compare.json."""
+    """compare.json's `systems` rebuilt from a sweep's run files (`folder`/runs/<system>-rate<R>.json, or
+    .json.gz as saved under benchmarks/results/), for a sweep cut short after its last rate but before it
+    wrote compare.json."""
+    from benchmarks.rescore import RUN_FILE_NAME, load_run
     from benchmarks.slo import goodput
 
     systems: dict[str, Any] = {}
-    for path in sorted((folder / "runs").glob("*-rate*.json")):
-        run = json.loads(path.read_text())
+    for path in sorted(p for p in (folder / "runs").iterdir() if RUN_FILE_NAME.match(p.name)):
+        run = load_run(path)
         name, rate = run["config"]["label"], run["config"]["workload"]["rate_rps"]
         entry = systems.setdefault(name, {"base_url": run["config"]["base_url"], "launch": None, "extra": {},
                                           "points": [], "error": None})
@@ -648,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     args.serve_env = {key: value for key, _, value in pairs}
     systems = [make_system(n, args) for n in args.systems.split(",") if n]
     base = bench_config(args)
+    stop_on_sigterm()  # a call's time limit (timeout's SIGTERM) still stops serve run and vllm serve
     doc = run_comparison(systems, base, args.out, rates=[float(r) for r in args.rates.split(",")], plot=True)
     doc["runs"] = [{"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "command": "python -m benchmarks.gpu.serve_h100 " + " ".join(sys.argv[1:] if argv is None else argv),

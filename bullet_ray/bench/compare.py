@@ -94,20 +94,37 @@ def wait_ready(base_url: str, timeout_s: float, process: subprocess.Popen | None
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"launch command exited with code {process.returncode} before {base_url} was ready")
-        for path in READY_PATHS:
-            try:
-                with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+        if answers(base_url, timeout_s=5.0):
+            return
         time.sleep(poll_s)
     raise TimeoutError(f"{base_url} not ready (GET {' or '.join(READY_PATHS)}) after {timeout_s:.0f} s")
 
 
+def answers(base_url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a server already answers GET /health or /v1/models with 200 at `base_url`."""
+    for path in READY_PATHS:
+        try:
+            with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout_s) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+    return False
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (what `timeout` sends) raise SystemExit in the main thread, so the `finally` of `launched`
+    stops the servers this process started instead of leaving them holding the GPU and their ports."""
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 @contextlib.contextmanager
 def launched(system: SystemSpec, out_dir: Path) -> Iterator[None]:
-    """Start `system.launch` in its own process group (log in out_dir), wait until ready, stop it after."""
+    """Start `system.launch` in its own process group (log in out_dir), wait until ready, stop it after.
+    Refuses to start when something already answers at its address: the sweep would measure that server."""
     if system.lifecycle is not None:
         with system.lifecycle(system, out_dir):
             wait_ready(system.base_url, system.ready_timeout_s)
@@ -116,6 +133,9 @@ def launched(system: SystemSpec, out_dir: Path) -> Iterator[None]:
     if not system.launch:
         yield
         return
+    if answers(system.base_url):
+        raise RuntimeError(f"{system.base_url} already answers before {system.name} was started: another server "
+                           "holds its port (one left by an earlier run?); stop it and run again")
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{system.name}-server.log"
     with open(log_path, "ab") as log:
@@ -305,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     systems = [SystemSpec(n, url, launches.get(n), ready_timeout_s=args.ready_timeout_s)
                for n, url in endpoints.items()]
     base = config_from_args(args)
+    stop_on_sigterm()
     out = Path(args.output_dir) / datetime.now().strftime("%Y%m%d-%H%M%S")
     doc = run_comparison(systems, base, out, _floats(args.rates), _floats(args.trace_scales),
                          args.cooldown_s, args.plot)

@@ -152,7 +152,8 @@ def test_direct_leaves_the_yaml_as_it_is_but_names_its_files_apart(tmp_path):
 
 def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     """A sweep killed after its last rate but before it wrote compare.json: --merge takes its folder and
-    rebuilds its systems (points in rate order, goodput per SLO) from runs/<system>-rate<R>.json."""
+    rebuilds its systems (points in rate order, goodput per SLO) from runs/<system>-rate<R>.json[.gz]."""
+    import gzip
     import json
 
     from benchmarks.gpu.serve_h100 import merge
@@ -172,10 +173,14 @@ def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     (tmp_path / "a" / "compare.json").write_text(json.dumps(full))
     runs = tmp_path / "cut" / "runs"
     runs.mkdir(parents=True)
-    for rate, strict in ((16.0, 0.5), (8.0, 1.0)):
-        runs.joinpath(f"bullet-slo-rate{rate:g}.json").write_text(json.dumps({
-            "config": {"label": "bullet-slo", "base_url": "http://x", "workload": {"rate_rps": rate}},
-            "summary": summary(strict)}))
+    for rate, strict in ((16.0, 0.5), (8.0, 1.0)):  # one plain, one gzipped as saved under benchmarks/results/
+        text = json.dumps({"config": {"label": "bullet-slo", "base_url": "http://x", "workload": {"rate_rps": rate}},
+                           "summary": summary(strict)})
+        if rate == 16.0:
+            runs.joinpath(f"bullet-slo-rate{rate:g}.json.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            runs.joinpath(f"bullet-slo-rate{rate:g}.json").write_text(text)
+    runs.joinpath("notes.txt").write_text("not a run file")
     doc = merge([tmp_path / "a" / "compare.json", tmp_path / "cut"], tmp_path / "out")
     cut = doc["systems"]["bullet-slo"]
     assert [p["rate_rps"] for p in cut["points"]] == [8.0, 16.0] and set(doc["systems"]) == {"vllm", "bullet-slo"}

@@ -138,7 +138,8 @@ def sigma_for_p90_error(p90_error: float) -> float:
 
 def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
            noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
-           plan_ahead: bool = True, planner: str = "bullet", token_budget: int = 8192) -> list[float]:
+           plan_ahead: bool = True, planner: str = "bullet", token_budget: int = 8192,
+           max_on_time: bool = False) -> list[float]:
     """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: a batch is
     planned while the step before runs (the engine's asynchronous planning: as that step launches, or as a request
     arrives to an empty queue; slack counts the step's predicted rest, `prefill_remaining_s`), and arrivals after
@@ -146,7 +147,8 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
     StepCost, or a fixed rate in prompt tokens/s. `planner`: "fill" takes the order up to `cap_tokens`, cutting
     the last request to fill it; "bullet" is BulletPolicy.plan's batching (`plan_batches`: the head, then requests
     from its length bucket and the nearest, whole, up to `cap_tokens` as the saturation size; a head longer than
-    that runs alone, in chunks of `token_budget`)."""
+    that runs alone, in chunks of `token_budget`). `max_on_time`: the order keeps only the most requests that can
+    make their targets together (EngineConfig.prefill_order "max_on_time")."""
     if planner not in ("fill", "bullet"):
         raise ValueError(f"planner must be 'fill' or 'bullet', got {planner!r}")
     if cap_tokens < 1 or token_budget < 1:
@@ -193,7 +195,7 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
                 now = max(now, free_at, arrival)
             continue
         start_s = max(0.0, predicted_end - now)
-        order = least_slack_order(queue, own_s, targets, start_s)
+        order = least_slack_order(queue, own_s, targets, start_s, max_on_time=max_on_time)
         head = order[0]
         head_target = head_target_s(head, own_s(head), targets, start_s)
         batch: list[tuple[str, int]] = []
@@ -252,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fallback-ms", default="none",
                         help="comma-separated fallback TTFT targets (ms; 'none': off) the order rescues late requests "
                              "by (engine.ttft_fallback_ms); each is replayed at every margin")
+    parser.add_argument("--order", default="least_slack",
+                        help="comma-separated prefill orders to replay: least_slack (the default order), max_on_time "
+                             "(EngineConfig.prefill_order: the most requests that make their targets together)")
     parser.add_argument("--also-ms", type=float, default=1000.0,
                         help="a second TTFT bound the replayed TTFTs are judged by too (default: the relaxed SLO's)")
     parser.add_argument("--seeds", type=int, default=20, help="noise seeds per margin (averaged)")
@@ -306,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(f is not None and not f > args.ttft_ms for f in fallbacks):
         raise SystemExit(f"--fallback-ms: each must be > --ttft-ms ({args.ttft_ms:g}); got {args.fallback_ms}")
     also_s = args.also_ms / 1e3
+    orders = [o.strip() for o in args.order.split(",") if o.strip()]
+    if not orders or any(o not in ("least_slack", "max_on_time") for o in orders):
+        raise SystemExit(f"--order: least_slack and/or max_on_time, comma-separated; got {args.order!r}")
     print(f"run {args.run.name}: {len(arrivals)} requests over {arrivals[-1].scheduled_s:.2f} s, "
           f"{sum(a.num_prompt_tokens for a in arrivals)} prompt tokens; measured TTFT <= {args.ttft_ms:g} ms: "
           f"{attainment(measured, target_s):.1%}, TTFT p50 "
@@ -315,38 +323,42 @@ def main(argv: list[str] | None = None) -> int:
           f"{sigma:.4f} (p90 error {p90:.1%}), overhead {args.overhead_ms:g} ms, batch cap {args.cap_tokens} tokens, "
           f"{args.seeds} seeds")
     rows = []
-    print(f"{'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
+    print(f"{'order':>11} {'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
           f"{'p50_ms':>7} {'p90_ms':>7} {'<=' + format(args.also_ms, 'g') + 'ms':>9}")
-    for margin in margins:
-        for fallback in fallbacks:
-            targets = SloTargets(target_s, margin_s=margin / 1e3,
-                                 fallback_ttft_s=None if fallback is None else fallback / 1e3)
-            clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
-                                      plan_ahead=args.plan_ahead, planner=args.planner), target_s)
-            shares, near, p50s, p90s, also = [], [], [], [], []
-            for seed in range(args.seeds):
-                ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
-                               random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner)
-                shares.append(attainment(ttfts, target_s))
-                near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
-                p50s.append(statistics.median(ttfts))
-                p90s.append(statistics.quantiles(ttfts, n=10)[-1])
-                also.append(attainment(ttfts, also_s))
-            row = {"margin_ms": margin, "fallback_ms": fallback, "no_noise": clean, "mean": statistics.fmean(shares),
-                   "min": min(shares), "max": max(shares), "mean_misses_within_10ms": statistics.fmean(near),
-                   "mean_p50_ms": statistics.fmean(p50s) * 1e3, "mean_p90_ms": statistics.fmean(p90s) * 1e3,
-                   f"mean_within_{args.also_ms:g}ms": statistics.fmean(also)}
-            rows.append(row)
-            print(f"{margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
-                  f"{row['mean']:>7.1%} {row['min']:>7.1%} {row['max']:>7.1%} {row['mean_misses_within_10ms']:>11.1f} "
-                  f"{row['mean_p50_ms']:>7.0f} {row['mean_p90_ms']:>7.0f} {statistics.fmean(also):>9.1%}")
+    for order in orders:
+        mot = order == "max_on_time"
+        for margin in margins:
+            for fallback in fallbacks:
+                targets = SloTargets(target_s, margin_s=margin / 1e3,
+                                     fallback_ttft_s=None if fallback is None else fallback / 1e3)
+                clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
+                                          plan_ahead=args.plan_ahead, planner=args.planner,
+                                          max_on_time=mot), target_s)
+                shares, near, p50s, p90s, also = [], [], [], [], []
+                for seed in range(args.seeds):
+                    ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
+                                   random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner,
+                                   max_on_time=mot)
+                    shares.append(attainment(ttfts, target_s))
+                    near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
+                    p50s.append(statistics.median(ttfts))
+                    p90s.append(statistics.quantiles(ttfts, n=10)[-1])
+                    also.append(attainment(ttfts, also_s))
+                row = {"order": order, "margin_ms": margin, "fallback_ms": fallback, "no_noise": clean, "mean": statistics.fmean(shares),
+                       "min": min(shares), "max": max(shares), "mean_misses_within_10ms": statistics.fmean(near),
+                       "mean_p50_ms": statistics.fmean(p50s) * 1e3, "mean_p90_ms": statistics.fmean(p90s) * 1e3,
+                       f"mean_within_{args.also_ms:g}ms": statistics.fmean(also)}
+                rows.append(row)
+                print(f"{order:>11} {margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
+                      f"{row['mean']:>7.1%} {row['min']:>7.1%} {row['max']:>7.1%} {row['mean_misses_within_10ms']:>11.1f} "
+                      f"{row['mean_p50_ms']:>7.0f} {row['mean_p90_ms']:>7.0f} {statistics.fmean(also):>9.1%}")
     if args.json is not None:
         args.json.write_text(json.dumps({
             "run": str(args.run), "steps": str(args.steps), "measured_attainment": attainment(measured, target_s),
             "tokens_per_s": tokens_per_s, "step_model": args.step_model,
             "step_cost": cost.__dict__ if isinstance(cost, StepCost) else None, "plan_ahead": args.plan_ahead,
             "planner": args.planner, "noise_sigma": sigma, "p90_error": p90, "overhead_ms": args.overhead_ms,
-            "cap_tokens": args.cap_tokens, "ttft_ms": args.ttft_ms, "also_ms": args.also_ms, "seeds": args.seeds,
+            "cap_tokens": args.cap_tokens, "orders": orders, "ttft_ms": args.ttft_ms, "also_ms": args.also_ms, "seeds": args.seeds,
             "rows": rows}, indent=1))
     return 0
 

@@ -22,6 +22,8 @@ SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
 PREFILL_GEMMS: tuple[str, ...] = ("auto", "cublas", "cublaslt", "cublaslt-all")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
+# how the split policy orders the prefill queue (EngineConfig.prefill_order, bullet_ray.policy.ordering)
+PREFILL_ORDERS: tuple[str, ...] = ("least_slack", "max_on_time")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
@@ -176,6 +178,16 @@ class EngineConfig:
     # req/s, benchmarks/results/serve_h200_m4/), so they missed the relaxed SLO too. The planning margin shortens it
     # like the target. Only the order uses it; unmeasured on a GPU (benchmarks/replay_order.py --fallback-ms models it)
     ttft_fallback_ms: float | None = None
+    # with the split policy: how the prefill queue is ordered (bullet_ray.policy.ordering). "least_slack" (default):
+    # the requests that can each still make their TTFT target, least slack first, the others after them.
+    # "max_on_time": of those, only the most that can make their targets together, one after another (Moore and
+    # Hodgson's rule for the fewest late jobs: in deadline order, the longest prompt so far is given up whenever the
+    # one added would be late); the ones given up join the late ones. Why: least slack counts a request's own
+    # prefill, not the queue ahead of it, so in a burst it serves requests that end up late anyway and their lateness
+    # spreads to the ones behind (benchmarks/results/serve_h200_m7/: every bullet miss below 40 req/s a TTFT miss of
+    # 0.55-4.74 s). Replayed on the m6 / m7 runs (benchmarks/results/replay_order_mot_h200/, a model): TTFT
+    # attainment +0-3 points at 24-32 req/s, +4-10 at 40-48; unmeasured on a GPU
+    prefill_order: str = "least_slack"
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
     # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)
     # instead of stopping where the model says throughput has saturated; the batch's head still keeps its target
@@ -290,6 +302,9 @@ class EngineConfig:
         if fallback is not None and not (self.ttft_target_ms < fallback < math.inf):
             raise ConfigError("ttft_fallback_ms", f"must be > ttft_target_ms ({self.ttft_target_ms:g}) and finite, "
                                                   f"or null (off), got {fallback}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ConfigError("prefill_order", f"unknown prefill order {self.prefill_order!r}; choose least_slack "
+                              "(the default) or max_on_time (the most requests that make their targets together)")
         if self.ttft_margin_scope not in TTFT_MARGIN_SCOPES:
             raise ConfigError("ttft_margin_scope", f"unknown margin scope {self.ttft_margin_scope!r}; choose all "
                               "(order, batch fit and split rule) or order (order and batch fit only)")

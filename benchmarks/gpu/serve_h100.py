@@ -34,8 +34,9 @@ request that can no longer make its TTFT target is still ordered to make <ms>, i
 engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill worker plans its next batch <ms>
 before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms) and/or
 -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
-fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first),
-bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
+fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
+(bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
+the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
 it under that preset only: relaxed sets 1,000 ms / 50 ms; a per-prompt-token preset sets
@@ -168,12 +169,14 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>" (and "-tf" below), in any order,
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>" (and "-tf", "-mot" below), in any order,
 # each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "pl": ("prefill_plan_lead_ms", "ms")}
-# and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first)
-FLAG_MODIFIERS = {"tf": ("split_rule", {"balance": "tpot_first"})}
+# and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first); "-mot": the
+# prefill queue keeps only the most requests that make their TTFT targets together (prefill_order: max_on_time)
+FLAG_MODIFIERS: dict[str, tuple[str, Any]] = {"tf": ("split_rule", {"balance": "tpot_first"}),
+                                              "mot": ("prefill_order", "max_on_time")}
 
 
 def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
@@ -182,7 +185,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     "-fb<ms>" (a late request is still ordered to make a fallback TTFT target of <ms>: engine.ttft_fallback_ms)
     and/or "-pl<ms>" (the prefill worker plans its next batch <ms> before the step in flight is predicted to end,
     reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy)
-    and/or "-tf" (engine.split_rule.balance: tpot_first); (name, {}) for any other name:
+    and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
+    for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
     base, fields = name, dict[str, Any]()
     while True:
@@ -191,14 +195,14 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
             field, value = FLAG_MODIFIERS[tail]
             if field in fields:
                 raise SystemExit(f"unknown system {name!r}: -{tail} at most once")
-            fields[field], base = dict(value), head
+            fields[field], base = (dict(value) if isinstance(value, dict) else value), head
             continue
         kind = tail[:2]
         if not sep or kind not in MODIFIERS or not head.startswith("bullet-slo"):
             return base, fields
         field, unit = MODIFIERS[kind]
         if field in fields or not tail[2:].isdigit() or int(tail[2:]) < 1:
-            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-tf], each "
+            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-tf][-mot], each "
                              f"once, {unit} >= 1")
         fields[field] = int(tail[2:])
         base = head
@@ -280,7 +284,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         rule = modifiers.pop("split_rule", None)
         if rule is not None:  # -tf: beside bullet-slo-m2's own settings
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -mot
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -289,7 +293,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
                              f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>]"
-                             f"[-tf], "
+                             f"[-tf][-mot], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -597,8 +601,9 @@ def main(argv: list[str] | None = None) -> int:
                              "keeps the real targets), <bullet-slo system>-bb<tokens> (its prefill batches grow "
                              "to <tokens> under a backlog), -fb<ms> (late requests ordered for a fallback "
                              "TTFT target of <ms>), -pl<ms> (the prefill side plans <ms> before its step in "
-                             "flight ends) and/or -tf (BALANCE keeps decode at its TPOT target: "
-                             "split_rule.balance tpot_first), bullet-slo-mixed<tokens> (the "
+                             "flight ends), -tf (BALANCE keeps decode at its TPOT target: "
+                             "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
+                             "make their targets together: prefill_order max_on_time), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

@@ -31,17 +31,20 @@ class BulletPolicy:
     def __init__(self, model: PerfModel, decode_sms: Sequence[int], sm_count: int, targets: SloTargets,
                  token_cap: int = 2048, settings: SplitSettings | None = None,
                  buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
-                 split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None) -> None:
+                 split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None,
+                 max_on_time: bool = False) -> None:
         """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
         judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets); `backlog_batch_tokens`: how
         far a batch may grow past saturation while the split rule sees a backlog (None: never;
-        EngineConfig.prefill_backlog_batch_tokens)."""
+        EngineConfig.prefill_backlog_batch_tokens); `max_on_time`: the queue's order keeps only the most requests that
+        make their targets together (least_slack_order; EngineConfig.prefill_order "max_on_time")."""
         self.model = model
         self.rule = SplitRule(model, decode_sms, sm_count, targets if split_targets is None else split_targets,
                               settings)
         self.targets = targets
         self.token_cap = token_cap
         self.backlog_batch_tokens = backlog_batch_tokens
+        self.max_on_time = max_on_time
         self.buckets = buckets or LengthBuckets()
         self.lookahead_batches = lookahead_batches
         # (prefill SMs, decode busy) -> (saturation tokens, monotonic time computed): computed again after
@@ -81,7 +84,8 @@ class BulletPolicy:
         def own(r: QueuedRequest) -> float:
             return self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms, busy)
 
-        order = least_slack_order(state.queue, own, self.targets, state.prefill_remaining_s)
+        order = least_slack_order(state.queue, own, self.targets, state.prefill_remaining_s,
+                                  max_on_time=self.max_on_time)
         self.buckets.rebalance([r.num_prompt_tokens for r in state.queue])
         head_target = head_target_s(order[0], own(order[0]), self.targets, state.prefill_remaining_s) \
             if order else 0.0

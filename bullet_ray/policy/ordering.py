@@ -10,6 +10,12 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
    it makes its fallback and every request behind it still makes the target it is planned for (its own,
    or the fallback for a rescued one), i.e. into the slack the others leave, keeping the slack before it
    for requests that still make their own. One that fits nowhere before the lost ones goes first among them.
+   With `max_on_time` (EngineConfig.prefill_order "max_on_time"), the requests that can each still make their
+   target are cut further to the most that can make it together, Moore and Hodgson's rule for the fewest late
+   jobs on one machine: in deadline order (target - waited), add each one; when the one added would finish late,
+   the longest prompt so far goes to the lost ones. A long prompt that would push several short ones past their
+   targets is given up at once, instead of being served when it can no longer make its own (least slack alone
+   counts each request's own prefill, not the queue ahead of it). The kept ones run in deadline order.
 2. Then, pass after pass, a request moves ahead of its neighbour when it is shorter and both still meet
    their targets afterwards (served one after the other), which lowers mean TTFT without breaking any
    target (Bullet orders by estimated latency where no TTFT target breaks). Swapping two neighbours does
@@ -25,8 +31,10 @@ from bullet_ray.policy.state import QueuedRequest
 
 
 def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedRequest], float],
-                      targets: SloTargets, start_s: float = 0.0, max_passes: int = 8) -> list[QueuedRequest]:
-    """The queue in the order it should be prefilled; `start_s`: time until the prefill side is free."""
+                      targets: SloTargets, start_s: float = 0.0, max_passes: int = 8,
+                      max_on_time: bool = False) -> list[QueuedRequest]:
+    """The queue in the order it should be prefilled; `start_s`: time until the prefill side is free;
+    `max_on_time`: keep only the most requests that can make their targets together (module docstring, 1.)."""
     own = {r.request_id: own_s(r) for r in queue}
     target = {r.request_id: targets.ttft_target_s(r.num_prompt_tokens) for r in queue}
 
@@ -37,7 +45,13 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
     started = [r for r in queue if r.num_computed_tokens > 0]
     rest = [r for r in queue if r.num_computed_tokens == 0]
     feasible = sorted((r for r in rest if slack(r) >= 0), key=lambda r: (slack(r), -r.waited_s))
-    lost = sorted((r for r in rest if slack(r) < 0), key=lambda r: -r.waited_s)
+    lost = [r for r in rest if slack(r) < 0]
+    if max_on_time:
+        t0 = start_s + sum(own[r.request_id] for r in started)
+        feasible, given_up = most_on_time(feasible, own, {r.request_id: target[r.request_id] - r.waited_s
+                                                          for r in feasible}, t0)
+        lost += given_up
+    lost.sort(key=lambda r: -r.waited_s)
     fixed = len(started)
     if targets.fallback_ttft_s is None:
         order = started + feasible + lost
@@ -60,6 +74,25 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
         if not moved:
             break
     return order
+
+
+def most_on_time(candidates: Sequence[QueuedRequest], own: dict[str, float], deadline: dict[str, float],
+                 start_s: float) -> tuple[list[QueuedRequest], list[QueuedRequest]]:
+    """(kept in deadline order, given up): the largest subset of `candidates` that all finish by their deadlines
+    when served one after another from `start_s` (Moore-Hodgson: deadline order, dropping the longest kept one
+    whenever the one just added would be late; optimal for the count of on-time jobs released together)."""
+    kept: list[QueuedRequest] = []
+    given_up: list[QueuedRequest] = []
+    t = start_s
+    for r in sorted(candidates, key=lambda r: (deadline[r.request_id], -r.waited_s)):
+        kept.append(r)
+        t += own[r.request_id]
+        if t > deadline[r.request_id]:
+            longest = max(kept, key=lambda q: own[q.request_id])
+            kept.remove(longest)
+            given_up.append(longest)
+            t -= own[longest.request_id]
+    return kept, given_up
 
 
 def _rescue(placed: list[QueuedRequest], lost: list[QueuedRequest], fixed: int, own: dict[str, float],

@@ -384,3 +384,72 @@ def test_a_rescued_head_fits_its_batch_to_the_fallback_target():
     assert head_target_s(_req("H", 1000, 0.1), 0.1, fb) == 0.5  # makes its own target: fitted to it
     assert head_target_s(_req("H", 1000, 0.45), 0.1, fb) == 1.0  # cannot: fitted to the fallback
     assert head_target_s(_req("H", 1000, 0.45), 0.1, SloTargets(0.5)) == 0.5  # no fallback: as before
+
+
+def test_most_on_time_keeps_the_largest_set_that_makes_its_deadlines():
+    """Moore-Hodgson against brute force on random queues: as many requests on time as any subset can be."""
+    import itertools
+    import random
+
+    from bullet_ray.policy.ordering import most_on_time
+
+    rng = random.Random(7)
+    for _ in range(200):
+        queue = [_req(str(i), rng.randint(100, 4000), rng.uniform(0.0, 0.4)) for i in range(rng.randint(1, 7))]
+        own = {r.request_id: _own(r) for r in queue}
+        deadline = {r.request_id: 0.5 - r.waited_s for r in queue}
+        start = rng.uniform(0.0, 0.1)
+        kept, given_up = most_on_time(queue, own, deadline, start)
+        assert {r.request_id for r in kept} | {r.request_id for r in given_up} == set(own)
+        t = start
+        for r in kept:  # served one after another in the order returned, each makes its deadline
+            t += own[r.request_id]
+            assert t <= deadline[r.request_id] + 1e-12
+        best = max(n for n in range(len(queue) + 1) for subset in itertools.combinations(queue, n)
+                   if _on_time_in_deadline_order(subset, own, deadline, start))
+        assert len(kept) == best
+
+
+def _on_time_in_deadline_order(subset, own, deadline, start) -> bool:
+    t = start
+    for r in sorted(subset, key=lambda r: deadline[r.request_id]):
+        t += own[r.request_id]
+        if t > deadline[r.request_id]:
+            return False
+    return True
+
+
+def _on_time(order, start_s: float = 0.0) -> int:
+    """How many of `order` make a 0.5 s TTFT target, prefilled one after another (_own each) from `start_s`."""
+    t, n = start_s, 0
+    for r in order:
+        t += _own(r)
+        n += r.waited_s + t <= 0.5
+    return n
+
+
+def test_max_on_time_gives_up_a_long_prompt_that_would_make_short_ones_late():
+    """Each request can make its target alone, but not all together: in the least-slack order the 4k prompt runs
+    second and three short ones end late; max_on_time gives the 4k prompt up (after the others, with the late ones)
+    and all four short ones make it."""
+    long_one = _req("L", 4000, 0.05)  # 0.4 s alone, slack 0.05
+    short = [_req(f"S{i}", 500, 0.2) for i in range(4)]  # 0.05 s each, slack 0.25
+    default = least_slack_order([long_one, *short], _own, SloTargets(0.5))
+    assert [r.request_id for r in default][:2] == ["S0", "L"] and _on_time(default) == 2
+    mot = least_slack_order([long_one, *short], _own, SloTargets(0.5), max_on_time=True)
+    assert [r.request_id for r in mot][-1] == "L" and _on_time(mot) == 4
+    # a prompt in progress stays first, and the time it takes counts against the rest
+    started = QueuedRequest("G", 4000, 0.0, num_computed_tokens=2048)
+    order = least_slack_order([started, long_one, *short], _own, SloTargets(0.5), max_on_time=True)
+    assert order[0].request_id == "G" and order[-1].request_id == "L"
+
+
+def test_policy_passes_max_on_time_to_its_order():
+    model = PerfModel(LLAMA8B, H100_SXM)
+    # on 116 prefill SMs beside a busy decode: 8,000 tokens 0.32 s (slack 0.08), 1,000 tokens 0.036 s (deadline 0.2)
+    queue = (_req("L", 8000, 0.1), *(_req(f"S{i}", 1000, 0.3) for i in range(4)))
+    state = StepState(6, queue, BUSY, 1.0)
+    plain = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192)
+    mot = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192, max_on_time=True)
+    assert [r.request_id for r in plain.step(state).order] == ["S0", "S1", "L", "S2", "S3"]
+    assert [r.request_id for r in mot.step(state).order] == ["S0", "S1", "S2", "S3", "L"]

@@ -208,3 +208,34 @@ def test_the_decider_aims_at_the_configs_per_prompt_token_target():
     assert on.policy.rule.targets == on.policy.targets and on.policy.targets.ttft_target_s(2000) == pytest.approx(3.0)
     off = decider(EngineConfig(model="dummy:tiny-llama"))
     assert off.policy.targets == SloTargets(0.5, 0.025) and off.policy.targets.ttft_target_s(2000) == 0.5
+
+
+def test_prefill_order_reaches_the_policy_from_the_yaml_edge_and_a_bad_one_names_the_field():
+    """engine.prefill_order: least_slack (default) or max_on_time; the policy link builds BulletPolicy with it."""
+    import pytest
+    import yaml
+    from pydantic import ValidationError
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+    from bullet_ray.serve.config import BulletAppConfig, EngineArgs
+
+    args = BulletAppConfig(**yaml.safe_load(yaml.safe_dump({"engine": {"prefill_order": "max_on_time"}}))).engine
+    assert args.to_engine_config().prefill_order == "max_on_time"
+    assert EngineArgs().to_engine_config().prefill_order == "least_slack"
+    with pytest.raises(ConfigError, match=r"^prefill_order: unknown prefill order 'edf'; choose least_slack"):
+        EngineConfig(prefill_order="edf")
+    with pytest.raises(ValidationError, match="prefill_order"):
+        EngineArgs(prefill_order="edf")
+    from bullet_ray.gpu.partition import default_ladder
+    from bullet_ray.perf.model import PerfModel
+    from bullet_ray.perf.roofline import H100_SXM
+
+    llama = ModelConfig.from_hf_dict(json.loads((PRESETS / "llama-3.1-8b.json").read_text()))
+    for order, expected in (("least_slack", False), ("max_on_time", True)):
+        worker = SimpleNamespace(config=EngineConfig(prefill_order=order, split_policy="slo"),
+                                 partitioner=SimpleNamespace(ladder=[SimpleNamespace(decode_sms=d, prefill_sms=132 - d)
+                                                                     for d in default_ladder(132)], whole_index=None),
+                                 res=SimpleNamespace(state=None))
+        decider = SplitDecider(worker, PerfModel(llama, H100_SXM), recorder=None)
+        assert decider.policy.max_on_time is expected

@@ -67,6 +67,22 @@ def test_the_command_line_reads_a_run_and_a_step_log(tmp_path, capsys):
     for bad in ("400", "x"):
         with pytest.raises(SystemExit, match="--fallback-ms"):
             main(["--run", str(run), "--steps", str(steps), "--fallback-ms", bad])
+    # orders: one row per order, margin and fallback
+    assert main(["--run", str(run), "--steps", str(steps), "--margins", "50", "--order", "least_slack,max_on_time",
+                 "--seeds", "2", "--json", str(out)]) == 0
+    assert [r["order"] for r in json.loads(out.read_text())["rows"]] == ["least_slack", "max_on_time"]
+    with pytest.raises(SystemExit, match="--order"):
+        main(["--run", str(run), "--steps", str(steps), "--order", "edf"])
+
+
+def test_max_on_time_gives_up_the_long_prompt_that_would_make_the_others_late():
+    # at 0: x (0.4 s), a (0.2 s) and four 0.05 s prompts, 0.5 s targets. Least slack runs x first (the least slack,
+    # 0.1 s); behind it only one more makes 0.5 s. max_on_time gives x up: the four and a make it, then x (late)
+    arrivals = [Arrival("x", 0.0, 4000), Arrival("a", 0.0, 2000), *(Arrival(f"s{i}", 0.0, 500) for i in range(4))]
+    plain = replay(arrivals, 10_000.0, SloTargets(0.5), cap_tokens=500)
+    mot = replay(arrivals, 10_000.0, SloTargets(0.5), cap_tokens=500, max_on_time=True)
+    assert plain[0] == pytest.approx(0.4) and sum(t <= 0.5 for t in plain) == 2
+    assert mot == pytest.approx([0.8, 0.4, 0.05, 0.1, 0.15, 0.2])
 
 
 def test_a_fallback_target_serves_a_lost_request_before_it_is_lost_for_good():

@@ -382,3 +382,19 @@ def test_tpot_first_modifier_sets_the_balance_rule(tmp_path):
 
     with pytest.raises(SystemExit, match="-tf at most once"):
         system_yaml("bullet-slo-margin50-tf-tf", tmp_path)
+
+
+def test_max_on_time_modifier_sets_the_prefill_order(tmp_path):
+    """<bullet-slo system>-mot: engine.prefill_order max_on_time, beside -tf and the other modifiers."""
+    import pytest
+
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
+    assert (engine["prefill_order"], engine["prefill_plan_lead_ms"], engine["ttft_margin_ms"]) == ("max_on_time", 10, 50)
+    assert EngineArgs(**engine).to_engine_config().prefill_order == "max_on_time"
+    both = _engine(system_yaml("bullet-slo-margin50-pl10-tf-mot", tmp_path))
+    assert (both["prefill_order"], both["split_rule"]) == ("max_on_time", {"balance": "tpot_first"})
+    assert "prefill_order" not in _engine(system_yaml("bullet-slo-margin50-pl10", tmp_path))
+    with pytest.raises(SystemExit, match="-mot at most once"):
+        system_yaml("bullet-slo-margin50-mot-mot", tmp_path)

@@ -50,13 +50,15 @@ def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Seque
 
 def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, scope: str, token_cap: int,
                 ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
-                split_rule: dict[str, Any] | None = None) -> BulletPolicy:
+                split_rule: dict[str, Any] | None = None, prefill_order: str = "least_slack") -> BulletPolicy:
     """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
-    EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults)."""
+    EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults); `prefill_order`:
+    EngineConfig.prefill_order."""
     cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap,
-                       split_rule=split_rule)
+                       split_rule=split_rule, prefill_order=prefill_order)
     return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
-                        settings=cfg.split_settings(), split_targets=cfg.split_targets())
+                        settings=cfg.split_settings(), split_targets=cfg.split_targets(),
+                        max_on_time=cfg.prefill_order == "max_on_time")
 
 
 def profile_model_factory() -> Callable[[], PerfModel]:
@@ -99,7 +101,8 @@ def _mean_min_max(values: list[float]) -> dict[str, float]:
 def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfModel], token_cap: int,
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
              progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
-             split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None) -> list[dict[str, Any]]:
+             split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None,
+             prefill_order: str = "least_slack") -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -108,7 +111,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
     for margin, scope in cells:
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
-            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule)
+            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule, prefill_order=prefill_order)
             outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays, pause=pause)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the split rule's settings as a JSON object (EngineConfig.split_rule, the fields of "
                              "bullet_ray.policy.split.SplitSettings: aim, backlog_aim, hold_below, ...), e.g. "
                              "'{\"aim\": 0.9}'; default: SplitSettings' defaults, as the engine runs")
+    parser.add_argument("--prefill-order", default="least_slack",
+                        help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default) or "
+                             "max_on_time (the most requests that make their TTFT targets together)")
     parser.add_argument("--decode-pause", type=float, default=None, metavar="SPEEDUP",
                         help="what-if the engine does not have (sim.DecodePause): after a BACKLOG or BALANCE split "
                              "decision, a prefill step runs on the whole GPU with decode paused, if every running "
@@ -219,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             EngineConfig(split_rule=split_rule)  # unknown or out-of-range settings named here
         except (ValueError, ConfigError) as e:
             parser.exit(2, f"replay_split: error: --split-rule: {e}\n")
+    try:
+        EngineConfig(prefill_order=args.prefill_order)
+    except ConfigError as e:
+        parser.exit(2, f"replay_split: error: --prefill-order: {e}\n")
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
     if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause)
+                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
@@ -269,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if delays is None else ' (delays from the log)'}"
           f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
           f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
+          f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
           f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
           f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target)'}"
           f"; online correction warmed on {len(warm)} logged "
@@ -311,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
+            "prefill_order": args.prefill_order,
             "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {

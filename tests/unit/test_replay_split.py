@@ -133,6 +133,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
     policy = rs.make_policy(factory, 50.0, "all", 4096, split_rule={"aim": 0.9, "backlog_aim": 1.0})
     assert (policy.rule.settings.aim, policy.rule.settings.backlog_aim) == (0.9, 1.0)
     assert rs.make_policy(factory, 50.0, "all", 4096).rule.settings.aim == 0.85  # SplitSettings' default
+    assert rs.make_policy(factory, 50.0, "all", 4096, prefill_order="max_on_time").max_on_time is True
+    assert rs.make_policy(factory, 50.0, "all", 4096).max_on_time is False
 
 
 @pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
@@ -140,6 +142,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--split-rule", '{"aim": 1.5}', "aim"),
                                                     ("--split-rule", "[0.9]", "[0.9]"),
                                                     ("--decode-pause", "0", "0"),
+                                                    ("--prefill-order", "edf", "edf"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
@@ -157,7 +160,10 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
                     "--margins", "0,50", "--scopes", "order", "--seeds", "2", "--no-progress", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["token_cap"] == 2048 and [r["margin_ms"] for r in doc["rows"]] == [0.0, 50.0]
-    assert "not measured" in doc["note"]
+    assert "not measured" in doc["note"] and doc["prefill_order"] == "least_slack"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "50", "--seeds", "1", "--no-progress", "--prefill-order", "max_on_time", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["prefill_order"] == "max_on_time"
     random.Random(0)  # the CLI's replays seed their own generators
 
 

@@ -186,7 +186,7 @@ class EngineConfig:
     # prefill, not the queue ahead of it, so in a burst it serves requests that end up late anyway and their lateness
     # spreads to the ones behind (benchmarks/results/serve_h200_m7/: every bullet miss below 40 req/s a TTFT miss of
     # 0.55-4.74 s). Replayed on the m6 / m7 runs (benchmarks/results/replay_order_mot_h200/, two models): strict
-    # attainment within 0.2 points at 16-24 req/s, +1-7 at 32, +1-9 at 40, +8-17 at 48; unmeasured on a GPU
+    # attainment -0.2 to +1.7 points at 16-24 req/s, +0-7 at 32, +1-9 at 40, +6-17 at 48; unmeasured on a GPU
     prefill_order: str = "least_slack"
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
     # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)

@@ -56,6 +56,10 @@ else
   # 45 s later it is killed whatever it is doing. A server left running would answer the next call's sweep.
   timeout -k 45 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
     | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
+  if [ "${PIPESTATUS[0]}" -ge 124 ]; then  # stopped at LIMIT: whatever outlived it would hold the next call's GPU
+    echo "stopped at LIMIT=${LIMIT:-540}: ray stop --force, and any vllm serve left"
+    ray stop --force >/dev/null 2>&1; pkill -f "[o]penai.api_server"
+  fi
   cp "$RES"/compare.{json,md,png} "$RES"/goodput_ci.txt "$OUT/" 2>/dev/null
   tar czf "$OUT/all_$NAME.tgz" -C /tmp/serve_out "$NAME"
   (cd /tmp/ray 2>/dev/null && find session_2* -type f -size -4M \( -name "worker-*" -o -path "*/logs/serve/*" \) \

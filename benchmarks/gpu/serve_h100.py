@@ -91,11 +91,21 @@ from typing import Any
 import yaml
 
 from benchmarks import direct_ingress, report
-from benchmarks.compare import SystemSpec, comparison_markdown, run_comparison, stop_on_sigterm, wait_ready
+from benchmarks.compare import (
+    SystemSpec,
+    comparison_markdown,
+    refuse_if_answering,
+    run_comparison,
+    stop_on_sigterm,
+    track_group,
+    untrack_group,
+    wait_ready,
+)
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import PRESETS, parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
 from benchmarks.vllm_metrics import VllmMetricsProbe
+from bullet_ray.bench.result import write_json_atomic
 
 logger = logging.getLogger("serve_h100")
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +120,11 @@ CAPTURES_METRIC = "ray_bullet_graph_captures_serving"
 def _sh(cmd: str, timeout_s: float = 60) -> str:
     proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout_s)
     return (proc.stdout + proc.stderr).strip()
+
+
+# GPU memory (GiB) in use before a system starts above which something else holds the GPU (an idle H100 / H200
+# shows ~0.5 GiB; nan, where nvidia-smi is missing, never trips it)
+LEFTOVER_GIB = 4.0
 
 
 def gpu_memory_gib() -> float:
@@ -315,13 +330,19 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
     system.extra["yaml"] = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name)
     system.extra["command"] = f"serve run {system.extra['yaml']}"
     out_dir.mkdir(parents=True, exist_ok=True)
+    for url in (BASE_URL, VLLM_URL):  # a server left by an earlier call would answer this sweep or hold the GPU
+        refuse_if_answering(system.name, url)
     idle_gib = gpu_memory_gib()
+    if idle_gib > LEFTOVER_GIB:
+        raise RuntimeError(f"{idle_gib:.1f} GiB of GPU memory in use before {system.name} was started: a process "
+                           "left by an earlier run? (nvidia-smi; ray stop --force)")
     started = time.monotonic()
     is_direct = parse_system(system.name)[2]
     with open(out_dir / f"{system.name}-serve.log", "ab") as log:
         env = serve_run_env(system.extra.get("serve_env", {}), is_direct)
         proc = subprocess.Popen(["serve", "run", str(path)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)
+        track_group(proc.pid, signal.SIGINT)  # Ctrl-C: serve run shuts Serve and its Ray cluster down
         try:
             if is_direct:  # the replica's own HTTP port, known once it runs; run_comparison reads base_url after
                 app_name = yaml.safe_load(path.read_text())["applications"][0]["name"]
@@ -362,6 +383,7 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                     system.extra["prefill_gemm"] = gemm
         finally:
             _stop(proc, idle_gib)
+            untrack_group(proc.pid)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)
 
 
@@ -514,9 +536,16 @@ def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
     from benchmarks.slo import goodput
 
     systems: dict[str, Any] = {}
+    seen: dict[tuple[str, float], Path] = {}
     for path in sorted(p for p in (folder / "runs").iterdir() if RUN_FILE_NAME.match(p.name)):
-        run = load_run(path)
+        try:
+            run = load_run(path)
+        except (OSError, ValueError, EOFError) as e:  # a file cut short by a kill mid-write (before atomic saves)
+            raise SystemExit(f"--merge: {path}: cannot read: {type(e).__name__}: {e}") from e
         name, rate = run["config"]["label"], run["config"]["workload"]["rate_rps"]
+        if (name, rate) in seen:
+            raise SystemExit(f"--merge: {path.name} and {seen[name, rate].name} are both {name} at {rate:g} req/s")
+        seen[name, rate] = path
         entry = systems.setdefault(name, {"base_url": run["config"]["base_url"], "launch": None, "extra": {},
                                           "points": [], "error": None})
         entry["points"].append({"rate_rps": rate, "rate": rate, "summary": run["summary"],
@@ -664,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                     "extra": {s.name: s.extra for s in systems}}]
     for s in systems:
         doc["systems"][s.name]["extra"] = s.extra
-    (args.out / "compare.json").write_text(json.dumps(doc, indent=1))
+    write_json_atomic(args.out / "compare.json", doc)
     print((args.out / "compare.md").read_text())
     write_intervals(args.out, args.slo.split(","))
     print(json.dumps(doc["runs"], indent=1))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bullet_ray.bench import report
+from bullet_ray.bench.result import write_json_atomic
 from bullet_ray.bench.serve_bench import (
     BenchConfig,
     BenchResult,
@@ -112,10 +112,30 @@ def answers(base_url: str, timeout_s: float = 2.0) -> bool:
     return False
 
 
+# process groups this process started and the signal that stops each (SIGTERM; SIGINT for `serve run`, which then
+# shuts its Ray cluster down): stop_on_sigterm's handler signals them before it unwinds the stack
+_GROUPS: dict[int, int] = {}
+
+
+def track_group(pgid: int, sig: int = signal.SIGTERM) -> None:
+    """Stop process group `pgid` with `sig` if this process gets SIGTERM (stop_on_sigterm) before `untrack_group`."""
+    _GROUPS[pgid] = sig
+
+
+def untrack_group(pgid: int) -> None:
+    _GROUPS.pop(pgid, None)
+
+
 def stop_on_sigterm() -> None:
-    """Make SIGTERM (what `timeout` sends) raise SystemExit in the main thread, so the `finally` of `launched`
-    stops the servers this process started instead of leaving them holding the GPU and their ports."""
+    """On SIGTERM (what `timeout` sends): signal every tracked process group at once, then raise SystemExit in the
+    main thread, so the `finally` of `launched` waits for its server to stop. The groups get their signal first
+    because the unwinding can hang (an asyncio run cancelling its tasks) until `timeout` kills this process; the
+    handler runs once (`timeout` may signal the child and then its whole group)."""
     def _exit(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for pgid, sig in list(_GROUPS.items()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
@@ -133,20 +153,31 @@ def launched(system: SystemSpec, out_dir: Path) -> Iterator[None]:
     if not system.launch:
         yield
         return
-    if answers(system.base_url):
-        raise RuntimeError(f"{system.base_url} already answers before {system.name} was started: another server "
-                           "holds its port (one left by an earlier run?); stop it and run again")
+    refuse_if_answering(system.name, system.base_url)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{system.name}-server.log"
     with open(log_path, "ab") as log:
         logger.info("starting %s: %s (log %s)", system.name, system.launch, log_path)
         proc = subprocess.Popen(system.launch, shell=True, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        track_group(proc.pid)
         try:
             wait_ready(system.base_url, system.ready_timeout_s, proc)
             yield
         finally:
             _stop_group(proc)
+            untrack_group(proc.pid)
+
+
+def refuse_if_answering(name: str, base_url: str, settle_s: float = 10.0) -> None:
+    """Raise if a server answers at `base_url` before `name` is started (the sweep would measure it), after up to
+    `settle_s` for one just stopped to let its port go."""
+    deadline = time.monotonic() + settle_s
+    while answers(base_url, timeout_s=1.0):
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{base_url} already answers before {name} was started: another server holds its "
+                               "port (one left by an earlier run?); stop it and run again")
+        time.sleep(0.5)
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
@@ -231,8 +262,7 @@ def run_comparison(systems: Sequence[SystemSpec], base: BenchConfig, out_dir: st
                     else:
                         result, found = _probed_run(system.probe, config, requests)
                         point["probes"] = {system.probe.name: found}
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        path.write_text(json.dumps({**result.to_dict(), **point}, indent=1))
+                        write_json_atomic(path, {**result.to_dict(), **point})
                     rate = value if kind == "rate" else _actual_rate(requests)
                     entry["points"].append({"rate_rps": rate, kind: value, "summary": result.summary,
                                             "result_file": str(path.relative_to(out)), **point})
@@ -247,7 +277,7 @@ def run_comparison(systems: Sequence[SystemSpec], base: BenchConfig, out_dir: st
                                            for p in entry["points"]], name).to_dict()
                             for name in (parse_slo(s).name for s in base.slos)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(doc, indent=1))
+    write_json_atomic(out / "compare.json", doc)
     (out / "compare.md").write_text(comparison_markdown(doc) + "\n")
     if plot:
         report.plot_sweep({n: e["points"] for n, e in doc["systems"].items()}, primary.name, out / "compare.png",

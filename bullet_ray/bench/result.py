@@ -5,6 +5,7 @@ fills them is `serve_bench`, the tables and plots that read them `report`."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,20 @@ class BenchResult:
                 "summary": self.summary, "requests": [r.to_dict() for r in self.records]}
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json_atomic(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> BenchResult:
         d = json.loads(Path(path).read_text())
         return cls(d["config"], d["environment"], d["summary"],
                    [RequestRecord.from_dict(r) for r in d["requests"]])
+
+
+def write_json_atomic(path: Path, doc: Any) -> Path:
+    """`doc` as indented JSON at `path`, written to a temporary file beside it and renamed into place, so a run
+    stopped mid-write (a device call's time limit) leaves the old file or none, never a truncated one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
+    return path

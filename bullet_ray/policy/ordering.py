@@ -24,6 +24,7 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 from bullet_ray.policy.slo import SloTargets
@@ -81,18 +82,19 @@ def most_on_time(candidates: Sequence[QueuedRequest], own: dict[str, float], dea
     """(kept in deadline order, given up): the largest subset of `candidates` that all finish by their deadlines
     when served one after another from `start_s` (Moore-Hodgson: deadline order, dropping the longest kept one
     whenever the one just added would be late; optimal for the count of on-time jobs released together)."""
-    kept: list[QueuedRequest] = []
-    given_up: list[QueuedRequest] = []
+    ordered = sorted(candidates, key=lambda r: (deadline[r.request_id], -r.waited_s))
+    longest: list[tuple[float, int]] = []  # a max-heap of the kept ones' times: (-own, index in `ordered`)
+    dropped: set[int] = set()
     t = start_s
-    for r in sorted(candidates, key=lambda r: (deadline[r.request_id], -r.waited_s)):
-        kept.append(r)
+    for i, r in enumerate(ordered):
+        heapq.heappush(longest, (-own[r.request_id], i))
         t += own[r.request_id]
         if t > deadline[r.request_id]:
-            longest = max(kept, key=lambda q: own[q.request_id])
-            kept.remove(longest)
-            given_up.append(longest)
-            t -= own[longest.request_id]
-    return kept, given_up
+            neg, j = heapq.heappop(longest)
+            dropped.add(j)
+            t += neg
+    return ([r for i, r in enumerate(ordered) if i not in dropped],
+            [ordered[j] for j in sorted(dropped, key=lambda j: -own[ordered[j].request_id])])
 
 
 def _rescue(placed: list[QueuedRequest], lost: list[QueuedRequest], fixed: int, own: dict[str, float],

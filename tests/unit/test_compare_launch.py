@@ -83,3 +83,37 @@ def test_sigterm_stops_the_launched_server_before_the_runner_exits(tmp_path: Pat
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_sigterm_stops_the_server_even_when_the_unwinding_hangs(tmp_path: Path) -> None:
+    """The handler signals every launched group before it raises: a `finally` that hangs (an asyncio run cancelling
+    its tasks did, on a GPU lease) no longer keeps the server up until `timeout` kills the runner."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from bullet_ray.bench.compare import SystemSpec, launched, stop_on_sigterm
+        stop_on_sigterm()
+        spec = SystemSpec("srv", {url!r}, launch={_static_server(tmp_path / 'www', port)!r}, ready_timeout_s=20)
+        with launched(spec, Path({str(tmp_path / 'out')!r})):
+            try:
+                print("ready", flush=True)
+                time.sleep(120)
+            finally:
+                time.sleep(120)  # the unwinding hangs
+    """)
+    runner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert runner.stdout is not None and runner.stdout.readline().strip() == "ready"
+        os.kill(runner.pid, signal.SIGTERM)
+        os.kill(runner.pid, signal.SIGTERM)  # timeout signals the child, then its group: the handler runs once
+        deadline = time.monotonic() + 15
+        while answers(url, timeout_s=0.5):
+            assert time.monotonic() < deadline, "the server outlived the SIGTERM"
+            time.sleep(0.1)
+        assert runner.poll() is None  # still in its hanging finally
+    finally:
+        runner.kill()
+        runner.wait(timeout=10)

@@ -163,6 +163,12 @@ def test_handed_over_prompts_in_least_slack_order():
                seq("tight", 500, 0.4), seq("started", 800, 0.05, computed=400)]
     order = order_by_slack(waiting, model, sms=132, targets=SloTargets(0.5, 0.025))  # type: ignore[arg-type]
     assert [s.request_id for s in order] == ["started", "tight", "roomy", "late-old", "late-new"]
+    # prefill_order max_on_time: a 4,000-token prompt (0.4 s) that would make four short ones late goes after them
+    crowd = [seq("long", 4000, 0.05), *(seq(f"s{i}", 500, 0.2) for i in range(4))]
+    plain = order_by_slack(crowd, model, sms=132, targets=SloTargets(0.5, 0.025))  # type: ignore[arg-type]
+    mot = order_by_slack(crowd, model, sms=132, targets=SloTargets(0.5, 0.025),  # type: ignore[arg-type]
+                         max_on_time=True)
+    assert [s.request_id for s in plain].index("long") < 4 and mot[-1].request_id == "long"
 
 
 def test_handed_over_prompts_aim_at_per_prompt_token_targets():

@@ -156,6 +156,8 @@ def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     import gzip
     import json
 
+    import pytest
+
     from benchmarks.gpu.serve_h100 import merge
     from benchmarks.slo import goodput, parse_slo
 
@@ -186,6 +188,15 @@ def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     assert [p["rate_rps"] for p in cut["points"]] == [8.0, 16.0] and set(doc["systems"]) == {"vllm", "bullet-slo"}
     assert cut["goodput"]["strict"]["measured_rps"] == 8.0 and cut["goodput"]["relaxed"]["measured_rps"] == 16.0
     assert (tmp_path / "out" / "compare.md").exists()
+    # the same rate twice (a plain and a gzipped copy), or a file cut short: a one-line error naming the files
+    runs.joinpath("bullet-slo-rate16.json").write_text(gzip.decompress(runs.joinpath("bullet-slo-rate16.json.gz")
+                                                                       .read_bytes()).decode())
+    with pytest.raises(SystemExit, match=r"bullet-slo-rate16.json(.gz)? and bullet-slo-rate16.json(.gz)? are both bullet-slo at 16 req/s"):
+        merge([tmp_path / "a" / "compare.json", tmp_path / "cut"], tmp_path / "out")
+    runs.joinpath("bullet-slo-rate16.json").write_text('{"config": ')
+    runs.joinpath("bullet-slo-rate16.json.gz").unlink()
+    with pytest.raises(SystemExit, match="bullet-slo-rate16.json: cannot read"):
+        merge([tmp_path / "a" / "compare.json", tmp_path / "cut"], tmp_path / "out")
 
 
 def test_merge_joins_the_rates_of_a_system_swept_in_two_calls(tmp_path):

@@ -330,7 +330,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
     system.extra["yaml"] = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name)
     system.extra["command"] = f"serve run {system.extra['yaml']}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for url in (BASE_URL, VLLM_URL):  # a server left by an earlier call would answer this sweep or hold the GPU
+    # a server left by an earlier call would answer this sweep or hold the GPU (vLLM's port: on the GPU machine's
+    # default addresses only, not where a test serves a copy of deploy/local.yaml on its own port)
+    for url in (system.base_url, VLLM_URL) if system.base_url == BASE_URL else (system.base_url,):
         refuse_if_answering(system.name, url)
     idle_gib = gpu_memory_gib()
     if idle_gib > LEFTOVER_GIB:

@@ -57,29 +57,36 @@ def test_launch_refused_while_another_server_answers_at_its_address(tmp_path: Pa
         other.wait(timeout=10)
 
 
-def test_sigterm_stops_the_launched_server_before_the_runner_exits(tmp_path: Path) -> None:
-    """`timeout` at a call's limit sends SIGTERM: the runner exits through `launched`'s finally, which stops the
-    server's process group, so the port is free for the next run."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+def _runner(tmp_path: Path, port: int, hang_on_exit: bool = False) -> subprocess.Popen:
+    """A runner (stop_on_sigterm, then `launched` with a static server on `port`) that has printed "ready"; with
+    `hang_on_exit`, its unwinding hangs in a `finally`."""
+    body = "time.sleep(120)" if not hang_on_exit else "try:\n    time.sleep(120)\nfinally:\n    time.sleep(120)"
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
         from bullet_ray.bench.compare import SystemSpec, launched, stop_on_sigterm
         stop_on_sigterm()
-        spec = SystemSpec("srv", {url!r}, launch={_static_server(tmp_path / 'www', port)!r}, ready_timeout_s=20)
+        spec = SystemSpec("srv", "http://127.0.0.1:{port}", launch={_static_server(tmp_path / 'www', port)!r},
+                          ready_timeout_s=20)
         with launched(spec, Path({str(tmp_path / 'out')!r})):
             print("ready", flush=True)
-            time.sleep(120)
-    """)
+    """) + textwrap.indent(body, "    ") + "\n"
     runner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[2])
+    assert runner.stdout is not None and runner.stdout.readline().strip() == "ready"
+    return runner
+
+
+def test_sigterm_stops_the_launched_server_before_the_runner_exits(tmp_path: Path) -> None:
+    """`timeout` at a call's limit sends SIGTERM: the runner exits through `launched`'s finally, which stops the
+    server's process group, so the port is free for the next run."""
+    port = _free_port()
+    runner = _runner(tmp_path, port)
     try:
-        assert runner.stdout is not None and runner.stdout.readline().strip() == "ready"
-        assert answers(url)
+        assert answers(f"http://127.0.0.1:{port}")
         os.kill(runner.pid, signal.SIGTERM)
         assert runner.wait(timeout=30) == 128 + signal.SIGTERM
-        assert not answers(url, timeout_s=0.5)  # the server went with it
+        assert not answers(f"http://127.0.0.1:{port}", timeout_s=0.5)  # the server went with it
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -89,28 +96,12 @@ def test_sigterm_stops_the_server_even_when_the_unwinding_hangs(tmp_path: Path) 
     """The handler signals every launched group before it raises: a `finally` that hangs (an asyncio run cancelling
     its tasks did, on a GPU lease) no longer keeps the server up until `timeout` kills the runner."""
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    script = textwrap.dedent(f"""
-        import time
-        from pathlib import Path
-        from bullet_ray.bench.compare import SystemSpec, launched, stop_on_sigterm
-        stop_on_sigterm()
-        spec = SystemSpec("srv", {url!r}, launch={_static_server(tmp_path / 'www', port)!r}, ready_timeout_s=20)
-        with launched(spec, Path({str(tmp_path / 'out')!r})):
-            try:
-                print("ready", flush=True)
-                time.sleep(120)
-            finally:
-                time.sleep(120)  # the unwinding hangs
-    """)
-    runner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+    runner = _runner(tmp_path, port, hang_on_exit=True)
     try:
-        assert runner.stdout is not None and runner.stdout.readline().strip() == "ready"
         os.kill(runner.pid, signal.SIGTERM)
         os.kill(runner.pid, signal.SIGTERM)  # timeout signals the child, then its group: the handler runs once
         deadline = time.monotonic() + 15
-        while answers(url, timeout_s=0.5):
+        while answers(f"http://127.0.0.1:{port}", timeout_s=0.5):
             assert time.monotonic() < deadline, "the server outlived the SIGTERM"
             time.sleep(0.1)
         assert runner.poll() is None  # still in its hanging finally

@@ -1,0 +1,38 @@
+"""benchmarks/plot_replays on synthetic replay_split results: grouping, the table, the figure, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.plot_replays import load_points, main, table
+
+
+def _result(folder: Path, name: str, run: str, order: str, replayed: float, measured: float) -> None:
+    (folder / name).write_text(json.dumps({"run": run, "prefill_order": order, "measured": {"attainment": measured},
+                                           "rows": [{"attainment": {"mean": replayed}}]}))
+
+
+def test_points_grouped_by_served_run_rate_and_setting(tmp_path: Path, capsys) -> None:
+    run = "benchmarks/results/serve_x/seed3/runs/bullet-slo-rate{}.json.gz"
+    for rate, ls, mot in ((24, 0.95, 0.97), (32, 0.87, 0.91)):
+        _result(tmp_path, f"a{rate}_ls.json", run.format(rate), "least_slack", ls, 0.9)
+        _result(tmp_path, f"a{rate}_mot.json", run.format(rate), "max_on_time", mot, 0.9)
+    points = load_points(tmp_path)
+    assert points == {"serve_x/seed3": {"measured": {24.0: 0.9, 32.0: 0.9}, "least_slack": {24.0: 0.95, 32.0: 0.87},
+                                        "max_on_time": {24.0: 0.97, 32.0: 0.91}}}
+    assert "| serve_x/seed3 | 32 | 90.0% | 87.0% | 91.0% |" in table(points)
+    assert main([str(tmp_path), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0 and "max_on_time" in capsys.readouterr().out
+
+
+def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no replay_split JSON"):
+        main([str(tmp_path)])
+    (tmp_path / "x.json").write_text('{"rows": []}')
+    with pytest.raises(SystemExit, match="x.json: not a replay_split result"):
+        main([str(tmp_path)])
+    with pytest.raises(SystemExit, match="is not a folder"):
+        main([str(tmp_path / "none")])

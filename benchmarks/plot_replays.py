@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-RATE = re.compile(r"-rate(?P<rate>[0-9.]+)\.json(\.gz)?$")
+from benchmarks.rescore import RUN_FILE_NAME
 
 
 def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict[str, dict[float, float]]]:
@@ -30,7 +29,7 @@ def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict
     for path in files:
         try:
             doc: dict[str, Any] = json.loads(path.read_text())
-            m = RATE.search(str(doc["run"]))
+            m = RUN_FILE_NAME.match(Path(str(doc["run"])).name)
             rows = doc["rows"]
         except (ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"{path.name}: not a replay_split result ({type(e).__name__}: {e})") from e

@@ -33,6 +33,7 @@ from the run's batches: 87.9% against 88.0% at 32 req/s (seeds 79-93%), 8-9 poin
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from benchmarks.plot_steps import records
 from benchmarks.rescore import load_run as load_bench_run
+from bullet_ray.config import PREFILL_ORDERS
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--fallback-ms: each must be > --ttft-ms ({args.ttft_ms:g}); got {args.fallback_ms}")
     also_s = args.also_ms / 1e3
     orders = [o.strip() for o in args.order.split(",") if o.strip()]
-    if not orders or any(o not in ("least_slack", "max_on_time") for o in orders):
+    if not orders or any(o not in PREFILL_ORDERS for o in orders):
         raise SystemExit(f"--order: least_slack and/or max_on_time, comma-separated; got {args.order!r}")
     print(f"run {args.run.name}: {len(arrivals)} requests over {arrivals[-1].scheduled_s:.2f} s, "
           f"{sum(a.num_prompt_tokens for a in arrivals)} prompt tokens; measured TTFT <= {args.ttft_ms:g} ms: "
@@ -325,33 +327,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'order':>11} {'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
           f"{'p50_ms':>7} {'p90_ms':>7} {'<=' + format(args.also_ms, 'g') + 'ms':>9}")
-    for order in orders:
+    for order, margin, fallback in itertools.product(orders, margins, fallbacks):
         mot = order == "max_on_time"
-        for margin in margins:
-            for fallback in fallbacks:
-                targets = SloTargets(target_s, margin_s=margin / 1e3,
-                                     fallback_ttft_s=None if fallback is None else fallback / 1e3)
-                clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
-                                          plan_ahead=args.plan_ahead, planner=args.planner,
-                                          max_on_time=mot), target_s)
-                shares, near, p50s, p90s, also = [], [], [], [], []
-                for seed in range(args.seeds):
-                    ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
-                                   random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner,
-                                   max_on_time=mot)
-                    shares.append(attainment(ttfts, target_s))
-                    near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
-                    p50s.append(statistics.median(ttfts))
-                    p90s.append(statistics.quantiles(ttfts, n=10)[-1])
-                    also.append(attainment(ttfts, also_s))
-                row = {"order": order, "margin_ms": margin, "fallback_ms": fallback, "no_noise": clean, "mean": statistics.fmean(shares),
-                       "min": min(shares), "max": max(shares), "mean_misses_within_10ms": statistics.fmean(near),
-                       "mean_p50_ms": statistics.fmean(p50s) * 1e3, "mean_p90_ms": statistics.fmean(p90s) * 1e3,
-                       f"mean_within_{args.also_ms:g}ms": statistics.fmean(also)}
-                rows.append(row)
-                print(f"{order:>11} {margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
-                      f"{row['mean']:>7.1%} {row['min']:>7.1%} {row['max']:>7.1%} {row['mean_misses_within_10ms']:>11.1f} "
-                      f"{row['mean_p50_ms']:>7.0f} {row['mean_p90_ms']:>7.0f} {statistics.fmean(also):>9.1%}")
+        targets = SloTargets(target_s, margin_s=margin / 1e3,
+                             fallback_ttft_s=None if fallback is None else fallback / 1e3)
+        clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
+                                  plan_ahead=args.plan_ahead, planner=args.planner,
+                                  max_on_time=mot), target_s)
+        shares, near, p50s, p90s, also = [], [], [], [], []
+        for seed in range(args.seeds):
+            ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
+                           random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner,
+                           max_on_time=mot)
+            shares.append(attainment(ttfts, target_s))
+            near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
+            p50s.append(statistics.median(ttfts))
+            p90s.append(statistics.quantiles(ttfts, n=10)[-1])
+            also.append(attainment(ttfts, also_s))
+        row = {"order": order, "margin_ms": margin, "fallback_ms": fallback, "no_noise": clean, "mean": statistics.fmean(shares),
+               "min": min(shares), "max": max(shares), "mean_misses_within_10ms": statistics.fmean(near),
+               "mean_p50_ms": statistics.fmean(p50s) * 1e3, "mean_p90_ms": statistics.fmean(p90s) * 1e3,
+               f"mean_within_{args.also_ms:g}ms": statistics.fmean(also)}
+        rows.append(row)
+        print(f"{order:>11} {margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
+              f"{row['mean']:>7.1%} {row['min']:>7.1%} {row['max']:>7.1%} {row['mean_misses_within_10ms']:>11.1f} "
+              f"{row['mean_p50_ms']:>7.0f} {row['mean_p90_ms']:>7.0f} {statistics.fmean(also):>9.1%}")
     if args.json is not None:
         args.json.write_text(json.dumps({
             "run": str(args.run), "steps": str(args.steps), "measured_attainment": attainment(measured, target_s),

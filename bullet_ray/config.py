@@ -382,6 +382,12 @@ class EngineConfig:
             raise ConfigError("split_rule", str(e)) from None
 
     @property
+    def max_on_time(self) -> bool:
+        """True when the prefill queue keeps only the most requests that make their targets together
+        (prefill_order "max_on_time"; bullet_ray.policy.ordering)."""
+        return self.prefill_order == "max_on_time"
+
+    @property
     def uses_split_policy(self) -> bool:
         """True when the workers move the SM split step by step (bullet schedule, policy slo)."""
         return self.schedule == "bullet" and self.split_policy == "slo"

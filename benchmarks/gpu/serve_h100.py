@@ -36,7 +36,8 @@ before its step in flight is predicted to end, reading arrivals meanwhile: engin
 -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
-the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
+the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
+bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
 it under that preset only: relaxed sets 1,000 ms / 50 ms; a per-prompt-token preset sets

@@ -58,7 +58,7 @@ def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, sco
                        split_rule=split_rule, prefill_order=prefill_order)
     return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
                         settings=cfg.split_settings(), split_targets=cfg.split_targets(),
-                        max_on_time=cfg.prefill_order == "max_on_time")
+                        max_on_time=cfg.max_on_time)
 
 
 def profile_model_factory() -> Callable[[], PerfModel]:

@@ -92,7 +92,7 @@ class Policy(enum.IntEnum):
     # split decisions by reason: slot DECISIONS_BY_REASON + i counts the decisions whose DECISION_REASON is i, for i
     # below MAX_DECISION_REASONS (by the deciding side; `read_decisions_by_reason`)
     DECISIONS_BY_REASON = 23
-    NUM_SLOTS = 23 + MAX_DECISION_REASONS
+    NUM_SLOTS = DECISIONS_BY_REASON + MAX_DECISION_REASONS
 
 
 RING_SIZE = 64

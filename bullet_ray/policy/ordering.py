@@ -93,8 +93,7 @@ def most_on_time(candidates: Sequence[QueuedRequest], own: dict[str, float], dea
             neg, j = heapq.heappop(longest)
             dropped.add(j)
             t += neg
-    return ([r for i, r in enumerate(ordered) if i not in dropped],
-            [ordered[j] for j in sorted(dropped, key=lambda j: -own[ordered[j].request_id])])
+    return [r for i, r in enumerate(ordered) if i not in dropped], [ordered[j] for j in sorted(dropped)]
 
 
 def _rescue(placed: list[QueuedRequest], lost: list[QueuedRequest], fixed: int, own: dict[str, float],

@@ -184,8 +184,8 @@ class EngineConfig:
     # Hodgson's rule for the fewest late jobs: in deadline order, the longest prompt so far is given up whenever the
     # one added would be late); the ones given up join the late ones. Why: least slack counts a request's own
     # prefill, not the queue ahead of it, so in a burst it serves requests that end up late anyway and their lateness
-    # spreads to the ones behind (benchmarks/results/serve_h200_m7/: every bullet miss below 40 req/s a TTFT miss of
-    # 0.55-4.74 s). Replayed on the m6 / m7 runs (benchmarks/results/replay_order_mot_h200/, two models): strict
+    # spreads to the ones behind (benchmarks/results/serve_h200_m7/: every bullet miss at 16-24 req/s a TTFT miss,
+    # most at 32, 0.55-4.74 s late). Replayed on the m6 / m7 runs (benchmarks/results/replay_order_mot_h200/, two models): strict
     # attainment -0.2 to +1.7 points at 16-24 req/s, +0-7 at 32, +1-9 at 40, +6-17 at 48; unmeasured on a GPU
     prefill_order: str = "least_slack"
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split

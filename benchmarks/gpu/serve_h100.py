@@ -134,7 +134,7 @@ def gpu_memory_gib() -> float:
 
 
 # deploy/gpu.yaml's split policy, dropped from every system's copy (system_yaml): the names set their own
-SHIPPED_POLICY_FIELDS = ("split_policy", "ttft_target_ms", "tpot_target_ms", "ttft_margin_ms")
+SHIPPED_POLICY_FIELDS = ("split_policy", "ttft_target_ms", "tpot_target_ms", "ttft_margin_ms", "prefill_order")
 LT_SUFFIXES = {"lt": "cublaslt", "ltall": "cublaslt-all"}  # engine.prefill_gemm of a bullet system's suffix
 
 
@@ -246,7 +246,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
     # PyTorch's cuBLAS GEMMs unless "+lt" / "+ltall": the engine's default (auto) tunes cuBLASLt on a bullet prefill
     # worker since the thirtieth session, and a system's name keeps meaning what it measured in the runs before
     engine["prefill_gemm"] = LT_SUFFIXES.get(scheduling, "cublas")
-    # the shipped YAML's split policy (slo, strict targets, a 50 ms margin since the thirty-first session) goes:
+    # the shipped YAML's split policy (slo, strict targets, a 50 ms margin since the thirty-first session, the
+    # max_on_time prefill order since the thirty-third) goes:
     # each system's name states its own below, "bullet" the engine's default fixed split, as in the runs before
     for key in SHIPPED_POLICY_FIELDS:
         engine.pop(key, None)

@@ -20,8 +20,8 @@ def test_bullet_is_the_deploy_yaml_with_cublas_pinned(tmp_path):
     engine, shipped = _engine(system_yaml("bullet", tmp_path)), _engine(GPU_YAML)
     assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped
     assert engine.pop("prefill_plan_lead_ms") is None and "prefill_plan_lead_ms" not in shipped
-    # the shipped split policy (slo, strict targets, margin 50) is not "bullet"'s: that is the fixed split
-    assert (shipped.pop("split_policy"), shipped.pop("ttft_margin_ms")) == ("slo", 50)
+    # the shipped split policy (slo, strict targets, margin 50, max_on_time) is not "bullet"'s: that is the fixed split
+    assert (shipped.pop("split_policy"), shipped.pop("ttft_margin_ms"), shipped.pop("prefill_order")) == ("slo", 50, "max_on_time")
     assert (shipped.pop("ttft_target_ms"), shipped.pop("tpot_target_ms")) == (500, 25) and engine == shipped
 
 

@@ -186,7 +186,9 @@ class EngineConfig:
     # prefill, not the queue ahead of it, so in a burst it serves requests that end up late anyway and their lateness
     # spreads to the ones behind (benchmarks/results/serve_h200_m7/: every bullet miss at 16-24 req/s a TTFT miss,
     # most at 32, 0.55-4.74 s late). Replayed on the m6 / m7 runs (benchmarks/results/replay_order_mot_h200/, two models): strict
-    # attainment -0.2 to +1.7 points at 16-24 req/s, +0-7 at 32, +1-9 at 40, +6-17 at 48; unmeasured on a GPU
+    # attainment -0.2 to +1.7 points at 16-24 req/s, +0-7 at 32, +1-9 at 40, +6-17 at 48. Served on an H200 beside
+    # least_slack in the same calls (benchmarks/results/serve_h200_m8/, two draws): strict goodput 1.09x and 1.23x,
+    # relaxed 1.18x and 1.13x; every GPU deployment in deploy/ sets it (the CPU one keeps the fixed split)
     prefill_order: str = "least_slack"
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
     # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)

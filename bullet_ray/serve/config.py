@@ -95,7 +95,7 @@ class EngineArgs(BaseModel):
         "least_slack", description="split policy: how the prefill queue is ordered: least_slack (the requests that "
                                    "can each still make their TTFT target, least slack first) or max_on_time (only "
                                    "the most of them that make their targets together; the longest prompts are "
-                                   "given up first: Moore-Hodgson; replayed, unmeasured on a GPU)")
+                                   "given up first: Moore-Hodgson; what the GPU deployments ship)")
     prefill_backlog_batch_tokens: int | None = Field(
         None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "

@@ -1,4 +1,4 @@
-"""Strict attainment against the arrival rate, one panel per served run: what was measured, and what
+"""SLO attainment against the arrival rate, one panel per served run: what was measured, and what
 `benchmarks.replay_split` replayed for each setting it was given (e.g. `--prefill-order least_slack` and
 `max_on_time`). A picture of a replay table: a model, not a measurement, and the figure says so.
 
@@ -21,7 +21,8 @@ from benchmarks.rescore import RUN_FILE_NAME
 
 
 def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict[str, dict[float, float]]]:
-    """{served run: {setting or "measured": {rate: strict attainment}}} from the replay_split JSONs in `folder`."""
+    """{served run: {setting or "measured": {rate: attainment}}} from the replay_split JSONs in `folder` (each scored
+    under its own `--slo`, strict unless it names another: slo_of)."""
     points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
     files = sorted(folder.glob("*.json"))
     if not files:
@@ -58,7 +59,14 @@ def _labels(points: dict[str, dict[str, dict[float, float]]]) -> list[str]:
     return ["measured", *labels]
 
 
-def plot(points: dict[str, dict[str, dict[float, float]]], out: Path) -> None:
+def slo_of(folder: Path) -> str:
+    """The SLO the replays in `folder` were scored under (replay_split's `--slo`; strict in results written before
+    it had one); several: they are named together."""
+    names = sorted({str(json.loads(p.read_text()).get("slo", "strict")) for p in folder.glob("*.json")})
+    return " / ".join(names) or "strict"
+
+
+def plot(points: dict[str, dict[str, dict[float, float]]], out: Path, slo: str = "strict") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +87,7 @@ def plot(points: dict[str, dict[str, dict[float, float]]], out: Path) -> None:
         ax.set_title(served, fontsize=9)
         ax.set_xlabel("arrival rate (req/s)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("strict SLO attainment (%)")
+    axes[0][0].set_ylabel(f"{slo} SLO attainment (%)")
     axes[0][0].legend(fontsize=7, loc="lower left")
     fig.suptitle("replayed by a model (benchmarks/replay_split), beside the served run; dotted: 90%", fontsize=9)
     fig.tight_layout()
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     points = load_points(args.folder, args.label_by)
     print(table(points))
     if args.out is not None:
-        plot(points, args.out)
+        plot(points, args.out, slo_of(args.folder))
         print(f"wrote {args.out}")
     return 0
 

@@ -1,7 +1,7 @@
 """Replay one served run through a model of BOTH sides of the bullet schedule and the real split rule, to predict
 what a TTFT planning margin (EngineConfig.ttft_margin_ms) and its scope (ttft_margin_scope), the split rule's
 settings (`--split-rule`: EngineConfig.split_rule), a faster prefill side (`--prefill-speedup`) or a decode pause
-the engine does not have (`--decode-pause`: sim.DecodePause) do to strict SLO attainment, TTFT and TPOT. A discrete-event MODEL calibrated on a step log, not a GPU measurement.
+the engine does not have (`--decode-pause`: sim.DecodePause) do to SLO attainment (strict, or the preset `--slo` names), TTFT and TPOT. A discrete-event MODEL calibrated on a step log, not a GPU measurement.
 
 What it models:
 - the run's arrivals, prompt and output lengths (`scheduled_s`, `prompt_tokens`, `output_tokens_requested`: the

@@ -40,9 +40,10 @@ PROFILE_MODEL = "llama-3.1-8b"
 PROFILE_DEVICE = "NVIDIA H200"
 
 
-def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Sequence[float | None]) -> dict[str, Any]:
-    """Strict attainment and miss kinds (rescore.miss_kinds) of replayed or measured times."""
-    slo = PRESETS["strict"]
+def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Sequence[float | None],
+          slo_name: str = "strict") -> dict[str, Any]:
+    """Attainment and miss kinds (rescore.miss_kinds) of replayed or measured times under SLO preset `slo_name`."""
+    slo = PRESETS[slo_name]
     recs = [SimpleNamespace(success=t is not None, ttft_s=t, tpot_s=p, prompt_tokens=r.num_prompt_tokens)
             for r, t, p in zip(reqs, ttft_s, tpot_s)]
     return {"attainment": attainment(recs, slo), **miss_kinds(recs, slo)}
@@ -50,15 +51,28 @@ def score(reqs: Sequence[Request], ttft_s: Sequence[float | None], tpot_s: Seque
 
 def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, scope: str, token_cap: int,
                 ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
-                split_rule: dict[str, Any] | None = None, prefill_order: str = "least_slack") -> BulletPolicy:
+                split_rule: dict[str, Any] | None = None, prefill_order: str = "least_slack",
+                slo_name: str = "strict") -> BulletPolicy:
     """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
     EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults); `prefill_order`:
-    EngineConfig.prefill_order."""
+    EngineConfig.prefill_order; `slo_name`: the SLO preset whose targets the policy aims at (slo_targets)."""
+    ttft_ms, tpot_ms = slo_targets(slo_name)
     cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap,
-                       split_rule=split_rule, prefill_order=prefill_order)
+                       split_rule=split_rule, prefill_order=prefill_order, ttft_target_ms=ttft_ms,
+                       tpot_target_ms=tpot_ms)
     return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
                         settings=cfg.split_settings(), split_targets=cfg.split_targets(),
                         max_on_time=cfg.max_on_time)
+
+
+def slo_targets(slo_name: str) -> tuple[float, float]:
+    """EngineConfig's (ttft_target_ms, tpot_target_ms) for a fixed-TTFT SLO preset (strict: the engine's defaults,
+    500 / 25 ms; relaxed: 1,000 / 50 ms, the relaxed-aimed deployment's), as serve_h100's bullet-slo-<preset> systems
+    set them."""
+    slo = PRESETS[slo_name]
+    if slo.ttft_s is None:
+        raise ValueError(f"{slo_name!r} sets its TTFT target per prompt token; choose a preset with a fixed one")
+    return slo.ttft_s * 1e3, slo.tpot_s * 1e3
 
 
 def profile_model_factory() -> Callable[[], PerfModel]:
@@ -102,7 +116,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
              progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
              split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None,
-             prefill_order: str = "least_slack") -> list[dict[str, Any]]:
+             prefill_order: str = "least_slack", slo_name: str = "strict") -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -111,10 +125,11 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
     for margin, scope in cells:
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
-            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule, prefill_order=prefill_order)
+            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule, prefill_order=prefill_order,
+                                 slo_name=slo_name)
             outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays, pause=pause)
-            sc = score(reqs, outcome.ttft_s, outcome.tpot_s)
+            sc = score(reqs, outcome.ttft_s, outcome.tpot_s, slo_name)
             busy = sum(outcome.decode_sms_s.values())
             sc["decisions"] = dict(outcome.decisions)
             sc["num_pauses"] = len(outcome.pauses)
@@ -192,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-order", default="least_slack",
                         help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default) or "
                              "max_on_time (the most requests that make their TTFT targets together)")
+    parser.add_argument("--slo", default="strict",
+                        help="the SLO preset (bullet_ray.bench.slo) the replayed policy aims at and the attainment is "
+                             "scored against, one with a fixed TTFT target: strict (default: the engine's targets, "
+                             "500 / 25 ms) or relaxed (1,000 / 50 ms, the relaxed-aimed deployment's; with --margins 0 "
+                             "as it ran)")
     parser.add_argument("--decode-pause", type=float, default=None, metavar="SPEEDUP",
                         help="what-if the engine does not have (sim.DecodePause): after a BACKLOG or BALANCE split "
                              "decision, a prefill step runs on the whole GPU with decode paused, if every running "
@@ -229,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         EngineConfig(prefill_order=args.prefill_order)
     except ConfigError as e:
         parser.exit(2, f"replay_split: error: --prefill-order: {e}\n")
+    if args.slo not in PRESETS:
+        parser.exit(2, f"replay_split: error: --slo: unknown preset {args.slo!r}; choose from {', '.join(PRESETS)}\n")
+    try:
+        slo_targets(args.slo)
+    except ValueError as e:
+        parser.exit(2, f"replay_split: error: --slo: {e}\n")
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
     if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):
@@ -269,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     token_cap = token_cap_of(steps_path)
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
-                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order)
+                    args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order,
+                    args.slo)
     elapsed = time.perf_counter() - started
-    real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured])
+    real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured], args.slo)
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
           f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
           f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}"
@@ -280,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
           f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
           f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
+          f"{'' if args.slo == 'strict' else f'; aimed at and scored by SLO {args.slo}'}"
           f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
           f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target)'}"
           f"; online correction warmed on {len(warm)} logged "
@@ -299,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
               + "; ".join(describe_delays(raw, kept, name) for name, raw, kept in (
                   ("to_worker", delays.raw_to_worker_s, delays.to_worker_s),
                   ("handoff", delays.raw_handoff_s, delays.handoff_s))))
-    print("misses by kind (rescore.miss_kinds, strict): mean over seeds [min, max]; balance: BALANCE decisions")
+    print(f"misses by kind (rescore.miss_kinds, {args.slo}): mean over seeds [min, max]; balance: BALANCE decisions")
     print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
           f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12} {'seeds_tpot>=20':>14}")
     print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>15} {real['tpot']:>15} "
@@ -322,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
-            "prefill_order": args.prefill_order,
+            "prefill_order": args.prefill_order, "slo": args.slo,
             "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {

@@ -36,3 +36,14 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
         main([str(tmp_path)])
     with pytest.raises(SystemExit, match="is not a folder"):
         main([str(tmp_path / "none")])
+
+
+def test_the_figure_names_the_slo_the_replays_were_scored_under(tmp_path: Path) -> None:
+    from benchmarks.plot_replays import slo_of
+
+    run = "benchmarks/results/serve_x/seed4/runs/bullet-slo-relaxed-rate40.json.gz"
+    _result(tmp_path, "a.json", run, "least_slack", 0.9, 0.9)
+    assert slo_of(tmp_path) == "strict"  # results written before replay_split had --slo
+    doc = json.loads((tmp_path / "a.json").read_text())
+    (tmp_path / "a.json").write_text(json.dumps({**doc, "slo": "relaxed"}))
+    assert slo_of(tmp_path) == "relaxed"

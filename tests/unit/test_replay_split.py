@@ -108,6 +108,17 @@ def test_scores_count_miss_kinds(setup) -> None:
     sc = rs.score(reqs, [0.6] + [0.1] * (n - 1), [0.03, 0.03] + [None] * (n - 2))
     assert (sc["both"], sc["tpot"], sc["ttft"]) == (1, 1, 0)
     assert sc["attainment"] == pytest.approx((n - 2) / n)
+    # relaxed (1,000 / 50 ms): the 0.6 s TTFT and the 30 ms TPOTs all pass
+    relaxed = rs.score(reqs, [0.6] + [0.1] * (n - 1), [0.03, 0.03] + [None] * (n - 2), "relaxed")
+    assert (relaxed["both"], relaxed["tpot"], relaxed["ttft"], relaxed["attainment"]) == (0, 0, 0, 1.0)
+
+
+def test_slo_targets_reach_the_policy(factory) -> None:
+    """--slo relaxed: the policy plans for 1,000 ms TTFT and splits for 50 ms TPOT, as bullet-slo-relaxed ran."""
+    relaxed = rs.make_policy(factory, 0.0, "all", 4096, slo_name="relaxed")
+    assert (relaxed.targets.ttft_s, relaxed.rule.targets.tpot_s) == (pytest.approx(1.0), pytest.approx(0.05))
+    strict = rs.make_policy(factory, 0.0, "all", 4096)
+    assert (strict.targets.ttft_s, strict.rule.targets.tpot_s) == (pytest.approx(0.5), pytest.approx(0.025))
 
 
 def test_decode_pause_holds_decode_while_prefill_runs_alone(setup, factory) -> None:
@@ -143,6 +154,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--split-rule", "[0.9]", "[0.9]"),
                                                     ("--decode-pause", "0", "0"),
                                                     ("--prefill-order", "edf", "edf"),
+                                                    ("--slo", "lax", "lax"),
+                                                    ("--slo", "bullet-sharegpt", "per prompt token"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
@@ -164,6 +177,9 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "50", "--seeds", "1", "--no-progress", "--prefill-order", "max_on_time", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["prefill_order"] == "max_on_time"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "0", "--seeds", "1", "--no-progress", "--slo", "relaxed", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["slo"] == "relaxed"
     random.Random(0)  # the CLI's replays seed their own generators
 
 

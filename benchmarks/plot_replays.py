@@ -60,10 +60,12 @@ def _labels(points: dict[str, dict[str, dict[float, float]]]) -> list[str]:
 
 
 def slo_of(folder: Path) -> str:
-    """The SLO the replays in `folder` were scored under (replay_split's `--slo`; strict in results written before
-    it had one); several: they are named together."""
+    """The SLO the replays in `folder` were scored under (replay_split's `--slo` / `--score-slo`; strict in results
+    written before it had one). Replays scored under different SLOs do not share a figure."""
     names = sorted({str(json.loads(p.read_text()).get("slo", "strict")) for p in folder.glob("*.json")})
-    return " / ".join(names) or "strict"
+    if len(names) > 1:
+        raise SystemExit(f"{folder}: replays scored under different SLOs ({', '.join(names)}); one folder per SLO")
+    return names[0] if names else "strict"
 
 
 def plot(points: dict[str, dict[str, dict[float, float]]], out: Path, slo: str = "strict") -> None:
@@ -105,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.folder.is_dir():
         raise SystemExit(f"folder: {args.folder} is not a folder")
     points = load_points(args.folder, args.label_by)
+    slo = slo_of(args.folder)
     print(table(points))
     if args.out is not None:
-        plot(points, args.out, slo_of(args.folder))
+        plot(points, args.out, slo)
         print(f"wrote {args.out}")
     return 0
 

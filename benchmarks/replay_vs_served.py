@@ -3,7 +3,7 @@ run (e.g. `--prefill-order max_on_time` on a least_slack run); when a system wit
 same draw (the same runs/ folder: one call, one workload), the two can be laid side by side. For every served run
 replayed with every setting, this prints and draws:
 
-- replayed against measured strict attainment, where "measured" is the served run of the system that ran the
+- replayed against measured attainment (under the SLO the replays were scored by: replay_split's `--slo`), where "measured" is the served run of the system that ran the
   replayed setting (the run's own setting: the replay against its own run; the other setting: against the other
   system's run, the prediction);
 - the change the replay predicted (the other setting against the run's own, both replayed from one run) against
@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.rescore import RUN_FILE_NAME
+
+# a change smaller than this (half a point of attainment: less than one request of 150) has no sign
+SIGN_TOLERANCE = 0.005
 
 
 @dataclass(frozen=True)
@@ -36,17 +40,20 @@ class Replay:
     system: str  # the served system whose run was replayed
     rate: float
     setting: str  # the replayed setting (the JSON's --label-by key)
-    replayed: float  # mean strict attainment over the replay's noise seeds
+    replayed: float  # mean attainment over the replay's noise seeds
     low: float
     high: float
-    measured: float  # the replayed run's own served strict attainment
+    measured: float  # the replayed run's own served attainment
+    slo: str  # the SLO preset both were scored under (replay_split --slo)
 
 
 def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
+    """Every replay_split JSON in `folder`; one SLO for all of them, one file per (run, setting)."""
     files = sorted(folder.glob("*.json"))
     if not files:
         raise SystemExit(f"{folder}: no replay_split JSON (--json) here")
-    replays = []
+    replays: list[Replay] = []
+    seen: dict[tuple[str, str, float, str], str] = {}
     for path in files:
         try:
             doc: dict[str, Any] = json.loads(path.read_text())
@@ -54,26 +61,40 @@ def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
             rows = doc["rows"]
             measured = float(doc["measured"]["attainment"])
             setting = str(doc[label_by])
-        except (ValueError, KeyError, TypeError) as e:
+            att = rows[0]["attainment"]
+            replayed, low, high = float(att["mean"]), float(att["min"]), float(att["max"])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
             raise SystemExit(f"{path.name}: not a replay_split result with {label_by!r} "
                              f"({type(e).__name__}: {e})") from e
         m = RUN_FILE_NAME.match(run.name)
-        if m is None or len(rows) != 1:
-            raise SystemExit(f"{path.name}: need one row (one margin and scope) of a run file named *-rate<R>.json[.gz]")
+        if m is None or len(rows) != 1 or run.parent.name != "runs":
+            raise SystemExit(f"{path.name}: need one row (one margin and scope) of a run file <draw>/runs/"
+                             f"<system>-rate<R>.json[.gz], got {run}")
         draw = run.parent.parent
-        att = rows[0]["attainment"]
-        replays.append(Replay(f"{draw.parent.name}/{draw.name}", m["system"], float(m["rate"]), setting,
-                              float(att["mean"]), float(att["min"]), float(att["max"]), measured))
+        replay = Replay(f"{draw.parent.name}/{draw.name}", m["system"], float(m["rate"]), setting, replayed, low,
+                        high, measured, str(doc.get("slo", "strict")))
+        key = (replay.draw, replay.system, replay.rate, replay.setting)
+        if key in seen:
+            raise SystemExit(f"{path.name} and {seen[key]} replay the same run with the same {label_by}")
+        seen[key] = path.name
+        replays.append(replay)
+    slos = sorted({r.slo for r in replays})
+    if len(slos) > 1:
+        raise SystemExit(f"{folder}: replays scored under different SLOs ({', '.join(slos)}); one folder per SLO")
     return replays
 
 
 def parse_systems(text: str) -> dict[str, str]:
     """"setting=system,..." -> {setting: served system}."""
-    systems = {}
+    systems: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         setting, sep, system = part.partition("=")
         if not sep or not setting or not system:
             raise SystemExit(f"--systems: {part!r} is not setting=system")
+        if setting in systems:
+            raise SystemExit(f"--systems: {setting!r} named twice")
+        if system in systems.values():
+            raise SystemExit(f"--systems: {system!r} named for two settings; each setting needs the system that ran it")
         systems[setting] = system
     if len(systems) < 2:
         raise SystemExit("--systems: name at least two settings, each with the served system that ran it")
@@ -92,6 +113,7 @@ class Pair:
     low: float
     high: float
     measured: float  # the served attainment of the system that ran `setting`, same draw and rate
+    slo: str
     predicted_change: float  # replayed(setting) - replayed(source's own setting), both from the source's run
     measured_change: float  # measured(setting's system) - measured(source's system)
 
@@ -112,7 +134,7 @@ def pair_up(replays: list[Replay], systems: dict[str, str]) -> list[Pair]:
         if target is None:
             raise SystemExit(f"{r.draw} at {r.rate:g} req/s: no replay of {systems[r.setting]}'s run (its measured "
                              f"attainment comes from one)")
-        pairs.append(Pair(r.draw, r.rate, source, r.setting, r.replayed, r.low, r.high, target,
+        pairs.append(Pair(r.draw, r.rate, source, r.setting, r.replayed, r.low, r.high, target, r.slo,
                           r.replayed - own.replayed, target - r.measured))
     if not pairs:
         raise SystemExit(f"no replayed run of {', '.join(systems.values())} with those settings")
@@ -120,7 +142,9 @@ def pair_up(replays: list[Replay], systems: dict[str, str]) -> list[Pair]:
 
 
 def report(pairs: list[Pair]) -> str:
-    lines = ["| served draw | rate (req/s) | replayed run's setting | replayed setting | replayed [min, max] | "
+    slo = pairs[0].slo
+    lines = [f"{slo} SLO attainment, replayed by a model and measured:", "",
+             "| served draw | rate (req/s) | replayed run's setting | replayed setting | replayed [min, max] | "
              "measured | change predicted | change measured |", "|---|---|---|---|---|---|---|---|"]
     for p in pairs:
         change = ("-", "-") if p.setting == p.source else \
@@ -132,27 +156,24 @@ def report(pairs: list[Pair]) -> str:
     lines.append("")
     for name, group in (("its own setting", own), ("the other setting", cross)):
         if group:
-            errors = sorted(abs(p.replayed - p.measured) for p in group)
+            errors = [abs(p.replayed - p.measured) for p in group]
             inside = sum(p.low <= p.measured <= p.high for p in group)
             lines.append(f"replayed with {name}: {len(group)} runs, |replayed - measured| median "
-                         f"{100 * errors[len(errors) // 2]:.1f} points, max {100 * errors[-1]:.1f}; measured inside the "
-                         f"replay's [min, max] over seeds: {inside} of {len(group)}")
-    if cross:
-        same_sign = sum((p.predicted_change > 0) == (p.measured_change > 0) for p in cross
-                        if p.predicted_change != 0 and p.measured_change != 0)
-        signed = sum(p.predicted_change != 0 and p.measured_change != 0 for p in cross)
-        lines.append(f"changes: the predicted change has the measured one's sign in {same_sign} of {signed} (points "
-                     f"where either is 0 left out)")
-        for source, setting in sorted({(p.source, p.setting) for p in cross}):
-            group = [p for p in cross if (p.source, p.setting) == (source, setting)]
-            lines.append(f"  {source} -> {setting}: mean change predicted "
-                         f"{100 * _mean([p.predicted_change for p in group]):+.1f}, measured "
-                         f"{100 * _mean([p.measured_change for p in group]):+.1f} points over {len(group)} runs")
+                         f"{100 * statistics.median(errors):.1f} points, max {100 * max(errors):.1f}; measured inside "
+                         f"the replay's [min, max] over seeds: {inside} of {len(group)}")
+    # each direction on its own: the served difference of a (draw, rate) is one measurement, predicted once from
+    # each of its two runs
+    for source, setting in sorted({(p.source, p.setting) for p in cross}):
+        group = [p for p in cross if (p.source, p.setting) == (source, setting)]
+        signed = [p for p in group if abs(p.predicted_change) >= SIGN_TOLERANCE
+                  and abs(p.measured_change) >= SIGN_TOLERANCE]
+        right = sum((p.predicted_change > 0) == (p.measured_change > 0) for p in signed)
+        lines.append(f"{source} -> {setting} ({len(group)} served differences, each predicted from the {source} "
+                     f"run): the predicted change has the measured one's sign in {right} of {len(signed)} (changes "
+                     f"under {100 * SIGN_TOLERANCE:g} points have none); mean change predicted "
+                     f"{100 * statistics.fmean(p.predicted_change for p in group):+.1f}, measured "
+                     f"{100 * statistics.fmean(p.measured_change for p in group):+.1f} points")
     return "\n".join(lines)
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def plot(pairs: list[Pair], out: Path) -> None:
@@ -175,7 +196,7 @@ def plot(pairs: list[Pair], out: Path) -> None:
                            fontsize=6, xytext=(3, 2), textcoords="offset points")
     lo = min(min(p.low, p.measured) for p in pairs) * 100 - 2
     left.plot([lo, 100], [lo, 100], color="grey", linewidth=0.8, linestyle=":")
-    left.set_xlabel("replayed strict attainment (%), mean and [min, max] over noise seeds")
+    left.set_xlabel(f"replayed {pairs[0].slo} SLO attainment (%), mean and [min, max] over noise seeds")
     left.set_ylabel("measured (%): served with the replayed setting")
     for s in settings:
         left.plot([], [], "^", color=colors[s], label=f"{s}, replayed from the other setting's run (prediction)")

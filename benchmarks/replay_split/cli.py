@@ -116,7 +116,10 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
              margins: list[float], scopes: list[str], seeds: int, overhead_s: float,
              progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
              split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None,
-             prefill_order: str = "least_slack", slo_name: str = "strict") -> list[dict[str, Any]]:
+             prefill_order: str = "least_slack", slo_name: str = "strict",
+             score_slo: str | None = None) -> list[dict[str, Any]]:
+    """Replays of every (margin, scope) x seed; the policy aims at SLO preset `slo_name`, each replay is scored
+    under `score_slo` (default: the same)."""
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -129,7 +132,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
                                  slo_name=slo_name)
             outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays, pause=pause)
-            sc = score(reqs, outcome.ttft_s, outcome.tpot_s, slo_name)
+            sc = score(reqs, outcome.ttft_s, outcome.tpot_s, score_slo or slo_name)
             busy = sum(outcome.decode_sms_s.values())
             sc["decisions"] = dict(outcome.decisions)
             sc["num_pauses"] = len(outcome.pauses)
@@ -208,10 +211,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default) or "
                              "max_on_time (the most requests that make their TTFT targets together)")
     parser.add_argument("--slo", default="strict",
-                        help="the SLO preset (bullet_ray.bench.slo) the replayed policy aims at and the attainment is "
-                             "scored against, one with a fixed TTFT target: strict (default: the engine's targets, "
+                        help="the SLO preset (bullet_ray.bench.slo) the replayed policy aims at and (unless --score-slo) "
+                             "the attainment is scored against, one with a fixed TTFT target: strict (default: the engine's targets, "
                              "500 / 25 ms) or relaxed (1,000 / 50 ms, the relaxed-aimed deployment's; with --margins 0 "
                              "as it ran)")
+    parser.add_argument("--score-slo", default=None,
+                        help="score the replays (and the measured run) under this SLO preset instead of --slo's, "
+                             "e.g. --slo strict --score-slo relaxed: the strict-aimed deployment judged by the relaxed "
+                             "SLO")
     parser.add_argument("--decode-pause", type=float, default=None, metavar="SPEEDUP",
                         help="what-if the engine does not have (sim.DecodePause): after a BACKLOG or BALANCE split "
                              "decision, a prefill step runs on the whole GPU with decode paused, if every running "
@@ -249,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         EngineConfig(prefill_order=args.prefill_order)
     except ConfigError as e:
         parser.exit(2, f"replay_split: error: --prefill-order: {e}\n")
-    if args.slo not in PRESETS:
-        parser.exit(2, f"replay_split: error: --slo: unknown preset {args.slo!r}; choose from {', '.join(PRESETS)}\n")
+    for flag, name in (("--slo", args.slo), ("--score-slo", args.score_slo)):
+        if name is not None and name not in PRESETS:
+            parser.exit(2, f"replay_split: error: {flag}: unknown preset {name!r}; choose from {', '.join(PRESETS)}\n")
+    score_slo = args.score_slo or args.slo
     try:
         slo_targets(args.slo)
     except ValueError as e:
@@ -296,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
                     args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order,
-                    args.slo)
+                    args.slo, score_slo)
     elapsed = time.perf_counter() - started
-    real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured], args.slo)
+    real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured], score_slo)
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
           f"step log {steps_path.name}; token cap {token_cap}; overhead {args.overhead_ms:g} ms; "
           f"{'no noise' if args.no_noise else f'{args.seeds} seeds'}"
@@ -307,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.prefill_speedup == 1 else f'; prefill steps {args.prefill_speedup:g}x faster than logged'}"
           f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
           f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
-          f"{'' if args.slo == 'strict' else f'; aimed at and scored by SLO {args.slo}'}"
+          f"{'' if args.slo == 'strict' else f'; aimed at SLO {args.slo}'}"
+          f"{'' if score_slo == 'strict' else f'; scored by SLO {score_slo}'}"
           f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
           f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target)'}"
           f"; online correction warmed on {len(warm)} logged "
@@ -327,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
               + "; ".join(describe_delays(raw, kept, name) for name, raw, kept in (
                   ("to_worker", delays.raw_to_worker_s, delays.to_worker_s),
                   ("handoff", delays.raw_handoff_s, delays.handoff_s))))
-    print(f"misses by kind (rescore.miss_kinds, {args.slo}): mean over seeds [min, max]; balance: BALANCE decisions")
+    print(f"misses by kind (rescore.miss_kinds, {score_slo}): mean over seeds [min, max]; balance: BALANCE decisions")
     print(f"{'margin':>6} {'scope':>5} {'attain':>7} {'[min,max]':>13} {'ttft_only':>15} {'tpot_only':>15} "
           f"{'both':>5} {'fail':>4} {'balance':>7} {'pred_err_p/d':>12} {'seeds_tpot>=20':>14}")
     print(f"{'MEASURED':>12} {real['attainment']:>7.1%} {'':>13} {real['ttft']:>15} {real['tpot']:>15} "
@@ -350,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
-            "prefill_order": args.prefill_order, "slo": args.slo,
+            "prefill_order": args.prefill_order, "slo": score_slo, "aim_slo": args.slo,
             "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {

@@ -47,3 +47,6 @@ def test_the_figure_names_the_slo_the_replays_were_scored_under(tmp_path: Path) 
     doc = json.loads((tmp_path / "a.json").read_text())
     (tmp_path / "a.json").write_text(json.dumps({**doc, "slo": "relaxed"}))
     assert slo_of(tmp_path) == "relaxed"
+    _result(tmp_path, "b.json", run.replace("rate40", "rate48"), "least_slack", 0.8, 0.8)  # no slo: strict
+    with pytest.raises(SystemExit, match="different SLOs"):
+        main([str(tmp_path)])

@@ -155,6 +155,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--decode-pause", "0", "0"),
                                                     ("--prefill-order", "edf", "edf"),
                                                     ("--slo", "lax", "lax"),
+                                                    ("--score-slo", "lax", "lax"),
                                                     ("--slo", "bullet-sharegpt", "per prompt token"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
@@ -180,6 +181,9 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "0", "--seeds", "1", "--no-progress", "--slo", "relaxed", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["slo"] == "relaxed"
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "50", "--seeds", "1", "--no-progress", "--score-slo", "relaxed", "--json", str(out)]) == 0
+    assert (json.loads(out.read_text())["slo"], json.loads(out.read_text())["aim_slo"]) == ("relaxed", "strict")
     random.Random(0)  # the CLI's replays seed their own generators
 
 

@@ -176,7 +176,8 @@ class EngineConfig:
     # this one, in the slack the others leave (every request it passes still makes its target in the model), instead
     # of after everyone. Why: in a burst the margin deployment's late requests waited 1.4-3.4 s (TTFT p90 at 32-48
     # req/s, benchmarks/results/serve_h200_m4/), so they missed the relaxed SLO too. The planning margin shortens it
-    # like the target. Only the order uses it; unmeasured on a GPU (benchmarks/replay_order.py --fallback-ms models it)
+    # like the target. Only the order uses it; served once, beside max_on_time at one seed (serve_h200_m8: relaxed
+    # 40.0 -> 42.67, strict 40.0 -> 36.0 req/s, within the bootstrap spread); benchmarks/replay_order.py --fallback-ms
     ttft_fallback_ms: float | None = None
     # with the split policy: how the prefill queue is ordered (bullet_ray.policy.ordering). "least_slack" (default):
     # the requests that can each still make their TTFT target, least slack first, the others after them.

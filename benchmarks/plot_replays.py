@@ -14,33 +14,75 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.rescore import RUN_FILE_NAME
 
 
-def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict[str, dict[float, float]]]:
-    """{served run: {setting or "measured": {rate: attainment}}} from the replay_split JSONs in `folder` (each scored
-    under its own `--slo`, strict unless it names another: slo_of)."""
-    points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+@dataclass(frozen=True)
+class Replay:
+    """One replay_split result: a served run (draw folder, system, rate) replayed with one setting."""
+
+    draw: str  # the served folder holding runs/, as "<parent>/<name>"
+    system: str  # the served system whose run was replayed
+    rate: float
+    setting: str  # the replayed setting (the JSON's --label-by key)
+    replayed: float  # mean attainment over the replay's noise seeds
+    low: float
+    high: float
+    measured: float  # the replayed run's own served attainment
+    slo: str  # the SLO preset both were scored under (replay_split --slo)
+
+
+def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
+    """Every replay_split JSON in `folder`; one SLO for all of them, one file per (run, setting)."""
     files = sorted(folder.glob("*.json"))
     if not files:
         raise SystemExit(f"{folder}: no replay_split JSON (--json) here")
+    replays: list[Replay] = []
+    seen: dict[tuple[str, str, float, str], str] = {}
     for path in files:
         try:
             doc: dict[str, Any] = json.loads(path.read_text())
-            m = RUN_FILE_NAME.match(Path(str(doc["run"])).name)
+            run = Path(str(doc["run"]))
             rows = doc["rows"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"{path.name}: not a replay_split result ({type(e).__name__}: {e})") from e
-        if m is None or len(rows) != 1:
-            raise SystemExit(f"{path.name}: need one row (one margin and scope) of a run file named *-rate<R>.json[.gz]")
-        run = Path(str(doc["run"])).parent.parent
-        served = f"{run.parent.name}/{run.name}"
-        rate = float(m["rate"])
-        points[served]["measured"][rate] = float(doc["measured"]["attainment"])
-        points[served][str(doc.get(label_by, "?"))][rate] = float(rows[0]["attainment"]["mean"])
+            measured = float(doc["measured"]["attainment"])
+            setting = str(doc[label_by])
+            att = rows[0]["attainment"]
+            replayed, low, high = float(att["mean"]), float(att["min"]), float(att["max"])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise SystemExit(f"{path.name}: not a replay_split result with {label_by!r} "
+                             f"({type(e).__name__}: {e})") from e
+        m = RUN_FILE_NAME.match(run.name)
+        if m is None or len(rows) != 1 or run.parent.name != "runs":
+            raise SystemExit(f"{path.name}: need one row (one margin and scope) of a run file <draw>/runs/"
+                             f"<system>-rate<R>.json[.gz], got {run}")
+        draw = run.parent.parent
+        replay = Replay(f"{draw.parent.name}/{draw.name}", m["system"], float(m["rate"]), setting, replayed, low,
+                        high, measured, str(doc.get("slo", "strict")))
+        key = (replay.draw, replay.system, replay.rate, replay.setting)
+        if key in seen:
+            raise SystemExit(f"{path.name} and {seen[key]} replay the same run with the same {label_by}")
+        seen[key] = path.name
+        replays.append(replay)
+    slos = sorted({r.slo for r in replays})
+    if len(slos) > 1:
+        raise SystemExit(f"{folder}: replays scored under different SLOs ({', '.join(slos)}); one folder per SLO")
+    return replays
+
+
+def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict[str, dict[float, float]]]:
+    """{served run: {setting or "measured": {rate: attainment}}} from the replay_split JSONs in `folder` (load); a
+    served run is its draw folder, or "<draw>: <system>" where the folder replays several systems of one draw."""
+    replays = load(folder, label_by)
+    several = len({(r.draw, r.system) for r in replays}) > len({r.draw for r in replays})
+    points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in replays:
+        served = f"{r.draw}: {r.system}" if several else r.draw
+        points[served]["measured"][r.rate] = r.measured
+        points[served][r.setting][r.rate] = r.replayed
     return points
 
 
@@ -61,11 +103,8 @@ def _labels(points: dict[str, dict[str, dict[float, float]]]) -> list[str]:
 
 def slo_of(folder: Path) -> str:
     """The SLO the replays in `folder` were scored under (replay_split's `--slo` / `--score-slo`; strict in results
-    written before it had one). Replays scored under different SLOs do not share a figure."""
-    names = sorted({str(json.loads(p.read_text()).get("slo", "strict")) for p in folder.glob("*.json")})
-    if len(names) > 1:
-        raise SystemExit(f"{folder}: replays scored under different SLOs ({', '.join(names)}); one folder per SLO")
-    return names[0] if names else "strict"
+    written before it had one; load refuses a folder of several)."""
+    return load(folder)[0].slo
 
 
 def plot(points: dict[str, dict[str, dict[float, float]]], out: Path, slo: str = "strict") -> None:
@@ -97,13 +136,19 @@ def plot(points: dict[str, dict[str, dict[float, float]]], out: Path, slo: str =
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def folder_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line this module and benchmarks.replay_vs_served share: a folder of replay_split JSONs, the key
+    naming each setting, the figure's path."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="a folder of replay_split JSON results (--json)")
     parser.add_argument("--label-by", default="prefill_order",
                         help="the JSON key whose value names each replayed setting (default prefill_order)")
     parser.add_argument("--out", type=Path, default=None, help="write the figure here (PNG)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = folder_parser(__doc__).parse_args(argv)
     if not args.folder.is_dir():
         raise SystemExit(f"folder: {args.folder} is not a folder")
     points = load_points(args.folder, args.label_by)

@@ -19,69 +19,14 @@ its measured attainment); a missing one is named. A model checked against measur
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from benchmarks.rescore import RUN_FILE_NAME
+from benchmarks.plot_replays import Replay, folder_parser, load
 
 # a change smaller than this (half a point of attainment: less than one request of 150) has no sign
 SIGN_TOLERANCE = 0.005
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One replay_split result: a served run (draw folder, system, rate) replayed with one setting."""
-
-    draw: str  # the served folder holding runs/, as "<parent>/<name>"
-    system: str  # the served system whose run was replayed
-    rate: float
-    setting: str  # the replayed setting (the JSON's --label-by key)
-    replayed: float  # mean attainment over the replay's noise seeds
-    low: float
-    high: float
-    measured: float  # the replayed run's own served attainment
-    slo: str  # the SLO preset both were scored under (replay_split --slo)
-
-
-def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
-    """Every replay_split JSON in `folder`; one SLO for all of them, one file per (run, setting)."""
-    files = sorted(folder.glob("*.json"))
-    if not files:
-        raise SystemExit(f"{folder}: no replay_split JSON (--json) here")
-    replays: list[Replay] = []
-    seen: dict[tuple[str, str, float, str], str] = {}
-    for path in files:
-        try:
-            doc: dict[str, Any] = json.loads(path.read_text())
-            run = Path(str(doc["run"]))
-            rows = doc["rows"]
-            measured = float(doc["measured"]["attainment"])
-            setting = str(doc[label_by])
-            att = rows[0]["attainment"]
-            replayed, low, high = float(att["mean"]), float(att["min"]), float(att["max"])
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise SystemExit(f"{path.name}: not a replay_split result with {label_by!r} "
-                             f"({type(e).__name__}: {e})") from e
-        m = RUN_FILE_NAME.match(run.name)
-        if m is None or len(rows) != 1 or run.parent.name != "runs":
-            raise SystemExit(f"{path.name}: need one row (one margin and scope) of a run file <draw>/runs/"
-                             f"<system>-rate<R>.json[.gz], got {run}")
-        draw = run.parent.parent
-        replay = Replay(f"{draw.parent.name}/{draw.name}", m["system"], float(m["rate"]), setting, replayed, low,
-                        high, measured, str(doc.get("slo", "strict")))
-        key = (replay.draw, replay.system, replay.rate, replay.setting)
-        if key in seen:
-            raise SystemExit(f"{path.name} and {seen[key]} replay the same run with the same {label_by}")
-        seen[key] = path.name
-        replays.append(replay)
-    slos = sorted({r.slo for r in replays})
-    if len(slos) > 1:
-        raise SystemExit(f"{folder}: replays scored under different SLOs ({', '.join(slos)}); one folder per SLO")
-    return replays
 
 
 def parse_systems(text: str) -> dict[str, str]:
@@ -221,14 +166,10 @@ def plot(pairs: list[Pair], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", type=Path, help="a folder of replay_split JSON results (--json)")
+    parser = folder_parser(__doc__)
     parser.add_argument("--systems", required=True,
                         help="setting=served system, comma-separated: which served system ran each replayed setting "
                              "(e.g. least_slack=bullet-slo-margin50-pl10+lt+direct,max_on_time=...-mot+lt+direct)")
-    parser.add_argument("--label-by", default="prefill_order",
-                        help="the JSON key whose value names each replayed setting (default prefill_order)")
-    parser.add_argument("--out", type=Path, default=None, help="write the figure here (PNG)")
     args = parser.parse_args(argv)
     if not args.folder.is_dir():
         raise SystemExit(f"folder: {args.folder} is not a folder")

@@ -12,7 +12,7 @@ from benchmarks.plot_replays import load_points, main, table
 
 def _result(folder: Path, name: str, run: str, order: str, replayed: float, measured: float) -> None:
     (folder / name).write_text(json.dumps({"run": run, "prefill_order": order, "measured": {"attainment": measured},
-                                           "rows": [{"attainment": {"mean": replayed}}]}))
+                                           "rows": [{"attainment": {"mean": replayed, "min": replayed, "max": replayed}}]}))
 
 
 def test_points_grouped_by_served_run_rate_and_setting(tmp_path: Path, capsys) -> None:

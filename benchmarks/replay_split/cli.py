@@ -261,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(2, f"replay_split: error: {flag}: unknown preset {name!r}; choose from {', '.join(PRESETS)}\n")
     score_slo = args.score_slo or args.slo
     try:
-        slo_targets(args.slo)
+        ttft_ms, tpot_ms = slo_targets(args.slo)
     except ValueError as e:
         parser.exit(2, f"replay_split: error: --slo: {e}\n")
+    for margin in margins:  # a margin the targets cannot take (>= the TTFT target, < 0) named before any replay
+        try:
+            EngineConfig(ttft_margin_ms=margin, ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms)
+        except ConfigError as e:
+            parser.exit(2, f"replay_split: error: --margins: {e}\n")
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
     if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):

@@ -156,6 +156,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--prefill-order", "edf", "edf"),
                                                     ("--slo", "lax", "lax"),
                                                     ("--score-slo", "lax", "lax"),
+                                                    ("--margins", "0,500", "500"),
                                                     ("--slo", "bullet-sharegpt", "per prompt token"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:

@@ -1,11 +1,11 @@
 """Did the replay predict a served A/B? `benchmarks.replay_split` replays a served run with a setting it did not
 run (e.g. `--prefill-order max_on_time` on a least_slack run); when a system with that setting was served on the
-same draw (the same runs/ folder: one call, one workload), the two can be laid side by side. For every served run
-replayed with every setting, this prints and draws:
+same draw (the same runs/ folder: one workload and seed; one call or several of one lease), the two can be laid
+side by side. For every served run replayed with every setting, this prints and draws:
 
-- replayed against measured attainment (under the SLO the replays were scored by: replay_split's `--slo`), where "measured" is the served run of the system that ran the
-  replayed setting (the run's own setting: the replay against its own run; the other setting: against the other
-  system's run, the prediction);
+- replayed against measured attainment (under the SLO the replays were scored by: replay_split's `--slo` /
+  `--score-slo`), where "measured" is the served run of the system that ran the replayed setting (the run's own
+  setting: the replay against its own run; the other setting: against the other system's run, the prediction);
 - the change the replay predicted (the other setting against the run's own, both replayed from one run) against
   the change measured (the other system's served run against this one).
 
@@ -156,7 +156,7 @@ def plot(pairs: list[Pair], out: Path) -> None:
     right.set_xlim(-span, span)
     right.set_ylim(-span, span)
     right.set_xlabel("change predicted by the replay (points)")
-    right.set_ylabel("change measured, same draw and call (points)")
+    right.set_ylabel("change measured, same draw (points)")
     right.set_title("the other setting against the run's own", fontsize=9)
     right.grid(alpha=0.3)
     fig.suptitle("benchmarks/replay_split (a model) against the served A/B; dotted: replayed = measured", fontsize=9)

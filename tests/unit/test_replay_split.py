@@ -146,6 +146,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
     assert rs.make_policy(factory, 50.0, "all", 4096).rule.settings.aim == 0.85  # SplitSettings' default
     assert rs.make_policy(factory, 50.0, "all", 4096, prefill_order="max_on_time").max_on_time is True
     assert rs.make_policy(factory, 50.0, "all", 4096).max_on_time is False
+    assert rs.make_policy(factory, 50.0, "all", 4096, fallback_ms=1000).targets.fallback_ttft_s == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
@@ -157,6 +158,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--slo", "lax", "lax"),
                                                     ("--score-slo", "lax", "lax"),
                                                     ("--margins", "0,500", "500"),
+                                                    ("--fallback-ms", "400", "400"),
                                                     ("--slo", "bullet-sharegpt", "per prompt token"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
@@ -185,6 +187,9 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "50", "--seeds", "1", "--no-progress", "--score-slo", "relaxed", "--json", str(out)]) == 0
     assert (json.loads(out.read_text())["slo"], json.loads(out.read_text())["aim_slo"]) == ("relaxed", "strict")
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "50", "--seeds", "1", "--no-progress", "--fallback-ms", "1000", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["ttft_fallback_ms"] == 1000
     random.Random(0)  # the CLI's replays seed their own generators
 
 

@@ -73,10 +73,9 @@ def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
     return replays
 
 
-def load_points(folder: Path, label_by: str = "prefill_order") -> dict[str, dict[str, dict[float, float]]]:
-    """{served run: {setting or "measured": {rate: attainment}}} from the replay_split JSONs in `folder` (load); a
-    served run is its draw folder, or "<draw>: <system>" where the folder replays several systems of one draw."""
-    replays = load(folder, label_by)
+def points_of(replays: list[Replay]) -> dict[str, dict[str, dict[float, float]]]:
+    """{served run: {setting or "measured": {rate: attainment}}}; a served run is its draw folder, or
+    "<draw>: <system>" where the replays hold several systems of one draw."""
     several = len({(r.draw, r.system) for r in replays}) > len({r.draw for r in replays})
     points: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in replays:
@@ -99,12 +98,6 @@ def table(points: dict[str, dict[str, dict[float, float]]]) -> str:
 def _labels(points: dict[str, dict[str, dict[float, float]]]) -> list[str]:
     labels = sorted({label for series in points.values() for label in series} - {"measured"})
     return ["measured", *labels]
-
-
-def slo_of(folder: Path) -> str:
-    """The SLO the replays in `folder` were scored under (replay_split's `--slo` / `--score-slo`; strict in results
-    written before it had one; load refuses a folder of several)."""
-    return load(folder)[0].slo
 
 
 def plot(points: dict[str, dict[str, dict[float, float]]], out: Path, slo: str = "strict") -> None:
@@ -151,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     args = folder_parser(__doc__).parse_args(argv)
     if not args.folder.is_dir():
         raise SystemExit(f"folder: {args.folder} is not a folder")
-    points = load_points(args.folder, args.label_by)
-    slo = slo_of(args.folder)
+    replays = load(args.folder, args.label_by)  # one SLO for all of them (load refuses a mix)
+    points = points_of(replays)
     print(table(points))
     if args.out is not None:
-        plot(points, args.out, slo)
+        plot(points, args.out, replays[0].slo)
         print(f"wrote {args.out}")
     return 0
 

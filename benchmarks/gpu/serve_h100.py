@@ -158,20 +158,12 @@ def parse_system(system: str) -> tuple[str, str, bool]:
 
 def preset_targets(name: str) -> dict[str, float] | None:
     """The engine's SLO targets for system bullet-slo-<preset>, <preset> an SLO preset of bullet_ray.bench.slo
-    other than strict (the engine's default targets already); None when `name` is not one (bullet-slo-late100,
-    bullet-slo-m2). A fixed-TTFT preset sets ttft_target_ms; a per-prompt-token one sets
-    ttft_target_ms_per_prompt_token to its ms per token and ttft_target_ms, the floor, to one token's worth, so
-    that max(floor, ms per token x prompt tokens) is the preset's target for every prompt."""
+    other than strict (the engine's default targets already): SLO.engine_targets; None when `name` is not one
+    (bullet-slo-late100, bullet-slo-m2)."""
     preset = name.removeprefix("bullet-slo-")
     if preset == name or preset == "strict" or preset not in PRESETS:
         return None
-    slo = PRESETS[preset]
-    targets = {"tpot_target_ms": slo.tpot_s * 1e3}
-    if slo.ttft_s is not None:
-        return {"ttft_target_ms": slo.ttft_s * 1e3, **targets}
-    assert slo.ttft_ms_per_prompt_token is not None  # an SLO sets exactly one of the two
-    per_token = slo.ttft_ms_per_prompt_token
-    return {"ttft_target_ms": per_token, "ttft_target_ms_per_prompt_token": per_token, **targets}
+    return PRESETS[preset].engine_targets()
 
 
 def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:

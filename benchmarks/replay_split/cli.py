@@ -70,10 +70,10 @@ def slo_targets(slo_name: str) -> tuple[float, float]:
     """EngineConfig's (ttft_target_ms, tpot_target_ms) for a fixed-TTFT SLO preset (strict: the engine's defaults,
     500 / 25 ms; relaxed: 1,000 / 50 ms, the relaxed-aimed deployment's), as serve_h100's bullet-slo-<preset> systems
     set them."""
-    slo = PRESETS[slo_name]
-    if slo.ttft_s is None:
+    targets = PRESETS[slo_name].engine_targets()
+    if "ttft_target_ms_per_prompt_token" in targets:
         raise ValueError(f"{slo_name!r} sets its TTFT target per prompt token; choose a preset with a fixed one")
-    return slo.ttft_s * 1e3, slo.tpot_s * 1e3
+    return targets["ttft_target_ms"], targets["tpot_target_ms"]
 
 
 def profile_model_factory() -> Callable[[], PerfModel]:

@@ -66,6 +66,17 @@ class SLO:
             return False
         return record.tpot_s is None or record.tpot_s <= self.tpot_s
 
+    def engine_targets(self) -> dict[str, float]:
+        """EngineConfig's targets that aim the split policy at this SLO: tpot_target_ms and, for a fixed TTFT,
+        ttft_target_ms; for a per-prompt-token TTFT, ttft_target_ms_per_prompt_token and ttft_target_ms (the floor)
+        both at its ms per token, so that max(floor, ms per token x prompt tokens) is the target for every prompt."""
+        targets = {"tpot_target_ms": self.tpot_s * 1e3}
+        if self.ttft_s is not None:
+            return {"ttft_target_ms": self.ttft_s * 1e3, **targets}
+        per_token = self.ttft_ms_per_prompt_token
+        assert per_token is not None  # an SLO sets exactly one of the two
+        return {"ttft_target_ms": per_token, "ttft_target_ms_per_prompt_token": per_token, **targets}
+
     def describe(self) -> str:
         ttft = f"TTFT <= {self.ttft_s * 1000:g} ms" if self.ttft_s is not None else \
             f"TTFT <= {self.ttft_ms_per_prompt_token:g} ms x prompt tokens"

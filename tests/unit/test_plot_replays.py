@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.plot_replays import load_points, main, table
+from benchmarks.plot_replays import load, main, points_of, table
 
 
 def _result(folder: Path, name: str, run: str, order: str, replayed: float, measured: float) -> None:
@@ -20,7 +20,7 @@ def test_points_grouped_by_served_run_rate_and_setting(tmp_path: Path, capsys) -
     for rate, ls, mot in ((24, 0.95, 0.97), (32, 0.87, 0.91)):
         _result(tmp_path, f"a{rate}_ls.json", run.format(rate), "least_slack", ls, 0.9)
         _result(tmp_path, f"a{rate}_mot.json", run.format(rate), "max_on_time", mot, 0.9)
-    points = load_points(tmp_path)
+    points = points_of(load(tmp_path))
     assert points == {"serve_x/seed3": {"measured": {24.0: 0.9, 32.0: 0.9}, "least_slack": {24.0: 0.95, 32.0: 0.87},
                                         "max_on_time": {24.0: 0.97, 32.0: 0.91}}}
     assert "| serve_x/seed3 | 32 | 90.0% | 87.0% | 91.0% |" in table(points)
@@ -39,14 +39,14 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_the_figure_names_the_slo_the_replays_were_scored_under(tmp_path: Path) -> None:
-    from benchmarks.plot_replays import slo_of
+    from benchmarks.plot_replays import load
 
     run = "benchmarks/results/serve_x/seed4/runs/bullet-slo-relaxed-rate40.json.gz"
     _result(tmp_path, "a.json", run, "least_slack", 0.9, 0.9)
-    assert slo_of(tmp_path) == "strict"  # results written before replay_split had --slo
+    assert load(tmp_path)[0].slo == "strict"  # results written before replay_split had --slo
     doc = json.loads((tmp_path / "a.json").read_text())
     (tmp_path / "a.json").write_text(json.dumps({**doc, "slo": "relaxed"}))
-    assert slo_of(tmp_path) == "relaxed"
+    assert load(tmp_path)[0].slo == "relaxed"
     _result(tmp_path, "b.json", run.replace("rate40", "rate48"), "least_slack", 0.8, 0.8)  # no slo: strict
     with pytest.raises(SystemExit, match="different SLOs"):
         main([str(tmp_path)])

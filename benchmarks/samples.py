@@ -5,7 +5,9 @@ One serving run is one draw of the workload: `benchmarks/results/replay_split_h2
 1.22x, 1.08x and 1.25x in four samples. A goal is judged on the mean of the samples, not on the best one. This
 reads each folder's `goodput_ci.json` (`python -m benchmarks.goodput_ci DIR`; the point figure is compare.md's)
 and prints, for system A over each system B and each SLO, the ratio of the points in every sample, their mean,
-and whether the mean meets the goal.
+whether the mean meets the goal, and how far the draws let the mean be trusted: the one-sided 95% lower bound of
+the mean (Student's t over the samples' ratios, n - 1 degrees of freedom; each sample one independent draw, its
+within-draw noise part of the spread between draws), and whether that bound meets the goal too.
 
     python -m benchmarks.samples benchmarks/results/serve_h200_m3a benchmarks/results/serve_h200_m3b/seed0 \\
         benchmarks/results/serve_h200_m3b/seed1 benchmarks/results/serve_h200_m3c/seed0 \\
@@ -83,9 +85,23 @@ def sample_ratios(points: list[tuple[str, dict[str, Any]]], a: str, b: str, slo:
     return out
 
 
+# Student's t, one-sided 95%: T95[df - 1] for df = 1..30 (beyond 30 the last, a little above the normal's 1.645)
+T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+       1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
+
+
+def mean_lower_bound(ratios: list[float]) -> float | None:
+    """The one-sided 95% lower confidence bound of the mean of `ratios` (Student's t); None under two samples."""
+    if len(ratios) < 2:
+        return None
+    se = statistics.stdev(ratios) / len(ratios) ** 0.5
+    return statistics.fmean(ratios) - T95[min(len(ratios) - 1, len(T95)) - 1] * se
+
+
 def summarize(rows: list[dict[str, Any]], goal: float | None) -> dict[str, Any]:
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     mean = statistics.fmean(ratios) if ratios else None
+    lower = mean_lower_bound(ratios)
     bounds = [r["bound"] for r in rows if r.get("bound")]
     sides = {b["side"] for b in bounds}
     with_bounds = None  # the mean with each bounded sample at its bound, when that bounds the mean one way
@@ -93,8 +109,9 @@ def summarize(rows: list[dict[str, Any]], goal: float | None) -> dict[str, Any]:
         with_bounds = {"side": sides.pop(), "n": len(ratios) + len(bounds),
                        "mean": statistics.fmean(ratios + [b["ratio"] for b in bounds])}
     return {"n": len(ratios), "mean": mean, "min": min(ratios, default=None), "max": max(ratios, default=None),
-            "mean_with_bounds": with_bounds, "goal": goal,
-            "meets_goal": None if mean is None or goal is None else mean >= goal}
+            "mean_with_bounds": with_bounds, "goal": goal, "mean_lower_95": lower,
+            "meets_goal": None if mean is None or goal is None else mean >= goal,
+            "lower_95_meets_goal": None if lower is None or goal is None else lower >= goal}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                     else argv), "pairs": []}
     print(f"`{report['command']}`\n")
     print("| A / B | SLO | " + " | ".join(f"sample {i + 1}" for i in range(len(points)))
-          + " | mean (n) | censored at their bound (n) | goal |")
-    print("|---|---|" + "---|" * len(points) + "---|---|---|")
+          + " | mean (n) | mean's 95% lower bound | censored at their bound (n) | goal (mean; its lower bound) |")
+    print("|---|---|" + "---|" * len(points) + "---|---|---|---|")
     for i, b in enumerate(bs):
         for slo in slos:
             rows = sample_ratios(points, args.a, b, slo)
@@ -136,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             mean = f"**{s['mean']:.3f}x** ({s['n']})" if s["mean"] is not None else "- (0)"
             wb = s["mean_with_bounds"]
             bounded = "-" if wb is None else f"{_bound_text(wb['side'], wb['mean'])} ({wb['n']})"
-            goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}"
-            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {bounded} | {goal} |")
+            lower = "-" if s["mean_lower_95"] is None else f"{s['mean_lower_95']:.3f}x"
+            goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}" + (
+                "" if s["lower_95_meets_goal"] is None else f"; {'met' if s['lower_95_meets_goal'] else 'missed'}")
+            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {lower} | {bounded} | {goal} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

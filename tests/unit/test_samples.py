@@ -68,3 +68,20 @@ def test_a_censored_sample_bounds_the_ratio_and_a_second_mean(tmp_path, capsys):
     assert pair["mean_with_bounds"] == {"side": "lower", "n": 2, "mean": pytest.approx((1.25 + 25 / 24) / 2)}
     printed = capsys.readouterr().out
     assert ">= 1.042x (censored" in printed and ">= 1.146x (2)" in printed
+
+
+def test_the_means_lower_bound_over_draws(tmp_path, capsys):
+    """Student's t over the samples' ratios: 1.4, 1.5, 1.3 -> mean 1.4, sd 0.1, bound 1.4 - 2.920 x 0.1 / sqrt(3)."""
+    for name, a in (("s1", 28.0), ("s2", 30.0), ("s3", 26.0)):
+        write_ci(tmp_path / name, {"a": {"strict": (a, None)}, "b": {"strict": (20.0, None)}})
+    out = tmp_path / "r.json"
+    assert samples.main([str(tmp_path / s) for s in ("s1", "s2", "s3")]
+                        + ["--a", "a", "--b", "b", "--slo", "strict", "--goal", "1.25", "--out", str(out)]) == 0
+    (pair,) = json.loads(out.read_text())["pairs"]
+    assert pair["mean"] == pytest.approx(1.4)
+    assert pair["mean_lower_95"] == pytest.approx(1.4 - 2.920 * 0.1 / 3 ** 0.5)  # 1.2314
+    assert pair["meets_goal"] is True and pair["lower_95_meets_goal"] is False
+    printed = capsys.readouterr().out
+    assert "| 1.231x |" in printed and "1.25x: met; missed" in printed  # the mean meets the goal, its bound does not
+    assert samples.mean_lower_bound([1.3]) is None  # one draw has no spread to bound by
+    assert samples.mean_lower_bound([1.2] * 40) == pytest.approx(1.2)  # past the table's 30 df: its last value

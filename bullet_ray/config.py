@@ -97,6 +97,14 @@ class EngineConfig:
     partition: str = "auto"
     # decode SMs of the fixed split of the "static" schedule (None: half the GPU)
     static_decode_sms: int | None = None
+    # the SM split ladder of the bullet and static schedules: decode SM counts, ascending, prefill taking the rest
+    # (on a GPU each rounded up to its green-context granularity, 8 SMs on Hopper, and each side keeps >= 1 SM).
+    # None (default): 16 to the GPU's SMs - 16 in steps of 8 (16, 24, ..., 116 on a 132-SM H100 / H200). Why a
+    # deployment may set it: under the relaxed SLO decode sat on the ladder's floor (16 SMs) in 85-87% of its steps
+    # while prefill, on the 116 left, was what ran out (benchmarks/results/serve_h200_m9/); a floor of 8 gives prefill
+    # 124. Every entry costs start-up time and memory: its decode graphs and prefill piecewise graphs are captured at
+    # start (serve_h100 modifier -fl<sms>: the default ladder from that floor)
+    decode_sm_counts: tuple[int, ...] | None = None
     # SM split of the "bullet" schedule: "fixed" (stays at the middle of the ladder), "slo" (the prefill
     # worker decides it at every step boundary from the performance model and the ttft/tpot targets,
     # bullet_ray.policy, docs/policy.md; the GPU deployments in deploy/ set it, with ttft_margin_ms 50: it led
@@ -315,6 +323,15 @@ class EngineConfig:
             raise ConfigError("profile_start_step", f"must be >= 0, got {self.profile_start_step}")
         if self.profile_num_steps < 1:
             raise ConfigError("profile_num_steps", f"must be >= 1, got {self.profile_num_steps}")
+        counts = self.decode_sm_counts
+        if counts is not None:
+            if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)) or not counts or any(
+                    isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+                raise ConfigError("decode_sm_counts", f"need a non-empty list of decode SM counts >= 1 (ints), "
+                                                      f"or null for the default ladder; got {counts!r}")
+            if any(b <= a for a, b in zip(counts, counts[1:])):
+                raise ConfigError("decode_sm_counts", f"need strictly ascending decode SM counts, got {list(counts)}")
+            object.__setattr__(self, "decode_sm_counts", tuple(counts))  # a YAML list, kept hashable
         if self.partition not in ("auto", "green", "mps", "none"):
             raise ConfigError("partition", f"unknown partition backend {self.partition!r}; "
                               "choose auto, green, mps or none")

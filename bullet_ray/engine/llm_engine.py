@@ -107,11 +107,17 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
         self.num_split_requests = 0  # by request_split (by hand); the policy's are in the state block
         from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, default_ladder
 
-        # the workers' SM ladder (decode SM counts; the none backend's is the same nominal one)
+        # the workers' SM ladder (decode SM counts as the decode worker's partitioner granted them, its whole-GPU
+        # entry for the mixed fallback included; the none backend's is the same nominal one)
         self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
-        self.ladder_decode_sms = default_ladder(self.sm_count)
-        if self.config.uses_mixed_fallback:  # the workers' whole-GPU entry past the last (the mixed fallback's)
-            self.ladder_decode_sms.append(self.sm_count)
+        granted = self.worker_info.get("decode", {}).get("ladder_decode_sms")
+        if granted:
+            self.ladder_decode_sms = [int(c) for c in granted]
+        else:  # no decode worker (the chunked schedule's one hybrid worker): the ladder it would have
+            counts = self.config.decode_sm_counts
+            self.ladder_decode_sms = list(counts) if counts is not None else default_ladder(self.sm_count)
+            if self.config.uses_mixed_fallback:  # the workers' whole-GPU entry past the last (the mixed fallback's)
+                self.ladder_decode_sms.append(self.sm_count)
         # the split policy (split_policy: slo) runs in the prefill worker at its step boundaries
         # (bullet_ray.engine.worker.policy_link); the front only reads its records from the state block
         self._drained_steps = {Side.PREFILL: 0, Side.DECODE: 0}

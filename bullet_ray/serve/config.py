@@ -44,6 +44,10 @@ class EngineArgs(BaseModel):
                                                                 "running sequences to grow into")
     static_decode_sms: int | None = Field(None, ge=1, description="decode SMs of the static schedule's fixed "
                                                                   "split; null: half the GPU")
+    decode_sm_counts: list[int] | None = Field(
+        None, min_length=1, description="the SM split ladder of the bullet and static schedules: decode SM counts, "
+                                        "ascending, prefill taking the rest (on a GPU rounded up to its granularity, "
+                                        "8 SMs on Hopper); null: 16 to the GPU's SMs - 16 in steps of 8")
     split_policy: Literal["auto", "slo", "fixed"] = Field(
         "auto", description="SM split of the bullet schedule: fixed (the middle of the ladder), slo (moved "
                             "step by step to meet the ttft/tpot targets; what the GPU deployments in deploy/ "

@@ -242,6 +242,31 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert len(drained["handoff_s"]) == len(PROMPTS) and all(0 <= t < 5 for t in drained["handoff_s"])
 
 
+def test_a_configured_ladder_is_the_one_the_workers_and_the_policy_use(hf_root, hf_greedy, tmp_path):
+    """engine.decode_sm_counts replaces the default ladder (16 ... 116 on 132 SMs) in both workers, the front and the
+    split policy: its decisions and steps name only the configured entries (8 decode SMs the floor), and the tokens
+    stay HF's."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    log = tmp_path / "steps.jsonl"
+    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log),
+                          decode_sm_counts=[8, 40, 100])
+    with LLMEngine(config) as engine:
+        assert engine.ladder_decode_sms == [8, 40, 100] and engine.split_ladder_size() == 3
+        results = engine.generate(PROMPTS, params)
+        stats = engine.stats()
+    assert [r.token_ids for r in results] == expected
+    assert stats.extra["split"]["decode_sms"] == [8, 40, 100]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    decisions = [r for r in records if r["kind"] == "decision"]
+    assert decisions[0]["reason"] == "only_prefill" and decisions[0]["index"] == 0  # decode idle: prefill on 124
+    assert any(d["index"] == 2 for d in decisions)  # a TPOT target no CPU step meets: decode on the top entry
+    steps = [r for r in records if r["kind"] == "step"]
+    assert steps and {(r["decode_sms"], r["prefill_sms"]) for r in steps} <= {(8, 124), (40, 92), (100, 32)}
+
+
 @pytest.mark.parametrize("handoff", ["front", "direct"])
 def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, handoff):
     """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while

@@ -163,3 +163,22 @@ def test_workers_are_mps_clients_only_for_two_process_gpu_schedules(engine, mps,
 def test_gpu_yaml_workers_run_under_the_nodes_mps_daemon():
     cfg = BulletAppConfig(**_load("gpu.yaml")["applications"][0]["args"])
     assert cfg.uses_mps and cfg.mps_name == "bullet_ray"
+
+
+def test_a_decode_sm_ladder_validates_and_reaches_the_engine_config():
+    """`decode_sm_counts`: null (the default ladder) or ascending ints >= 1, in EngineConfig (a ConfigError naming
+    it) and at the YAML edge (a pydantic error naming it); a YAML list reaches EngineConfig as a tuple (hashable)."""
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+
+    assert EngineConfig(model="dummy:tiny-llama").decode_sm_counts is None
+    cfg = BulletAppConfig(engine={"decode_sm_counts": [8, 16, 24]}).engine.to_engine_config()
+    assert cfg.decode_sm_counts == (8, 16, 24) and hash(cfg)
+    for bad, why in (([], "non-empty"), ([16, 8], "ascending"), ([8, 8], "ascending"), ([0, 8], ">= 1"),
+                     ([8.5], "ints"), ("8,16", "non-empty list"), ([True], "ints")):
+        with pytest.raises(ConfigError, match=f"^decode_sm_counts: .*{why}"):
+            EngineConfig(model="dummy:tiny-llama", decode_sm_counts=bad)
+    with pytest.raises(ValidationError, match="decode_sm_counts"):
+        build_app({"engine": {"decode_sm_counts": []}})
+    with pytest.raises(ValidationError, match="decode_sm_counts"):
+        build_app({"engine": {"decode_sm_counts": "many"}})

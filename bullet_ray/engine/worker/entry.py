@@ -87,6 +87,7 @@ def run_worker(spec: WorkerSpec) -> None:
             info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
                     "handles_after_s": handles_after_s,  # seconds from this worker's start to its Handles
                     "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name
+                    "ladder_decode_sms": [e.decode_sms for e in worker.partitioner.ladder],  # as granted
                     "handoff_address": getattr(worker, "handoff_address", None),  # handoff: direct (decode worker)
                     "mixed_attention": getattr(resources.backend, "mixed_attention", None)}  # flashinfer's mode
             conn.send(Ready(spec.role, info))

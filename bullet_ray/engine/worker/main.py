@@ -235,7 +235,9 @@ class WorkerBase:
         on_gpu = self.config.is_gpu and self.role != "hybrid"
         side = self.role if self.role in ("prefill", "decode") else "both"
         device = self.res.device.index or 0 if on_gpu else 0
-        partitioner = make_partitioner(self.config.partition if on_gpu else "none", side, device)  # type: ignore[arg-type]
+        counts = list(self.config.decode_sm_counts) if self.config.decode_sm_counts is not None else None
+        partitioner = make_partitioner(self.config.partition if on_gpu else "none", side, device,  # type: ignore[arg-type]
+                                       counts)
         want = self.config.static_decode_sms
         if want is None:
             index = len(partitioner.ladder) // 2

@@ -99,9 +99,9 @@ class EngineConfig:
     static_decode_sms: int | None = None
     # the SM split ladder of the bullet and static schedules: decode SM counts, ascending, prefill taking the rest
     # (on a GPU each rounded up to its green-context granularity, 8 SMs on Hopper, and each side keeps >= 1 SM).
-    # None (default): 16 to the GPU's SMs - 16 in steps of 8 (16, 24, ..., 116 on a 132-SM H100 / H200). Why a
+    # None (default): 16 to the GPU's SMs - 16 in steps of 8 (16, 24, ..., 112 on a 132-SM H100 / H200). Why a
     # deployment may set it: under the relaxed SLO decode sat on the ladder's floor (16 SMs) in 85-87% of its steps
-    # while prefill, on the 116 left, was what ran out (benchmarks/results/serve_h200_m9/); a floor of 8 gives prefill
+    # while prefill ran on the 116 left (benchmarks/results/serve_h200_m9/); a floor of 8 gives prefill
     # 124. Every entry costs start-up time and memory: its decode graphs and prefill piecewise graphs are captured at
     # start (serve_h100 modifier -fl<sms>: the default ladder from that floor)
     decode_sm_counts: tuple[int, ...] | None = None

@@ -33,7 +33,8 @@ its target whatever the split: engine.prefill_backlog_batch_tokens) and/or -fb<m
 request that can no longer make its TTFT target is still ordered to make <ms>, in the slack the others leave:
 engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill worker plans its next batch <ms>
 before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms) and/or
--tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+-fl<SMs> (bullet-slo-relaxed-pl10-fl8: the split ladder from that decode SM floor, in steps of 8 to 112, prefill up
+to 132 - <SMs>: engine.decode_sm_counts) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
@@ -180,7 +181,21 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
 # trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>" (and "-tf", "-mot" below), in any order,
 # each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
-             "pl": ("prefill_plan_lead_ms", "ms")}
+             "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs")}
+# "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
+# default_ladder on the 132 SMs of the H100 and H200 this script runs on: 16 ... 112): -fl8 -> engine.decode_sm_counts
+# [8, 16, ..., 112], prefill up to 124 SMs
+GPU_SMS, LADDER_STEP = 132, 8
+
+
+def floor_ladder(floor: int) -> list[int]:
+    """The decode SM counts of a "-fl<floor>" system: floor, floor + 8, ... up to the default ladder's top."""
+    from bullet_ray.gpu.partition import default_ladder
+
+    top = default_ladder(GPU_SMS, LADDER_STEP)[-1]
+    if floor % LADDER_STEP or not LADDER_STEP <= floor <= top:
+        raise SystemExit(f"-fl{floor}: the decode SM floor must be a multiple of {LADDER_STEP} in [{LADDER_STEP}, {top}]")
+    return list(range(floor, top + 1, LADDER_STEP))
 # and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first); "-mot": the
 # prefill queue keeps only the most requests that make their TTFT targets together (prefill_order: max_on_time)
 FLAG_MODIFIERS: dict[str, tuple[str, Any]] = {"tf": ("split_rule", {"balance": "tpot_first"}),
@@ -193,6 +208,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     "-fb<ms>" (a late request is still ordered to make a fallback TTFT target of <ms>: engine.ttft_fallback_ms)
     and/or "-pl<ms>" (the prefill worker plans its next batch <ms> before the step in flight is predicted to end,
     reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy)
+    and/or "-fl<SMs>" (the split ladder from that decode SM floor: engine.decode_sm_counts, floor_ladder)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
@@ -210,7 +226,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
             return base, fields
         field, unit = MODIFIERS[kind]
         if field in fields or not tail[2:].isdigit() or int(tail[2:]) < 1:
-            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-tf][-mot], each "
+            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>][-tf][-mot], each "
                              f"once, {unit} >= 1")
         fields[field] = int(tail[2:])
         base = head
@@ -293,7 +309,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         rule = modifiers.pop("split_rule", None)
         if rule is not None:  # -tf: beside bullet-slo-m2's own settings
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -mot
+        if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
+            modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -mot
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -301,7 +319,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
         if schedule not in ("chunked", "static") or (budget and not budget.isdigit()):
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
-                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>]"
+                             f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
                              f"[-tf][-mot], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
@@ -626,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                              "keeps the real targets), <bullet-slo system>-bb<tokens> (its prefill batches grow "
                              "to <tokens> under a backlog), -fb<ms> (late requests ordered for a fallback "
                              "TTFT target of <ms>), -pl<ms> (the prefill side plans <ms> before its step in "
-                             "flight ends), -tf (BALANCE keeps decode at its TPOT target: "
+                             "flight ends), -fl<SMs> (the split ladder from that decode SM floor: decode_sm_counts), "
+                             "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
                              "make their targets together: prefill_order max_on_time), bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "

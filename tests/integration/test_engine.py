@@ -243,7 +243,7 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
 
 
 def test_a_configured_ladder_is_the_one_the_workers_and_the_policy_use(hf_root, hf_greedy, tmp_path):
-    """engine.decode_sm_counts replaces the default ladder (16 ... 116 on 132 SMs) in both workers, the front and the
+    """engine.decode_sm_counts replaces the default ladder (16 ... 112 on 132 SMs) in both workers, the front and the
     split policy: its decisions and steps name only the configured entries (8 decode SMs the floor), and the tokens
     stay HF's."""
     folder = _hf_folder("tiny-llama", hf_root)

@@ -409,3 +409,20 @@ def test_max_on_time_modifier_sets_the_prefill_order(tmp_path):
     assert "prefill_order" not in _engine(system_yaml("bullet-slo-margin50-pl10", tmp_path))
     with pytest.raises(SystemExit, match="-mot at most once"):
         system_yaml("bullet-slo-margin50-mot-mot", tmp_path)
+
+
+def test_floor_modifier_sets_the_split_ladder_from_a_decode_floor(tmp_path):
+    """<bullet-slo system>-fl<SMs>: engine.decode_sm_counts from that floor in steps of 8 to the default ladder's top
+    (112 of 132 SMs), a valid engine config; a floor off the 8-SM grid, outside it or repeated is a one-line
+    error."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-relaxed-pl10-fl8-mot+lt+direct", tmp_path))
+    assert engine["decode_sm_counts"] == list(range(8, 113, 8)) and engine["prefill_order"] == "max_on_time"
+    assert (engine["ttft_target_ms"], engine["prefill_plan_lead_ms"]) == (1000.0, 10)
+    assert EngineArgs(**engine).to_engine_config().decode_sm_counts == tuple(range(8, 113, 8))
+    assert "decode_sm_counts" not in _engine(system_yaml("bullet-slo-relaxed-pl10-mot+lt+direct", tmp_path))
+    for bad, why in (("bullet-slo-fl12", "multiple of 8"), ("bullet-slo-fl0", "fl<SMs>"),
+                     ("bullet-slo-fl120", r"\[8, 112\]"), ("bullet-slo-fl8-fl16", "fl<SMs>")):
+        with pytest.raises(SystemExit, match=why):
+            system_yaml(bad, tmp_path)

@@ -81,6 +81,21 @@ def test_one_side_per_process():
         p.close()
 
 
+@needs_probe
+def test_a_ladder_floor_of_one_granule_is_granted():
+    """engine.decode_sm_counts may start the ladder at one granule (serve_h100's -fl8: 8 decode SMs on Hopper, prefill
+    on the rest): the entry is granted as asked and kernels on each side run on exactly its SMs."""
+    caps = smctl.capabilities(0)
+    floor = caps.granularity
+    p = make_partitioner("green", "both", 0, [floor, 2 * floor])
+    try:
+        assert [e.decode_sms for e in p.ladder] == [floor, 2 * floor]
+        d, q = probe.sm_ids(p.stream(0, "decode")), probe.sm_ids(p.stream(0, "prefill"))
+        assert len(d) == floor and len(q) == SMS - floor and not d & q
+    finally:
+        p.close()
+
+
 def test_bad_counts_are_typed_errors():
     with pytest.raises(ConfigError, match=str(SMS)):
         make_partitioner("green", "decode", 0, [SMS])

@@ -161,6 +161,18 @@ def test_prompts_chunked_part_way_do_not_stall_a_small_pool(schedule, hf_root, h
     assert [r.token_ids for r in results] == expected
 
 
+def _slo_policy_run(hf_root, hf_greedy, tmp_path, **extra):
+    """(config, HF's greedy tokens, params, step log) of the tiny Llama on the bullet schedule with the SLO split
+    policy and a TPOT target no CPU step meets: whenever both sides are busy, decode must get the most SMs."""
+    folder = _hf_folder("tiny-llama", hf_root)
+    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    log = tmp_path / "steps.jsonl"
+    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log), **extra)
+    return config, expected, params, log
+
+
 @pytest.mark.parametrize("split_switch,async_scheduling", [("disjoint", None), ("overlap", True)])
 def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, split_switch,
                                                            async_scheduling):
@@ -168,14 +180,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     nothing): the prefill worker decides at its step boundaries, both workers follow, every step is
     predicted and recorded, and the tokens stay HF's; in overlap mode too, where a side moves with a step
     still in flight (launching ahead)."""
-    folder = _hf_folder("tiny-llama", hf_root)
-    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    log = tmp_path / "steps.jsonl"
-    # a TPOT target no CPU step meets: whenever both sides are busy, decode must get the most SMs
-    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
-                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log),
-                          split_switch=split_switch, async_scheduling=async_scheduling)
+    config, expected, params, log = _slo_policy_run(hf_root, hf_greedy, tmp_path, split_switch=split_switch,
+                                                    async_scheduling=async_scheduling)
     with LLMEngine(config) as engine:
         results = engine.generate(PROMPTS, params)
         deadline = time.monotonic() + 10  # the last switch settles at the workers' next loop
@@ -246,13 +252,7 @@ def test_a_configured_ladder_is_the_one_the_workers_and_the_policy_use(hf_root, 
     """engine.decode_sm_counts replaces the default ladder (16 ... 112 on 132 SMs) in both workers, the front and the
     split policy: its decisions and steps name only the configured entries (8 decode SMs the floor), and the tokens
     stay HF's."""
-    folder = _hf_folder("tiny-llama", hf_root)
-    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    log = tmp_path / "steps.jsonl"
-    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
-                          split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log),
-                          decode_sm_counts=[8, 40, 100])
+    config, expected, params, log = _slo_policy_run(hf_root, hf_greedy, tmp_path, decode_sm_counts=[8, 40, 100])
     with LLMEngine(config) as engine:
         assert engine.ladder_decode_sms == [8, 40, 100] and engine.split_ladder_size() == 3
         results = engine.generate(PROMPTS, params)

@@ -1,6 +1,6 @@
 """Replay one served run through a model of BOTH sides of the bullet schedule and the real split rule, to predict
 what a TTFT planning margin (EngineConfig.ttft_margin_ms) and its scope (ttft_margin_scope), the split rule's
-settings (`--split-rule`: EngineConfig.split_rule), a faster prefill side (`--prefill-speedup`) or a decode pause
+settings (`--split-rule`: EngineConfig.split_rule), another split ladder (`--ladder`: EngineConfig.decode_sm_counts), a faster prefill side (`--prefill-speedup`) or a decode pause
 the engine does not have (`--decode-pause`: sim.DecodePause) do to SLO attainment (strict, or the preset `--slo` names), TTFT and TPOT. A discrete-event MODEL calibrated on a step log, not a GPU measurement.
 
 What it models:
@@ -42,11 +42,11 @@ reproduce the TPOT collapse measured at 40 req/s with margins 25 / 50.
         --margins 0,50 --scopes all,order --seeds 5 --json out.json
 """
 
-from benchmarks.replay_split.cli import main, make_policy, profile_model_factory, score
+from benchmarks.replay_split.cli import ladder_of, main, make_policy, profile_model_factory, score
 from benchmarks.replay_split.fits import StepModel, fit_step_model
 from benchmarks.replay_split.noise import Delays, ResidualNoise, delays_from_log, residual_noise
 from benchmarks.replay_split.sim import Request, load_requests, replay, steps_before, warm_up
 
 __all__ = ["Delays", "Request", "ResidualNoise", "StepModel", "delays_from_log", "fit_step_model",
-           "load_requests", "main", "make_policy", "profile_model_factory", "replay", "residual_noise",
+           "ladder_of", "load_requests", "main", "make_policy", "profile_model_factory", "replay", "residual_noise",
            "score", "steps_before", "warm_up"]

@@ -89,18 +89,31 @@ def profile_model_factory() -> Callable[[], PerfModel]:
     return lambda: PerfModel.from_profile(profile, cfg)
 
 
-def token_cap_of(steps_path: Path) -> int:
-    """max_num_batched_tokens of the deployment YAML beside the step log (<system>.yaml), else EngineConfig's."""
+def engine_args_of(steps_path: Path) -> dict[str, Any]:
+    """The engine args of the deployment YAML beside the step log (<system>.yaml), {} without one."""
     import yaml
 
     path = Path(str(steps_path).replace("-steps.jsonl.gz", ".yaml").replace("-steps.jsonl", ".yaml"))
     if path.is_file():
         doc = yaml.safe_load(path.read_text())
         for app in doc.get("applications", []):
-            cap = app.get("args", {}).get("engine", {}).get("max_num_batched_tokens")
-            if cap:
-                return int(cap)
-    return EngineConfig().max_num_batched_tokens
+            engine = app.get("args", {}).get("engine")
+            if engine:
+                return dict(engine)
+    return {}
+
+
+def token_cap_of(steps_path: Path) -> int:
+    """max_num_batched_tokens of the deployment YAML beside the step log (<system>.yaml), else EngineConfig's."""
+    cap = engine_args_of(steps_path).get("max_num_batched_tokens")
+    return int(cap) if cap else EngineConfig().max_num_batched_tokens
+
+
+def ladder_of(steps_path: Path) -> list[int]:
+    """The split ladder (decode SM counts) the logged run used: engine.decode_sm_counts of the YAML beside the step
+    log (a -fl<SMs> system's), else the default ladder; the log's split_index and the replay's entries then agree."""
+    counts = engine_args_of(steps_path).get("decode_sm_counts")
+    return [int(c) for c in counts] if counts else default_ladder(SM_COUNT)
 
 
 def steps_path_of(run: Path) -> Path:
@@ -118,9 +131,10 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
              progress: bool = True, warm: Sequence[dict] = (), delays: Delays | None = None,
              split_rule: dict[str, Any] | None = None, pause: DecodePause | None = None,
              prefill_order: str = "least_slack", slo_name: str = "strict",
-             score_slo: str | None = None, fallback_ms: float | None = None) -> list[dict[str, Any]]:
-    """Replays of every (margin, scope) x seed; the policy aims at SLO preset `slo_name`, each replay is scored
-    under `score_slo` (default: the same)."""
+             score_slo: str | None = None, fallback_ms: float | None = None,
+             ladder: Sequence[int] = tuple(default_ladder(SM_COUNT))) -> list[dict[str, Any]]:
+    """Replays of every (margin, scope) x seed on the split `ladder`; the policy aims at SLO preset `slo_name`, each
+    replay is scored under `score_slo` (default: the same)."""
     from tqdm import tqdm
 
     cells = [(m, s) for m in margins for s in scopes]
@@ -129,8 +143,8 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
     for margin, scope in cells:
         per_seed: list[dict[str, Any]] = []
         for seed in range(seeds):
-            policy = make_policy(factory, margin, scope, token_cap, split_rule=split_rule, prefill_order=prefill_order,
-                                 slo_name=slo_name, fallback_ms=fallback_ms)
+            policy = make_policy(factory, margin, scope, token_cap, ladder, split_rule=split_rule,
+                                 prefill_order=prefill_order, slo_name=slo_name, fallback_ms=fallback_ms)
             outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays, pause=pause)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s, score_slo or slo_name)
@@ -211,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-order", default="least_slack",
                         help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default) or "
                              "max_on_time (the most requests that make their TTFT targets together)")
+    parser.add_argument("--ladder", default=None,
+                        help="what-if: the split ladder's decode SM counts, comma-separated and ascending (e.g. "
+                             "8,16,24,...,112 for a decode floor of 8 SMs, serve_h100's -fl8); an entry the log never "
+                             "ran on takes the nearest fitted entry's time scaled by the profile's roofline; "
+                             "default: the logged run's own ladder (engine.decode_sm_counts in the YAML beside the "
+                             "step log, else 16, 24, ..., 112)")
     parser.add_argument("--fallback-ms", type=float, default=None,
                         help="EngineConfig.ttft_fallback_ms: a second, later TTFT target a late request is still "
                              "ordered for (default: none, as the engine)")
@@ -289,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.prefill_speedup < float("inf"):
         parser.exit(2, f"replay_split: error: --prefill-speedup must be > 0, got {args.prefill_speedup}\n")
     steps_path = args.steps or steps_path_of(args.run)
+    ladder = ladder_of(steps_path)
+    if args.ladder is not None:
+        try:
+            ladder = [int(c) for c in args.ladder.split(",") if c.strip()]
+            EngineConfig(decode_sm_counts=ladder)
+            if ladder[-1] >= SM_COUNT:
+                raise ValueError(f"decode SM counts must stay below the GPU's {SM_COUNT}, got {ladder[-1]}")
+        except (ValueError, ConfigError) as e:
+            parser.exit(2, f"replay_split: error: --ladder: {e}\n")
     reqs, measured = load_requests(args.run)
     factory = profile_model_factory()
     log_records = records(str(steps_path))
@@ -318,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
                     args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order,
-                    args.slo, score_slo, args.fallback_ms)
+                    args.slo, score_slo, args.fallback_ms, ladder)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured], score_slo)
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
@@ -330,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if split_rule is None else f'; split rule {json.dumps(split_rule)}'}"
           f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
           f"{'' if args.fallback_ms is None else f'; fallback TTFT target {args.fallback_ms:g} ms'}"
+          f"{'' if ladder == default_ladder(SM_COUNT) else f'; split ladder (decode SMs) {ladder}'}"
           f"{'' if args.slo == 'strict' else f'; aimed at SLO {args.slo}'}"
           f"{'' if score_slo == 'strict' else f'; scored by SLO {score_slo}'}"
           f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
@@ -374,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "replayed by a model (benchmarks/replay_split/), not measured on a GPU",
             "run": str(args.run), "steps": str(steps_path), "token_cap": token_cap, "overhead_ms": args.overhead_ms,
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
-            "prefill_order": args.prefill_order, "slo": score_slo, "aim_slo": args.slo,
+            "prefill_order": args.prefill_order, "slo": score_slo, "aim_slo": args.slo, "ladder": ladder,
             "ttft_fallback_ms": args.fallback_ms,
             "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,

@@ -80,12 +80,17 @@ class _Seq:
     ready_s: float = 0.0  # when it may join decode
 
 
-def warm_up(model: PerfModel, log_steps: Sequence[dict]) -> None:
+def warm_up(model: PerfModel, log_steps: Sequence[dict], ladder: Sequence[int] | None = None) -> None:
     """Feed logged steps (`steps_before`) to the model's online correction, as the served engine had learned
-    them before the run began."""
+    them before the run began. The correction is kept per ladder entry: with the replayed policy's `ladder` (decode
+    SM counts) a step counts for the entry of its decode SMs, and one whose split is not on that ladder (a what-if
+    ladder, `--ladder`) only for its size and side (entry -1, which no entry asks for); without, for its logged
+    split_index."""
+    where = {sms: i for i, sms in enumerate(ladder)} if ladder is not None else None
     for r in log_steps:
         s = sample_of(r)
-        model.observe(s.shape, s.sms, s.other_busy, r["split_index"], s.measured_s)
+        index = r["split_index"] if where is None else where.get(int(r.get("decode_sms", -1)), -1)
+        model.observe(s.shape, s.sms, s.other_busy, index, s.measured_s)
 
 
 def steps_before(log_records: list[dict], start_unix_s: float) -> list[dict]:
@@ -108,8 +113,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         steps.residuals.reset()
     delay_rng = random.Random(rng.random() if rng is not None else 0) if delays is not None else None
     model = policy.model
-    warm_up(model, warm)
     rule = policy.rule
+    warm_up(model, warm, rule.decode_sms)
     n = len(reqs)
     out = Outcome([None] * n, [None] * n, [0] * n)
     first: list[float] = [math.nan] * n

@@ -159,6 +159,9 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--score-slo", "lax", "lax"),
                                                     ("--margins", "0,500", "500"),
                                                     ("--fallback-ms", "400", "400"),
+                                                    ("--ladder", "16,8", "ascending"),
+                                                    ("--ladder", "8,132", "132"),
+                                                    ("--ladder", "8,x", "x"),
                                                     ("--slo", "bullet-sharegpt", "per prompt token"),
                                                     ("--decode-pause-aim", "0.8", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
@@ -190,6 +193,13 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "50", "--seeds", "1", "--no-progress", "--fallback-ms", "1000", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["ttft_fallback_ms"] == 1000
+    assert json.loads(out.read_text())["ladder"] == list(range(16, 113, 8))  # no YAML beside the log: the default
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "0", "--seeds", "1", "--no-progress", "--ladder", "8,16,64", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["ladder"] == [8, 16, 64]
+    # a -fl<SMs> system's YAML beside its step log names the ladder the run used
+    (tmp_path / "sys.yaml").write_text("applications:\n- args:\n    engine:\n      decode_sm_counts: [8, 16, 24]\n")
+    assert rs.ladder_of(tmp_path / "sys-steps.jsonl") == [8, 16, 24]
     random.Random(0)  # the CLI's replays seed their own generators
 
 
@@ -203,6 +213,11 @@ def test_warm_up_learns_only_the_steps_before_the_run(factory) -> None:
     assert [r["t"] for r in before] == [1.0]
     rs.warm_up(model, before * 3)  # the correction needs 3 samples
     assert model.predict(shape, 16, True, 0).seconds == pytest.approx(cold * 1.3, rel=1e-3)
+    # with the replayed ladder the step counts for the entry of its decode SMs: index 1 of a ladder from 8 SMs
+    fresh = factory()
+    rs.warm_up(fresh, before * 3, [8, 16, 24])
+    assert fresh.online.describe()["decode.1.size3"] == pytest.approx(1.3, rel=1e-3)
+    assert not any(k.startswith("decode.0.") for k in fresh.online.describe())
 
 
 def test_residuals_of_one_replay_the_fitted_times(setup, factory) -> None:

@@ -325,13 +325,20 @@ class EngineConfig:
             raise ConfigError("profile_num_steps", f"must be >= 1, got {self.profile_num_steps}")
         counts = self.decode_sm_counts
         if counts is not None:
-            if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)) or not counts or any(
-                    isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-                raise ConfigError("decode_sm_counts", f"need a non-empty list of decode SM counts >= 1 (ints), "
-                                                      f"or null for the default ladder; got {counts!r}")
+            if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)):
+                raise ConfigError("decode_sm_counts", f"need a list of decode SM counts, or null for the default "
+                                                      f"ladder; got {counts!r}")
+            if not counts:
+                raise ConfigError("decode_sm_counts", "the ladder is empty; give at least one decode SM count, or null")
+            bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
+            if bad:
+                raise ConfigError("decode_sm_counts", f"every decode SM count must be a whole number >= 1, got {bad}")
             if any(b <= a for a, b in zip(counts, counts[1:])):
                 raise ConfigError("decode_sm_counts", f"need strictly ascending decode SM counts, got {list(counts)}")
-            object.__setattr__(self, "decode_sm_counts", tuple(counts))  # a YAML list, kept hashable
+            if self.partition == "mps":
+                raise ConfigError("decode_sm_counts", "the mps partition backend has one fixed split (each side's "
+                                                      "active thread percentage), no ladder; use green or auto")
+            object.__setattr__(self, "decode_sm_counts", tuple(counts))  # a YAML list: a tuple, as the field says
         if self.partition not in ("auto", "green", "mps", "none"):
             raise ConfigError("partition", f"unknown partition backend {self.partition!r}; "
                               "choose auto, green, mps or none")

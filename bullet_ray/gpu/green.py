@@ -37,6 +37,11 @@ class GreenPartitioner(SmPartitioner):
         torch.cuda.set_device(device)  # the primary context current on this thread (green contexts need one)
         self.native = smctl.NativeLadder(device, counts, _MASKS[side], decode_priority, prefill_priority)
         self.ladder = [LadderEntry(i, e.decode_sms, e.prefill_sms) for i, e in enumerate(self.native.entries)]
+        granted = [e.decode_sms for e in self.ladder]
+        if any(b <= a for a, b in zip(granted, granted[1:])):  # e.g. [10, 12] both rounded up to 16 on Hopper
+            self.native.close()
+            raise ConfigError("decode_sm_counts", f"decode SM counts {counts} round up to {granted} (groups of "
+                              f"{caps.granularity} SMs): two entries would be one split, give distinct groups")
         starved = [e for e in self.ladder if e.prefill_sms < 1]
         if starved:
             self.native.close()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.control.config import ControllerConfig
@@ -44,7 +44,7 @@ class EngineArgs(BaseModel):
                                                                 "running sequences to grow into")
     static_decode_sms: int | None = Field(None, ge=1, description="decode SMs of the static schedule's fixed "
                                                                   "split; null: half the GPU")
-    decode_sm_counts: list[int] | None = Field(
+    decode_sm_counts: list[Annotated[int, Field(strict=True, ge=1)]] | None = Field(
         None, min_length=1, description="the SM split ladder of the bullet and static schedules: decode SM counts, "
                                         "ascending, prefill taking the rest (on a GPU rounded up to its granularity, "
                                         "8 SMs on Hopper); null: 16 to the GPU's SMs - 16 in steps of 8")
@@ -125,6 +125,14 @@ class EngineArgs(BaseModel):
     profile_num_steps: int = Field(50, ge=1, description="steps in the profiled window")
     runtime_dir: str | None = Field(None, description="folder for the engine's socket and shared-memory files; "
                                                       "null: a fresh one under /dev/shm")
+
+    @field_validator("decode_sm_counts")
+    @classmethod
+    def _ascending_ladder(cls, counts: list[int] | None) -> list[int] | None:
+        """A ladder out of order fails at `serve run` (build_app), not later in every replica's EngineConfig."""
+        if counts is not None and any(b <= a for a, b in zip(counts, counts[1:])):
+            raise ValueError(f"need strictly ascending decode SM counts, got {counts}")
+        return counts
 
     def to_engine_config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())

@@ -167,18 +167,22 @@ def test_gpu_yaml_workers_run_under_the_nodes_mps_daemon():
 
 def test_a_decode_sm_ladder_validates_and_reaches_the_engine_config():
     """`decode_sm_counts`: null (the default ladder) or ascending ints >= 1, in EngineConfig (a ConfigError naming
-    it) and at the YAML edge (a pydantic error naming it); a YAML list reaches EngineConfig as a tuple (hashable)."""
+    it) and at the YAML edge (a pydantic error naming it); a YAML list reaches EngineConfig as a tuple; the mps backend (one fixed split) refuses one."""
     from bullet_ray.config import EngineConfig
     from bullet_ray.errors import ConfigError
 
     assert EngineConfig(model="dummy:tiny-llama").decode_sm_counts is None
     cfg = BulletAppConfig(engine={"decode_sm_counts": [8, 16, 24]}).engine.to_engine_config()
-    assert cfg.decode_sm_counts == (8, 16, 24) and hash(cfg)
-    for bad, why in (([], "non-empty"), ([16, 8], "ascending"), ([8, 8], "ascending"), ([0, 8], ">= 1"),
-                     ([8.5], "ints"), ("8,16", "non-empty list"), ([True], "ints")):
-        with pytest.raises(ConfigError, match=f"^decode_sm_counts: .*{why}"):
+    assert cfg.decode_sm_counts == (8, 16, 24) and cfg.replace().decode_sm_counts == (8, 16, 24)
+    for bad, why in (([], "the ladder is empty"), ([16, 8], "need strictly ascending"), ([8, 8], "need strictly ascending"),
+                     ([0, 8], r"every decode SM count must be a whole number >= 1, got \[0\]"),
+                     ([8.5], r"every decode SM count must be a whole number >= 1, got \[8.5\]"),
+                     ("8,16", "need a list"), ([True], r"every decode SM count must be a whole number >= 1, got \[True\]")):
+        with pytest.raises(ConfigError, match=f"^decode_sm_counts: {why}"):
             EngineConfig(model="dummy:tiny-llama", decode_sm_counts=bad)
-    with pytest.raises(ValidationError, match="decode_sm_counts"):
-        build_app({"engine": {"decode_sm_counts": []}})
-    with pytest.raises(ValidationError, match="decode_sm_counts"):
-        build_app({"engine": {"decode_sm_counts": "many"}})
+    with pytest.raises(ConfigError, match="^decode_sm_counts: the mps partition backend has one fixed split"):
+        EngineConfig(model="dummy:tiny-llama", decode_sm_counts=[8, 16], partition="mps")
+    # at the YAML edge (build_app, i.e. `serve run`): strict whole numbers >= 1, ascending, named in the error
+    for bad in ([], "many", [16, 8], [0, 8], [True, 16], [8.0], ["8"]):
+        with pytest.raises(ValidationError, match="decode_sm_counts"):
+            build_app({"engine": {"decode_sm_counts": bad}})

@@ -105,19 +105,10 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
         self._receiver = threading.Thread(target=self._receive_loop, name="bullet-engine-recv", daemon=True)
         self._receiver.start()
         self.num_split_requests = 0  # by request_split (by hand); the policy's are in the state block
-        from bullet_ray.gpu.partition import DEFAULT_SM_COUNT, default_ladder
+        from bullet_ray.gpu.partition import DEFAULT_SM_COUNT
 
-        # the workers' SM ladder (decode SM counts as the decode worker's partitioner granted them, its whole-GPU
-        # entry for the mixed fallback included; the none backend's is the same nominal one)
         self.sm_count = int(self.worker_info.get("decode", {}).get("num_sms") or DEFAULT_SM_COUNT)
-        granted = self.worker_info.get("decode", {}).get("ladder_decode_sms")
-        if granted:
-            self.ladder_decode_sms = [int(c) for c in granted]
-        else:  # no decode worker (the chunked schedule's one hybrid worker): the ladder it would have
-            counts = self.config.decode_sm_counts
-            self.ladder_decode_sms = list(counts) if counts is not None else default_ladder(self.sm_count)
-            if self.config.uses_mixed_fallback:  # the workers' whole-GPU entry past the last (the mixed fallback's)
-                self.ladder_decode_sms.append(self.sm_count)
+        self.ladder_decode_sms = workers_ladder(self.worker_info, self.config, self.sm_count)
         # the split policy (split_policy: slo) runs in the prefill worker at its step boundaries
         # (bullet_ray.engine.worker.policy_link); the front only reads its records from the state block
         self._drained_steps = {Side.PREFILL: 0, Side.DECODE: 0}
@@ -503,3 +494,19 @@ def _completion(state: RequestState, outputs: list[RequestOutput]) -> Completion
     return CompletionOutput(state.request_id, state.prompt_token_ids, token_ids,
                             "".join(o.text_delta for o in outputs), last.finish_reason or "stop",
                             logprobs if state.params.logprobs is not None else None, last.ttft_s, last.e2e_s)
+
+
+def workers_ladder(worker_info: dict[str, dict], config: EngineConfig, sm_count: int) -> list[int]:
+    """The workers' SM ladder (decode SM counts) as the decode worker's partitioner granted them (its Ready info:
+    rounded up to the GPU's groups, the mixed fallback's whole-GPU entry included); without a decode worker (the
+    chunked schedule's one hybrid worker) the ladder it would have: `config.decode_sm_counts` or the default."""
+    from bullet_ray.gpu.partition import default_ladder
+
+    granted = worker_info.get("decode", {}).get("ladder_decode_sms")
+    if granted:
+        return [int(c) for c in granted]
+    counts = config.decode_sm_counts
+    ladder = list(counts) if counts is not None else default_ladder(sm_count)
+    if config.uses_mixed_fallback:  # the workers' whole-GPU entry past the last (the mixed fallback's)
+        ladder.append(sm_count)
+    return ladder

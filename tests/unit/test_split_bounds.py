@@ -70,3 +70,18 @@ def test_a_split_request_names_an_entry_of_every_workers_ladder():
     assert LLMEngine.set_split_bounds(front, 64, None) == (0, 0)
     assert front.bounds[-1] == (0, 0)
 
+
+
+def test_the_front_takes_the_ladder_the_decode_worker_granted():
+    """The front's ladder is the decode worker's report (a green partition rounds 12 up to 16; the mixed fallback's
+    whole-GPU entry is in it), not the configured counts; without a decode worker (chunked) the configured or default
+    ladder, with the whole-GPU entry when the mixed fallback is on."""
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.engine.llm_engine import workers_ladder
+
+    asked = EngineConfig(model="dummy:tiny-llama", decode_sm_counts=[12, 64])
+    assert workers_ladder({"decode": {"ladder_decode_sms": [16, 64, 132]}}, asked, 132) == [16, 64, 132]
+    assert workers_ladder({"hybrid": {}}, asked, 132) == [12, 64]
+    assert workers_ladder({}, EngineConfig(model="dummy:tiny-llama"), 132) == default_ladder(132)
+    mixed = EngineConfig(model="dummy:tiny-llama", split_policy="slo", mixed_fallback_tokens=64)
+    assert workers_ladder({}, mixed, 132) == default_ladder(132) + [132]

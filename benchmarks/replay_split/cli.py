@@ -90,11 +90,14 @@ def profile_model_factory() -> Callable[[], PerfModel]:
 
 
 def engine_args_of(steps_path: Path) -> dict[str, Any]:
-    """The engine args of the deployment YAML beside the step log (<system>.yaml), {} without one."""
+    """The engine args of the deployment YAML beside the step log (<system>-steps.jsonl[.gz] -> <system>.yaml), {}
+    without one (or for a step log not named so)."""
     import yaml
 
-    path = Path(str(steps_path).replace("-steps.jsonl.gz", ".yaml").replace("-steps.jsonl", ".yaml"))
-    if path.is_file():
+    name = steps_path.name
+    suffix = next((x for x in ("-steps.jsonl.gz", "-steps.jsonl") if name.endswith(x)), None)
+    path = steps_path.with_name(name[:-len(suffix)] + ".yaml") if suffix else None
+    if path is not None and path.is_file():
         doc = yaml.safe_load(path.read_text())
         for app in doc.get("applications", []):
             engine = app.get("args", {}).get("engine")

@@ -200,6 +200,8 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     # a -fl<SMs> system's YAML beside its step log names the ladder the run used
     (tmp_path / "sys.yaml").write_text("applications:\n- args:\n    engine:\n      decode_sm_counts: [8, 16, 24]\n")
     assert rs.ladder_of(tmp_path / "sys-steps.jsonl") == [8, 16, 24]
+    # a step log named otherwise (a call's copy: sys-steps_call15.jsonl) has no YAML beside it: the default ladder
+    assert rs.ladder_of(tmp_path / "sys-steps_call15.jsonl") == list(range(16, 113, 8))
     random.Random(0)  # the CLI's replays seed their own generators
 
 

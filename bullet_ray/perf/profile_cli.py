@@ -37,6 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--enforce-eager", action="store_true", help="decode without CUDA graphs")
     p.add_argument("--entries", default=None, help="ladder indexes to sweep, in this order, e.g. 6,0,12,3,9 "
                                                    "(default: all)")
+    p.add_argument("--decode-sm-counts", default=None,
+                   help="the ladder to sweep, as the engine's decode_sm_counts: decode SM counts, comma-separated and "
+                        "ascending, e.g. 8,16,24 (cuda only; default: the engine's default ladder, 16 ... 112 on "
+                        "132 SMs); profile the ladder you serve with")
     p.add_argument("--prefill-gemm", default="auto", choices=["auto", "cublas", "cublaslt", "cublaslt-all"],
                    help="the prefill side's projection GEMMs, as the engine's prefill_gemm: profile with the GEMM you "
                         "serve with (cublaslt: cuBLASLt's algorithms tuned per partition at start, cuda only; auto, "
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bullet_ray.config import resolve_prefill_gemm
+    from bullet_ray.config import EngineConfig, resolve_prefill_gemm
     from bullet_ray.errors import ConfigError
     from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
@@ -79,6 +83,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.prefill_gemm != "cublas" and not (is_gpu and dtype == "bfloat16"):
         raise ConfigError("--prefill-gemm", f"{args.prefill_gemm} runs bf16 cuBLASLt GEMMs on a GPU (device "
                           f"{args.device}, dtype {dtype})")
+    counts = None
+    if args.decode_sm_counts is not None:
+        if not is_gpu:
+            raise ConfigError("--decode-sm-counts", f"the split ladder is a GPU's (device {args.device} has none)")
+        try:
+            counts = [int(c) for c in args.decode_sm_counts.split(",") if c.strip()]
+        except ValueError:
+            raise ConfigError("--decode-sm-counts", f"need comma-separated whole numbers, got "
+                              f"{args.decode_sm_counts!r}") from None
+        try:
+            EngineConfig(decode_sm_counts=tuple(counts))
+        except ConfigError as e:
+            raise ConfigError("--decode-sm-counts", str(e).split(": ", 1)[-1]) from None
+    args.decode_sm_counts = counts
     plan = SweepPlan.gpu(args.quick) if is_gpu else SweepPlan.cpu(args.quick)
     bench = Bench(args.model, args.device, dtype, use_graphs=is_gpu and not args.enforce_eager,
                   max_batch=max(plan.decode_batches))
@@ -176,7 +194,7 @@ def _gpu_ceilings(bench: Any, args: argparse.Namespace) -> Any:
     props = torch.cuda.get_device_properties(torch.device(args.device))
     sm_count = props.multi_processor_count
     device_index = torch.device(args.device).index or 0
-    partitioner = make_partitioner("green", "both", device_index)
+    partitioner = make_partitioner("green", "both", device_index, args.decode_sm_counts)
     ladder = [e.decode_sms for e in partitioner.ladder]
     tflops = gemm_tflops(torch, args.device, torch.bfloat16, 8192)
     points = {sm_count: gemv_gbs(torch, args.device, torch.bfloat16)}

@@ -49,6 +49,17 @@ def test_prefill_gemm_on_cpu_is_a_one_line_error(tmp_path: Path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("value,why", [("8,16", "the split ladder is a GPU's (device cpu has none)")])
+def test_a_ladder_on_cpu_is_a_one_line_error(tmp_path: Path, capsys, value: str, why: str):
+    """--decode-sm-counts sweeps the ladder a deployment serves with (engine.decode_sm_counts) on a GPU; on a CPU it
+    is refused with one line naming the flag (exit 2), before any model loads."""
+    args = build_parser().parse_args(["profile", "--model", "dummy:tiny-llama", "--device", "cpu",
+                                      "--decode-sm-counts", value, "--out", str(tmp_path)])
+    assert profile_cli.run(args) == 2
+    assert capsys.readouterr().err == f"bullet-ray profile: --decode-sm-counts: {why}\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_shipped_profiles_load_and_match():
     h100 = find_profile("NVIDIA H100 80GB HBM3", _cfg("llama-3.1-8b"), "bfloat16", [PACKAGE_DIR])
     # the H100 sweep of 2026-11-26 (11 of 13 ladder entries, 726 steps), refitted (benchmarks.refit_profile); the
@@ -140,3 +151,10 @@ def test_gpu_quick_profile_on_two_entries(tmp_path: Path):
     assert {(s.phase, s.other_busy) for s in profile.samples} == {
         ("prefill", False), ("prefill", True), ("decode", False), ("decode", True)}
     assert len({s.sms for s in profile.samples if s.phase == "decode"}) == 2
+    # a configured ladder (engine.decode_sm_counts) is the one swept: its floor's decode steps measured
+    floor = tmp_path / "floor"
+    args = build_parser().parse_args(["profile", "--model", f"dummy:{tmp_path / 'config.json'}", "--device", "cuda",
+                                      "--quick", "--decode-sm-counts", "8,64", "--entries", "0", "--out", str(floor)])
+    assert profile_cli.run(args) == 0
+    profile = load_profile(next(floor.glob("*.json")))
+    assert profile.ladder == [8, 64] and {s.sms for s in profile.samples if s.phase == "decode"} == {8}

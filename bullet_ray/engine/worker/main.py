@@ -236,8 +236,13 @@ class WorkerBase:
         side = self.role if self.role in ("prefill", "decode") else "both"
         device = self.res.device.index or 0 if on_gpu else 0
         counts = list(self.config.decode_sm_counts) if self.config.decode_sm_counts is not None else None
+        sm_count = None  # the none backend's nominal 132 SMs, unless it keeps books on a GPU: then the GPU's own,
+        if on_gpu and self.config.partition == "none":  # as the front reads them from this worker's Ready info
+            import torch
+
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         partitioner = make_partitioner(self.config.partition if on_gpu else "none", side, device,  # type: ignore[arg-type]
-                                       counts)
+                                       counts, sm_count)
         want = self.config.static_decode_sms
         if want is None:
             index = len(partitioner.ladder) // 2

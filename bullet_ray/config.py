@@ -27,6 +27,21 @@ PREFILL_ORDERS: tuple[str, ...] = ("least_slack", "max_on_time")
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 
+def ladder_problem(counts: object) -> str | None:
+    """Why `counts` is not a split ladder (EngineConfig.decode_sm_counts: a non-empty list of whole decode SM counts
+    >= 1, strictly ascending), or None: the one check behind the field, the YAML edge and the CLIs' ladder flags."""
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)):
+        return f"need a list of decode SM counts, or null for the default ladder; got {counts!r}"
+    if not counts:
+        return "the ladder is empty; give at least one decode SM count, or null"
+    bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
+    if bad:
+        return f"every decode SM count must be a whole number >= 1, got {bad}"
+    if any(b <= a for a, b in zip(counts, counts[1:])):
+        return f"need strictly ascending decode SM counts, got {list(counts)}"
+    return None
+
+
 def resolve_prefill_gemm(prefill_gemm: str, is_gpu: bool, dtype: str, schedule: str) -> str:
     """An `EngineConfig.prefill_gemm` with "auto" resolved: cublaslt for a prefill worker on green partitions (GPU,
     bfloat16: the bullet schedule, where it was measured to pay, and the static one, whose prefill side runs the same
@@ -325,16 +340,9 @@ class EngineConfig:
             raise ConfigError("profile_num_steps", f"must be >= 1, got {self.profile_num_steps}")
         counts = self.decode_sm_counts
         if counts is not None:
-            if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)):
-                raise ConfigError("decode_sm_counts", f"need a list of decode SM counts, or null for the default "
-                                                      f"ladder; got {counts!r}")
-            if not counts:
-                raise ConfigError("decode_sm_counts", "the ladder is empty; give at least one decode SM count, or null")
-            bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
-            if bad:
-                raise ConfigError("decode_sm_counts", f"every decode SM count must be a whole number >= 1, got {bad}")
-            if any(b <= a for a, b in zip(counts, counts[1:])):
-                raise ConfigError("decode_sm_counts", f"need strictly ascending decode SM counts, got {list(counts)}")
+            problem = ladder_problem(counts)
+            if problem is not None:
+                raise ConfigError("decode_sm_counts", problem)
             if self.partition == "mps":
                 raise ConfigError("decode_sm_counts", "the mps partition backend has one fixed split (each side's "
                                                       "active thread percentage), no ladder; use green or auto")

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bullet_ray.config import EngineConfig, resolve_prefill_gemm
+    from bullet_ray.config import ladder_problem, resolve_prefill_gemm
     from bullet_ray.errors import ConfigError
     from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
@@ -92,10 +92,9 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError("--decode-sm-counts", f"need comma-separated whole numbers, got "
                               f"{args.decode_sm_counts!r}") from None
-        try:
-            EngineConfig(decode_sm_counts=tuple(counts))
-        except ConfigError as e:
-            raise ConfigError("--decode-sm-counts", str(e).split(": ", 1)[-1]) from None
+        problem = ladder_problem(counts)
+        if problem is not None:
+            raise ConfigError("--decode-sm-counts", problem)
     args.decode_sm_counts = counts
     plan = SweepPlan.gpu(args.quick) if is_gpu else SweepPlan.cpu(args.quick)
     bench = Bench(args.model, args.device, dtype, use_graphs=is_gpu and not args.enforce_eager,

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bullet_ray.config import EngineConfig
+from bullet_ray.config import EngineConfig, ladder_problem
 from bullet_ray.control.config import ControllerConfig
 
 GRPC_SERVICER_FUNCTION = "bullet_ray.serve.proto.generate_pb2_grpc.add_GeneratorServicer_to_server"
@@ -130,8 +130,9 @@ class EngineArgs(BaseModel):
     @classmethod
     def _ascending_ladder(cls, counts: list[int] | None) -> list[int] | None:
         """A ladder out of order fails at `serve run` (build_app), not later in every replica's EngineConfig."""
-        if counts is not None and any(b <= a for a, b in zip(counts, counts[1:])):
-            raise ValueError(f"need strictly ascending decode SM counts, got {counts}")
+        problem = None if counts is None else ladder_problem(counts)
+        if problem is not None:
+            raise ValueError(problem)
         return counts
 
     def to_engine_config(self) -> EngineConfig:

@@ -135,7 +135,8 @@ def gpu_memory_gib() -> float:
 
 
 # deploy/gpu.yaml's split policy, dropped from every system's copy (system_yaml): the names set their own
-SHIPPED_POLICY_FIELDS = ("split_policy", "ttft_target_ms", "tpot_target_ms", "ttft_margin_ms", "prefill_order")
+SHIPPED_POLICY_FIELDS = ("split_policy", "ttft_target_ms", "tpot_target_ms", "ttft_margin_ms", "prefill_order",
+                         "ttft_fallback_ms")
 LT_SUFFIXES = {"lt": "cublaslt", "ltall": "cublaslt-all"}  # engine.prefill_gemm of a bullet system's suffix
 
 

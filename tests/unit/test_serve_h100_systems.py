@@ -7,6 +7,7 @@ import yaml
 
 from benchmarks.gpu import serve_h100
 from benchmarks.gpu.serve_h100 import GPU_YAML, parse_system, system_yaml
+from bullet_ray.config import EngineConfig
 from tests.metrics_pages import serve_pages
 
 
@@ -20,9 +21,24 @@ def test_bullet_is_the_deploy_yaml_with_cublas_pinned(tmp_path):
     engine, shipped = _engine(system_yaml("bullet", tmp_path)), _engine(GPU_YAML)
     assert engine.pop("prefill_gemm") == "cublas" and "prefill_gemm" not in shipped
     assert engine.pop("prefill_plan_lead_ms") is None and "prefill_plan_lead_ms" not in shipped
-    # the shipped split policy (slo, strict targets, margin 50, max_on_time) is not "bullet"'s: that is the fixed split
+    # the shipped split policy (slo, strict targets, margin 50, max_on_time, the 1 s fallback target) is not
+    # "bullet"'s: that is the fixed split
     assert (shipped.pop("split_policy"), shipped.pop("ttft_margin_ms"), shipped.pop("prefill_order")) == ("slo", 50, "max_on_time")
+    assert shipped.pop("ttft_fallback_ms") == 1000
     assert (shipped.pop("ttft_target_ms"), shipped.pop("tpot_target_ms")) == (500, 25) and engine == shipped
+
+
+def test_the_shipped_deployment_is_a_named_system(tmp_path):
+    """bullet-slo-margin50-pl10-mot-fb1000+lt is deploy/gpu.yaml as shipped, bar the step log serve_h100 adds: the
+    name the README's figures quote measures the YAML users run."""
+    engine, shipped = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000+lt+direct", tmp_path)), _engine(GPU_YAML)
+    assert engine.pop("step_log_path").endswith("bullet-slo-margin50-pl10-mot-fb1000+lt+direct-steps.jsonl")
+    # the engine's defaults, which the shipped YAML leaves to them: auto tunes cuBLASLt on a GPU bullet worker
+    assert (engine.pop("prefill_gemm"), engine.pop("prefill_plan_lead_ms")) == ("cublaslt", 10)
+    # the system takes the strict targets from EngineConfig's defaults, the YAML states them
+    defaults = EngineConfig()
+    assert (shipped.pop("ttft_target_ms"), shipped.pop("tpot_target_ms")) == (defaults.ttft_target_ms, defaults.tpot_target_ms)
+    assert engine == shipped
 
 
 def test_slo_layerwise_and_chunked_systems(tmp_path):

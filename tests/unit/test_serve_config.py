@@ -55,18 +55,20 @@ def test_yaml_is_a_serve_config_that_builds(name):
 
 def test_gpu_deployments_ship_the_measured_split_policy():
     """Every GPU deployment moves the split with the performance model (split_policy slo), aimed at the strict
-    SLO with a 50 ms planning margin and the max_on_time prefill order: the configuration the serving runs
-    measured (README status); the CPU one keeps the fixed split and the least-slack order."""
+    SLO with a 50 ms planning margin, the max_on_time prefill order and the 1 s fallback TTFT target: the
+    configuration the serving runs measured (README status); the CPU one keeps the fixed split and the least-slack
+    order, without a fallback."""
     with open(os.path.join(DEPLOY, "kuberay", "rayservice.yaml")) as f:
         kuberay = yaml.safe_load(yaml.safe_load(f)["spec"]["serveConfigV2"])
     for raw in [_load("gpu.yaml"), _load("node.yaml"), _load("cluster.yaml"), kuberay]:
         engine = BulletAppConfig(**raw["applications"][0]["args"]).engine.to_engine_config()
         assert (engine.split_policy, engine.ttft_margin_ms, engine.prefill_order) == ("slo", 50, "max_on_time")
+        assert engine.ttft_fallback_ms == 1000
         assert (engine.ttft_target_ms, engine.tpot_target_ms, engine.prefill_plan_lead_ms) == (500, 25, 10)
         assert engine.max_num_batched_tokens == 8192  # the measured runs' prefill batch cap
     local = BulletAppConfig(**_load("local.yaml")["applications"][0]["args"]).engine.to_engine_config()
     assert local.split_policy in ("auto", "fixed") and local.ttft_margin_ms == 0
-    assert local.prefill_order == "least_slack"
+    assert local.prefill_order == "least_slack" and local.ttft_fallback_ms is None
 
 
 def test_node_and_cluster_configs_use_every_proxy():

@@ -13,6 +13,9 @@ within-draw noise part of the spread between draws), and whether that bound meet
         benchmarks/results/serve_h200_m3b/seed1 benchmarks/results/serve_h200_m3c/seed0 \\
         --a bullet-slo-margin50+direct --b chunked-2048+direct,vllm --slo strict,relaxed --goal 1.25,1.2
 
+Two folders that served the same draw (the same dataset, seed and number of prompts in their compare.json) are
+named under the table: the lower bound takes every sample as an independent draw, which two runs of one draw are not.
+
 `--goal` gives one goal per B, in order. A sample where either point is censored ('>= max rate' or '< min rate')
 or missing is listed and left out of the mean, with the reason. Where the censoring bounds the ratio (A above
 the sweep's top rate or B below its lowest: at least; the other way round: at most), the bound is shown, and a
@@ -41,6 +44,26 @@ def load_points(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
                            "label": v["point"].get("label")}
                      for slo, v in by_slo.items()}
             for system, by_slo in data["systems"].items()}
+
+
+def workload_draw(folder: Path) -> tuple[Any, ...] | None:
+    """(dataset, seed, prompts) of the workload folder/compare.json served: one draw of the trace; None without it."""
+    path = folder / "compare.json"
+    try:
+        workload = json.loads(path.read_text())["config"]["workload"]
+        return workload["dataset"], workload["seed"], workload["num_prompts"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+def same_draws(folders: list[Path]) -> list[tuple[list[int], tuple[Any, ...]]]:
+    """([sample numbers, 1-based], draw) for every draw more than one folder served."""
+    by_draw: dict[tuple[Any, ...], list[int]] = {}
+    for i, folder in enumerate(folders):
+        draw = workload_draw(folder)
+        if draw is not None:
+            by_draw.setdefault(draw, []).append(i + 1)
+    return [(numbers, draw) for draw, numbers in by_draw.items() if len(numbers) > 1]
 
 
 def _censored_rate(point: dict[str, Any]) -> tuple[str, float] | None:
@@ -158,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                 "" if s["lower_95_meets_goal"] is None else f"; {'met' if s['lower_95_meets_goal'] else 'missed'}")
             print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {lower} | {bounded} | {goal} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
+    repeats = same_draws(args.folders)
+    report["same_draw"] = [{"samples": numbers, "draw": list(draw)} for numbers, draw in repeats]
+    for numbers, (dataset, seed, prompts) in repeats:
+        print(f"samples {', '.join(map(str, numbers))} served the same draw ({dataset}, seed {seed}, {prompts} prompts): "
+              "the lower bound takes them as independent draws, which they are not")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -85,3 +85,18 @@ def test_the_means_lower_bound_over_draws(tmp_path, capsys):
     assert "| 1.231x |" in printed and "1.25x: met; missed" in printed  # the mean meets the goal, its bound does not
     assert samples.mean_lower_bound([1.3]) is None  # one draw has no spread to bound by
     assert samples.mean_lower_bound([1.2] * 40) == pytest.approx(1.2)  # past the table's 30 df: its last value
+
+
+def test_two_runs_of_one_draw_are_named(tmp_path, capsys):
+    """Folders whose compare.json served the same workload draw (dataset, seed, prompts) are named under the table:
+    the t bound would count them as independent draws."""
+    for name, seed in (("m9", 1), ("m10", 1), ("m10b", 2), ("old", None)):
+        write_ci(tmp_path / name, {"a": {"strict": (30.0, None)}, "b": {"strict": (24.0, None)}})
+        if seed is not None:  # "old" has no compare.json: no draw known, never named
+            workload = {"dataset": "azure-conv", "seed": seed, "num_prompts": 150}
+            (tmp_path / name / "compare.json").write_text(json.dumps({"config": {"workload": workload}}))
+    out = tmp_path / "r.json"
+    assert samples.main([str(tmp_path / n) for n in ("m9", "m10b", "m10", "old")]
+                        + ["--a", "a", "--b", "b", "--slo", "strict", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["same_draw"] == [{"samples": [1, 3], "draw": ["azure-conv", 1, 150]}]
+    assert "samples 1, 3 served the same draw (azure-conv, seed 1, 150 prompts)" in capsys.readouterr().out

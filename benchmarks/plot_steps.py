@@ -460,7 +460,12 @@ def plot_run(ax_split: Any, ax_req: Any, steps: list[dict], run: dict) -> None:
         tpot.axhline(slo["tpot_s"] * 1e3, color="tab:green", ls="--", lw=1, label="TPOT target")
     tpot.set_ylabel("TPOT (ms)")
     handles = ax_req.get_legend_handles_labels()[0] + tpot.get_legend_handles_labels()[0]
-    ax_req.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    # a band above the points for the legend (the latest requests sit top left, where it would cover them)
+    low, high = ax_req.get_ylim()
+    ax_req.set_ylim(low, high * 4)  # log scale
+    low, high = tpot.get_ylim()
+    tpot.set_ylim(low, high + (high - low) * 0.3)
+    ax_req.legend(handles, [h.get_label() for h in handles], loc="upper left", ncol=2, fontsize="small")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,19 @@ def ladder_problem(counts: object) -> str | None:
     return None
 
 
+def parse_ladder(text: str) -> list[int]:
+    """A split ladder from a command line ("8,16,24"): its decode SM counts, or ValueError saying why it is not one
+    (the CLIs' ladder flags, `ladder_problem` behind them)."""
+    try:
+        counts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"need comma-separated whole numbers, got {text!r}") from None
+    problem = ladder_problem(counts)
+    if problem is not None:
+        raise ValueError(problem)
+    return counts
+
+
 def resolve_prefill_gemm(prefill_gemm: str, is_gpu: bool, dtype: str, schedule: str) -> str:
     """An `EngineConfig.prefill_gemm` with "auto" resolved: cublaslt for a prefill worker on green partitions (GPU,
     bfloat16: the bullet schedule, where it was measured to pay, and the static one, whose prefill side runs the same

@@ -23,7 +23,7 @@ from benchmarks.replay_split.sim import DecodePause, Request, load_requests, rep
 from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
 from bullet_ray.bench.slo import PRESETS, attainment
-from bullet_ray.config import EngineConfig, ladder_problem
+from bullet_ray.config import EngineConfig, parse_ladder
 from bullet_ray.errors import ConfigError
 from bullet_ray.gpu.partition import default_ladder
 from bullet_ray.perf.model import PerfModel
@@ -315,14 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     ladder = ladder_of(steps_path)
     if args.ladder is not None:
         try:
-            ladder = [int(c) for c in args.ladder.split(",") if c.strip()]
+            ladder = parse_ladder(args.ladder)
+            if ladder[-1] >= SM_COUNT:
+                raise ValueError(f"decode SM counts must stay below the GPU's {SM_COUNT}, got {ladder[-1]}")
         except ValueError as e:
             parser.exit(2, f"replay_split: error: --ladder: {e}\n")
-        problem = ladder_problem(ladder)
-        if problem is None and ladder[-1] >= SM_COUNT:
-            problem = f"decode SM counts must stay below the GPU's {SM_COUNT}, got {ladder[-1]}"
-        if problem is not None:
-            parser.exit(2, f"replay_split: error: --ladder: {problem}\n")
     reqs, measured = load_requests(args.run)
     factory = profile_model_factory()
     log_records = records(str(steps_path))

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bullet_ray.config import ladder_problem, resolve_prefill_gemm
+    from bullet_ray.config import parse_ladder, resolve_prefill_gemm
     from bullet_ray.errors import ConfigError
     from bullet_ray.perf.model import PerfModel, profile_fit, refine_bandwidth_curve
     from bullet_ray.perf.profile import Profile, model_fingerprint, save_profile
@@ -88,13 +88,9 @@ def _run(args: argparse.Namespace) -> int:
         if not is_gpu:
             raise ConfigError("--decode-sm-counts", f"the split ladder is a GPU's (device {args.device} has none)")
         try:
-            counts = [int(c) for c in args.decode_sm_counts.split(",") if c.strip()]
-        except ValueError:
-            raise ConfigError("--decode-sm-counts", f"need comma-separated whole numbers, got "
-                              f"{args.decode_sm_counts!r}") from None
-        problem = ladder_problem(counts)
-        if problem is not None:
-            raise ConfigError("--decode-sm-counts", problem)
+            counts = parse_ladder(args.decode_sm_counts)
+        except ValueError as e:
+            raise ConfigError("--decode-sm-counts", str(e)) from None
     args.decode_sm_counts = counts
     plan = SweepPlan.gpu(args.quick) if is_gpu else SweepPlan.cpu(args.quick)
     bench = Bench(args.model, args.device, dtype, use_graphs=is_gpu and not args.enforce_eager,

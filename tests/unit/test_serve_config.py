@@ -188,3 +188,16 @@ def test_a_decode_sm_ladder_validates_and_reaches_the_engine_config():
     for bad in ([], "many", [16, 8], [0, 8], [True, 16], [8.0], ["8"]):
         with pytest.raises(ValidationError, match="decode_sm_counts"):
             build_app({"engine": {"decode_sm_counts": bad}})
+
+
+
+def test_a_ladder_from_a_command_line():
+    """parse_ladder, behind the CLIs' ladder flags (bullet-ray profile --decode-sm-counts, replay_split --ladder):
+    the counts, or a ValueError saying why, the same checks as the field's."""
+    from bullet_ray.config import parse_ladder
+
+    assert parse_ladder("8,16, 24,") == [8, 16, 24]
+    for bad, why in (("8,x", r"need comma-separated whole numbers, got '8,x'"), ("16,8", "need strictly ascending"),
+                     ("", "the ladder is empty"), ("0,8", r"whole number >= 1, got \[0\]")):
+        with pytest.raises(ValueError, match=why):
+            parse_ladder(bad)

@@ -93,9 +93,14 @@ def analyse(result_dir: Path, speed: dict[str, Any], system: str | None = None) 
             "burst_ceiling_rps": round(burst_ceiling(out["prefill_only_ceiling_rps"], n, slo["ttft_s"]), 2),
             "gemm_peak_burst_ceiling_rps": round(
                 burst_ceiling(out["gemm_peak_prefill_only_ceiling_rps"], n, slo["ttft_s"]), 2),
-            "goodput_rps": {s: round(v["goodput"][name]["interpolated_rps"], 2)
+            # None: the system missed the SLO at the lowest swept rate (its goodput lies below the sweep)
+            "goodput_rps": {s: _rounded(v["goodput"][name]["interpolated_rps"])
                             for s, v in compare["systems"].items() if v.get("goodput", {}).get(name)}}
     return out
+
+
+def _rounded(rps: float | None) -> float | None:
+    return None if rps is None else round(rps, 2)
 
 
 def report(res: dict[str, Any]) -> str:
@@ -107,7 +112,7 @@ def report(res: dict[str, Any]) -> str:
              f"{res['gemm_peak_sustained_ceiling_rps']}); prefill only {res['prefill_only_ceiling_rps']} "
              f"({res['gemm_peak_prefill_only_ceiling_rps']})"]
     for name, s in res["slos"].items():
-        goodputs = ", ".join(f"{k} {v}" for k, v in s["goodput_rps"].items())
+        goodputs = ", ".join(f"{k} {'below the lowest rate' if v is None else v}" for k, v in s["goodput_rps"].items())
         lines.append(f"{name} (TTFT <= {s['ttft_s'] * 1e3:.0f} ms): burst ceiling of {res['requests_per_rate']} "
                      f"requests {s['burst_ceiling_rps']} req/s (GEMM peak: {s['gemm_peak_burst_ceiling_rps']}); "
                      f"goodput {goodputs}")

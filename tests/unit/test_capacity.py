@@ -45,6 +45,16 @@ def test_ceilings_from_lengths_and_the_best_rate(tmp_path):
     assert strict["goodput_rps"] == {"vllm": 12.5}
 
 
+def test_a_goodput_below_the_sweep_is_none_and_said_so(tmp_path):
+    d = _result_dir(tmp_path, {8: [(900, 100), (1100, 300)]})
+    compare = json.loads((d / "compare.json").read_text())
+    compare["systems"]["ours"]["goodput"] = {"strict": {"interpolated_rps": None, "measured_rps": 0.0}}
+    (d / "compare.json").write_text(json.dumps(compare))
+    res = capacity.analyse(d, SPEED)
+    assert res["slos"]["strict"]["goodput_rps"] == {"vllm": 12.5, "ours": None}
+    assert "ours below the lowest rate" in capacity.report(res)
+
+
 def test_burst_ceiling():
     # C = 10 req/s, 100 requests, 1 s: 1/r >= 0.1 - 1/90
     assert capacity.burst_ceiling(10.0, 100, 1.0) == pytest.approx(1 / (0.1 - 1 / 90))

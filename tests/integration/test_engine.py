@@ -213,6 +213,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     startups = [r for r in records if r["kind"] == "startup"]
     assert sorted(r["role"] for r in startups) == ["decode", "prefill"] and records[:2] == startups
     assert all(r["seconds"]["total"] >= r["seconds"]["resources"] > 0 for r in startups)
+    # each side names the profile its model starts from: the package's CPU profile of the tiny model, measured
+    assert all(r["perf_model"].startswith("cpu__tiny-llama__float32.json (measured, ") for r in startups), startups
     # the prefill worker (it creates the shared memory) sent its handles before its graphs; decode sends none
     by_role = {r["role"]: r for r in startups}
     assert 0 < by_role["prefill"]["handles_after_s"] <= by_role["prefill"]["seconds"]["total"]

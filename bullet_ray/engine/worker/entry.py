@@ -43,11 +43,12 @@ def _device_info(device: torch.device) -> dict:
 
 
 def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
-                handles_after_s: float | None = None) -> None:
+                handles_after_s: float | None = None, perf_model: str | None = None) -> None:
     """One `startup` record in the step log (where there is one): the seconds each part of this worker's start-up
     took (`resources`: load or attach the weights, KV pool and state block; the worker's own parts, e.g.
     `decode_graphs`, `piecewise_graphs`; `total`), how many graphs it captured, and for the worker that creates
-    the shared memory `handles_after_s`: seconds from its start to its Handles (when the other worker could start)."""
+    the shared memory `handles_after_s`: seconds from its start to its Handles (when the other worker could start);
+    a bullet side's `perf_model`: the profile its predictions start from (bullet_ray.perf.loading)."""
     if not spec.config.step_log_path:
         return
     from bullet_ray.engine.worker.policy_link import StepLog
@@ -55,7 +56,8 @@ def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
     log = StepLog(spec.config.step_log_path)
     counts = {"decode_graphs": graphs.get("num_graphs"), "piecewise_graphs": (graphs.get("piecewise") or {}).get(
         "num_graphs")}
-    extra = {**counts, "handles_after_s": handles_after_s, "prefill_gemm": graphs.get("prefill_gemm")}
+    extra = {**counts, "handles_after_s": handles_after_s, "prefill_gemm": graphs.get("prefill_gemm"),
+             "perf_model": perf_model}
     log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in extra.items() if v is not None})
     log.close()
 
@@ -83,7 +85,7 @@ def run_worker(spec: WorkerSpec) -> None:
             worker.capture_graphs()
             startup_s = {"resources": round(made - started, 3), **worker.startup_s,
                          "total": round(time.perf_counter() - started, 3)}
-            log_startup(spec, startup_s, worker.graph_capture, handles_after_s)
+            log_startup(spec, startup_s, worker.graph_capture, handles_after_s, getattr(worker, "perf_source", None))
             info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
                     "handles_after_s": handles_after_s,  # seconds from this worker's start to its Handles
                     "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name

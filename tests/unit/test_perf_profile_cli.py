@@ -79,17 +79,21 @@ def test_shipped_profiles_load_and_match():
 
 
 def test_the_derived_h200_profile_is_the_h100s_with_faster_memory(tmp_path: Path):
+    """benchmarks.derive_profile: how an H200 got a profile before one was measured there (it shipped until the
+    thirty-sixth session; benchmarks/results/derived_h200_profile/ keeps that file)."""
     from benchmarks.derive_profile import main as derive_main
 
     cfg = _cfg("llama-3.1-8b")
     h100 = find_profile("NVIDIA H100 80GB HBM3", cfg, "bfloat16", [PACKAGE_DIR])
-    h200 = find_profile("NVIDIA H200", cfg, "bfloat16", [PACKAGE_DIR])
-    assert h100 is not None and h200 is not None and h200.source == "derived" and not h200.samples
-    assert h200.calibration == h100.calibration and h200.ladder == h100.ladder
-    # the shipped file is what the script makes from the H100's (its command is in the file)
+    assert h100 is not None
     assert derive_main([str(PACKAGE_DIR / h100.file_name), "--gpu-name", "NVIDIA H200", "--bandwidth-scale", "1.433",
                         "--out", str(tmp_path)]) == 0
-    assert load_profile(tmp_path / h200.file_name).gpu == h200.gpu and "derive_profile" in h200.command
+    h200 = find_profile("NVIDIA H200", cfg, "bfloat16", [tmp_path])
+    assert h200 is not None and h200.source == "derived" and not h200.samples and "derive_profile" in h200.command
+    assert h200.calibration == h100.calibration and h200.ladder == h100.ladder
+    # the file that shipped is what the script makes from the H100's
+    kept = load_profile(Path(__file__).parents[2] / "benchmarks/results/derived_h200_profile" / h200.file_name)
+    assert kept.gpu == h200.gpu and kept.calibration == h200.calibration and kept.source == "derived"
     old, new = PerfModel.from_profile(h100, cfg), PerfModel.from_profile(h200, cfg)
     # decode (weights streamed) gains up to the bandwidth's 1.43x, more the more SMs it has (an SM pulls no more bytes
     # per second on the H200); a long prefill (matrix-bound) stays within a few percent
@@ -97,13 +101,24 @@ def test_the_derived_h200_profile_is_the_h100s_with_faster_memory(tmp_path: Path
     assert gains == sorted(gains) and gains[0] > 1.0 and 1.3 < gains[-1] < 1.45
     for sms in (32, 64, 104):
         assert old.predict_prefill_s(4096, sms=sms) / new.predict_prefill_s(4096, sms=sms) == pytest.approx(1, abs=0.05)
-    # what a worker on an H200 loads at start (the device name torch reports)
-    model, source = load_perf_model("NVIDIA H200", 132, cfg, "bfloat16")
-    assert source == h200.file_name and model.gpu == h200.gpu
     assert derive_main([str(tmp_path / "nope.json"), "--gpu-name", "x", "--bandwidth-scale", "1",
                         "--out", str(tmp_path)]) == 2
     assert derive_main([str(PACKAGE_DIR / h100.file_name), "--gpu-name", "x", "--bandwidth-scale", "0",
                         "--out", str(tmp_path)]) == 2
+
+
+def test_an_h200_loads_the_profile_measured_there():
+    """The shipped H200 profile is `bullet-ray profile`'s sweep on an H200 (2026-11-30, five ladder entries, 340
+    steps; benchmarks/results/serve_h200_m11/), and a worker on an H200 (the device name torch reports) loads it."""
+    cfg = _cfg("llama-3.1-8b")
+    h200 = find_profile("NVIDIA H200", cfg, "bfloat16", [PACKAGE_DIR])
+    assert h200 is not None and h200.source == "measured" and len(h200.samples) == 340
+    assert h200.gpu.name == "NVIDIA H200" and h200.gpu.sm_count == 132
+    # the prefill side runs a few percent slower beside a busy decode, decode more beside a busy prefill
+    assert 0 < h200.calibration.prefill.corun_slowdown < h200.calibration.decode.corun_slowdown < 0.15
+    assert h200.fit["prefill"]["median_rel_error"] < 0.1 and h200.fit["decode"]["median_rel_error"] < 0.1
+    model, source = load_perf_model("NVIDIA H200", 132, cfg, "bfloat16")
+    assert source == f"{h200.file_name} (measured, {h200.date})" and model.gpu == h200.gpu
 
 
 def test_no_profile_falls_back_to_the_roofline_with_a_warning(caplog, monkeypatch, tmp_path):

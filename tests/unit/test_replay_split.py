@@ -147,6 +147,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
     assert rs.make_policy(factory, 50.0, "all", 4096, prefill_order="max_on_time").max_on_time is True
     assert rs.make_policy(factory, 50.0, "all", 4096).max_on_time is False
     assert rs.make_policy(factory, 50.0, "all", 4096, fallback_ms=1000).targets.fallback_ttft_s == pytest.approx(1.0)
+    assert rs.make_policy(factory, 50.0, "all", 8192, backlog_batch_tokens=8192).backlog_batch_tokens == 8192
+    assert rs.make_policy(factory, 50.0, "all", 4096).backlog_batch_tokens is None
 
 
 @pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
@@ -159,6 +161,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--score-slo", "lax", "lax"),
                                                     ("--margins", "0,500", "500"),
                                                     ("--fallback-ms", "400", "400"),
+                                                    ("--backlog-batch-tokens", "0", "0"),
                                                     ("--ladder", "16,8", "ascending"),
                                                     ("--ladder", "8,132", "132"),
                                                     ("--ladder", "8,x", "x"),
@@ -193,6 +196,10 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "50", "--seeds", "1", "--no-progress", "--fallback-ms", "1000", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["ttft_fallback_ms"] == 1000
+    assert json.loads(out.read_text())["prefill_backlog_batch_tokens"] is None
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "50", "--seeds", "1", "--no-progress", "--backlog-batch-tokens", "2048", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["prefill_backlog_batch_tokens"] == 2048
     assert json.loads(out.read_text())["ladder"] == list(range(16, 113, 8))  # no YAML beside the log: the default
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "0", "--seeds", "1", "--no-progress", "--ladder", "8,16,64", "--json", str(out)]) == 0

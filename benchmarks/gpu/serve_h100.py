@@ -634,6 +634,17 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(base_url=BASE_URL, workload=workload, slos=args.slo.split(","), warmup_requests=2)
 
 
+def serve_env_of(items: list[str]) -> dict[str, str]:
+    """--serve-env's KEY=VALUE pairs as a dict (ValueError naming the first item that is not one)."""
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not sep:
+            raise ValueError(f"give KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default="bullet,chunked-1024,chunked-2048",
@@ -680,8 +691,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Azure trace folder (or conv.csv)")
     parser.add_argument("--dataset", default="azure-conv", choices=("azure-conv", "azure-code"),
                         help="which Azure 2023 trace's prompt/output lengths")
-    parser.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="environment of our systems' `serve run` (repeatable), e.g. "
+    parser.add_argument("--serve-env", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="environment of our systems' `serve run` (one or more pairs, the flag repeatable), e.g. "
                              "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (it turns Serve's direct ingress on too: give such "
                              "systems '+direct' so that the sweep goes to the replica's port, not 8000)")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these compare.json files (or folders of sweeps cut short: their runs/) into --out")
@@ -694,10 +705,10 @@ def main(argv: list[str] | None = None) -> int:
         write_intervals(args.out, [slo["name"] for slo in doc["slos"]])
         return 0
 
-    pairs = [item.partition("=") for item in args.serve_env]
-    if any(not key or not sep for key, sep, _ in pairs):
-        parser.error("--serve-env: give KEY=VALUE")
-    args.serve_env = {key: value for key, _, value in pairs}
+    try:
+        args.serve_env = serve_env_of(args.serve_env)
+    except ValueError as e:
+        parser.error(f"--serve-env: {e}")
     systems = [make_system(n, args) for n in args.systems.split(",") if n]
     base = bench_config(args)
     stop_on_sigterm()  # a call's time limit (timeout's SIGTERM) still stops serve run and vllm serve

@@ -442,3 +442,15 @@ def test_floor_modifier_sets_the_split_ladder_from_a_decode_floor(tmp_path):
                      ("bullet-slo-fl120", r"\[8, 112\]"), ("bullet-slo-fl8-fl16", "fl<SMs>")):
         with pytest.raises(SystemExit, match=why):
             system_yaml(bad, tmp_path)
+
+
+def test_serve_env_takes_pairs_in_one_flag_or_many(capsys):
+    """`--serve-env A=1 B=2` (one flag, two pairs: refused before, a lost GPU call) and repeated flags both work."""
+    from benchmarks.gpu.serve_h100 import main, serve_env_of
+
+    assert serve_env_of(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    with pytest.raises(ValueError, match="'B'"):
+        serve_env_of(["A=1", "B"])
+    with pytest.raises(SystemExit) as e:
+        main(["--serve-env", "A=1", "B", "--serve-env", "C=2", "--systems", "chunked-2048"])
+    assert e.value.code == 2 and "--serve-env: give KEY=VALUE, got 'B'" in capsys.readouterr().err

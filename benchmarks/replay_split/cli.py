@@ -79,7 +79,10 @@ def slo_targets(slo_name: str) -> tuple[float, float]:
 
 
 def profile_model_factory() -> Callable[[], PerfModel]:
-    """Fresh PerfModels from the H200 profile the runs loaded (as policy_link.make_perf_model finds it)."""
+    """Fresh PerfModels from the H200 profile as policy_link.make_perf_model finds it: the shipped one (measured on an
+    H200 since the thirty-sixth session), or BULLET_RAY_PROFILE_DIR's. Runs served before it loaded the profile derived
+    from the H100's: BULLET_RAY_PROFILE_DIR=benchmarks/results/derived_h200_profile replays them with that one (a
+    step log's `startup` records name the profile since then)."""
     from bullet_ray.models.config import ModelConfig
     from bullet_ray.models.loader import preset_hf_config
     from bullet_ray.perf.profile import find_profile

@@ -235,6 +235,11 @@ class EngineConfig:
     # None (default): off. One H200 sample lost at strict (26.95 against 32.57 req/s: a batch's requests all wait
     # for the whole batch; benchmarks/results/serve_h200_m3c/, docs/policy.md twenty-seventh section)
     prefill_backlog_batch_tokens: int | None = None
+    # with the split policy: a prefill batch stops growing at the fewest tokens whose throughput the performance model
+    # puts within this share of the best (PerfModel.saturation_tokens; 0 < share <= 1): higher, larger batches (fewer
+    # steps, more tokens/s, a batch's first requests wait longer). The measured H200 profile (2026-11-30) puts 95% at
+    # 2.3-2.8k tokens on 92-116 SMs, where the derived one put 2.0-2.2k (benchmarks/results/serve_h200_m11/)
+    prefill_saturation_share: float = 0.95
     # the GEMM of the projections (qkv, o, gate_up, down) of the worker that prefills (GPU): the prefill worker's on
     # the bullet and static schedules (tuned on its partitions where cuBLAS's grid wastes SM-rounds), the one worker's on the chunked
     # schedule (tuned on the whole GPU):
@@ -310,6 +315,8 @@ class EngineConfig:
         if self.prefill_backlog_batch_tokens is not None and self.prefill_backlog_batch_tokens < 1:
             raise ConfigError("prefill_backlog_batch_tokens",
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")
+        if not 0 < self.prefill_saturation_share <= 1:
+            raise ConfigError("prefill_saturation_share", f"must be > 0 and <= 1, got {self.prefill_saturation_share}")
         if self.prefill_gemm not in PREFILL_GEMMS:
             raise ConfigError("prefill_gemm", f"unknown GEMM {self.prefill_gemm!r}; choose {', '.join(PREFILL_GEMMS)}")
         if self.prefill_gemm not in ("auto", "cublas") and not self.is_gpu:

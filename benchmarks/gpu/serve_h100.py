@@ -34,7 +34,8 @@ request that can no longer make its TTFT target is still ordered to make <ms>, i
 engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill worker plans its next batch <ms>
 before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms) and/or
 -fl<SMs> (bullet-slo-relaxed-pl10-fl8: the split ladder from that decode SM floor, in steps of 8 to 112, prefill up
-to 132 - <SMs>: engine.decode_sm_counts) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+to 132 - <SMs>: engine.decode_sm_counts) and/or -sat<percent> (bullet-slo-margin50-sat99: a prefill batch stops
+growing within that share of the best throughput the model predicts: engine.prefill_saturation_share) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
@@ -179,10 +180,11 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>" (and "-tf", "-mot" below), in any order,
-# each at most once
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>" (and
+# "-tf", "-mot" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
-             "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs")}
+             "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
+             "sat": ("prefill_saturation_share", "percent")}
 # "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
 # default_ladder on the 132 SMs of the H100 and H200 this script runs on: 16 ... 112): -fl8 -> engine.decode_sm_counts
 # [8, 16, ..., 112], prefill up to 124 SMs
@@ -210,6 +212,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     and/or "-pl<ms>" (the prefill worker plans its next batch <ms> before the step in flight is predicted to end,
     reading arrivals meanwhile: engine.prefill_plan_lead_ms, bullet-slo-late<ms>'s field beside another policy)
     and/or "-fl<SMs>" (the split ladder from that decode SM floor: engine.decode_sm_counts, floor_ladder)
+    and/or "-sat<percent>" (a prefill batch stops growing within that share of the best throughput:
+    engine.prefill_saturation_share, percent / 100; the engine's default 95)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
@@ -222,14 +226,15 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
                 raise SystemExit(f"unknown system {name!r}: -{tail} at most once")
             fields[field], base = (dict(value) if isinstance(value, dict) else value), head
             continue
-        kind = tail[:2]
-        if not sep or kind not in MODIFIERS or not head.startswith("bullet-slo"):
+        kind = next((k for k in MODIFIERS if tail.startswith(k)), None)
+        if not sep or kind is None or not head.startswith("bullet-slo"):
             return base, fields
         field, unit = MODIFIERS[kind]
-        if field in fields or not tail[2:].isdigit() or int(tail[2:]) < 1:
-            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>][-tf][-mot], each "
-                             f"once, {unit} >= 1")
-        fields[field] = int(tail[2:])
+        number = tail[len(kind):]
+        if field in fields or not number.isdigit() or not 1 <= int(number) <= (100 if kind == "sat" else 10**9):
+            raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
+                             f"[-sat<percent>][-tf][-mot], each once, {unit} >= 1" + (", <= 100" if kind == "sat" else ""))
+        fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
 
 
@@ -312,7 +317,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -mot
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -mot
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":

@@ -53,19 +53,21 @@ def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, sco
                 ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
                 split_rule: dict[str, Any] | None = None, prefill_order: str = "least_slack",
                 slo_name: str = "strict", fallback_ms: float | None = None,
-                backlog_batch_tokens: int | None = None) -> BulletPolicy:
+                backlog_batch_tokens: int | None = None, saturation_share: float = 0.95) -> BulletPolicy:
     """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
     EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults); `prefill_order`:
     EngineConfig.prefill_order; `slo_name`: the SLO preset whose targets the policy aims at (slo_targets);
-    `fallback_ms`: EngineConfig.ttft_fallback_ms; `backlog_batch_tokens`: EngineConfig.prefill_backlog_batch_tokens."""
+    `fallback_ms`: EngineConfig.ttft_fallback_ms; `backlog_batch_tokens`: EngineConfig.prefill_backlog_batch_tokens;
+    `saturation_share`: EngineConfig.prefill_saturation_share."""
     ttft_ms, tpot_ms = slo_targets(slo_name)
     cfg = EngineConfig(ttft_margin_ms=margin_ms, ttft_margin_scope=scope, max_num_batched_tokens=token_cap,
                        split_rule=split_rule, prefill_order=prefill_order, ttft_target_ms=ttft_ms,
                        tpot_target_ms=tpot_ms, ttft_fallback_ms=fallback_ms,
-                       prefill_backlog_batch_tokens=backlog_batch_tokens)
+                       prefill_backlog_batch_tokens=backlog_batch_tokens, prefill_saturation_share=saturation_share)
     return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
                         settings=cfg.split_settings(), split_targets=cfg.split_targets(),
-                        backlog_batch_tokens=cfg.prefill_backlog_batch_tokens, max_on_time=cfg.max_on_time)
+                        backlog_batch_tokens=cfg.prefill_backlog_batch_tokens, max_on_time=cfg.max_on_time,
+                        saturation_share=cfg.prefill_saturation_share)
 
 
 def slo_targets(slo_name: str) -> tuple[float, float]:
@@ -141,7 +143,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
              prefill_order: str = "least_slack", slo_name: str = "strict",
              score_slo: str | None = None, fallback_ms: float | None = None,
              ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
-             backlog_batch_tokens: int | None = None) -> list[dict[str, Any]]:
+             backlog_batch_tokens: int | None = None, saturation_share: float = 0.95) -> list[dict[str, Any]]:
     """Replays of every (margin, scope) x seed on the split `ladder`; the policy aims at SLO preset `slo_name`, each
     replay is scored under `score_slo` (default: the same)."""
     from tqdm import tqdm
@@ -154,7 +156,7 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
         for seed in range(seeds):
             policy = make_policy(factory, margin, scope, token_cap, ladder, split_rule=split_rule,
                                  prefill_order=prefill_order, slo_name=slo_name, fallback_ms=fallback_ms,
-                                 backlog_batch_tokens=backlog_batch_tokens)
+                                 backlog_batch_tokens=backlog_batch_tokens, saturation_share=saturation_share)
             outcome = replay(reqs, steps, policy, random.Random(seed),
                              overhead_s, warm=warm, delays=delays, pause=pause)
             sc = score(reqs, outcome.ttft_s, outcome.tpot_s, score_slo or slo_name)
@@ -249,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                              "whatever the split, prefill batches may grow to this many tokens (at most the run's token "
                              "cap) instead of stopping at saturation (default: none, as the engine). The step fit is "
                              "fixed + per token + per pair, so a larger step gains only its share of the fixed cost")
+    parser.add_argument("--saturation-share", type=float, default=0.95,
+                        help="EngineConfig.prefill_saturation_share: a prefill batch stops growing where the model "
+                             "puts throughput within this share of the best (default 0.95, as the engine)")
     parser.add_argument("--slo", default="strict",
                         help="the SLO preset (bullet_ray.bench.slo) the replayed policy aims at and (unless --score-slo) "
                              "the attainment is scored against, one with a fixed TTFT target: strict (default: the engine's targets, "
@@ -316,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         EngineConfig(prefill_backlog_batch_tokens=args.backlog_batch_tokens)
     except ConfigError as e:
         parser.exit(2, f"replay_split: error: --backlog-batch-tokens: {e}\n")
+    try:
+        EngineConfig(prefill_saturation_share=args.saturation_share)
+    except ConfigError as e:
+        parser.exit(2, f"replay_split: error: --saturation-share: {e}\n")
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
     if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):
@@ -365,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = run_grid(reqs, steps, factory, token_cap, margins, scopes, 1 if args.no_noise else args.seeds,
                     args.overhead_ms / 1e3, args.progress, warm, delays, split_rule, pause, args.prefill_order,
-                    args.slo, score_slo, args.fallback_ms, ladder, args.backlog_batch_tokens)
+                    args.slo, score_slo, args.fallback_ms, ladder, args.backlog_batch_tokens, args.saturation_share)
     elapsed = time.perf_counter() - started
     real = score(reqs, [r.ttft_s if r.success else None for r in measured], [r.tpot_s for r in measured], score_slo)
     print(f"MODEL, not a measurement. run {args.run.name}: {len(reqs)} requests over {reqs[-1].scheduled_s:.2f} s; "
@@ -378,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
           f"{'' if args.fallback_ms is None else f'; fallback TTFT target {args.fallback_ms:g} ms'}"
           f"{'' if args.backlog_batch_tokens is None else f'; backlog batches up to {args.backlog_batch_tokens} tokens'}"
+          f"{'' if args.saturation_share == 0.95 else f'; batches to {args.saturation_share:g} of the best throughput'}"
           f"{'' if ladder == default_ladder(SM_COUNT) else f'; split ladder (decode SMs) {ladder}'}"
           f"{'' if args.slo == 'strict' else f'; aimed at SLO {args.slo}'}"
           f"{'' if score_slo == 'strict' else f'; scored by SLO {score_slo}'}"
@@ -425,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_warm_steps": len(warm), "prefill_speedup": args.prefill_speedup, "split_rule": split_rule,
             "prefill_order": args.prefill_order, "slo": score_slo, "aim_slo": args.slo, "ladder": ladder,
             "ttft_fallback_ms": args.fallback_ms, "prefill_backlog_batch_tokens": args.backlog_batch_tokens,
+            "prefill_saturation_share": args.saturation_share,
             "decode_pause": None if pause is None else dataclasses.asdict(pause),
             "noise_sigma": steps.sigma, "p90_log_error": steps.p90_log_error, "elapsed_s": elapsed,
             **({} if args.noise == "lognormal" and delays is None else {

@@ -32,12 +32,14 @@ class BulletPolicy:
                  token_cap: int = 2048, settings: SplitSettings | None = None,
                  buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
                  split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None,
-                 max_on_time: bool = False) -> None:
+                 max_on_time: bool = False, saturation_share: float = 0.95) -> None:
         """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
         judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets); `backlog_batch_tokens`: how
         far a batch may grow past saturation while the split rule sees a backlog (None: never;
         EngineConfig.prefill_backlog_batch_tokens); `max_on_time`: the queue's order keeps only the most requests that
-        make their targets together (least_slack_order; EngineConfig.prefill_order "max_on_time")."""
+        make their targets together (least_slack_order; EngineConfig.prefill_order "max_on_time"); `saturation_share`:
+        a batch stops growing where the model puts throughput within this share of the best
+        (EngineConfig.prefill_saturation_share)."""
         self.model = model
         self.rule = SplitRule(model, decode_sms, sm_count, targets if split_targets is None else split_targets,
                               settings)
@@ -45,6 +47,7 @@ class BulletPolicy:
         self.token_cap = token_cap
         self.backlog_batch_tokens = backlog_batch_tokens
         self.max_on_time = max_on_time
+        self.saturation_share = saturation_share
         self.buckets = buckets or LengthBuckets()
         self.lookahead_batches = lookahead_batches
         # (prefill SMs, decode busy) -> (saturation tokens, monotonic time computed): computed again after
@@ -56,12 +59,12 @@ class BulletPolicy:
         return self.rule.decode_sms
 
     def saturation_tokens(self, sms: int, other_busy: bool = False, now_s: float | None = None) -> int:
-        """Where a prefill batch on `sms` SMs stops growing (PerfModel.saturation_tokens at 95%, with the
-        online correction as it stands, at most SATURATION_REFRESH_S old)."""
+        """Where a prefill batch on `sms` SMs stops growing (PerfModel.saturation_tokens at `saturation_share`,
+        with the online correction as it stands, at most SATURATION_REFRESH_S old)."""
         now = time.monotonic() if now_s is None else now_s
         cached = self._saturation.get((sms, other_busy))
         if cached is None or not 0 <= now - cached[1] < SATURATION_REFRESH_S:  # stale, or a clock reset
-            tokens = self.model.saturation_tokens(sms, share=0.95, max_tokens=max(self.token_cap, 64),
+            tokens = self.model.saturation_tokens(sms, share=self.saturation_share, max_tokens=max(self.token_cap, 64),
                                                   other_busy=other_busy)
             cached = self._saturation[(sms, other_busy)] = (tokens, now)
         return cached[0]

@@ -105,6 +105,10 @@ class EngineArgs(BaseModel):
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "
                                 "instead of stopping where throughput saturates; null: off (one GPU sample: it lost "
                                 "at strict)")
+    prefill_saturation_share: float = Field(
+        0.95, gt=0, le=1, description="split policy: a prefill batch stops growing at the fewest tokens whose "
+                                      "throughput the performance model puts within this share of the best; higher: "
+                                      "larger batches (more tokens/s, a batch's first requests wait longer)")
     prefill_gemm: Literal["auto", "cublas", "cublaslt", "cublaslt-all"] = Field(
         "auto", description="the prefilling worker's projection GEMMs (GPU): cublas (PyTorch's), cublaslt (at "
                             "start, cuBLASLt's heuristic algorithms timed per partition where cuBLAS's grid wastes "

@@ -337,6 +337,28 @@ def test_backlog_batch_tokens_config_names_the_field():
     assert EngineArgs(prefill_backlog_batch_tokens=8192).to_engine_config().prefill_backlog_batch_tokens == 8192
 
 
+def test_a_higher_saturation_share_makes_larger_batches():
+    """prefill_saturation_share: where a batch stops growing (PerfModel.saturation_tokens at that share); the engine's
+    config and the Serve deployment's both check it and hand it to the policy."""
+    from pydantic import ValidationError
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.serve.config import EngineArgs
+
+    model = PerfModel(LLAMA8B, H100_SXM)
+    sizes = [BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192,
+                          saturation_share=share).saturation_tokens(116, True, now_s=1.0) for share in (0.8, 0.95, 0.99)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[2] <= 8192
+    assert sizes[1] == model.saturation_tokens(116, share=0.95, max_tokens=8192, other_busy=True)
+    assert EngineConfig().prefill_saturation_share == 0.95
+    for bad in (0, 1.5):
+        with pytest.raises(ConfigError, match="prefill_saturation_share"):
+            EngineConfig(prefill_saturation_share=bad)
+        with pytest.raises(ValidationError, match="prefill_saturation_share"):
+            EngineArgs(prefill_saturation_share=bad)
+    assert EngineArgs(prefill_saturation_share=0.99).to_engine_config().prefill_saturation_share == 0.99
+
+
 def test_fallback_target_rescues_lost_requests_into_the_slack_others_leave():
     # own time 0.1 ms a token (_own): A and B 0.1 s (B waited 0.05 s), L 0.2 s having waited 0.75 s
     a, b, lost = _req("A", 1000, 0.0), _req("B", 1000, 0.05), _req("L", 2000, 0.75)

@@ -149,6 +149,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
     assert rs.make_policy(factory, 50.0, "all", 4096, fallback_ms=1000).targets.fallback_ttft_s == pytest.approx(1.0)
     assert rs.make_policy(factory, 50.0, "all", 8192, backlog_batch_tokens=8192).backlog_batch_tokens == 8192
     assert rs.make_policy(factory, 50.0, "all", 4096).backlog_batch_tokens is None
+    assert rs.make_policy(factory, 50.0, "all", 4096, saturation_share=0.99).saturation_share == 0.99
+    assert rs.make_policy(factory, 50.0, "all", 4096).saturation_share == 0.95
 
 
 @pytest.mark.parametrize(("flag", "value", "bad"), [("--scopes", "all,bogus", "bogus"), ("--noise", "gaussian", "gaussian"),
@@ -162,6 +164,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--margins", "0,500", "500"),
                                                     ("--fallback-ms", "400", "400"),
                                                     ("--backlog-batch-tokens", "0", "0"),
+                                                    ("--saturation-share", "1.5", "1.5"),
                                                     ("--ladder", "16,8", "ascending"),
                                                     ("--ladder", "8,132", "132"),
                                                     ("--ladder", "8,x", "x"),
@@ -200,6 +203,7 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "50", "--seeds", "1", "--no-progress", "--backlog-batch-tokens", "2048", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["prefill_backlog_batch_tokens"] == 2048
+    assert json.loads(out.read_text())["prefill_saturation_share"] == 0.95
     assert json.loads(out.read_text())["ladder"] == list(range(16, 113, 8))  # no YAML beside the log: the default
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "0", "--seeds", "1", "--no-progress", "--ladder", "8,16,64", "--json", str(out)]) == 0

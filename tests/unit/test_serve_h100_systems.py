@@ -444,6 +444,20 @@ def test_floor_modifier_sets_the_split_ladder_from_a_decode_floor(tmp_path):
             system_yaml(bad, tmp_path)
 
 
+def test_share_modifier_sets_the_saturation_share(tmp_path):
+    """<bullet-slo system>-sat<percent>: engine.prefill_saturation_share, a valid engine config; out of 1-100 or
+    repeated is a one-line error."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-sat99+lt+direct", tmp_path))
+    assert engine["prefill_saturation_share"] == 0.99 and engine["ttft_fallback_ms"] == 1000
+    assert EngineArgs(**engine).to_engine_config().prefill_saturation_share == 0.99
+    assert "prefill_saturation_share" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
+    for bad in ("bullet-slo-sat0", "bullet-slo-sat101", "bullet-slo-sat90-sat95"):
+        with pytest.raises(SystemExit, match="sat<percent>"):
+            system_yaml(bad, tmp_path)
+
+
 def test_serve_env_takes_pairs_in_one_flag_or_many(capsys):
     """`--serve-env A=1 B=2` (one flag, two pairs: refused before, a lost GPU call) and repeated flags both work."""
     from benchmarks.gpu.serve_h100 import main, serve_env_of

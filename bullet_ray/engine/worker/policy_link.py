@@ -234,7 +234,7 @@ class SplitDecider:
                                    cfg.planning_targets(), token_cap=cfg.max_num_batched_tokens,
                                    settings=cfg.split_settings(), split_targets=cfg.split_targets(),
                                    backlog_batch_tokens=cfg.prefill_backlog_batch_tokens,
-                                   max_on_time=cfg.max_on_time)
+                                   max_on_time=cfg.max_on_time, saturation_share=cfg.prefill_saturation_share)
         self.model = model
         self._seen_decode_step = -1
         self._observed_decode_step = 0

@@ -161,14 +161,14 @@ def test_prompts_chunked_part_way_do_not_stall_a_small_pool(schedule, hf_root, h
     assert [r.token_ids for r in results] == expected
 
 
-def _slo_policy_run(hf_root, hf_greedy, tmp_path, **extra):
+def _slo_policy_run(hf_root, hf_greedy, tmp_path, num_new: int = NUM_NEW, num_kv_blocks: int = 64, **extra):
     """(config, HF's greedy tokens, params, step log) of the tiny Llama on the bullet schedule with the SLO split
     policy and a TPOT target no CPU step meets: whenever both sides are busy, decode must get the most SMs."""
     folder = _hf_folder("tiny-llama", hf_root)
-    expected = _hf_greedy(hf_greedy, folder, PROMPTS, NUM_NEW)
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    expected = _hf_greedy(hf_greedy, folder, PROMPTS, num_new)
+    params = SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True)
     log = tmp_path / "steps.jsonl"
-    config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+    config = EngineConfig(model=folder, num_kv_blocks=num_kv_blocks, block_size=4, max_num_batched_tokens=16,
                           split_policy="slo", tpot_target_ms=1e-3, step_log_path=str(log), **extra)
     return config, expected, params, log
 
@@ -253,8 +253,11 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
 def test_a_configured_ladder_is_the_one_the_workers_and_the_policy_use(hf_root, hf_greedy, tmp_path):
     """engine.decode_sm_counts replaces the default ladder (16 ... 112 on 132 SMs) in both workers, the front and the
     split policy: its decisions and steps name only the configured entries (8 decode SMs the floor), and the tokens
-    stay HF's."""
-    config, expected, params, log = _slo_policy_run(hf_root, hf_greedy, tmp_path, decode_sm_counts=[8, 40, 100])
+    stay HF's. Decode runs 600 tokens: a prefill side that went idle before decode started (its last decisions saw
+    decode idle) decides again only when it wakes (at most every half second, once decode has published a step),
+    and a CI run under load saw 24-token streams end before that."""
+    config, expected, params, log = _slo_policy_run(hf_root, hf_greedy, tmp_path, num_new=600, num_kv_blocks=1024,
+                                                    decode_sm_counts=[8, 40, 100])
     with LLMEngine(config) as engine:
         assert engine.ladder_decode_sms == [8, 40, 100] and engine.split_ladder_size() == 3
         results = engine.generate(PROMPTS, params)

@@ -51,6 +51,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def command_of(args: argparse.Namespace) -> str:
+    """The `bullet-ray profile` command these arguments make, for the profile's provenance: built from the parsed
+    arguments, not sys.argv (a script that calls `run`, e.g. benchmarks.gpu.profile_h100, has other argv)."""
+    parts = ["bullet-ray profile"]
+    for key, value in vars(args).items():
+        if key in ("command", "func") or value is None or value is False or callable(value):
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts.append(flag if value is True else f"{flag} {value}")
+    return " ".join(parts)
+
+
 def _model_name(source: str) -> str:
     """"llama-3.1-8b" for dummy:llama-3.1-8b; a folder's or a config file's own name otherwise."""
     name = source.split(":", 1)[1] if source.startswith("dummy:") else source
@@ -136,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     profile = Profile(gpu, {"name": args.name or _model_name(args.model), **model_fingerprint(bench.cfg)}, dtype,
                       [e for e in ladder] if is_gpu else [1], model.calibration, samples,
                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      "bullet-ray profile " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
+                      command_of(args),
                       "measured", f"ladder entries swept: {done}; plan {plan}{gemm_note}", fit)
     path = save_profile(profile, args.out)
     print(f"wrote {path}")

@@ -32,7 +32,10 @@ def test_cpu_profile_sweep_writes_a_profile_the_engine_finds(tmp_path: Path):
     assert profile.source == "measured" and profile.gpu.sm_count == 1 and profile.ladder == [1]
     assert {s.phase for s in profile.samples} == {"prefill", "decode"}
     assert all(s.measured_s > 0 and not s.other_busy for s in profile.samples)
-    assert profile.fit["num_samples"] == len(profile.samples) and "profile" in profile.command
+    assert profile.fit["num_samples"] == len(profile.samples)
+    # the command from the parsed arguments (not sys.argv, which is pytest's here)
+    assert profile.command.startswith("bullet-ray profile --model dummy:tiny-llama") and "--quick" in profile.command
+    assert "--device cpu" in profile.command and "test_perf_profile_cli.py" not in profile.command
     assert find_profile("cpu", _cfg("tiny-llama"), "float32", [tmp_path]) is not None
     model = PerfModel.from_profile(profile, _cfg("tiny-llama"))
     assert model.predict_prefill_s(64, sms=1) > 0

@@ -231,7 +231,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
             return base, fields
         field, unit = MODIFIERS[kind]
         number = tail[len(kind):]
-        if field in fields or not number.isdigit() or not 1 <= int(number) <= (100 if kind == "sat" else 10**9):
+        if field in fields or not number.isdigit() or int(number) < 1 or (kind == "sat" and int(number) > 100):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
                              f"[-sat<percent>][-tf][-mot], each once, {unit} >= 1" + (", <= 100" if kind == "sat" else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)

@@ -53,7 +53,8 @@ def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, sco
                 ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
                 split_rule: dict[str, Any] | None = None, prefill_order: str = "least_slack",
                 slo_name: str = "strict", fallback_ms: float | None = None,
-                backlog_batch_tokens: int | None = None, saturation_share: float = 0.95) -> BulletPolicy:
+                backlog_batch_tokens: int | None = None,
+                saturation_share: float = EngineConfig.prefill_saturation_share) -> BulletPolicy:
     """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
     EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults); `prefill_order`:
     EngineConfig.prefill_order; `slo_name`: the SLO preset whose targets the policy aims at (slo_targets);
@@ -143,7 +144,8 @@ def run_grid(reqs: list[Request], steps: StepModel, factory: Callable[[], PerfMo
              prefill_order: str = "least_slack", slo_name: str = "strict",
              score_slo: str | None = None, fallback_ms: float | None = None,
              ladder: Sequence[int] = tuple(default_ladder(SM_COUNT)),
-             backlog_batch_tokens: int | None = None, saturation_share: float = 0.95) -> list[dict[str, Any]]:
+             backlog_batch_tokens: int | None = None,
+             saturation_share: float = EngineConfig.prefill_saturation_share) -> list[dict[str, Any]]:
     """Replays of every (margin, scope) x seed on the split `ladder`; the policy aims at SLO preset `slo_name`, each
     replay is scored under `score_slo` (default: the same)."""
     from tqdm import tqdm
@@ -251,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                              "whatever the split, prefill batches may grow to this many tokens (at most the run's token "
                              "cap) instead of stopping at saturation (default: none, as the engine). The step fit is "
                              "fixed + per token + per pair, so a larger step gains only its share of the fixed cost")
-    parser.add_argument("--saturation-share", type=float, default=0.95,
+    parser.add_argument("--saturation-share", type=float, default=EngineConfig.prefill_saturation_share,
                         help="EngineConfig.prefill_saturation_share: a prefill batch stops growing where the model "
-                             "puts throughput within this share of the best (default 0.95, as the engine)")
+                             "puts throughput within this share of the best (default: the engine's, %(default)g)")
     parser.add_argument("--slo", default="strict",
                         help="the SLO preset (bullet_ray.bench.slo) the replayed policy aims at and (unless --score-slo) "
                              "the attainment is scored against, one with a fixed TTFT target: strict (default: the engine's targets, "
@@ -296,10 +298,15 @@ def main(argv: list[str] | None = None) -> int:
             EngineConfig(split_rule=split_rule)  # unknown or out-of-range settings named here
         except (ValueError, ConfigError) as e:
             parser.exit(2, f"replay_split: error: --split-rule: {e}\n")
-    try:
-        EngineConfig(prefill_order=args.prefill_order)
-    except ConfigError as e:
-        parser.exit(2, f"replay_split: error: --prefill-order: {e}\n")
+
+    def check(flag: str, **fields: Any) -> None:
+        """EngineConfig's own check of the fields a flag sets: its error, naming the flag, ends the command."""
+        try:
+            EngineConfig(**fields)
+        except ConfigError as e:
+            parser.exit(2, f"replay_split: error: {flag}: {e}\n")
+
+    check("--prefill-order", prefill_order=args.prefill_order)
     for flag, name in (("--slo", args.slo), ("--score-slo", args.score_slo)):
         if name is not None and name not in PRESETS:
             parser.exit(2, f"replay_split: error: {flag}: unknown preset {name!r}; choose from {', '.join(PRESETS)}\n")
@@ -309,22 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.exit(2, f"replay_split: error: --slo: {e}\n")
     for margin in margins:  # a margin the targets cannot take (>= the TTFT target, < 0) named before any replay
-        try:
-            EngineConfig(ttft_margin_ms=margin, ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms)
-        except ConfigError as e:
-            parser.exit(2, f"replay_split: error: --margins: {e}\n")
-    try:
-        EngineConfig(ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms, ttft_fallback_ms=args.fallback_ms)
-    except ConfigError as e:
-        parser.exit(2, f"replay_split: error: --fallback-ms: {e}\n")
-    try:
-        EngineConfig(prefill_backlog_batch_tokens=args.backlog_batch_tokens)
-    except ConfigError as e:
-        parser.exit(2, f"replay_split: error: --backlog-batch-tokens: {e}\n")
-    try:
-        EngineConfig(prefill_saturation_share=args.saturation_share)
-    except ConfigError as e:
-        parser.exit(2, f"replay_split: error: --saturation-share: {e}\n")
+        check("--margins", ttft_margin_ms=margin, ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms)
+    check("--fallback-ms", ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms, ttft_fallback_ms=args.fallback_ms)
+    check("--backlog-batch-tokens", prefill_backlog_batch_tokens=args.backlog_batch_tokens)
+    check("--saturation-share", prefill_saturation_share=args.saturation_share)
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):
         parser.exit(2, f"replay_split: error: --decode-pause must be > 0, got {args.decode_pause}\n")
     if args.decode_pause_aim is not None and (args.decode_pause is None or not 0 < args.decode_pause_aim < float("inf")):
@@ -387,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.prefill_order == 'least_slack' else f'; prefill order {args.prefill_order}'}"
           f"{'' if args.fallback_ms is None else f'; fallback TTFT target {args.fallback_ms:g} ms'}"
           f"{'' if args.backlog_batch_tokens is None else f'; backlog batches up to {args.backlog_batch_tokens} tokens'}"
-          f"{'' if args.saturation_share == 0.95 else f'; batches to {args.saturation_share:g} of the best throughput'}"
+          f"{'' if args.saturation_share == EngineConfig.prefill_saturation_share else f'; batches to {args.saturation_share:g} of the best throughput'}"
           f"{'' if ladder == default_ladder(SM_COUNT) else f'; split ladder (decode SMs) {ladder}'}"
           f"{'' if args.slo == 'strict' else f'; aimed at SLO {args.slo}'}"
           f"{'' if score_slo == 'strict' else f'; scored by SLO {score_slo}'}"

@@ -190,7 +190,6 @@ def test_a_decode_sm_ladder_validates_and_reaches_the_engine_config():
             build_app({"engine": {"decode_sm_counts": bad}})
 
 
-
 def test_a_ladder_from_a_command_line():
     """parse_ladder, behind the CLIs' ladder flags (bullet-ray profile --decode-sm-counts, replay_split --ladder):
     the counts, or a ValueError saying why, the same checks as the field's."""

@@ -245,3 +245,6 @@ def test_prefill_order_reaches_the_policy_from_the_yaml_edge_and_a_bad_one_names
                                  res=SimpleNamespace(state=None))
         decider = SplitDecider(worker, PerfModel(llama, H100_SXM), recorder=None)
         assert decider.policy.max_on_time is expected
+    # engine.prefill_saturation_share reaches the policy the same way
+    worker.config = EngineConfig(split_policy="slo", prefill_saturation_share=0.98)
+    assert SplitDecider(worker, PerfModel(llama, H100_SXM), recorder=None).policy.saturation_share == 0.98

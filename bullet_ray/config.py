@@ -156,6 +156,12 @@ class EngineConfig:
     # slo policy only (the static schedule and the fixed split get it unmeasured). Not after a layer-wise step
     # (PrefillWorker.wait_to_plan). On CPU a launch computes the step: nothing in flight, nothing changes
     prefill_plan_lead_ms: float | None = 10.0
+    # with the split policy, while the prefill worker idles and decode runs: it wakes this often (ms) to decide the
+    # split again once decode has published a step (SplitDecider.is_due), so that decode leaves a prefill-heavy entry
+    # within about a decode step of prefill running dry; None (default): it wakes on a message or after the idle
+    # wait (0.5 s), so decode can sit on the entry of prefill's last decision that long (docs/policy.md, the
+    # thirty-sixth section's finding). Opt-in until measured beside the shipped deployment (serve_h100's -iw<ms>)
+    prefill_idle_decide_ms: float | None = None
     # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint":
     # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that
     # ack, so the two sides' SMs never overlap; a switch then waits for a whole step of the shrinking side
@@ -312,6 +318,9 @@ class EngineConfig:
             raise ConfigError("handoff", f"unknown hand-off {self.handoff!r}; choose front or direct")
         if self.prefill_plan_lead_ms is not None and not self.prefill_plan_lead_ms >= 0:
             raise ConfigError("prefill_plan_lead_ms", f"must be >= 0 or null, got {self.prefill_plan_lead_ms}")
+        if self.prefill_idle_decide_ms is not None and not 0 < self.prefill_idle_decide_ms <= 500:
+            raise ConfigError("prefill_idle_decide_ms",
+                              f"must be > 0 and <= 500 (the idle wait) or null, got {self.prefill_idle_decide_ms}")
         if self.prefill_backlog_batch_tokens is not None and self.prefill_backlog_batch_tokens < 1:
             raise ConfigError("prefill_backlog_batch_tokens",
                               f"must be >= 1 or null, got {self.prefill_backlog_batch_tokens}")

@@ -35,7 +35,9 @@ engine.ttft_fallback_ms) and/or -pl<ms> (bullet-slo-margin50-pl10: the prefill w
 before its step in flight is predicted to end, reading arrivals meanwhile: engine.prefill_plan_lead_ms) and/or
 -fl<SMs> (bullet-slo-relaxed-pl10-fl8: the split ladder from that decode SM floor, in steps of 8 to 112, prefill up
 to 132 - <SMs>: engine.decode_sm_counts) and/or -sat<percent> (bullet-slo-margin50-sat99: a prefill batch stops
-growing within that share of the best throughput the model predicts: engine.prefill_saturation_share) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+growing within that share of the best throughput the model predicts: engine.prefill_saturation_share) and/or -iw<ms>
+(bullet-slo-margin50-pl10-iw5: while prefill idles and decode runs, the prefill worker decides the split again every
+<ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
@@ -180,11 +182,13 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>" (and
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>" (and
 # "-tf", "-mot" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
-             "sat": ("prefill_saturation_share", "percent")}
+             "sat": ("prefill_saturation_share", "percent"), "iw": ("prefill_idle_decide_ms", "ms")}
+# the modifiers EngineConfig bounds from above: -sat<percent> (a share), -iw<ms> (at most the 0.5 s idle wait)
+MODIFIER_MAX = {"sat": 100, "iw": 500}
 # "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
 # default_ladder on the 132 SMs of the H100 and H200 this script runs on: 16 ... 112): -fl8 -> engine.decode_sm_counts
 # [8, 16, ..., 112], prefill up to 124 SMs
@@ -214,6 +218,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     and/or "-fl<SMs>" (the split ladder from that decode SM floor: engine.decode_sm_counts, floor_ladder)
     and/or "-sat<percent>" (a prefill batch stops growing within that share of the best throughput:
     engine.prefill_saturation_share, percent / 100; the engine's default 95)
+    and/or "-iw<ms>" (while prefill idles and decode runs, the split decided again every <ms>:
+    engine.prefill_idle_decide_ms)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
@@ -231,9 +237,11 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
             return base, fields
         field, unit = MODIFIERS[kind]
         number = tail[len(kind):]
-        if field in fields or not number.isdigit() or int(number) < 1 or (kind == "sat" and int(number) > 100):
+        most = MODIFIER_MAX.get(kind)
+        if field in fields or not number.isdigit() or int(number) < 1 or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-tf][-mot], each once, {unit} >= 1" + (", <= 100" if kind == "sat" else ""))
+                             f"[-sat<percent>][-iw<ms>][-tf][-mot], each once, {unit} >= 1"
+                             + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
 
@@ -317,7 +325,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -mot
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mot
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -662,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
                              "to <tokens> under a backlog), -fb<ms> (late requests ordered for a fallback "
                              "TTFT target of <ms>), -pl<ms> (the prefill side plans <ms> before its step in "
                              "flight ends), -fl<SMs> (the split ladder from that decode SM floor: decode_sm_counts), "
+                             "-sat<percent> (prefill batches stop growing within that share of the best "
+                             "throughput: prefill_saturation_share), -iw<ms> (an idle prefill side decides the "
+                             "split every <ms> while decode runs: prefill_idle_decide_ms), "
                              "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
                              "make their targets together: prefill_order max_on_time), bullet-slo-mixed<tokens> (the "

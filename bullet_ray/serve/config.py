@@ -60,6 +60,10 @@ class EngineArgs(BaseModel):
                                                "batch this long (ms) before the step in flight is predicted to "
                                                "end, taking arrivals meanwhile; null: at once, as before the "
                                                "thirty-first session")
+    prefill_idle_decide_ms: float | None = Field(
+        None, gt=0, le=500, description="split policy: while the prefill worker idles and decode runs, it wakes this "
+                                        "often (ms) to decide the split again after decode's steps; null: on a "
+                                        "message or every 0.5 s (decode may sit on prefill's last entry that long)")
     split_switch: Literal["disjoint", "overlap"] = Field(
         "overlap", description="how the two sides move to a new SM split: overlap (the default: each side moves "
                                "at its next launch; the growing side shares its new SMs with the other's step in "

@@ -272,6 +272,23 @@ def test_a_configured_ladder_is_the_one_the_workers_and_the_policy_use(hf_root, 
     assert steps and {(r["decode_sms"], r["prefill_sms"]) for r in steps} <= {(8, 124), (40, 92), (100, 32)}
 
 
+def test_an_idle_prefill_worker_decides_after_decode_steps_with_idle_decide(hf_root, hf_greedy, tmp_path):
+    """engine.prefill_idle_decide_ms: a prefill worker that has run dry wakes that often while decode runs and decides
+    the split again after decode's steps (without it, on a message or every 0.5 s): one prompt, then decode alone,
+    and a decision with nothing queued and decode running moves decode to the top entry (a TPOT target no CPU step
+    meets) within a short stream; the tokens stay HF's."""
+    config, expected, params, log = _slo_policy_run(hf_root, hf_greedy, tmp_path, num_new=48, num_kv_blocks=1024,
+                                                    decode_sm_counts=[8, 40, 100], prefill_idle_decide_ms=2)
+    with LLMEngine(config) as engine:
+        results = engine.generate(PROMPTS[:1], params)
+    assert [r.token_ids for r in results] == expected[:1]
+    decisions = [json.loads(line) for line in log.read_text().splitlines()]
+    decisions = [r for r in decisions if r["kind"] == "decision"]
+    assert decisions[0]["reason"] == "only_prefill" and decisions[0]["index"] == 0
+    assert any(d["reason"] == "only_decode" and d["index"] == 2 and d["num_queued"] == 0 and d["decode_seqs"] == 1
+               for d in decisions), decisions
+
+
 @pytest.mark.parametrize("handoff", ["front", "direct"])
 def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, handoff):
     """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while

@@ -458,6 +458,30 @@ def test_share_modifier_sets_the_saturation_share(tmp_path):
             system_yaml(bad, tmp_path)
 
 
+def test_idle_decide_modifier_sets_the_idle_wait(tmp_path):
+    """<bullet-slo system>-iw<ms>: engine.prefill_idle_decide_ms, a valid engine config; 0, over the 500 ms idle wait
+    or repeated is a one-line error; the engine refuses the same bounds naming the field."""
+    from pydantic import ValidationError
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-iw5+lt+direct", tmp_path))
+    assert engine["prefill_idle_decide_ms"] == 5 and engine["prefill_order"] == "max_on_time"
+    assert EngineArgs(**engine).to_engine_config().prefill_idle_decide_ms == 5
+    assert "prefill_idle_decide_ms" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
+    for bad in ("bullet-slo-iw0", "bullet-slo-iw501", "bullet-slo-iw5-iw2"):
+        with pytest.raises(SystemExit, match=r"iw<ms>"):
+            system_yaml(bad, tmp_path)
+    assert EngineConfig().prefill_idle_decide_ms is None
+    for bad in (0, 501):
+        with pytest.raises(ConfigError, match=r"^prefill_idle_decide_ms: must be > 0 and <= 500"):
+            EngineConfig(prefill_idle_decide_ms=bad)
+        with pytest.raises(ValidationError, match="prefill_idle_decide_ms"):
+            EngineArgs(prefill_idle_decide_ms=bad)
+
+
 def test_serve_env_takes_pairs_in_one_flag_or_many(capsys):
     """`--serve-env A=1 B=2` (one flag, two pairs: refused before, a lost GPU call) and repeated flags both work."""
     from benchmarks.gpu.serve_h100 import main, serve_env_of

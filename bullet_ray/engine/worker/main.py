@@ -412,6 +412,10 @@ class WorkerBase:
     def wait_to_plan(self) -> None:
         """Called before planning while a step may be in flight; a role may wait here, taking messages."""
 
+    def idle_wait_s(self) -> float:
+        """How long an idle worker waits for a message before it looks at its work again."""
+        return _IDLE_WAIT_S
+
     def on_idle(self) -> None:
         """Called when this worker has nothing queued and nothing in flight, before it waits for messages."""
 
@@ -447,7 +451,7 @@ class WorkerBase:
 
     def run(self) -> None:
         while not self.is_stopped:
-            timeout = 0.0 if self.has_work() or self.inflight is not None else _IDLE_WAIT_S
+            timeout = 0.0 if self.has_work() or self.inflight is not None else self.idle_wait_s()
             if timeout:
                 self._last_done_s = 0.0  # idle: the next step's gap would count the wait, not host work
                 self.on_idle()

@@ -260,6 +260,11 @@ class SplitDecider:
         """While prefill idles: decide again once decode has published a new step."""
         return int(self.state.rows[int(Side.DECODE)][Field.STEP]) != self._seen_decode_step
 
+    def decode_is_busy(self) -> bool:
+        """Decode has work, or had sequences handed to it within `_HANDOFF_GRACE_S` (they may not have reached it)."""
+        is_active = bool(self.state.rows[int(Side.DECODE)][Field.IS_ACTIVE])
+        return is_active or time.monotonic() - self._last_handoff_s < _HANDOFF_GRACE_S
+
     def _observe_decode(self) -> None:
         """Feed decode's published steps (those still in the ring) to this side's online correction."""
         step, entries = self.state.recent_steps(Side.DECODE, self._observed_decode_step)
@@ -279,7 +284,7 @@ class SplitDecider:
         and the sequences it completes (handed off once collected) already count as decode's."""
         row = self.state.rows[int(Side.DECODE)]
         self._seen_decode_step = int(row[Field.STEP])
-        is_active = bool(row[Field.IS_ACTIVE]) or time.monotonic() - self._last_handoff_s < _HANDOFF_GRACE_S
+        is_active = self.decode_is_busy()
         incoming = list(self.worker.awaiting.values())  # sampling in the step in flight: decode's next
         seqs = int(row[Field.NUM_SEQS]) if is_active else 0
         decode = DecodeLoad(seqs, int(row[Field.NUM_CONTEXT_TOKENS]) if seqs else 0,

@@ -61,6 +61,15 @@ class PrefillWorker(SideWorker):
             return True
         return self.decider is not None and self.decider.is_due()
 
+    def idle_wait_s(self) -> float:
+        """With `prefill_idle_decide_ms` and the split policy, while decode runs (or was just handed sequences): that
+        wait, so the split is decided again about once per decode step (`has_work` is due once decode has published
+        one); else the idle wait."""
+        wait_ms = self.config.prefill_idle_decide_ms
+        if wait_ms is None or self.decider is None or not self.decider.decode_is_busy():
+            return super().idle_wait_s()
+        return wait_ms / 1e3
+
     def abort(self, request_ids: list[str]) -> None:
         self.first_tokens.forget(request_ids)
         missed = []

@@ -161,8 +161,8 @@ class EngineConfig:
     # within about a decode step of prefill running dry; None (default): it wakes on a message or after the idle
     # wait (0.5 s), so decode can sit on the entry of prefill's last decision that long (docs/policy.md, the
     # thirty-sixth section's finding). Opt-in: served at 5 ms beside the shipped deployment on an H200 (serve_h100's
-    # -iw5, benchmarks/results/serve_h200_m12/idle_ab/) it stayed inside the repeat spread (strict 38.00 vs 37.54,
-    # relaxed 46.86 vs 48.00 req/s) with 26% more switches
+    # -iw5, benchmarks/results/serve_h200_m12/idle_ab/) it stayed inside every bootstrap interval (strict 38.00 vs
+    # 37.54, relaxed 46.86 vs 48.00 req/s), no change at 16 req/s where it acts
     prefill_idle_decide_ms: float | None = None
     # how a split switch moves the two sides (split_policy slo; bullet_ray.gpu.switch): "disjoint":
     # the side that shrinks finishes its step in flight before it acks and the side that grows waits for that

@@ -200,3 +200,17 @@ def test_a_ladder_from_a_command_line():
                      ("", "the ladder is empty"), ("0,8", r"whole number >= 1, got \[0\]")):
         with pytest.raises(ValueError, match=why):
             parse_ladder(bad)
+
+
+def test_engine_args_cover_every_engine_config_field_with_its_default():
+    """The Serve deployment's `engine:` section (EngineArgs) keeps a copy of each EngineConfig default: every field is
+    there, no extra one, and an empty section builds exactly the engine's default config (a default changed in one
+    place and not the other fails here)."""
+    import dataclasses
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.serve.config import EngineArgs
+
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(EngineArgs.model_fields) == names
+    assert EngineArgs().to_engine_config() == EngineConfig()

@@ -12,6 +12,11 @@ prefilled in one batch then decoded in batches through the runner (eager, then t
     python -m benchmarks.gpu.engine_correctness          (CPU smoke run: --device cpu --backend torch)
     python -m benchmarks.gpu.engine_correctness --device cpu --backend torch --dtype bfloat16 \
         --name cpu_bf16_control_correctness          (the control: bf16 with PyTorch's CPU kernels only)
+
+With `--chunked-check`, each family (or the `--model`) also runs `step_checks.chunked_graphs_vs_eager`: the chunked
+schedule's greedy tokens with decode graphs against eager, and each token's top-1 over top-2 margin. On real weights
+(peaked logits) it says whether the graph/eager parting `engine_speed` reports on the dummy Llama-3.1-8B (flat logits)
+is only near ties.
 """
 
 from __future__ import annotations
@@ -130,7 +135,22 @@ def run_family(fam: str, prompts: list[list[int]], device: str, backend: str, dt
     return result
 
 
-def main() -> int:
+def chunked_check(source: str, dtype: torch.dtype, device: str) -> dict[str, Any]:
+    """`step_checks.chunked_graphs_vs_eager` on the model at `source`, with the prompt lengths its context holds."""
+    from benchmarks.gpu.step_checks import CHUNKED_CHECK_LENGTHS, chunked_graphs_vs_eager
+
+    loaded = load_model(source, dtype=dtype, device=device, show_progress=False, seed=3)
+    num_new = 48
+    lengths = [n for n in CHUNKED_CHECK_LENGTHS if n + num_new <= loaded.config.max_position_embeddings]
+    try:
+        return chunked_graphs_vs_eager(loaded.model, loaded.config, num_new=num_new, device=device, lengths=lengths)
+    finally:
+        del loaded
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="flashinfer")
@@ -141,7 +161,10 @@ def main() -> int:
     ap.add_argument("--model", default=None,
                     help="a real model (HF folder or .gguf, e.g. the embedded SmolLM2) instead of the random tiny "
                          "families; prompts are English text through its tokenizer")
-    args = ap.parse_args()
+    ap.add_argument("--chunked-check", action="store_true",
+                    help="also the chunked schedule's greedy tokens with decode graphs against eager "
+                         "(step_checks.chunked_graphs_vs_eager; on CPU both sides eager, a smoke run)")
+    args = ap.parse_args(argv)
     on_gpu = args.device == "cuda"
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
@@ -157,6 +180,11 @@ def main() -> int:
     for fam, source in families.items():
         results[fam] = run_family(fam, prompts, args.device, args.backend, dtype, use_graphs=on_gpu, source=source)
         r = results[fam]
+        if args.chunked_check:
+            r["chunked_graphs_vs_eager"] = chunked_check(source or _gpu_config(fam), dtype, args.device)
+            c = r["chunked_graphs_vs_eager"]
+            print(f"{fam}: chunked schedule, graphs vs eager: rows equal {c['rows_equal']}, parting at "
+                  f"{c['first_divergence']}, margins there {c['margin_at_divergence']}", flush=True)
         print(f"{fam}: free-running agreement {[round(a, 3) for a in r['token_agreement']]} first divergence "
               f"{r['first_divergence']}, step-0 logits rel diff {r['step0_logits_rel_norm_diff']:.2e}, "
               f"teacher-forced {[round(a, 3) for a in r['teacher_forced_agreement']]}, "

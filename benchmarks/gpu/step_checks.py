@@ -124,6 +124,10 @@ def step_kernel_counts(model: Any, cfg: Any) -> dict[str, Any]:
     return out
 
 
+# the chunked check's prompt lengths: short and long rows, some chunked across steps by its 512-token budget
+CHUNKED_CHECK_LENGTHS = (40, 300, 1200, 77, 650, 2000, 15, 900)
+
+
 @torch.inference_mode()
 def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str = "cuda",
                             lengths: list[int] | None = None) -> dict[str, Any]:
@@ -134,7 +138,7 @@ def chunked_graphs_vs_eager(model: Any, cfg: Any, num_new: int = 48, device: str
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
     from bullet_ray.engine.scheduler.chunked import ChunkedScheduler
 
-    lengths = lengths or [40, 300, 1200, 77, 650, 2000, 15, 900]
+    lengths = lengths or list(CHUNKED_CHECK_LENGTHS)
     on_gpu = device.startswith("cuda")
     tokens: dict[str, list[list[int]]] = {}
     margins: dict[str, list[list[float | None]]] = {}  # per run and row, each token's top-1 minus top-2 logprob

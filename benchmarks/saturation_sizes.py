@@ -21,9 +21,14 @@ from bullet_ray.perf.profile import load_profile
 
 
 def sizes(model: PerfModel, shares: list[float], sms: list[int], token_cap: int) -> dict[float, list[int]]:
-    """share -> the saturation size on each of `sms`, capped as the policy caps it (max(token_cap, 64))."""
-    return {share: [model.saturation_tokens(n, share=share, max_tokens=max(token_cap, 64), other_busy=True)
-                    for n in sms] for share in shares}
+    """share -> the saturation size on each of `sms`: BulletPolicy.saturation_tokens of the policy an engine with that
+    share and token cap builds (EngineConfig.bullet_policy; the ladder does not enter it), beside a busy decode side."""
+    out = {}
+    for share in shares:
+        cfg = EngineConfig(max_num_batched_tokens=token_cap, prefill_saturation_share=share)
+        policy = cfg.bullet_policy(model, [16], 132)
+        out[share] = [policy.saturation_tokens(n, other_busy=True, now_s=0.0) for n in sms]
+    return out
 
 
 def _numbers(text: str, kind: type) -> list:
@@ -41,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         shares, sms = _numbers(args.shares, float), _numbers(args.sms, int)
-        for share in shares:
-            EngineConfig(prefill_saturation_share=share)
-    except (ValueError, ConfigError) as e:  # ValueError: not numbers; ConfigError: a share out of range
-        print(f"saturation_sizes: error: --shares / --sms: {e}", file=sys.stderr)
+        for share in shares:  # the configs `sizes` builds
+            EngineConfig(max_num_batched_tokens=args.token_cap, prefill_saturation_share=share)
+    except (ValueError, ConfigError) as e:  # ValueError: not numbers; ConfigError: a share or the cap out of range
+        print(f"saturation_sizes: error: --shares / --sms / --token-cap: {e}", file=sys.stderr)
         return 2
     if not shares or not sms or min(sms) < 1:
         print("saturation_sizes: error: --shares / --sms: need at least one share and SM counts >= 1", file=sys.stderr)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from bullet_ray.errors import ConfigError
 
 if TYPE_CHECKING:
+    from bullet_ray.perf.model import PerfModel
+    from bullet_ray.policy.bullet import BulletPolicy
     from bullet_ray.policy.slo import SloTargets
 
 Schedule = Literal["bullet", "chunked", "static"]
@@ -446,6 +448,16 @@ class EngineConfig:
             return SplitSettings(**rule)
         except TypeError as e:
             raise ConfigError("split_rule", str(e)) from None
+
+    def bullet_policy(self, model: PerfModel, decode_sms: list[int], sm_count: int) -> BulletPolicy:
+        """The split policy these settings make (bullet_ray.policy.bullet.BulletPolicy) over a ladder of `decode_sms` on
+        `sm_count` SMs: the one the prefill worker decides with (SplitDecider) and the one replay_split replays."""
+        from bullet_ray.policy.bullet import BulletPolicy
+
+        return BulletPolicy(model, list(decode_sms), sm_count, self.planning_targets(),
+                            token_cap=self.max_num_batched_tokens, settings=self.split_settings(),
+                            split_targets=self.split_targets(), backlog_batch_tokens=self.prefill_backlog_batch_tokens,
+                            max_on_time=self.max_on_time, saturation_share=self.prefill_saturation_share)
 
     @property
     def max_on_time(self) -> bool:

@@ -55,7 +55,7 @@ def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, sco
                 slo_name: str = "strict", fallback_ms: float | None = None,
                 backlog_batch_tokens: int | None = None,
                 saturation_share: float = EngineConfig.prefill_saturation_share) -> BulletPolicy:
-    """BulletPolicy as policy_link.SplitDecider builds it, on a fresh model (online correction empty); `split_rule`:
+    """BulletPolicy as the prefill worker builds it (EngineConfig.bullet_policy), on a fresh model (online correction empty); `split_rule`:
     EngineConfig.split_rule (the split rule's settings, None: SplitSettings' defaults); `prefill_order`:
     EngineConfig.prefill_order; `slo_name`: the SLO preset whose targets the policy aims at (slo_targets);
     `fallback_ms`: EngineConfig.ttft_fallback_ms; `backlog_batch_tokens`: EngineConfig.prefill_backlog_batch_tokens;
@@ -65,10 +65,7 @@ def make_policy(roofline_factory: Callable[[], PerfModel], margin_ms: float, sco
                        split_rule=split_rule, prefill_order=prefill_order, ttft_target_ms=ttft_ms,
                        tpot_target_ms=tpot_ms, ttft_fallback_ms=fallback_ms,
                        prefill_backlog_batch_tokens=backlog_batch_tokens, prefill_saturation_share=saturation_share)
-    return BulletPolicy(roofline_factory(), list(ladder), SM_COUNT, cfg.planning_targets(), token_cap=token_cap,
-                        settings=cfg.split_settings(), split_targets=cfg.split_targets(),
-                        backlog_batch_tokens=cfg.prefill_backlog_batch_tokens, max_on_time=cfg.max_on_time,
-                        saturation_share=cfg.prefill_saturation_share)
+    return cfg.bullet_policy(roofline_factory(), list(ladder), SM_COUNT)
 
 
 def slo_targets(slo_name: str) -> tuple[float, float]:

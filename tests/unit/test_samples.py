@@ -100,3 +100,22 @@ def test_two_runs_of_one_draw_are_named(tmp_path, capsys):
                         + ["--a", "a", "--b", "b", "--slo", "strict", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["same_draw"] == [{"samples": [1, 3], "draw": ["azure-conv", 1, 150]}]
     assert "samples 1, 3 served the same draw (azure-conv, seed 1, 150 prompts)" in capsys.readouterr().out
+
+
+def test_plot_draws_one_panel_per_slo(tmp_path):
+    """--plot writes a PNG beside the table: one panel per SLO, a censored sample drawn at its bound."""
+    pytest.importorskip("matplotlib")
+    write_ci(tmp_path / "s1", {"a": {"strict": (30.0, None), "relaxed": (40.0, None)},
+                               "b": {"strict": (24.0, None), "relaxed": (32.0, None)}})
+    write_ci(tmp_path / "s2", {"a": {"strict": (26.0, None), "relaxed": (36.0, None)},
+                               "b": {"strict": (20.0, None), "relaxed": (34.0, None)}})
+    png, out = tmp_path / "r.png", tmp_path / "r.json"
+    assert samples.main([str(tmp_path / "s1"), str(tmp_path / "s2"), "--a", "a", "--b", "b", "--goal", "1.25",
+                         "--out", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    width, height = Image.open(png).size
+    assert width > 1.8 * height  # two panels side by side
+    pairs = json.loads(out.read_text())["pairs"]
+    assert [p["slo"] for p in pairs] == ["strict", "relaxed"] and pairs[0]["mean"] == pytest.approx((1.25 + 1.3) / 2)

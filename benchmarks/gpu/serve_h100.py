@@ -37,7 +37,9 @@ before its step in flight is predicted to end, reading arrivals meanwhile: engin
 to 132 - <SMs>: engine.decode_sm_counts) and/or -sat<percent> (bullet-slo-margin50-sat99: a prefill batch stops
 growing within that share of the best throughput the model predicts: engine.prefill_saturation_share) and/or -iw<ms>
 (bullet-slo-margin50-pl10-iw5: while prefill idles and decode runs, the prefill worker decides the split again every
-<ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+<ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -mx<tokens> (bullet-slo-margin50-
+pl10-mot-fb1000-mx8192: the mixed fallback beside the policy, from that many waiting prompt tokens:
+engine.mixed_fallback_tokens) with -mc<tokens> (its step budget: engine.mixed_chunk_tokens) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
@@ -182,11 +184,13 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
     return int(text)
 
 
-# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>" (and
+# trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>",
+# "-mx<tokens>", "-mc<tokens>" (and
 # "-tf", "-mot" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
-             "sat": ("prefill_saturation_share", "percent"), "iw": ("prefill_idle_decide_ms", "ms")}
+             "sat": ("prefill_saturation_share", "percent"), "iw": ("prefill_idle_decide_ms", "ms"),
+             "mx": ("mixed_fallback_tokens", "tokens"), "mc": ("mixed_chunk_tokens", "tokens")}
 # the modifiers EngineConfig bounds from above: -sat<percent> (a share), -iw<ms> (at most the 0.5 s idle wait)
 MODIFIER_MAX = {"sat": 100, "iw": 500}
 # "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
@@ -220,6 +224,10 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     engine.prefill_saturation_share, percent / 100; the engine's default 95)
     and/or "-iw<ms>" (while prefill idles and decode runs, the split decided again every <ms>:
     engine.prefill_idle_decide_ms)
+    and/or "-mx<tokens>" (the mixed fallback beside any policy: once that many prompt tokens wait while decode runs,
+    the decode worker prefills the queued prompts in chunks inside its steps on the whole GPU:
+    engine.mixed_fallback_tokens, bullet-slo-mixed<tokens>'s field) and/or "-mc<tokens>" (that fallback's step budget,
+    decode rows and prompt chunks: engine.mixed_chunk_tokens, 2,048 by default)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
@@ -240,7 +248,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         most = MODIFIER_MAX.get(kind)
         if field in fields or not number.isdigit() or int(number) < 1 or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-tf][-mot], each once, {unit} >= 1"
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], each once, {unit} >= 1"
                              + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
@@ -319,13 +327,19 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["ttft_margin_scope"] = "order"
         mixed = _numbered(policy, "bullet-slo-mixed", "tokens", least=1)
         if mixed is not None:  # the decode worker takes the queued prompts once <mixed> prompt tokens wait
+            if "mixed_fallback_tokens" in modifiers:
+                raise SystemExit(f"unknown system {system!r}: bullet-slo-mixed<tokens> sets the mixed fallback "
+                                 "already; -mx<tokens> goes with another policy")
             engine["mixed_fallback_tokens"] = mixed
+        if "mixed_chunk_tokens" in modifiers and "mixed_fallback_tokens" not in {**engine, **modifiers}:
+            raise SystemExit(f"unknown system {system!r}: -mc<tokens> sizes the mixed fallback's steps: "
+                             "give -mx<tokens> (or bullet-slo-mixed<tokens>) too")
         rule = modifiers.pop("split_rule", None)
         if rule is not None:  # -tf: beside bullet-slo-m2's own settings
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mot
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -mot
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -334,7 +348,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
                              f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-tf][-mot], "
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -672,7 +686,9 @@ def main(argv: list[str] | None = None) -> int:
                              "flight ends), -fl<SMs> (the split ladder from that decode SM floor: decode_sm_counts), "
                              "-sat<percent> (prefill batches stop growing within that share of the best "
                              "throughput: prefill_saturation_share), -iw<ms> (an idle prefill side decides the "
-                             "split every <ms> while decode runs: prefill_idle_decide_ms), "
+                             "split every <ms> while decode runs: prefill_idle_decide_ms), -mx<tokens> (the mixed fallback "
+                             "from <tokens> waiting prompt tokens beside any policy: mixed_fallback_tokens) with "
+                             "-mc<tokens> (its step budget: mixed_chunk_tokens), "
                              "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
                              "make their targets together: prefill_order max_on_time), bullet-slo-mixed<tokens> (the "

@@ -289,13 +289,19 @@ def test_an_idle_prefill_worker_decides_after_decode_steps_with_idle_decide(hf_r
                for d in decisions), decisions
 
 
-@pytest.mark.parametrize("handoff", ["front", "direct"])
-def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, handoff):
+# the GPU deployment's policy fields (deploy/gpu.yaml): what serve_h100's -mx<tokens> runs the mixed fallback beside
+SHIPPED_POLICY = {"ttft_margin_ms": 50.0, "prefill_order": "max_on_time", "ttft_fallback_ms": 1000.0}
+
+
+@pytest.mark.parametrize("handoff, policy", [("front", {}), ("direct", {}), ("direct", SHIPPED_POLICY)],
+                         ids=["front", "direct", "direct-shipped-policy"])
+def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf_greedy, tmp_path, handoff, policy):
     """The bullet schedule's mixed fallback (`mixed_fallback_tokens: 1`: on whenever a prompt waits while
     decode runs), launching ahead (asynchronous scheduling): the prefill worker hands its queued prompts
     (partly prefilled ones too) to the decode worker, which prefills them in chunks inside its steps on the
     whole-GPU entry; the tokens stay HF's and every KV block comes back. With `handoff: direct` the prefilled
-    sequences go to decode by the workers' own socket while the handed-over prompts still go through the front."""
+    sequences go to decode by the workers' own socket while the handed-over prompts still go through the front.
+    The same beside the GPU deployment's policy fields (planning margin, max_on_time order, 1 s fallback target)."""
     folder = _hf_folder("tiny-llama", hf_root)
     prompts = PROMPTS + [p[::-1] for p in PROMPTS]
     expected = _hf_greedy(hf_greedy, folder, prompts, NUM_NEW)
@@ -303,7 +309,7 @@ def test_mixed_fallback_hands_prompts_to_decode_and_keeps_the_tokens(hf_root, hf
     log = tmp_path / "steps.jsonl"
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
                           split_policy="slo", mixed_fallback_tokens=1, mixed_chunk_tokens=16, async_scheduling=True,
-                          step_log_path=str(log), handoff=handoff)
+                          step_log_path=str(log), handoff=handoff, **policy)
     with LLMEngine(config) as engine:
         results = engine.generate(prompts, params)
         stats = engine.stats()

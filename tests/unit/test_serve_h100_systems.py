@@ -492,3 +492,24 @@ def test_serve_env_takes_pairs_in_one_flag_or_many(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--serve-env", "A=1", "B", "--serve-env", "C=2", "--systems", "chunked-2048"])
     assert e.value.code == 2 and "--serve-env: give KEY=VALUE, got 'B'" in capsys.readouterr().err
+
+
+def test_mixed_fallback_modifiers_set_the_fallback_beside_any_policy(tmp_path):
+    """<bullet-slo system>-mx<tokens>[-mc<tokens>]: engine.mixed_fallback_tokens (and mixed_chunk_tokens) beside the
+    shipped policy's own fields, a valid engine config with the mixed fallback on; -mc without a fallback, -mx beside
+    bullet-slo-mixed<tokens>, or either repeated is a one-line error."""
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-mx8192-mc1024+lt+direct", tmp_path))
+    assert engine["mixed_fallback_tokens"] == 8192 and engine["mixed_chunk_tokens"] == 1024
+    assert engine["ttft_margin_ms"] == 50 and engine["prefill_order"] == "max_on_time"
+    assert engine["ttft_fallback_ms"] == 1000
+    config = EngineArgs(**engine).to_engine_config()
+    assert config.uses_mixed_fallback and config.piecewise_limit("decode") == 1024
+    assert "mixed_chunk_tokens" not in _engine(system_yaml("bullet-slo-margin50-mx8192", tmp_path))
+    assert "mixed_fallback_tokens" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
+    assert _engine(system_yaml("bullet-slo-mixed4096-mc512", tmp_path))["mixed_chunk_tokens"] == 512
+    for bad, why in (("bullet-slo-margin50-mc1024", "give -mx<tokens>"), ("bullet-slo-mixed4096-mx8192", "already"),
+                     ("bullet-slo-mx8192-mx4096", "mx<tokens>"), ("bullet-slo-mx0", "mx<tokens>")):
+        with pytest.raises(SystemExit, match=why):
+            system_yaml(bad, tmp_path)

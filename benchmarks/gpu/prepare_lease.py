@@ -1,0 +1,121 @@
+"""Get `.carry/` ready for a GPU lease and print the stage calls that carry it, each under a call's 64 MiB.
+
+A device call carries the working tree plus the ignored paths it names (at most 8, 64 MiB in all), so the parts a
+serving lease needs (`../shared/gpu/fetch_wheels.sh`'s wheel folders, the Azure traces, the tuned cuBLASLt
+choices, a flashinfer JIT cache, the embedded SmolLM2 for real-weights checks) go to the machine in several
+`run_serve_h100.sh stage` calls, back to back (the machine keeps /tmp only while it stays warm, ~30 s idle).
+This makes the small parts, then packs every `.carry/<part>` folder into as few calls as fit beside the tree:
+
+    python -m benchmarks.gpu.prepare_lease                # wheels must exist: ../shared/gpu/fetch_wheels.sh ray flashinfer vllm
+    python -m benchmarks.gpu.prepare_lease --no-vllm --smollm2 --jit /path/fi_jit_cache.tgz
+
+The tree's size counts every tracked file; `benchmarks/results/` (~230 MB) must be moved out first (the lease's
+procedure in docs/gpu.md), which this checks. Nothing is sent anywhere: it prints the calls, one `carry` list each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+CALL_LIMIT = 64 * MIB  # what one device call carries, tree included
+MAX_PATHS = 8  # carry paths per call
+HEADROOM = 2 * MIB  # the tree's untracked-but-not-ignored files, rounding
+LT_CACHE = Path("benchmarks/results/serve_h200_m5/lt_gemm_cache_h200.json")  # the tuned choices of the H200 lease m5
+TRACES = Path("../shared/data/azure-llm-inference-2023")
+
+
+def folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def pack(parts: dict[str, int], budget: int, max_paths: int = MAX_PATHS) -> list[list[str]]:
+    """Parts (name -> bytes) into as few calls as first-fit decreasing finds, each call's parts summing to at most
+    `budget` bytes and numbering at most `max_paths`. A part larger than the budget is refused (ValueError): it must
+    be cut first (fetch_wheels cuts files over 55 MB; `benchmarks.gpu.resplit_carry` repacks folders)."""
+    too_big = [name for name, size in parts.items() if size > budget]
+    if too_big:
+        raise ValueError(f"{', '.join(sorted(too_big))}: larger than one call's room ({budget / MIB:.1f} MiB beside "
+                         "the tree); run python -m benchmarks.gpu.resplit_carry")
+    calls: list[tuple[int, list[str]]] = []
+    for name in sorted(parts, key=lambda n: (-parts[n], n)):
+        slot = next((c for c in calls if c[0] + parts[name] <= budget and len(c[1]) < max_paths), None)
+        if slot is None:
+            calls.append((parts[name], [name]))
+        else:
+            calls[calls.index(slot)] = (slot[0] + parts[name], slot[1] + [name])
+    return [sorted(names) for _, names in calls]
+
+
+def tree_size(root: Path) -> int:
+    """Bytes of the tracked files that exist (a moved-out folder's files are gone from the tree)."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
+
+
+def make_small_parts(root: Path, smollm2: bool, jit: Path | None) -> list[str]:
+    """The traces, the cuBLASLt choices, the JIT cache and (with `smollm2`) the SmolLM2 parts; what was made."""
+    made = []
+    carry = root / ".carry"
+    traces = root / TRACES
+    if traces.is_dir():
+        (carry / "azure").mkdir(parents=True, exist_ok=True)
+        for f in traces.glob("*.csv"):
+            shutil.copy(f, carry / "azure" / f.name)
+        made.append("azure")
+    if (root / LT_CACHE).is_file():
+        (carry / "lt-cache").mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / LT_CACHE, carry / "lt-cache" / "lt_gemm.json")
+        made.append("lt-cache")
+    if jit is not None:
+        (carry / "fi-jit").mkdir(parents=True, exist_ok=True)
+        shutil.copy(jit, carry / "fi-jit" / "fi_jit_cache.tgz")
+        made.append("fi-jit")
+    if smollm2:
+        subprocess.run(["bash", "benchmarks/gpu/carry_smollm2.sh"], cwd=root, check=True)
+        made += ["smol-a", "smol-b"]
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-vllm", action="store_true", help="leave the .carry/vllm-* parts out (bullet and "
+                        "chunked only: 4 stage calls instead of 12)")
+    parser.add_argument("--smollm2", action="store_true", help="also pack the embedded SmolLM2 (carry_smollm2.sh)")
+    parser.add_argument("--jit", type=Path, help="a flashinfer JIT cache from an earlier call's $OUT/fi_jit_cache.tgz")
+    args = parser.parse_args(argv)
+    root = Path.cwd()
+    if args.jit is not None and not args.jit.is_file():
+        parser.error(f"--jit: {args.jit} is not a file")
+    if not (root / ".carry").is_dir() or not any((root / ".carry").glob("flashinfer-*")):
+        print("prepare_lease: no .carry/flashinfer-*: run ../shared/gpu/fetch_wheels.sh ray flashinfer vllm first",
+              file=sys.stderr)
+        return 2
+    if (root / "benchmarks" / "results").is_dir():
+        print("prepare_lease: benchmarks/results/ is in the tree (~230 MB; a call carries 64 MiB): move it out for the "
+              "lease, e.g. mv benchmarks/results ../results_stash, and back afterwards", file=sys.stderr)
+        return 2
+    make_small_parts(root, args.smollm2, args.jit)
+    parts = {p.name: folder_size(p) for p in sorted((root / ".carry").iterdir()) if p.is_dir()
+             and not (args.no_vllm and p.name.startswith("vllm-")) and not (not args.smollm2 and p.name.startswith("smol-"))}
+    tree = tree_size(root)
+    budget = CALL_LIMIT - tree - HEADROOM
+    try:
+        calls = pack(parts, budget)
+    except ValueError as e:
+        print(f"prepare_lease: {e}", file=sys.stderr)
+        return 2
+    print(f"tree {tree / MIB:.1f} MiB; {len(parts)} parts, {sum(parts.values()) / MIB:.0f} MiB, in {len(calls)} stage "
+          f"calls of at most {budget / MIB:.1f} MiB each (issue them back to back: "
+          "`bash benchmarks/gpu/run_serve_h100.sh stage`, kind nvidia-h200):")
+    for i, names in enumerate(calls, 1):
+        print(f"{i:3d}: carry {[f'.carry/{n}' for n in names]}  ({sum(parts[n] for n in names) / MIB:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

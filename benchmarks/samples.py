@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bs = [b for b in args.b.split(",") if b]
     slos = [s for s in args.slo.split(",") if s]
+    if not bs or not slos:
+        parser.error(f"--{'b' if not bs else 'slo'}: name at least one")
     try:
         goals = [float(g) for g in args.goal.split(",") if g]
     except ValueError:
@@ -215,9 +217,10 @@ def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
             if shown:
                 ax.plot(*zip(*shown), "o", color=color, label=f"/ {p['b']}")
             for i, r in enumerate(p["samples"], 1):
-                if r.get("bound"):
+                if r.get("bound"):  # labelled only where no measured sample named this B
                     ax.plot(i, r["bound"]["ratio"], "^" if r["bound"]["side"] == "lower" else "v", color=color,
-                            mfc="none", ms=8)
+                            mfc="none", ms=8, label=None if shown else f"/ {p['b']} (censored: at its bound)")
+                    shown = shown or [(i, r["bound"]["ratio"])]
             if p["mean"] is not None:
                 ax.axhline(p["mean"], color=color, lw=1.3, label=f"mean {p['mean']:.3f}x (n={p['n']})")
             if p["mean_lower_95"] is not None:
@@ -231,7 +234,8 @@ def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("sample (one draw of the workload; the table's numbering)")
         ax.set_title(f"{in_panel[0]['a']} / B, {slo}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower left")
     axes[0][0].set_ylabel("goodput ratio")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -21,10 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.gpu.resplit_carry import CALL_LIMIT, FOLDER_MARGIN, tracked_bytes
+
 MIB = 1 << 20
-CALL_LIMIT = 64 * MIB  # what one device call carries, tree included
 MAX_PATHS = 8  # carry paths per call
-HEADROOM = 2 * MIB  # the tree's untracked-but-not-ignored files, rounding
 LT_CACHE = Path("benchmarks/results/serve_h200_m5/lt_gemm_cache_h200.json")  # the tuned choices of the H200 lease m5
 TRACES = Path("../shared/data/azure-llm-inference-2023")
 
@@ -35,12 +35,13 @@ def folder_size(path: Path) -> int:
 
 def pack(parts: dict[str, int], budget: int, max_paths: int = MAX_PATHS) -> list[list[str]]:
     """Parts (name -> bytes) into as few calls as first-fit decreasing finds, each call's parts summing to at most
-    `budget` bytes and numbering at most `max_paths`. A part larger than the budget is refused (ValueError): it must
-    be cut first (fetch_wheels cuts files over 55 MB; `benchmarks.gpu.resplit_carry` repacks folders)."""
+    `budget` bytes and numbering at most `max_paths`. A part larger than the budget is refused (ValueError): a wheel
+    part must be cut first (`benchmarks.gpu.resplit_carry`, whose default folder size is this budget)."""
     too_big = [name for name, size in parts.items() if size > budget]
     if too_big:
-        raise ValueError(f"{', '.join(sorted(too_big))}: larger than one call's room ({budget / MIB:.1f} MiB beside "
-                         "the tree); run python -m benchmarks.gpu.resplit_carry")
+        raise ValueError(f"{', '.join(sorted(too_big))}: larger than one call's room ({budget / 1e6:.1f} MB beside "
+                         f"the tree); repack wheel parts with python -m benchmarks.gpu.resplit_carry --max-mb "
+                         f"{budget / 1e6:.1f}, leave a JIT cache that large out")
     calls: list[tuple[int, list[str]]] = []
     for name in sorted(parts, key=lambda n: (-parts[n], n)):
         slot = next((c for c in calls if c[0] + parts[name] <= budget and len(c[1]) < max_paths), None)
@@ -51,40 +52,29 @@ def pack(parts: dict[str, int], budget: int, max_paths: int = MAX_PATHS) -> list
     return [sorted(names) for _, names in calls]
 
 
-def tree_size(root: Path) -> int:
-    """Bytes of the tracked files that exist (a moved-out folder's files are gone from the tree)."""
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
-    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
-
-
-def make_small_parts(root: Path, smollm2: bool, jit: Path | None) -> list[str]:
-    """The traces, the cuBLASLt choices, the JIT cache and (with `smollm2`) the SmolLM2 parts; what was made."""
-    made = []
+def make_small_parts(root: Path, smollm2: bool, jit: Path | None) -> None:
+    """The traces, the cuBLASLt choices, the JIT cache and (with `smollm2`) the SmolLM2 parts, where their sources
+    exist (copied as plain files: the shared traces are read-only)."""
     carry = root / ".carry"
     traces = root / TRACES
     if traces.is_dir():
         (carry / "azure").mkdir(parents=True, exist_ok=True)
         for f in traces.glob("*.csv"):
-            shutil.copy(f, carry / "azure" / f.name)
-        made.append("azure")
+            shutil.copyfile(f, carry / "azure" / f.name)
     if (root / LT_CACHE).is_file():
         (carry / "lt-cache").mkdir(parents=True, exist_ok=True)
-        shutil.copy(root / LT_CACHE, carry / "lt-cache" / "lt_gemm.json")
-        made.append("lt-cache")
+        shutil.copyfile(root / LT_CACHE, carry / "lt-cache" / "lt_gemm.json")
     if jit is not None:
         (carry / "fi-jit").mkdir(parents=True, exist_ok=True)
-        shutil.copy(jit, carry / "fi-jit" / "fi_jit_cache.tgz")
-        made.append("fi-jit")
+        shutil.copyfile(jit, carry / "fi-jit" / "fi_jit_cache.tgz")
     if smollm2:
         subprocess.run(["bash", "benchmarks/gpu/carry_smollm2.sh"], cwd=root, check=True)
-        made += ["smol-a", "smol-b"]
-    return made
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-vllm", action="store_true", help="leave the .carry/vllm-* parts out (bullet and "
-                        "chunked only: 4 stage calls instead of 12)")
+    parser.add_argument("--no-vllm", action="store_true", help="leave the .carry/vllm-* parts out (a lease of "
+                        "bullet and chunked only)")
     parser.add_argument("--smollm2", action="store_true", help="also pack the embedded SmolLM2 (carry_smollm2.sh)")
     parser.add_argument("--jit", type=Path, help="a flashinfer JIT cache from an earlier call's $OUT/fi_jit_cache.tgz")
     args = parser.parse_args(argv)
@@ -102,18 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     make_small_parts(root, args.smollm2, args.jit)
     parts = {p.name: folder_size(p) for p in sorted((root / ".carry").iterdir()) if p.is_dir()
              and not (args.no_vllm and p.name.startswith("vllm-")) and not (not args.smollm2 and p.name.startswith("smol-"))}
-    tree = tree_size(root)
-    budget = CALL_LIMIT - tree - HEADROOM
+    tree = tracked_bytes(root)
+    budget = CALL_LIMIT - tree - FOLDER_MARGIN
     try:
         calls = pack(parts, budget)
     except ValueError as e:
         print(f"prepare_lease: {e}", file=sys.stderr)
         return 2
-    print(f"tree {tree / MIB:.1f} MiB; {len(parts)} parts, {sum(parts.values()) / MIB:.0f} MiB, in {len(calls)} stage "
-          f"calls of at most {budget / MIB:.1f} MiB each (issue them back to back: "
+    print(f"tree {tree / 1e6:.1f} MB; {len(parts)} parts, {sum(parts.values()) / 1e6:.0f} MB, in {len(calls)} stage "
+          f"calls of at most {budget / 1e6:.1f} MB each (issue them back to back: "
           "`bash benchmarks/gpu/run_serve_h100.sh stage`, kind nvidia-h200):")
     for i, names in enumerate(calls, 1):
-        print(f"{i:3d}: carry {[f'.carry/{n}' for n in names]}  ({sum(parts[n] for n in names) / MIB:.1f} MiB)")
+        print(f"{i:3d}: carry {[f'.carry/{n}' for n in names]}  ({sum(parts[n] for n in names) / 1e6:.1f} MB)")
     return 0
 
 

@@ -20,12 +20,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_LIMIT = 64 * 1024 * 1024
+FOLDER_MARGIN = 1_000_000  # under the call's limit beside the tree (untracked files that travel, rounding)
 MIN_FOLDER = 10_000_000  # below this a part would need dozens of calls
 
 
-def tracked_bytes() -> int:
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
-    return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
+def tracked_bytes(root: Path = REPO) -> int:
+    """Bytes of the tracked files that exist (a folder moved out of the tree for a lease counts nothing)."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
 
 
 def resplit(carry: Path, max_bytes: int) -> dict[str, int]:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-mb", type=float, default=None, help="bytes per folder, in MB (default: what fits)")
     parser.add_argument("--carry", type=Path, default=REPO / ".carry")
     args = parser.parse_args(argv)
-    max_bytes = int(args.max_mb * 1e6) if args.max_mb else CALL_LIMIT - tracked_bytes() - 1_000_000
+    max_bytes = int(args.max_mb * 1e6) if args.max_mb else CALL_LIMIT - tracked_bytes() - FOLDER_MARGIN
     if not args.carry.is_dir():
         print(f"error: no {args.carry} (run ../shared/gpu/fetch_wheels.sh first)", file=sys.stderr)
         return 2

@@ -31,7 +31,9 @@ export BULLET_RAY_TRACE_DIR=/tmp/azure  # the staged traces, for every module th
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
 join_parts() { (cd "$1" && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done); }
 SMOL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf  # real weights, if staged: both parts, or none
-[ -f "$SMOL" ] || [ "$(ls /tmp/smol/smolpart* 2>/dev/null | wc -l)" -lt 2 ] || cat /tmp/smol/smolpart* > "$SMOL"
+SMOL_PARTS=$(ls /tmp/smol/smolpart* 2>/dev/null | wc -l)
+[ -f "$SMOL" ] || [ "$SMOL_PARTS" -lt 2 ] || cat /tmp/smol/smolpart* > "$SMOL"
+[ "$SMOL_PARTS" = 1 ] && echo "SmolLM2: 1 of 2 parts staged, $SMOL not made: stage .carry/smol-a and smol-b back to back"
 if [ ! -f /tmp/site/.installed ]; then
   join_parts /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3

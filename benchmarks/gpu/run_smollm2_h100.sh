@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bf16 GPU vs CPU float32 on real weights (the embedded SmolLM2, peaked logits), then the engine's GPU batch
 # (run_engine_h100.sh). Stage first, one call per carried folder: `bash benchmarks/gpu/run_smollm2_h100.sh stage`
-# with .carry/flashinfer-a + fi-jit, flashinfer-b, smol-a (GGUF part 0 + the gguf wheel), smol-b (part 1);
+# with .carry/flashinfer-a + fi-jit, flashinfer-b, smol-a (GGUF part 0), smol-b (part 1 + the gguf wheel);
 # smol-a/b come from benchmarks/gpu/carry_smollm2.sh. Inside a serving lease, run_serve_h100.sh stages the same parts
 # (then `py benchmarks.gpu.engine_correctness --model /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --chunked-check`).
 set -u
@@ -11,7 +11,7 @@ if [ "${1:-}" = stage ]; then
   [ -f .carry/fi-jit/fi_jit_cache.tgz ] && tar xzf .carry/fi-jit/fi_jit_cache.tgz -C /tmp
   ls /tmp/wh | wc -l; exit 0
 fi
-(cd /tmp/wh && cat smolpart.* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf && rm -f smolpart.*)
+(cd /tmp/wh && cat smolpart[0-9]* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf && rm -f smolpart[0-9]*)
 (cd /tmp/wh && for f in $(ls *.part.00 2>/dev/null); do cat "${f%.part.00}".part.* > "${f%.part.00}"; rm -f "${f%.part.00}".part.*; done)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl || exit 3
 find /tmp/site -type f -exec touch -d 2026-01-01 {} +  # older than the carried JIT cache's objects: no rebuild

@@ -37,9 +37,10 @@ before its step in flight is predicted to end, reading arrivals meanwhile: engin
 to 132 - <SMs>: engine.decode_sm_counts) and/or -sat<percent> (bullet-slo-margin50-sat99: a prefill batch stops
 growing within that share of the best throughput the model predicts: engine.prefill_saturation_share) and/or -iw<ms>
 (bullet-slo-margin50-pl10-iw5: while prefill idles and decode runs, the prefill worker decides the split again every
-<ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -mx<tokens> (bullet-slo-margin50-
-pl10-mot-fb1000-mx8192: the mixed fallback beside the policy, from that many waiting prompt tokens:
-engine.mixed_fallback_tokens) with -mc<tokens> (its step budget: engine.mixed_chunk_tokens) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+<ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -mx<tokens>
+(bullet-slo-margin50-pl10-mot-fb1000-mx32768: the mixed fallback beside any policy but bullet-slo-mixed<tokens>, from
+that many waiting prompt tokens: engine.mixed_fallback_tokens) with -mc<tokens> (its step budget, >= 16, the block
+size: engine.mixed_chunk_tokens) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
@@ -193,6 +194,8 @@ MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fall
              "mx": ("mixed_fallback_tokens", "tokens"), "mc": ("mixed_chunk_tokens", "tokens")}
 # the modifiers EngineConfig bounds from above: -sat<percent> (a share), -iw<ms> (at most the 0.5 s idle wait)
 MODIFIER_MAX = {"sat": 100, "iw": 500}
+# ... and from below past 1: -mc<tokens> (a mixed step holds at least one KV block: EngineConfig.block_size, 16)
+MODIFIER_MIN = {"mc": 16}
 # "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
 # default_ladder on the 132 SMs of the H100 and H200 this script runs on: 16 ... 112): -fl8 -> engine.decode_sm_counts
 # [8, 16, ..., 112], prefill up to 124 SMs
@@ -245,10 +248,10 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
             return base, fields
         field, unit = MODIFIERS[kind]
         number = tail[len(kind):]
-        most = MODIFIER_MAX.get(kind)
-        if field in fields or not number.isdigit() or int(number) < 1 or (most is not None and int(number) > most):
+        most, least = MODIFIER_MAX.get(kind), MODIFIER_MIN.get(kind, 1)
+        if field in fields or not number.isdigit() or int(number) < least or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], each once, {unit} >= 1"
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], each once, {unit} >= {least}"
                              + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
@@ -687,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                              "-sat<percent> (prefill batches stop growing within that share of the best "
                              "throughput: prefill_saturation_share), -iw<ms> (an idle prefill side decides the "
                              "split every <ms> while decode runs: prefill_idle_decide_ms), -mx<tokens> (the mixed fallback "
-                             "from <tokens> waiting prompt tokens beside any policy: mixed_fallback_tokens) with "
+                             "from <tokens> waiting prompt tokens beside any policy but bullet-slo-mixed<tokens>: mixed_fallback_tokens) with "
                              "-mc<tokens> (its step budget: mixed_chunk_tokens), "
                              "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "

@@ -35,3 +35,22 @@ def test_main_refuses_without_wheels_or_with_the_results_in_the_tree(tmp_path, m
     with pytest.raises(SystemExit):
         prepare_lease.main(["--jit", str(tmp_path / "nowhere.tgz")])
     assert "--jit" in capsys.readouterr().err
+
+
+def test_main_packs_the_parts_beside_the_tree(tmp_path, monkeypatch, capsys):
+    """A successful run in a repository with benchmarks/results moved out: the wheel folders packed into calls,
+    --no-vllm leaving vllm-* out, SmolLM2 parts only with --smollm2, loose files in .carry ignored."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    (tmp_path / "README.md").write_bytes(b"x" * 3_000_000)  # the tree: 3 MB
+    subprocess.run(["git", "add", "README.md"], check=True)
+    for name, mb in (("flashinfer-a", 40), ("flashinfer-b", 15), ("ray-a", 30), ("vllm-a", 20), ("smol-a", 20)):
+        (tmp_path / ".carry" / name).mkdir(parents=True)
+        (tmp_path / ".carry" / name / "part").write_bytes(b"\0" * (mb * 1_000_000))
+    (tmp_path / ".carry" / "loose.txt").write_text("not a part")
+    assert prepare_lease.main(["--no-vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "tree 3.0 MB; 3 parts" in out and "in 2 stage calls" in out  # 40 + 15; 30 (each call <= 63.1 MB)
+    assert ".carry/flashinfer-a" in out and "vllm" not in out and "smol" not in out and "loose" not in out

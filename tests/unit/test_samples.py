@@ -109,8 +109,13 @@ def test_plot_draws_one_panel_per_slo(tmp_path):
                                "b": {"strict": (24.0, None), "relaxed": (32.0, None)}})
     write_ci(tmp_path / "s2", {"a": {"strict": (26.0, None), "relaxed": (36.0, None)},
                                "b": {"strict": (20.0, None), "relaxed": (34.0, None)}})
+    (tmp_path / "s3").mkdir()  # A over the sweep's top rate: a lower bound, drawn as a hollow triangle
+    censored = {"value": 48.0, "censored": "above", "label": ">= 48.00"}
+    (tmp_path / "s3" / "goodput_ci.json").write_text(json.dumps({"systems": {
+        "a": {slo: {"point": censored} for slo in ("strict", "relaxed")},
+        "b": {slo: {"point": {"value": 40.0, "censored": None}} for slo in ("strict", "relaxed")}}}))
     png, out = tmp_path / "r.png", tmp_path / "r.json"
-    assert samples.main([str(tmp_path / "s1"), str(tmp_path / "s2"), "--a", "a", "--b", "b", "--goal", "1.25",
+    assert samples.main([str(tmp_path / s) for s in ("s1", "s2", "s3")] + ["--a", "a", "--b", "b", "--goal", "1.25",
                          "--out", str(out), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from PIL import Image
@@ -119,3 +124,6 @@ def test_plot_draws_one_panel_per_slo(tmp_path):
     assert width > 1.8 * height  # two panels side by side
     pairs = json.loads(out.read_text())["pairs"]
     assert [p["slo"] for p in pairs] == ["strict", "relaxed"] and pairs[0]["mean"] == pytest.approx((1.25 + 1.3) / 2)
+    assert pairs[0]["samples"][2]["bound"] == {"side": "lower", "ratio": pytest.approx(1.2)}
+    with pytest.raises(SystemExit):  # no SLO left to draw a panel for
+        samples.main([str(tmp_path / "s1"), "--a", "a", "--b", "b", "--slo", ",", "--plot", str(png)])

@@ -510,6 +510,7 @@ def test_mixed_fallback_modifiers_set_the_fallback_beside_any_policy(tmp_path):
     assert "mixed_fallback_tokens" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
     assert _engine(system_yaml("bullet-slo-mixed4096-mc512", tmp_path))["mixed_chunk_tokens"] == 512
     for bad, why in (("bullet-slo-margin50-mc1024", "give -mx<tokens>"), ("bullet-slo-mixed4096-mx8192", "already"),
-                     ("bullet-slo-mx8192-mx4096", "mx<tokens>"), ("bullet-slo-mx0", "mx<tokens>")):
+                     ("bullet-slo-mx8192-mx4096", "mx<tokens>"), ("bullet-slo-mx0", "mx<tokens>"),
+                     ("bullet-slo-mx8192-mc512-mc256", "each once"), ("bullet-slo-mx8192-mc8", "tokens >= 16")):
         with pytest.raises(SystemExit, match=why):
             system_yaml(bad, tmp_path)

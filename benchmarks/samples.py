@@ -216,11 +216,12 @@ def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
             shown = [(i, r["ratio"]) for i, r in enumerate(p["samples"], 1) if r["ratio"] is not None]
             if shown:
                 ax.plot(*zip(*shown), "o", color=color, label=f"/ {p['b']}")
+            named = bool(shown)  # one legend entry per B: a bound names it only where no measured sample did
             for i, r in enumerate(p["samples"], 1):
-                if r.get("bound"):  # labelled only where no measured sample named this B
+                if r.get("bound"):
                     ax.plot(i, r["bound"]["ratio"], "^" if r["bound"]["side"] == "lower" else "v", color=color,
-                            mfc="none", ms=8, label=None if shown else f"/ {p['b']} (censored: at its bound)")
-                    shown = shown or [(i, r["bound"]["ratio"])]
+                            mfc="none", ms=8, label=None if named else f"/ {p['b']} (censored: at its bound)")
+                    named = True
             if p["mean"] is not None:
                 ax.axhline(p["mean"], color=color, lw=1.3, label=f"mean {p['mean']:.3f}x (n={p['n']})")
             if p["mean_lower_95"] is not None:

@@ -42,14 +42,14 @@ def pack(parts: dict[str, int], budget: int, max_paths: int = MAX_PATHS) -> list
         raise ValueError(f"{', '.join(sorted(too_big))}: larger than one call's room ({budget / 1e6:.1f} MB beside "
                          f"the tree); repack wheel parts with python -m benchmarks.gpu.resplit_carry --max-mb "
                          f"{budget / 1e6:.1f}, leave a JIT cache that large out")
-    calls: list[tuple[int, list[str]]] = []
+    calls: list[list[str]] = []
     for name in sorted(parts, key=lambda n: (-parts[n], n)):
-        slot = next((c for c in calls if c[0] + parts[name] <= budget and len(c[1]) < max_paths), None)
-        if slot is None:
-            calls.append((parts[name], [name]))
+        room = next((c for c in calls if sum(parts[n] for n in c) + parts[name] <= budget and len(c) < max_paths), None)
+        if room is None:
+            calls.append([name])
         else:
-            calls[calls.index(slot)] = (slot[0] + parts[name], slot[1] + [name])
-    return [sorted(names) for _, names in calls]
+            room.append(name)
+    return [sorted(names) for names in calls]
 
 
 def make_small_parts(root: Path, smollm2: bool, jit: Path | None) -> None:
@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
               "lease, e.g. mv benchmarks/results ../results_stash, and back afterwards", file=sys.stderr)
         return 2
     make_small_parts(root, args.smollm2, args.jit)
-    parts = {p.name: folder_size(p) for p in sorted((root / ".carry").iterdir()) if p.is_dir()
-             and not (args.no_vllm and p.name.startswith("vllm-")) and not (not args.smollm2 and p.name.startswith("smol-"))}
+    left_out = ("vllm-",) * args.no_vllm + ("smol-",) * (not args.smollm2)
+    parts = {p.name: folder_size(p) for p in sorted((root / ".carry").iterdir())
+             if p.is_dir() and not p.name.startswith(left_out)}
     tree = tracked_bytes(root)
     budget = CALL_LIMIT - tree - FOLDER_MARGIN
     try:

@@ -334,7 +334,8 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
                 raise SystemExit(f"unknown system {system!r}: bullet-slo-mixed<tokens> sets the mixed fallback "
                                  "already; -mx<tokens> goes with another policy")
             engine["mixed_fallback_tokens"] = mixed
-        if "mixed_chunk_tokens" in modifiers and "mixed_fallback_tokens" not in {**engine, **modifiers}:
+        if "mixed_chunk_tokens" in modifiers and "mixed_fallback_tokens" not in engine \
+                and "mixed_fallback_tokens" not in modifiers:
             raise SystemExit(f"unknown system {system!r}: -mc<tokens> sizes the mixed fallback's steps: "
                              "give -mx<tokens> (or bullet-slo-mixed<tokens>) too")
         rule = modifiers.pop("split_rule", None)

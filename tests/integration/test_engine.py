@@ -10,9 +10,11 @@ import json
 import os
 import time
 from importlib.resources import files
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
@@ -289,8 +291,15 @@ def test_an_idle_prefill_worker_decides_after_decode_steps_with_idle_decide(hf_r
                for d in decisions), decisions
 
 
-# the GPU deployment's policy fields (deploy/gpu.yaml): what serve_h100's -mx<tokens> runs the mixed fallback beside
-SHIPPED_POLICY = {"ttft_margin_ms": 50.0, "prefill_order": "max_on_time", "ttft_fallback_ms": 1000.0}
+def _shipped_policy() -> dict:
+    """The GPU deployment's planning fields (deploy/gpu.yaml, read so the test follows it): what serve_h100's
+    -mx<tokens> runs the mixed fallback beside."""
+    gpu_yaml = Path(__file__).resolve().parents[2] / "deploy" / "gpu.yaml"
+    engine = yaml.safe_load(gpu_yaml.read_text())["applications"][0]["args"]["engine"]
+    return {key: engine[key] for key in ("ttft_margin_ms", "prefill_order", "ttft_fallback_ms")}
+
+
+SHIPPED_POLICY = _shipped_policy()
 
 
 @pytest.mark.parametrize("handoff, policy", [("front", {}), ("direct", {}), ("direct", SHIPPED_POLICY)],

@@ -6,7 +6,7 @@
 
 Reads every replay_split JSON (`--json`) in the folder; groups them by the served run's folder (the parent of
 its runs/), the rate (from the run file's name) and the setting (`--label-by`, a key of the JSON: prefill_order by
-default). Prints the table it draws.
+default). Prints the table it draws, then each run's goodput over the replayed rates, measured and replayed.
 """
 
 from __future__ import annotations
@@ -95,6 +95,27 @@ def table(points: dict[str, dict[str, dict[float, float]]]) -> str:
     return "\n".join(lines)
 
 
+def goodput_table(points: dict[str, dict[str, dict[float, float]]], slo: str = "strict") -> str:
+    """Each served run's goodput (bullet_ray.bench.slo.goodput: the rate where attainment crosses 90%, interpolated
+    between the rates on either side) measured and as each setting replays it, over the replayed rates only: ">="
+    where the top one still meets 90%, "<" where the lowest does not."""
+    from bullet_ray.bench.slo import goodput
+
+    def cell(series: dict[float, float]) -> str:
+        g = goodput(series.items(), slo)
+        if g.interpolated_rps is None:
+            return f"< {min(series):g}" if series else "-"
+        return f"{g.interpolated_rps:.2f}" if g.is_bracketed else f">= {g.interpolated_rps:g}"
+
+    labels = _labels(points)
+    lines = [f"Goodput over the replayed rates ({slo} SLO, 90% attainment, interpolated; req/s):", "",
+             "| served run | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for served, series in points.items():
+        lines.append(f"| {served} | " + " | ".join(cell(series[label]) if label in series else "-"
+                                                     for label in labels) + " |")
+    return "\n".join(lines)
+
+
 def _labels(points: dict[str, dict[str, dict[float, float]]]) -> list[str]:
     labels = sorted({label for series in points.values() for label in series} - {"measured"})
     return ["measured", *labels]
@@ -147,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     replays = load(args.folder, args.label_by)  # one SLO for all of them (load refuses a mix)
     points = points_of(replays)
     print(table(points))
+    print()
+    print(goodput_table(points, replays[0].slo))
     if args.out is not None:
         plot(points, args.out, replays[0].slo)
         print(f"wrote {args.out}")

@@ -197,7 +197,7 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
                 now = max(now, free_at, arrival)
             continue
         start_s = max(0.0, predicted_end - now)
-        order = least_slack_order(queue, own_s, targets, start_s, max_on_time=max_on_time)
+        order = least_slack_order(queue, own_s, targets, start_s, order="max_on_time" if max_on_time else "least_slack")
         head = order[0]
         head_target = head_target_s(head, own_s(head), targets, start_s)
         batch: list[tuple[str, int]] = []

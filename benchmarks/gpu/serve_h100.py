@@ -43,7 +43,9 @@ that many waiting prompt tokens: engine.mixed_fallback_tokens) with -mc<tokens> 
 size: engine.mixed_chunk_tokens) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
-the longest prompts given up first: engine.prefill_order max_on_time), bullet-slo-<preset> for an SLO preset of
+the longest prompts given up first: engine.prefill_order max_on_time) or -ff (bullet-slo-margin50-pl10-ff-fb1000: the
+most that make the -fb target together, as many of them as can their own: engine.prefill_order fallback_first),
+bullet-slo-<preset> for an SLO preset of
 bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
 and SLO metric aim at that preset instead of the strict one, an SLO-aware schedule told the SLO it serves; score
@@ -187,7 +189,7 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
 
 # trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>",
 # "-mx<tokens>", "-mc<tokens>" (and
-# "-tf", "-mot" below), in any order, each at most once
+# "-tf", "-mot", "-ff" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
              "sat": ("prefill_saturation_share", "percent"), "iw": ("prefill_idle_decide_ms", "ms"),
@@ -211,9 +213,12 @@ def floor_ladder(floor: int) -> list[int]:
         raise SystemExit(f"-fl{floor}: the decode SM floor must be a multiple of {LADDER_STEP} in [{LADDER_STEP}, {top}]")
     return list(range(floor, top + 1, LADDER_STEP))
 # and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first); "-mot": the
-# prefill queue keeps only the most requests that make their TTFT targets together (prefill_order: max_on_time)
+# prefill queue keeps only the most requests that make their TTFT targets together (prefill_order: max_on_time);
+# "-ff": the most that make the fallback target together, as many of them as can their own (prefill_order:
+# fallback_first; with -fb<ms>)
 FLAG_MODIFIERS: dict[str, tuple[str, Any]] = {"tf": ("split_rule", {"balance": "tpot_first"}),
-                                              "mot": ("prefill_order", "max_on_time")}
+                                              "mot": ("prefill_order", "max_on_time"),
+                                              "ff": ("prefill_order", "fallback_first")}
 
 
 def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
@@ -231,7 +236,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     the decode worker prefills the queued prompts in chunks inside its steps on the whole GPU:
     engine.mixed_fallback_tokens, bullet-slo-mixed<tokens>'s field) and/or "-mc<tokens>" (that fallback's step budget,
     decode rows and prompt chunks: engine.mixed_chunk_tokens, 2,048 by default)
-    and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time); (name, {})
+    and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time) or "-ff"
+    (engine.prefill_order: fallback_first); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
     base, fields = name, dict[str, Any]()
@@ -240,7 +246,9 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         if sep and tail in FLAG_MODIFIERS and head.startswith("bullet-slo"):
             field, value = FLAG_MODIFIERS[tail]
             if field in fields:
-                raise SystemExit(f"unknown system {name!r}: -{tail} at most once")
+                raise SystemExit(f"unknown system {name!r}: -{tail} at most once"
+                                 + (" (-mot and -ff each set the prefill order: one of them)"
+                                    if field == "prefill_order" else ""))
             fields[field], base = (dict(value) if isinstance(value, dict) else value), head
             continue
         kind = next((k for k in MODIFIERS if tail.startswith(k)), None)
@@ -251,7 +259,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         most, least = MODIFIER_MAX.get(kind), MODIFIER_MIN.get(kind, 1)
         if field in fields or not number.isdigit() or int(number) < least or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], each once, {unit} >= {least}"
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot|-ff], each once, {unit} >= {least}"
                              + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
@@ -343,7 +351,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -mot
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -mot, -ff
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -352,7 +360,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
                              f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot], "
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot|-ff], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -695,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
                              "-mc<tokens> (its step budget: mixed_chunk_tokens), "
                              "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
-                             "make their targets together: prefill_order max_on_time), bullet-slo-mixed<tokens> (the "
+                             "make their targets together: prefill_order max_on_time) or -ff (the most that make the -fb "
+                             "target, as many of them as can their own: prefill_order fallback_first), "
+                             "bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "
                              "default), bullet-slo-disjoint (a side gives up SMs only after its step in flight), "

@@ -234,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                              "bullet_ray.policy.split.SplitSettings: aim, backlog_aim, hold_below, ...), e.g. "
                              "'{\"aim\": 0.9}'; default: SplitSettings' defaults, as the engine runs")
     parser.add_argument("--prefill-order", default="least_slack",
-                        help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default) or "
-                             "max_on_time (the most requests that make their TTFT targets together)")
+                        help="the prefill queue's order (EngineConfig.prefill_order): least_slack (default), "
+                             "max_on_time (the most requests that make their TTFT targets together) or "
+                             "fallback_first (the most that make --fallback-ms, as many as can their target)")
     parser.add_argument("--ladder", default=None,
                         help="what-if: the split ladder's decode SM counts, comma-separated and ascending (e.g. "
                              "8,16,24,...,112 for a decode floor of 8 SMs, serve_h100's -fl8); an entry the log never "

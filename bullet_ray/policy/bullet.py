@@ -32,12 +32,12 @@ class BulletPolicy:
                  token_cap: int = 2048, settings: SplitSettings | None = None,
                  buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
                  split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None,
-                 max_on_time: bool = False, saturation_share: float = 0.95) -> None:
+                 prefill_order: str = "least_slack", saturation_share: float = 0.95) -> None:
         """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
         judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets); `backlog_batch_tokens`: how
         far a batch may grow past saturation while the split rule sees a backlog (None: never;
-        EngineConfig.prefill_backlog_batch_tokens); `max_on_time`: the queue's order keeps only the most requests that
-        make their targets together (least_slack_order; EngineConfig.prefill_order "max_on_time"); `saturation_share`:
+        EngineConfig.prefill_backlog_batch_tokens); `prefill_order`: how the queue is ordered (least_slack_order's
+        `order`: least_slack, max_on_time or fallback_first; EngineConfig.prefill_order); `saturation_share`:
         a batch stops growing where the model puts throughput within this share of the best
         (EngineConfig.prefill_saturation_share)."""
         self.model = model
@@ -46,7 +46,7 @@ class BulletPolicy:
         self.targets = targets
         self.token_cap = token_cap
         self.backlog_batch_tokens = backlog_batch_tokens
-        self.max_on_time = max_on_time
+        self.prefill_order = prefill_order
         self.saturation_share = saturation_share
         self.buckets = buckets or LengthBuckets()
         self.lookahead_batches = lookahead_batches
@@ -88,7 +88,7 @@ class BulletPolicy:
             return self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms, busy)
 
         order = least_slack_order(state.queue, own, self.targets, state.prefill_remaining_s,
-                                  max_on_time=self.max_on_time)
+                                  order=self.prefill_order)
         self.buckets.rebalance([r.num_prompt_tokens for r in state.queue])
         head_target = head_target_s(order[0], own(order[0]), self.targets, state.prefill_remaining_s) \
             if order else 0.0

@@ -16,6 +16,14 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
    the longest prompt so far goes to the lost ones. A long prompt that would push several short ones past their
    targets is given up at once, instead of being served when it can no longer make its own (least slack alone
    counts each request's own prefill, not the queue ahead of it). The kept ones run in deadline order.
+   With `fallback_first` (EngineConfig.prefill_order "fallback_first"), the same rule counts the fallback target
+   first: the most requests that make their fallback together are kept (Moore-Hodgson on fallback deadlines), and
+   among them as many as can still make their own target are planned for it (`most_within_fallback`: deadline order,
+   each kept one due at its own target where it can make it alone, else at its fallback; when the one just added
+   would be late, the longest one due at its own target is planned for its fallback instead and moves back). A long
+   prompt that the strict count gives up, but that still makes the fallback, is kept, and short ones may slip past
+   their own targets (not past their fallback) to make room: the order that counts the relaxed SLO first. Without
+   a fallback target it is max_on_time.
 2. Then, pass after pass, a request moves ahead of its neighbour when it is shorter and both still meet
    their targets afterwards (served one after the other), which lowers mean TTFT without breaking any
    target (Bullet orders by estimated latency where no TTFT target breaks). Swapping two neighbours does
@@ -33,9 +41,11 @@ from bullet_ray.policy.state import QueuedRequest
 
 def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedRequest], float],
                       targets: SloTargets, start_s: float = 0.0, max_passes: int = 8,
-                      max_on_time: bool = False) -> list[QueuedRequest]:
-    """The queue in the order it should be prefilled; `start_s`: time until the prefill side is free;
-    `max_on_time`: keep only the most requests that can make their targets together (module docstring, 1.)."""
+                      order: str = "least_slack") -> list[QueuedRequest]:
+    """The queue in the order it should be prefilled; `start_s`: time until the prefill side is free; `order`:
+    EngineConfig.prefill_order (PREFILL_ORDERS): "max_on_time" keeps only the most requests that can make their
+    targets together, "fallback_first" the most that make their fallback targets, as many of them as can within
+    their own (module docstring, 1.)."""
     own = {r.request_id: own_s(r) for r in queue}
     target = {r.request_id: targets.ttft_target_s(r.num_prompt_tokens) for r in queue}
 
@@ -47,34 +57,46 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
     rest = [r for r in queue if r.num_computed_tokens == 0]
     feasible = sorted((r for r in rest if slack(r) >= 0), key=lambda r: (slack(r), -r.waited_s))
     lost = [r for r in rest if slack(r) < 0]
-    if max_on_time:
-        t0 = start_s + sum(own[r.request_id] for r in started)
-        feasible, given_up = most_on_time(feasible, own, {r.request_id: target[r.request_id] - r.waited_s
-                                                          for r in feasible}, t0)
-        lost += given_up
-    lost.sort(key=lambda r: -r.waited_s)
+    t0 = start_s + sum(own[r.request_id] for r in started)
     fixed = len(started)
-    if targets.fallback_ttft_s is None:
-        order = started + feasible + lost
+    if order == "fallback_first" and targets.fallback_ttft_s is not None:
+        fallback = {r.request_id: targets.fallback_target_s(r.num_prompt_tokens) or target[r.request_id] for r in rest}
+        can_make = [r for r in rest if fallback[r.request_id] - r.waited_s - own[r.request_id] - t0 >= 0]
+        kept, given_up = most_on_time(can_make, own, {r.request_id: fallback[r.request_id] - r.waited_s
+                                                      for r in can_make}, t0)
+        made = {r.request_id for r in can_make}
+        lost = sorted(given_up + [r for r in rest if r.request_id not in made], key=lambda r: -r.waited_s)
+        ordered = started + most_within_fallback(kept, own, {r.request_id: target[r.request_id] - r.waited_s
+                                                             for r in kept},
+                                                 {r.request_id: fallback[r.request_id] - r.waited_s for r in kept}, t0)
+        ordered += lost
     else:
-        order = _rescue(started + feasible, lost, fixed, own, target, targets, start_s)
+        if order in ("max_on_time", "fallback_first"):  # fallback_first without a fallback target: max_on_time
+            feasible, given_up = most_on_time(feasible, own, {r.request_id: target[r.request_id] - r.waited_s
+                                                              for r in feasible}, t0)
+            lost += given_up
+        lost.sort(key=lambda r: -r.waited_s)
+        if targets.fallback_ttft_s is None:
+            ordered = started + feasible + lost
+        else:
+            ordered = _rescue(started + feasible, lost, fixed, own, target, targets, start_s)
     for _ in range(max_passes):
         moved = False
-        t = start_s + sum(own[r.request_id] for r in order[:fixed])
+        t = start_s + sum(own[r.request_id] for r in ordered[:fixed])
         i = fixed
-        while i < len(order) - 1:
-            a, b = order[i], order[i + 1]
+        while i < len(ordered) - 1:
+            a, b = ordered[i], ordered[i + 1]
             oa, ob = own[a.request_id], own[b.request_id]
             if ob < oa and b.waited_s + t + ob <= target[b.request_id] \
                     and a.waited_s + t + ob + oa <= target[a.request_id] \
                     and (slack(a) < 0 or a.waited_s + t + oa <= target[a.request_id]):
-                order[i], order[i + 1] = b, a
+                ordered[i], ordered[i + 1] = b, a
                 moved = True
-            t += own[order[i].request_id]
+            t += own[ordered[i].request_id]
             i += 1
         if not moved:
             break
-    return order
+    return ordered
 
 
 def most_on_time(candidates: Sequence[QueuedRequest], own: dict[str, float], deadline: dict[str, float],
@@ -94,6 +116,41 @@ def most_on_time(candidates: Sequence[QueuedRequest], own: dict[str, float], dea
             dropped.add(j)
             t += neg
     return [r for i, r in enumerate(ordered) if i not in dropped], [ordered[j] for j in sorted(dropped)]
+
+
+def most_within_fallback(kept: Sequence[QueuedRequest], own: dict[str, float], deadline: dict[str, float],
+                         fallback: dict[str, float], start_s: float) -> list[QueuedRequest]:
+    """`kept` (requests that all make their `fallback` deadlines together, served one after another from `start_s`:
+    most_on_time's kept set on those deadlines) in the order that keeps as many of them within their own `deadline`
+    as this greedy finds: each is due at its own deadline where it makes it alone, else at its fallback; in order of
+    due time, when the one just added ends past its due time, the longest one placed so far that is due at its own
+    deadline is due at its fallback instead and goes back among those not yet placed (its time taken off the
+    clock; Moore-Hodgson's step, with the dropped job kept for later). Every request of `kept` makes at least its
+    fallback: a late one always has one due at its own deadline placed before it (else the all-fallback order,
+    which the kept set meets, would be late there too)."""
+    due = {r.request_id: deadline[r.request_id] if start_s + own[r.request_id] <= deadline[r.request_id]
+           else fallback[r.request_id] for r in kept}
+    index = {r.request_id: i for i, r in enumerate(kept)}
+    pending = [(due[r.request_id], -r.waited_s, index[r.request_id]) for r in kept]
+    heapq.heapify(pending)
+    placed: list[QueuedRequest] = []
+    own_due: list[tuple[float, int]] = []  # a max-heap of placed ones due at their own deadline: (-own, index)
+    t = start_s
+    while pending:
+        _, _, i = heapq.heappop(pending)
+        r = kept[i]
+        placed.append(r)
+        t += own[r.request_id]
+        if due[r.request_id] < fallback[r.request_id]:
+            heapq.heappush(own_due, (-own[r.request_id], i))
+        while placed and t > due[placed[-1].request_id] and own_due:
+            _, j = heapq.heappop(own_due)
+            moved = kept[j]
+            due[moved.request_id] = fallback[moved.request_id]
+            placed.remove(moved)
+            t -= own[moved.request_id]
+            heapq.heappush(pending, (due[moved.request_id], -moved.waited_s, j))
+    return placed
 
 
 def _rescue(placed: list[QueuedRequest], lost: list[QueuedRequest], fixed: int, own: dict[str, float],

@@ -99,11 +99,13 @@ class EngineArgs(BaseModel):
         None, gt=0, description="a second, later TTFT target (ms, > ttft_target_ms; e.g. the relaxed SLO's 1000): the "
                                 "prefill queue's order serves a request that can no longer make its target by this "
                                 "one, in the slack the others leave, instead of after everyone; null: off")
-    prefill_order: Literal["least_slack", "max_on_time"] = Field(
+    prefill_order: Literal["least_slack", "max_on_time", "fallback_first"] = Field(
         "least_slack", description="split policy: how the prefill queue is ordered: least_slack (the requests that "
-                                   "can each still make their TTFT target, least slack first) or max_on_time (only "
+                                   "can each still make their TTFT target, least slack first), max_on_time (only "
                                    "the most of them that make their targets together; the longest prompts are "
-                                   "given up first: Moore-Hodgson; what the GPU deployments ship)")
+                                   "given up first: Moore-Hodgson; what the GPU deployments ship) or fallback_first "
+                                   "(the most that make ttft_fallback_ms together, as many of them as can within "
+                                   "their target; without a fallback target: max_on_time)")
     prefill_backlog_batch_tokens: int | None = Field(
         None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.plot_replays import load, main, points_of, table
+from benchmarks.plot_replays import goodput_table, load, main, points_of, table
 
 
 def _result(folder: Path, name: str, run: str, order: str, replayed: float, measured: float) -> None:
@@ -50,3 +50,12 @@ def test_the_figure_names_the_slo_the_replays_were_scored_under(tmp_path: Path) 
     _result(tmp_path, "b.json", run.replace("rate40", "rate48"), "least_slack", 0.8, 0.8)  # no slo: strict
     with pytest.raises(SystemExit, match="different SLOs"):
         main([str(tmp_path)])
+
+
+def test_goodput_over_the_replayed_rates_interpolated_bounded_or_below():
+    """Goodput per served run and setting: where attainment crosses 90% between the replayed rates (24: 95%, 32: 87%
+    -> 24 + 8 x 5/8 = 29.00), ">= top" when the top rate still meets it, "< lowest" when the lowest does not."""
+    points = {"serve_x/seed3": {"measured": {24.0: 0.95, 32.0: 0.87}, "least_slack": {24.0: 0.85, 32.0: 0.80},
+                                "max_on_time": {24.0: 0.97, 32.0: 0.91}}}
+    text = goodput_table(points, "relaxed")
+    assert "relaxed SLO" in text and "| serve_x/seed3 | 29.00 | < 24 | >= 32 |" in text

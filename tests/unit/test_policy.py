@@ -16,7 +16,7 @@ from bullet_ray.perf.roofline import H100_SXM
 from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.bullet import BulletPolicy
-from bullet_ray.policy.ordering import least_slack_order
+from bullet_ray.policy.ordering import least_slack_order, most_within_fallback
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule, SplitSettings
 from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason, StepState
@@ -458,11 +458,11 @@ def test_max_on_time_gives_up_a_long_prompt_that_would_make_short_ones_late():
     short = [_req(f"S{i}", 500, 0.2) for i in range(4)]  # 0.05 s each, slack 0.25
     default = least_slack_order([long_one, *short], _own, SloTargets(0.5))
     assert [r.request_id for r in default][:2] == ["S0", "L"] and _on_time(default) == 2
-    mot = least_slack_order([long_one, *short], _own, SloTargets(0.5), max_on_time=True)
+    mot = least_slack_order([long_one, *short], _own, SloTargets(0.5), order="max_on_time")
     assert [r.request_id for r in mot][-1] == "L" and _on_time(mot) == 4
     # a prompt in progress stays first, and the time it takes counts against the rest
     started = QueuedRequest("G", 4000, 0.0, num_computed_tokens=2048)
-    order = least_slack_order([started, long_one, *short], _own, SloTargets(0.5), max_on_time=True)
+    order = least_slack_order([started, long_one, *short], _own, SloTargets(0.5), order="max_on_time")
     assert order[0].request_id == "G" and order[-1].request_id == "L"
 
 
@@ -472,6 +472,59 @@ def test_policy_passes_max_on_time_to_its_order():
     queue = (_req("L", 8000, 0.1), *(_req(f"S{i}", 1000, 0.3) for i in range(4)))
     state = StepState(6, queue, BUSY, 1.0)
     plain = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192)
-    mot = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192, max_on_time=True)
+    mot = BulletPolicy(model, LADDER, 132, SloTargets(0.5, 0.025), token_cap=8192, prefill_order="max_on_time")
     assert [r.request_id for r in plain.step(state).order] == ["S0", "S1", "L", "S2", "S3"]
     assert [r.request_id for r in mot.step(state).order] == ["S0", "S1", "S2", "S3", "L"]
+
+
+def _within(order, target_s: float, start_s: float = 0.0) -> int:
+    """How many of `order` make a TTFT target of `target_s`, prefilled one after another (_own each)."""
+    t, n = start_s, 0
+    for r in order:
+        t += _own(r)
+        n += r.waited_s + t <= target_s + 1e-9
+    return n
+
+
+def test_fallback_first_keeps_the_long_prompt_that_max_on_time_gives_up():
+    """L (4k tokens, 0.4 s) has waited 0.49 s: it misses 0.5 s whatever happens and makes the 1 s fallback only if it
+    starts within 0.11 s; eight short ones (0.05 s each, waited 0.19 s) can make 0.5 s six at a time. max_on_time
+    keeps six short ones within 0.5 s and L finds no place before its fallback passes (8 of 9 within 1 s);
+    fallback_first keeps all nine within 1 s: L after two short ones, the other six short ones after it, late for
+    0.5 s but within 1 s."""
+    long_one = _req("L", 4000, 0.49)
+    short = [_req(f"S{i}", 500, 0.19) for i in range(8)]
+    fb = SloTargets(0.5, fallback_ttft_s=1.0)
+    mot = least_slack_order([long_one, *short], _own, fb, order="max_on_time")
+    first = least_slack_order([long_one, *short], _own, fb, order="fallback_first")
+    assert (_within(mot, 0.5), _within(mot, 1.0)) == (6, 8)
+    assert (_within(first, 0.5), _within(first, 1.0)) == (2, 9)
+    assert [r.request_id for r in first].index("L") == 2 and sorted(r.request_id for r in first) == \
+        sorted(r.request_id for r in [long_one, *short])
+    # without a fallback target it is max_on_time
+    plain = SloTargets(0.5)
+    assert [r.request_id for r in least_slack_order([long_one, *short], _own, plain, order="fallback_first")] == \
+        [r.request_id for r in least_slack_order([long_one, *short], _own, plain, order="max_on_time")]
+
+
+def test_fallback_first_gives_up_what_would_cost_several_their_fallback():
+    """Twelve short ones: keeping L within 1 s would push four of them past theirs, so L is given up (Moore-Hodgson
+    on the fallback deadlines counts requests, not tokens), goes last, and every short one makes 1 s; a request that
+    cannot make its fallback at all goes after the kept ones too, and a started prompt stays first."""
+    long_one = _req("L", 4000, 0.5)
+    short = [_req(f"S{i}", 500, 0.2) for i in range(12)]
+    gone = _req("X", 100, 1.2)  # past its fallback already
+    started = QueuedRequest("G", 1000, 0.0, num_computed_tokens=512)
+    order = least_slack_order([gone, long_one, *short, started], _own, SloTargets(0.5, fallback_ttft_s=1.0),
+                              order="fallback_first")
+    ids = [r.request_id for r in order]
+    assert ids[0] == "G" and set(ids[-2:]) == {"L", "X"}
+    assert _within(order[1:13], 1.0, start_s=_own(started)) == 12
+
+
+def test_most_within_fallback_plans_each_for_its_own_target_where_it_can():
+    """Room for all three within their own deadlines: the order is plain deadline order and nothing moves back."""
+    a, b, c = _req("A", 1000, 0.0), _req("B", 500, 0.0), _req("C", 2000, 0.0)
+    own = {r.request_id: _own(r) for r in (a, b, c)}
+    placed = most_within_fallback([a, b, c], own, {"A": 0.3, "B": 0.1, "C": 0.5}, {"A": 1.0, "B": 1.0, "C": 1.0}, 0.0)
+    assert [r.request_id for r in placed] == ["B", "A", "C"]

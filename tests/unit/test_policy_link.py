@@ -167,7 +167,7 @@ def test_handed_over_prompts_in_least_slack_order():
     crowd = [seq("long", 4000, 0.05), *(seq(f"s{i}", 500, 0.2) for i in range(4))]
     plain = order_by_slack(crowd, model, sms=132, targets=SloTargets(0.5, 0.025))  # type: ignore[arg-type]
     mot = order_by_slack(crowd, model, sms=132, targets=SloTargets(0.5, 0.025),  # type: ignore[arg-type]
-                         max_on_time=True)
+                         prefill_order="max_on_time")
     assert [s.request_id for s in plain].index("long") < 4 and mot[-1].request_id == "long"
 
 
@@ -238,13 +238,13 @@ def test_prefill_order_reaches_the_policy_from_the_yaml_edge_and_a_bad_one_names
     from bullet_ray.perf.roofline import H100_SXM
 
     llama = ModelConfig.from_hf_dict(json.loads((PRESETS / "llama-3.1-8b.json").read_text()))
-    for order, expected in (("least_slack", False), ("max_on_time", True)):
+    for order in ("least_slack", "max_on_time", "fallback_first"):
         worker = SimpleNamespace(config=EngineConfig(prefill_order=order, split_policy="slo"),
                                  partitioner=SimpleNamespace(ladder=[SimpleNamespace(decode_sms=d, prefill_sms=132 - d)
                                                                      for d in default_ladder(132)], whole_index=None),
                                  res=SimpleNamespace(state=None))
         decider = SplitDecider(worker, PerfModel(llama, H100_SXM), recorder=None)
-        assert decider.policy.max_on_time is expected
+        assert decider.policy.prefill_order == order
     # engine.prefill_saturation_share reaches the policy the same way
     worker.config = EngineConfig(split_policy="slo", prefill_saturation_share=0.98)
     assert SplitDecider(worker, PerfModel(llama, H100_SXM), recorder=None).policy.saturation_share == 0.98

@@ -144,8 +144,8 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
     policy = rs.make_policy(factory, 50.0, "all", 4096, split_rule={"aim": 0.9, "backlog_aim": 1.0})
     assert (policy.rule.settings.aim, policy.rule.settings.backlog_aim) == (0.9, 1.0)
     assert rs.make_policy(factory, 50.0, "all", 4096).rule.settings.aim == 0.85  # SplitSettings' default
-    assert rs.make_policy(factory, 50.0, "all", 4096, prefill_order="max_on_time").max_on_time is True
-    assert rs.make_policy(factory, 50.0, "all", 4096).max_on_time is False
+    assert rs.make_policy(factory, 50.0, "all", 4096, prefill_order="max_on_time").prefill_order == "max_on_time"
+    assert rs.make_policy(factory, 50.0, "all", 4096).prefill_order == "least_slack"
     assert rs.make_policy(factory, 50.0, "all", 4096, fallback_ms=1000).targets.fallback_ttft_s == pytest.approx(1.0)
     assert rs.make_policy(factory, 50.0, "all", 8192, backlog_batch_tokens=8192).backlog_batch_tokens == 8192
     assert rs.make_policy(factory, 50.0, "all", 4096).backlog_batch_tokens is None

@@ -425,6 +425,12 @@ def test_max_on_time_modifier_sets_the_prefill_order(tmp_path):
     assert "prefill_order" not in _engine(system_yaml("bullet-slo-margin50-pl10", tmp_path))
     with pytest.raises(SystemExit, match="-mot at most once"):
         system_yaml("bullet-slo-margin50-mot-mot", tmp_path)
+    # -ff: the fallback-first order beside the 1 s fallback target; one prefill order per system
+    first = _engine(system_yaml("bullet-slo-margin50-pl10-ff-fb1000+lt+direct", tmp_path))
+    assert (first["prefill_order"], first["ttft_fallback_ms"]) == ("fallback_first", 1000)
+    assert EngineArgs(**first).to_engine_config().prefill_order == "fallback_first"
+    with pytest.raises(SystemExit, match="one of them"):
+        system_yaml("bullet-slo-margin50-mot-ff", tmp_path)
 
 
 def test_floor_modifier_sets_the_split_ladder_from_a_decode_floor(tmp_path):

@@ -429,12 +429,12 @@ def with_pushed(targets: SloTargets, pushed: tuple[float, float] | None) -> SloT
 
 
 def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: SloTargets,
-                   max_on_time: bool = False) -> list[Any]:
+                   prefill_order: str = "least_slack") -> list[Any]:
     """Sequences waiting for prefill (`Sequence`s) in the policy's least-slack order (bullet_ray.policy.ordering):
     those that can still meet their TTFT target (`targets.ttft_target_s` of their prompt) first, least slack
     first; the late ones after, oldest first; a prompt already started stays first. `sms`: where their prefill
-    runs; `max_on_time`: EngineConfig.prefill_order "max_on_time" (only the most that make their targets together
-    go first). Used by the decode side for the prompts the mixed fallback hands it, so that a burst does not all
+    runs; `prefill_order`: EngineConfig.prefill_order (max_on_time: only the most that make their targets together
+    go first; fallback_first: the most that make their fallback targets). Used by the decode side for the prompts the mixed fallback hands it, so that a burst does not all
     wait alike."""
     from bullet_ray.policy.ordering import least_slack_order
 
@@ -444,7 +444,7 @@ def order_by_slack(waiting: Any, model: PerfModel, sms: int, targets: SloTargets
     def own(r: QueuedRequest) -> float:
         return model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms)
 
-    return [by_id[r.request_id] for r in least_slack_order(queue, own, targets, max_on_time=max_on_time)]
+    return [by_id[r.request_id] for r in least_slack_order(queue, own, targets, order=prefill_order)]
 
 
 def is_policy_on(worker: Any) -> bool:

@@ -127,7 +127,7 @@ class DecodeWorker(SideWorker):
         served made a whole burst wait alike: benchmarks/results/serve_h100_m2n)."""
         targets = with_pushed(self.config.planning_targets(), self.res.state.slo_targets())  # per-token, margin kept
         ordered = order_by_slack(self.prompts.waiting, self.recorder.model, self.partitioner.current.decode_sms,
-                                 targets, max_on_time=self.config.max_on_time)
+                                 targets, prefill_order=self.config.prefill_order)
         self.prompts.waiting.clear()
         self.prompts.waiting.extend(ordered)
 

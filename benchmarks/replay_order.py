@@ -141,7 +141,7 @@ def sigma_for_p90_error(p90_error: float) -> float:
 def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTargets, cap_tokens: int = 8192,
            noise_sigma: float = 0.0, overhead_s: float = 0.0, rng: random.Random | None = None,
            plan_ahead: bool = True, planner: str = "bullet", token_budget: int = 8192,
-           max_on_time: bool = False) -> list[float]:
+           order: str = "least_slack") -> list[float]:
     """Client TTFTs (s, in `arrivals`' order) of one replay: see the module docstring. `plan_ahead`: a batch is
     planned while the step before runs (the engine's asynchronous planning: as that step launches, or as a request
     arrives to an empty queue; slack counts the step's predicted rest, `prefill_remaining_s`), and arrivals after
@@ -149,8 +149,8 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
     StepCost, or a fixed rate in prompt tokens/s. `planner`: "fill" takes the order up to `cap_tokens`, cutting
     the last request to fill it; "bullet" is BulletPolicy.plan's batching (`plan_batches`: the head, then requests
     from its length bucket and the nearest, whole, up to `cap_tokens` as the saturation size; a head longer than
-    that runs alone, in chunks of `token_budget`). `max_on_time`: the order keeps only the most requests that can
-    make their targets together (EngineConfig.prefill_order "max_on_time")."""
+    that runs alone, in chunks of `token_budget`). `order`: the queue's order (EngineConfig.prefill_order: least_slack,
+    max_on_time or fallback_first; bullet_ray.policy.ordering)."""
     if planner not in ("fill", "bullet"):
         raise ValueError(f"planner must be 'fill' or 'bullet', got {planner!r}")
     if cap_tokens < 1 or token_budget < 1:
@@ -197,8 +197,8 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
                 now = max(now, free_at, arrival)
             continue
         start_s = max(0.0, predicted_end - now)
-        order = least_slack_order(queue, own_s, targets, start_s, order="max_on_time" if max_on_time else "least_slack")
-        head = order[0]
+        ordered = least_slack_order(queue, own_s, targets, start_s, order=order)
+        head = ordered[0]
         head_target = head_target_s(head, own_s(head), targets, start_s)
         batch: list[tuple[str, int]] = []
         chunks: list[tuple[int, int]] = []
@@ -209,13 +209,13 @@ def replay(arrivals: Sequence[Arrival], cost: StepCost | float, targets: SloTarg
                 return head.waited_s + start_s + t <= head_target or \
                     head.waited_s + start_s + own_s(head) > head_target
             buckets.rebalance([r.num_prompt_tokens for r in queue])
-            for r in plan_batches(order, buckets, token_budget, cap_tokens, fits, max_batches=1)[0]:
+            for r in plan_batches(ordered, buckets, token_budget, cap_tokens, fits, max_batches=1)[0]:
                 take = min(r.num_remaining_tokens, token_budget)
                 batch.append((r.request_id, take))
                 chunks.append((take, r.num_computed_tokens))
         else:
             used = 0
-            for r in order:  # BulletPolicy.plan's fit: the batch grows while its head still makes its target
+            for r in ordered:  # BulletPolicy.plan's fit: the batch grows while its head still makes its target
                 take = min(r.num_remaining_tokens, cap_tokens - used)
                 late = head.waited_s + start_s + step.seconds([*chunks, (take, r.num_computed_tokens)]) > head_target
                 if take <= 0 or (batch and late and head.waited_s + start_s + own_s(head) <= head_target):
@@ -257,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated fallback TTFT targets (ms; 'none': off) the order rescues late requests "
                              "by (engine.ttft_fallback_ms); each is replayed at every margin")
     parser.add_argument("--order", default="least_slack",
-                        help="comma-separated prefill orders to replay: least_slack (the default order), max_on_time "
-                             "(EngineConfig.prefill_order: the most requests that make their targets together)")
+                        help="comma-separated prefill orders to replay (EngineConfig.prefill_order): least_slack (the "
+                             "default order), max_on_time (the most requests that make their targets together), "
+                             "fallback_first (the most that make the --fallback-ms target, as many as can their own)")
     parser.add_argument("--also-ms", type=float, default=1000.0,
                         help="a second TTFT bound the replayed TTFTs are judged by too (default: the relaxed SLO's)")
     parser.add_argument("--seeds", type=int, default=20, help="noise seeds per margin (averaged)")
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     also_s = args.also_ms / 1e3
     orders = [o.strip() for o in args.order.split(",") if o.strip()]
     if not orders or any(o not in PREFILL_ORDERS for o in orders):
-        raise SystemExit(f"--order: least_slack and/or max_on_time, comma-separated; got {args.order!r}")
+        raise SystemExit(f"--order: one or more of {', '.join(PREFILL_ORDERS)}, comma-separated; got {args.order!r}")
     print(f"run {args.run.name}: {len(arrivals)} requests over {arrivals[-1].scheduled_s:.2f} s, "
           f"{sum(a.num_prompt_tokens for a in arrivals)} prompt tokens; measured TTFT <= {args.ttft_ms:g} ms: "
           f"{attainment(measured, target_s):.1%}, TTFT p50 "
@@ -328,17 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'order':>11} {'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
           f"{'p50_ms':>7} {'p90_ms':>7} {'<=' + format(args.also_ms, 'g') + 'ms':>9}")
     for order, margin, fallback in itertools.product(orders, margins, fallbacks):
-        mot = order == "max_on_time"
         targets = SloTargets(target_s, margin_s=margin / 1e3,
                              fallback_ttft_s=None if fallback is None else fallback / 1e3)
         clean = attainment(replay(arrivals, cost, targets, args.cap_tokens, 0.0, args.overhead_ms / 1e3,
                                   plan_ahead=args.plan_ahead, planner=args.planner,
-                                  max_on_time=mot), target_s)
+                                  order=order), target_s)
         shares, near, p50s, p90s, also = [], [], [], [], []
         for seed in range(args.seeds):
             ttfts = replay(arrivals, cost, targets, args.cap_tokens, sigma, args.overhead_ms / 1e3,
                            random.Random(seed), plan_ahead=args.plan_ahead, planner=args.planner,
-                           max_on_time=mot)
+                           order=order)
             shares.append(attainment(ttfts, target_s))
             near.append(sum(target_s < t <= target_s + 0.01 for t in ttfts))
             p50s.append(statistics.median(ttfts))

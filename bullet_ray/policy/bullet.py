@@ -106,10 +106,27 @@ class BulletPolicy:
     def step(self, state: StepState) -> PolicyOutput:
         started = time.perf_counter()
         order, batches = self.plan(state, state.current_index)
-        split = self.rule.decide(state, batches)
+        split = self.rule.decide(state, batches, self.fallback_planned_s(state, order))
         predicted = self.predicted_ttft_s(state, batches, split.index)
         return PolicyOutput(tuple(order), tuple(tuple(b) for b in batches), split, predicted,
                             time.perf_counter() - started)
+
+    def fallback_planned_s(self, state: StepState, order: Sequence[QueuedRequest]) -> dict[str, float]:
+        """With the fallback_first order, the requests it plans for their fallback target (served one after another
+        in the order on the current entry, they end past their own target but within the fallback), each with that
+        target: the split rule judges their TTFT risk by it, not by the target the order already let go (judged by
+        their own, they made the rule take SMs from decode for requests the order meant to be late:
+        benchmarks/results/replay_fallback_first_m14/). Empty for the other orders."""
+        if self.prefill_order != "fallback_first" or self.targets.fallback_ttft_s is None:
+            return {}
+        sms, busy = self.rule.prefill_sms(state.current_index), state.decode.num_seqs > 0
+        t, planned = state.prefill_remaining_s, {}
+        for r in order:
+            t += self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms, busy)
+            fallback = self.targets.fallback_target_s(r.num_prompt_tokens)
+            if fallback is not None and self.targets.ttft_target_s(r.num_prompt_tokens) < r.waited_s + t <= fallback:
+                planned[r.request_id] = fallback
+        return planned
 
     def predicted_ttft_s(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]],
                          index: int) -> dict[str, float]:

@@ -32,11 +32,16 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Sequence
 
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.state import QueuedRequest
+
+# the orders least_slack_order knows (bullet_ray.config.PREFILL_ORDERS, EngineConfig.prefill_order's, is the same;
+# a test holds them equal)
+ORDERS: tuple[str, ...] = ("least_slack", "max_on_time", "fallback_first")
 
 
 def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedRequest], float],
@@ -46,6 +51,8 @@ def least_slack_order(queue: Sequence[QueuedRequest], own_s: Callable[[QueuedReq
     EngineConfig.prefill_order (PREFILL_ORDERS): "max_on_time" keeps only the most requests that can make their
     targets together, "fallback_first" the most that make their fallback targets, as many of them as can within
     their own (module docstring, 1.)."""
+    if order not in ORDERS:
+        raise ValueError(f"unknown prefill order {order!r}; choose {', '.join(ORDERS)}")
     own = {r.request_id: own_s(r) for r in queue}
     target = {r.request_id: targets.ttft_target_s(r.num_prompt_tokens) for r in queue}
 
@@ -122,34 +129,39 @@ def most_within_fallback(kept: Sequence[QueuedRequest], own: dict[str, float], d
                          fallback: dict[str, float], start_s: float) -> list[QueuedRequest]:
     """`kept` (requests that all make their `fallback` deadlines together, served one after another from `start_s`:
     most_on_time's kept set on those deadlines) in the order that keeps as many of them within their own `deadline`
-    as this greedy finds: each is due at its own deadline where it makes it alone, else at its fallback; in order of
-    due time, when the one just added ends past its due time, the longest one placed so far that is due at its own
-    deadline is due at its fallback instead and goes back among those not yet placed (its time taken off the
-    clock; Moore-Hodgson's step, with the dropped job kept for later). Every request of `kept` makes at least its
-    fallback: a late one always has one due at its own deadline placed before it (else the all-fallback order,
-    which the kept set meets, would be late there too)."""
+    as this greedy finds: each is due at its own deadline where it makes it alone, else at its fallback, and the
+    placed ones stay in order of due time; each is placed in turn, and while a placed one ends past its due time,
+    the longest one up to it that is due at its own deadline is due at its fallback instead and moves back to its
+    new place (Moore-Hodgson's step, with the dropped job kept). Every request of `kept` makes at least its
+    fallback: the placed ones in order of due time end late only where one up to the late one is still due at its
+    own deadline (with every one due at its fallback, the order is a prefix of the fallback deadlines' order, which
+    the kept set meets)."""
+    index = {r.request_id: i for i, r in enumerate(kept)}
     due = {r.request_id: deadline[r.request_id] if start_s + own[r.request_id] <= deadline[r.request_id]
            else fallback[r.request_id] for r in kept}
-    index = {r.request_id: i for i, r in enumerate(kept)}
-    pending = [(due[r.request_id], -r.waited_s, index[r.request_id]) for r in kept]
-    heapq.heapify(pending)
+
+    def key(r: QueuedRequest) -> tuple[float, float, int]:
+        return due[r.request_id], -r.waited_s, index[r.request_id]
+
+    def first_late(placed: list[QueuedRequest]) -> int | None:
+        t = start_s
+        for i, r in enumerate(placed):
+            t += own[r.request_id]
+            if t > due[r.request_id]:
+                return i
+        return None
+
     placed: list[QueuedRequest] = []
-    own_due: list[tuple[float, int]] = []  # a max-heap of placed ones due at their own deadline: (-own, index)
-    t = start_s
-    while pending:
-        _, _, i = heapq.heappop(pending)
-        r = kept[i]
-        placed.append(r)
-        t += own[r.request_id]
-        if due[r.request_id] < fallback[r.request_id]:
-            heapq.heappush(own_due, (-own[r.request_id], i))
-        while placed and t > due[placed[-1].request_id] and own_due:
-            _, j = heapq.heappop(own_due)
-            moved = kept[j]
-            due[moved.request_id] = fallback[moved.request_id]
+    for r in sorted(kept, key=key):
+        bisect.insort(placed, r, key=key)
+        while (late := first_late(placed)) is not None:
+            movable = [q for q in placed[:late + 1] if due[q.request_id] < fallback[q.request_id]]
+            if not movable:  # not for a set that makes its fallbacks together (docstring); kept as it stands
+                break
+            moved = max(movable, key=lambda q: (own[q.request_id], -index[q.request_id]))
             placed.remove(moved)
-            t -= own[moved.request_id]
-            heapq.heappush(pending, (due[moved.request_id], -moved.waited_s, j))
+            due[moved.request_id] = fallback[moved.request_id]
+            bisect.insort(placed, moved, key=key)
     return placed
 
 

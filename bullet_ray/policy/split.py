@@ -36,7 +36,7 @@ backlog grew, and the late requests waited seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bullet_ray.errors import ConfigError
@@ -116,9 +116,11 @@ class SplitRule:
         return sum(not self._makes_it_alone(state, r, decode_busy) for r in state.queue)
 
     def ttft_outlook(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]], index: int,
-                     decode_busy: bool, feasible: set[str]) -> tuple[int, float | None, float]:
+                     decode_busy: bool, feasible: set[str],
+                     planned_s: Mapping[str, float] | None = None) -> tuple[int, float | None, float]:
         """(requests at risk that can still make it, worst slack, worst TTFT / target among those that can)
-        on entry `index`."""
+        on entry `index`; `planned_s`: the target a request is planned for where the order plans it for a later
+        one than its own (its fallback: BulletPolicy.fallback_planned_s), judged by that one."""
         if not batches:
             return 0, None, 0.0
         finish = batches_finish_s(self.model, [[r.num_remaining_tokens for r in b] for b in batches],
@@ -126,7 +128,7 @@ class SplitRule:
         at_risk, worst_slack, worst_ratio = 0, math.inf, 0.0
         for batch, done in zip(batches, finish):
             for r in batch:
-                target = self.targets.ttft_target_s(r.num_prompt_tokens)
+                target = (planned_s or {}).get(r.request_id) or self.targets.ttft_target_s(r.num_prompt_tokens)
                 ttft = r.waited_s + done
                 worst_slack = min(worst_slack, target - ttft)
                 if r.request_id in feasible:
@@ -137,7 +139,9 @@ class SplitRule:
     def _fewest_meeting(self, steps: Sequence[float], limit_s: float) -> int | None:
         return next((i for i, t in enumerate(steps) if t <= limit_s), None)
 
-    def decide(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]]) -> SplitDecision:
+    def decide(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]],
+               planned_s: Mapping[str, float] | None = None) -> SplitDecision:
+        """The split for the next steps; `planned_s`: ttft_outlook's, for every judgement of TTFT risk."""
         cur, top = state.current_index, len(self.decode_sms) - 1
         if not 0 <= cur <= top:
             raise ConfigError("split_index", f"current index {cur} outside [0, {top}]")
@@ -146,7 +150,8 @@ class SplitRule:
         if not has_decode and not has_prefill:
             return SplitDecision(cur, SplitReason.IDLE, None, 0, None)
         if not has_decode:
-            risk, slack, _ = self.ttft_outlook(state, batches, 0, False, self.feasible(state, batches, False))
+            risk, slack, _ = self.ttft_outlook(state, batches, 0, False, self.feasible(state, batches, False),
+                                               planned_s)
             return self._moved(state, SplitDecision(0, SplitReason.ONLY_PREFILL, None, risk, slack))
         steps = [self.decode_step_s(state, i, other_busy=has_prefill) for i in range(top + 1)]
         if not has_prefill:
@@ -160,7 +165,7 @@ class SplitRule:
                 want = near_fastest
             return self._moved(state, SplitDecision(want, SplitReason.ONLY_DECODE, steps[want], 0, None))
         feasible = self.feasible(state, batches, True)
-        risk, slack, _ = self.ttft_outlook(state, batches, cur, True, feasible)
+        risk, slack, _ = self.ttft_outlook(state, batches, cur, True, feasible, planned_s)
         measured = state.decode.measured_step_s
         over = steps[cur] > tpot or (measured is not None and measured > tpot and steps[cur] > s.aim * tpot)
         fit_tpot = self._fewest_meeting(steps, tpot) if risk and over and s.balance == "tpot_first" else None
@@ -176,7 +181,7 @@ class SplitRule:
 
             def ratio(i: int) -> float:
                 if i not in ratios:
-                    ratios[i] = self.ttft_outlook(state, batches, i, True, feasible)[2]
+                    ratios[i] = self.ttft_outlook(state, batches, i, True, feasible, planned_s)[2]
                 return ratios[i]
 
             lo, hi = 0, top
@@ -211,7 +216,7 @@ class SplitRule:
             kept = (SplitReason.BALANCE, SplitReason.BALANCE_TPOT, SplitReason.BACKLOG)
             return SplitDecision(cur, reason if reason in kept else SplitReason.HOLD,
                                  steps[cur], risk, slack)
-        risk, slack, _ = self.ttft_outlook(state, batches, want, True, feasible)
+        risk, slack, _ = self.ttft_outlook(state, batches, want, True, feasible, planned_s)
         return self._moved(state, SplitDecision(want, reason, steps[want], risk, slack))
 
     def _moved(self, state: StepState, decision: SplitDecision) -> SplitDecision:

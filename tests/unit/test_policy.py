@@ -16,7 +16,7 @@ from bullet_ray.perf.roofline import H100_SXM
 from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.bullet import BulletPolicy
-from bullet_ray.policy.ordering import least_slack_order, most_within_fallback
+from bullet_ray.policy.ordering import least_slack_order, most_on_time, most_within_fallback
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.split import SplitRule, SplitSettings
 from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitReason, StepState
@@ -508,7 +508,7 @@ def test_fallback_first_keeps_the_long_prompt_that_max_on_time_gives_up():
 
 
 def test_fallback_first_gives_up_what_would_cost_several_their_fallback():
-    """Twelve short ones: keeping L within 1 s would push four of them past theirs, so L is given up (Moore-Hodgson
+    """Twelve short ones behind a started prompt (0.1 s): keeping L within 1 s would push six of them past theirs, so L is given up (Moore-Hodgson
     on the fallback deadlines counts requests, not tokens), goes last, and every short one makes 1 s; a request that
     cannot make its fallback at all goes after the kept ones too, and a started prompt stays first."""
     long_one = _req("L", 4000, 0.5)
@@ -528,3 +528,50 @@ def test_most_within_fallback_plans_each_for_its_own_target_where_it_can():
     own = {r.request_id: _own(r) for r in (a, b, c)}
     placed = most_within_fallback([a, b, c], own, {"A": 0.3, "B": 0.1, "C": 0.5}, {"A": 1.0, "B": 1.0, "C": 1.0}, 0.0)
     assert [r.request_id for r in placed] == ["B", "A", "C"]
+
+
+def test_split_rule_judges_a_fallback_planned_request_by_its_fallback():
+    """A request the order plans for its fallback (it ends past its own target, within the fallback) is not TTFT risk
+    to the split rule; judged by its own target it would be. BulletPolicy hands the rule those targets only with the
+    fallback_first order."""
+    rule = _rule()
+    r = _req("a", 2000, 0.45)  # past 0.5 s whatever the split, within 1 s
+    state = _state(6, [r])
+    assert rule.ttft_outlook(state, [[r]], 6, True, {"a"})[0] == 1
+    assert rule.ttft_outlook(state, [[r]], 6, True, {"a"}, {"a": 1.0})[0] == 0
+    model = PerfModel(LLAMA8B, H100_SXM)
+    short = [_req(f"S{i}", 1000, 0.3) for i in range(6)]
+    fb = SloTargets(0.5, 0.025, fallback_ttft_s=1.0)
+    first = BulletPolicy(model, LADDER, 132, fb, token_cap=8192, prefill_order="fallback_first")
+    mot = BulletPolicy(model, LADDER, 132, fb, token_cap=8192, prefill_order="max_on_time")
+    busy = _state(6, short)
+    planned = first.fallback_planned_s(busy, first.plan(busy, 6)[0])
+    assert planned and all(t == pytest.approx(1.0) for t in planned.values()) and mot.fallback_planned_s(busy, short) == {}
+
+
+def test_fallback_first_keeps_every_kept_request_within_its_fallback():
+    """Every request the fallback deadlines' Moore-Hodgson keeps ends by its fallback in the order returned, in random
+    queues (a moved-back request once went behind later ones and past its fallback: the review's three-request case
+    first), and an unknown order name is an error naming the known ones."""
+    import random
+
+    from bullet_ray.config import PREFILL_ORDERS
+    from bullet_ray.policy.ordering import ORDERS
+
+    assert ORDERS == PREFILL_ORDERS
+    fb = SloTargets(0.5, fallback_ttft_s=1.0)
+    case = [_req("r0", 500, 0.412), _req("r1", 8000, 0.137), _req("r2", 500, 0.072)]
+    rng = random.Random(0)
+    queues = [case] + [[_req(f"q{i}", rng.choice((100, 500, 1000, 2000, 4000, 8000)), rng.uniform(0.0, 0.9))
+                        for i in range(rng.randint(3, 25))] for _ in range(300)]
+    for queue in queues:
+        kept, _ = most_on_time([r for r in queue if 1.0 - r.waited_s - _own(r) >= 0], {r.request_id: _own(r) for r in queue},
+                               {r.request_id: 1.0 - r.waited_s for r in queue}, 0.0)
+        for passes in (0, 8):  # the order itself, then with the shorter-first passes
+            t, ends = 0.0, {}
+            for r in least_slack_order(queue, _own, fb, order="fallback_first", max_passes=passes):
+                t += _own(r)
+                ends[r.request_id] = r.waited_s + t
+            assert all(ends[r.request_id] <= 1.0 + 1e-9 for r in kept), [r.request_id for r in queue]
+    with pytest.raises(ValueError, match="unknown prefill order 'fallback-first'; choose least_slack"):
+        least_slack_order(case, _own, fb, order="fallback-first")

@@ -80,7 +80,7 @@ def test_max_on_time_gives_up_the_long_prompt_that_would_make_the_others_late():
     # 0.1 s); behind it only one more makes 0.5 s. max_on_time gives x up: the four and a make it, then x (late)
     arrivals = [Arrival("x", 0.0, 4000), Arrival("a", 0.0, 2000), *(Arrival(f"s{i}", 0.0, 500) for i in range(4))]
     plain = replay(arrivals, 10_000.0, SloTargets(0.5), cap_tokens=500)
-    mot = replay(arrivals, 10_000.0, SloTargets(0.5), cap_tokens=500, max_on_time=True)
+    mot = replay(arrivals, 10_000.0, SloTargets(0.5), cap_tokens=500, order="max_on_time")
     assert plain[0] == pytest.approx(0.4) and sum(t <= 0.5 for t in plain) == 2
     assert mot == pytest.approx([0.8, 0.4, 0.05, 0.1, 0.15, 0.2])
 

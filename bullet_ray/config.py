@@ -238,7 +238,7 @@ class EngineConfig:
     # relaxed 1.18x and 1.13x; every GPU deployment in deploy/ sets it (the CPU one keeps the fixed split).
     # "fallback_first": the same rule on ttft_fallback_ms first (the most requests that make the fallback target
     # together), then as many of those as can within their own target; the relaxed SLO counted first, for the long
-    # prompts max_on_time gives up in a burst (bullet_ray.policy.ordering); without a fallback target, max_on_time
+    # prompts max_on_time gives up in a burst (bullet_ray.policy.ordering); it needs ttft_fallback_ms
     prefill_order: str = "least_slack"
     # with the split policy: while the prefill queue holds a request that misses its TTFT target whatever the split
     # (the split rule's backlog), a prefill batch may grow to this many prompt tokens (at most max_num_batched_tokens)
@@ -368,6 +368,9 @@ class EngineConfig:
             raise ConfigError("prefill_order", f"unknown prefill order {self.prefill_order!r}; choose least_slack "
                               "(the default), max_on_time (the most requests that make their targets together) or "
                               "fallback_first (the most that make ttft_fallback_ms, as many of them as can their target)")
+        if self.prefill_order == "fallback_first" and self.ttft_fallback_ms is None:
+            raise ConfigError("prefill_order", "fallback_first orders the queue by the fallback TTFT target: set "
+                              "ttft_fallback_ms (e.g. 1000) or choose max_on_time")
         if self.ttft_margin_scope not in TTFT_MARGIN_SCOPES:
             raise ConfigError("ttft_margin_scope", f"unknown margin scope {self.ttft_margin_scope!r}; choose all "
                               "(order, batch fit and split rule) or order (order and batch fit only)")

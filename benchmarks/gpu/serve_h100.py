@@ -246,9 +246,9 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         if sep and tail in FLAG_MODIFIERS and head.startswith("bullet-slo"):
             field, value = FLAG_MODIFIERS[tail]
             if field in fields:
-                raise SystemExit(f"unknown system {name!r}: -{tail} at most once"
-                                 + (" (-mot and -ff each set the prefill order: one of them)"
-                                    if field == "prefill_order" else ""))
+                other = field == "prefill_order" and fields[field] != value  # -mot beside -ff
+                raise SystemExit(f"unknown system {name!r}: " + ("-mot and -ff each set the prefill order: give one "
+                                                                 "of them" if other else f"-{tail} at most once"))
             fields[field], base = (dict(value) if isinstance(value, dict) else value), head
             continue
         kind = next((k for k in MODIFIERS if tail.startswith(k)), None)
@@ -346,6 +346,9 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
                 and "mixed_fallback_tokens" not in modifiers:
             raise SystemExit(f"unknown system {system!r}: -mc<tokens> sizes the mixed fallback's steps: "
                              "give -mx<tokens> (or bullet-slo-mixed<tokens>) too")
+        if modifiers.get("prefill_order") == "fallback_first" and "ttft_fallback_ms" not in modifiers:
+            raise SystemExit(f"unknown system {system!r}: -ff orders by the fallback TTFT target: give -fb<ms> too "
+                             "(e.g. -ff-fb1000)")
         rule = modifiers.pop("split_rule", None)
         if rule is not None:  # -tf: beside bullet-slo-m2's own settings
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}

@@ -304,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             parser.exit(2, f"replay_split: error: {flag}: {e}\n")
 
-    check("--prefill-order", prefill_order=args.prefill_order)
     for flag, name in (("--slo", args.slo), ("--score-slo", args.score_slo)):
         if name is not None and name not in PRESETS:
             parser.exit(2, f"replay_split: error: {flag}: unknown preset {name!r}; choose from {', '.join(PRESETS)}\n")
@@ -316,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     for margin in margins:  # a margin the targets cannot take (>= the TTFT target, < 0) named before any replay
         check("--margins", ttft_margin_ms=margin, ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms)
     check("--fallback-ms", ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms, ttft_fallback_ms=args.fallback_ms)
+    check("--prefill-order", prefill_order=args.prefill_order, ttft_target_ms=ttft_ms, tpot_target_ms=tpot_ms,
+          ttft_fallback_ms=args.fallback_ms)  # fallback_first needs --fallback-ms
     check("--backlog-batch-tokens", prefill_backlog_batch_tokens=args.backlog_batch_tokens)
     check("--saturation-share", prefill_saturation_share=args.saturation_share)
     if args.decode_pause is not None and not 0 < args.decode_pause < float("inf"):

@@ -23,7 +23,7 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
    would be late, the longest one due at its own target is planned for its fallback instead and moves back). A long
    prompt that the strict count gives up, but that still makes the fallback, is kept, and short ones may slip past
    their own targets (not past their fallback) to make room: the order that counts the relaxed SLO first. Without
-   a fallback target it is max_on_time.
+   a fallback target it is max_on_time (EngineConfig refuses fallback_first without ttft_fallback_ms).
 2. Then, pass after pass, a request moves ahead of its neighbour when it is shorter and both still meet
    their targets afterwards (served one after the other), which lowers mean TTFT without breaking any
    target (Bullet orders by estimated latency where no TTFT target breaks). Swapping two neighbours does

@@ -105,7 +105,7 @@ class EngineArgs(BaseModel):
                                    "the most of them that make their targets together; the longest prompts are "
                                    "given up first: Moore-Hodgson; what the GPU deployments ship) or fallback_first "
                                    "(the most that make ttft_fallback_ms together, as many of them as can within "
-                                   "their target; without a fallback target: max_on_time)")
+                                   "their target; needs ttft_fallback_ms)")
     prefill_backlog_batch_tokens: int | None = Field(
         None, ge=1, description="split policy: while a queued request misses its TTFT target whatever the split "
                                 "(a backlog), prefill batches grow to this many tokens (<= max_num_batched_tokens) "

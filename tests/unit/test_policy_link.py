@@ -233,13 +233,15 @@ def test_prefill_order_reaches_the_policy_from_the_yaml_edge_and_a_bad_one_names
         EngineConfig(prefill_order="edf")
     with pytest.raises(ValidationError, match="prefill_order"):
         EngineArgs(prefill_order="edf")
+    with pytest.raises(ConfigError, match=r"^prefill_order: fallback_first orders the queue by the fallback TTFT target"):
+        EngineConfig(prefill_order="fallback_first")  # without ttft_fallback_ms
     from bullet_ray.gpu.partition import default_ladder
     from bullet_ray.perf.model import PerfModel
     from bullet_ray.perf.roofline import H100_SXM
 
     llama = ModelConfig.from_hf_dict(json.loads((PRESETS / "llama-3.1-8b.json").read_text()))
     for order in ("least_slack", "max_on_time", "fallback_first"):
-        worker = SimpleNamespace(config=EngineConfig(prefill_order=order, split_policy="slo"),
+        worker = SimpleNamespace(config=EngineConfig(prefill_order=order, split_policy="slo", ttft_fallback_ms=1000.0),
                                  partitioner=SimpleNamespace(ladder=[SimpleNamespace(decode_sms=d, prefill_sms=132 - d)
                                                                      for d in default_ladder(132)], whole_index=None),
                                  res=SimpleNamespace(state=None))

@@ -159,6 +159,7 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--split-rule", "[0.9]", "[0.9]"),
                                                     ("--decode-pause", "0", "0"),
                                                     ("--prefill-order", "edf", "edf"),
+                                                    ("--prefill-order", "fallback_first", "ttft_fallback_ms"),
                                                     ("--slo", "lax", "lax"),
                                                     ("--score-slo", "lax", "lax"),
                                                     ("--margins", "0,500", "500"),

@@ -431,6 +431,8 @@ def test_max_on_time_modifier_sets_the_prefill_order(tmp_path):
     assert EngineArgs(**first).to_engine_config().prefill_order == "fallback_first"
     with pytest.raises(SystemExit, match="one of them"):
         system_yaml("bullet-slo-margin50-mot-ff", tmp_path)
+    with pytest.raises(SystemExit, match="give -fb<ms> too"):
+        system_yaml("bullet-slo-margin50-pl10-ff+lt+direct", tmp_path)
 
 
 def test_floor_modifier_sets_the_split_ladder_from_a_decode_floor(tmp_path):

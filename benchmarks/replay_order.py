@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     orders = [o.strip() for o in args.order.split(",") if o.strip()]
     if not orders or any(o not in PREFILL_ORDERS for o in orders):
         raise SystemExit(f"--order: one or more of {', '.join(PREFILL_ORDERS)}, comma-separated; got {args.order!r}")
+    if "fallback_first" in orders and None in fallbacks:
+        raise SystemExit("--order: fallback_first orders by the fallback TTFT target: give --fallback-ms (no 'none')")
     print(f"run {args.run.name}: {len(arrivals)} requests over {arrivals[-1].scheduled_s:.2f} s, "
           f"{sum(a.num_prompt_tokens for a in arrivals)} prompt tokens; measured TTFT <= {args.ttft_ms:g} ms: "
           f"{attainment(measured, target_s):.1%}, TTFT p50 "
@@ -326,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{sigma:.4f} (p90 error {p90:.1%}), overhead {args.overhead_ms:g} ms, batch cap {args.cap_tokens} tokens, "
           f"{args.seeds} seeds")
     rows = []
-    print(f"{'order':>11} {'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
+    print(f"{'order':>14} {'margin_ms':>9} {'fallback':>8} {'no_noise':>9} {'mean':>7} {'min':>7} {'max':>7} {'miss_<=10ms':>11} "
           f"{'p50_ms':>7} {'p90_ms':>7} {'<=' + format(args.also_ms, 'g') + 'ms':>9}")
     for order, margin, fallback in itertools.product(orders, margins, fallbacks):
         targets = SloTargets(target_s, margin_s=margin / 1e3,
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                "mean_p50_ms": statistics.fmean(p50s) * 1e3, "mean_p90_ms": statistics.fmean(p90s) * 1e3,
                f"mean_within_{args.also_ms:g}ms": statistics.fmean(also)}
         rows.append(row)
-        print(f"{order:>11} {margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
+        print(f"{order:>14} {margin:>9g} {'none' if fallback is None else format(fallback, 'g'):>8} {clean:>9.1%} "
               f"{row['mean']:>7.1%} {row['min']:>7.1%} {row['max']:>7.1%} {row['mean_misses_within_10ms']:>11.1f} "
               f"{row['mean_p50_ms']:>7.0f} {row['mean_p90_ms']:>7.0f} {statistics.fmean(also):>9.1%}")
     if args.json is not None:

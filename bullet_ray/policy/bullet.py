@@ -2,7 +2,7 @@
 
     order   = least_slack_order(queue)                          (ordering.py)
     batches = plan_batches(order, buckets, cap, saturation)     (batching.py, buckets.py)
-    split   = SplitRule.decide(state, batches)                  (split.py)
+    split   = SplitRule.decide(state, batches, planned)         (split.py; planned: fallback_planned_s)
 
 and the predicted TTFT of every queued request on the chosen split. The batches are planned for the
 current split's prefill SMs (not planned again for a new one); only the first `lookahead_batches` are
@@ -116,7 +116,8 @@ class BulletPolicy:
         in the order on the current entry, they end past their own target but within the fallback), each with that
         target: the split rule judges their TTFT risk by it, not by the target the order already let go (judged by
         their own, they made the rule take SMs from decode for requests the order meant to be late:
-        benchmarks/results/replay_fallback_first_m14/). Empty for the other orders."""
+        benchmarks/results/replay_fallback_first_m14/). Empty for the other orders. The backlog (SplitRule.num_late)
+        still counts a request by its own target."""
         if self.prefill_order != "fallback_first" or self.targets.fallback_ttft_s is None:
             return {}
         sms, busy = self.rule.prefill_sms(state.current_index), state.decode.num_seqs > 0
@@ -125,7 +126,8 @@ class BulletPolicy:
             t += self.model.predict_prefill_s(r.num_remaining_tokens, r.num_prompt_tokens, sms, busy)
             fallback = self.targets.fallback_target_s(r.num_prompt_tokens)
             if fallback is not None and self.targets.ttft_target_s(r.num_prompt_tokens) < r.waited_s + t <= fallback:
-                planned[r.request_id] = fallback
+                # in the rule's own terms (its targets lack the margin with ttft_margin_scope "order")
+                planned[r.request_id] = self.rule.targets.fallback_target_s(r.num_prompt_tokens) or fallback
         return planned
 
     def predicted_ttft_s(self, state: StepState, batches: Sequence[Sequence[QueuedRequest]],

@@ -19,8 +19,8 @@ slack_r = target_r - waited_r - own_r       (own_r: r's prefill alone on the pre
    With `fallback_first` (EngineConfig.prefill_order "fallback_first"), the same rule counts the fallback target
    first: the most requests that make their fallback together are kept (Moore-Hodgson on fallback deadlines), and
    among them as many as can still make their own target are planned for it (`most_within_fallback`: deadline order,
-   each kept one due at its own target where it can make it alone, else at its fallback; when the one just added
-   would be late, the longest one due at its own target is planned for its fallback instead and moves back). A long
+   each kept one due at its own target where it can make it alone, else at its fallback; while a placed one would
+   be late, the longest one up to it due at its own target is planned for its fallback instead and moves back). A long
    prompt that the strict count gives up, but that still makes the fallback, is kept, and short ones may slip past
    their own targets (not past their fallback) to make room: the order that counts the relaxed SLO first. Without
    a fallback target it is max_on_time (EngineConfig refuses fallback_first without ttft_fallback_ms).

@@ -73,6 +73,12 @@ def test_the_command_line_reads_a_run_and_a_step_log(tmp_path, capsys):
     assert [r["order"] for r in json.loads(out.read_text())["rows"]] == ["least_slack", "max_on_time"]
     with pytest.raises(SystemExit, match="--order"):
         main(["--run", str(run), "--steps", str(steps), "--order", "edf"])
+    # fallback_first replays with a fallback target only
+    assert main(["--run", str(run), "--steps", str(steps), "--margins", "50", "--order", "fallback_first",
+                 "--fallback-ms", "1000", "--seeds", "2", "--json", str(out)]) == 0
+    assert [r["order"] for r in json.loads(out.read_text())["rows"]] == ["fallback_first"]
+    with pytest.raises(SystemExit, match="give --fallback-ms"):
+        main(["--run", str(run), "--steps", str(steps), "--order", "fallback_first"])
 
 
 def test_max_on_time_gives_up_the_long_prompt_that_would_make_the_others_late():

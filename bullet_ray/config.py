@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.errors import ConfigError
+from bullet_ray.policy.ordering import ORDERS
 
 if TYPE_CHECKING:
     from bullet_ray.perf.model import PerfModel
@@ -24,8 +25,8 @@ SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
 PREFILL_GEMMS: tuple[str, ...] = ("auto", "cublas", "cublaslt", "cublaslt-all")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
-# how the split policy orders the prefill queue (EngineConfig.prefill_order, bullet_ray.policy.ordering)
-PREFILL_ORDERS: tuple[str, ...] = ("least_slack", "max_on_time", "fallback_first")
+# how the split policy orders the prefill queue (EngineConfig.prefill_order): the orders least_slack_order knows
+PREFILL_ORDERS: tuple[str, ...] = ORDERS
 MAX_PREFILL_LAYER_GROUPS = 256  # more groups than layers run one layer per group
 
 

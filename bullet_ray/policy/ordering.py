@@ -39,8 +39,7 @@ from collections.abc import Callable, Sequence
 from bullet_ray.policy.slo import SloTargets
 from bullet_ray.policy.state import QueuedRequest
 
-# the orders least_slack_order knows (bullet_ray.config.PREFILL_ORDERS, EngineConfig.prefill_order's, is the same;
-# a test holds them equal)
+# the orders least_slack_order knows (EngineConfig.prefill_order's choices: bullet_ray.config.PREFILL_ORDERS)
 ORDERS: tuple[str, ...] = ("least_slack", "max_on_time", "fallback_first")
 
 

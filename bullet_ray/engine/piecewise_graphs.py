@@ -57,16 +57,19 @@ logger = logging.getLogger(__name__)
 # a 311-token decode ran as 512 rows (offline on the H100, benchmarks/results/lease_m2j); now as 320. The
 # price is start-up: 33 buckets up to 2,048 tokens instead of 13, captured on every partition a side may run
 # on; on the H100 serve_h100's ready time went from 37 / 76 s (chunked / bullet, serve_h100_m2i) to 47-57 /
-# 116-118 s (serve_h100_m2j, m2k).
+# 116-118 s (serve_h100_m2j, m2k). Above 2,048 tokens (budgets larger than serving's: chunked-8192, vLLM's serving
+# budget, and offline runs) every 128 to 4,096 and every 256 to 8,192 (each pads by under 6.3%): with every 256 / 512
+# there, steps of 3.3-4.7k tokens ran their GEMMs 9-12% slower than vLLM's at their exact size, the padding
+# (benchmarks/results/kernel_compare_h200/, 8,192-token budget); at 16 more buckets' capture (~1.3 s on the H200).
 _DOUBLE_TOP = 128
-_STEPS = ((512, 32), (1024, 64), (2048, 128), (4096, 256), (None, 512))
+_STEPS = ((512, 32), (1024, 64), (2048, 128), (4096, 128), (8192, 256), (None, 512))
 
 
 def token_buckets(max_tokens: int) -> list[int]:
     """Token-count buckets up to max_tokens: 8, 16, ..., 128, then every 32 up to 512, every 64 up to 1024,
-    every 128 up to 2048, every 256 up to 4096 and every 512 beyond (the last one is max_tokens): past 128 tokens
-    a step pads by under 25%, past 512 by under 13%. Serving limits stop at 2,048; the coarser steps beyond serve
-    offline runs with vLLM's 16,384-token budget (`benchmarks.offline --piecewise-graph-tokens`)."""
+    every 128 up to 4096, every 256 up to 8192 and every 512 beyond (the last one is max_tokens): past 128 tokens
+    a step pads by under 25%, past 512 by under 13%, past 2,048 by under 6.3%. Serving limits stop at 2,048; the
+    steps beyond serve larger budgets (chunked-8192, offline runs with vLLM's 16,384-token budget)."""
     if max_tokens < 1:
         return []
     buckets: list[int] = []

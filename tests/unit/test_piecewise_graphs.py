@@ -117,10 +117,13 @@ def test_token_buckets():
     assert token_buckets(2048) == [8, 16, 32, 64, 128, *range(160, 513, 32), *range(576, 1025, 64),
                                    *range(1152, 2049, 128)]
     assert token_buckets(640) == [8, 16, 32, 64, 128, *range(160, 513, 32), 576, 640]
-    big = token_buckets(16384)  # offline budgets: every 256 to 4,096, every 512 beyond
+    big = token_buckets(16384)  # larger budgets: every 128 to 4,096, every 256 to 8,192, every 512 beyond
     assert big[:len(token_buckets(2048))] == token_buckets(2048)
-    assert big[-3:] == [15360, 15872, 16384] and 2304 in big and 4608 in big and 4352 not in big
+    assert [b for b in big if 2048 < b <= 8192] == [*range(2176, 4097, 128), *range(4352, 8193, 256)]
+    assert big[-3:] == [15360, 15872, 16384] and 8704 in big and 8448 not in big
     assert all((b - a) / a <= 0.125 for a, b in zip(big, big[1:]) if a >= 512)
+    assert all((b - a) / a <= 0.0625 for a, b in zip(big, big[1:]) if a >= 2048)  # pads by under 6.3% there
+    assert len(token_buckets(8192)) == 65 and len(big) == 81
     assert token_buckets(100) == [8, 16, 32, 64, 100]
     assert token_buckets(300) == [8, 16, 32, 64, 128, 160, 192, 224, 256, 288, 300]
     assert token_buckets(8) == [8]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.errors import ConfigError
+from bullet_ray.policy.batching import SATURATION_SHARE
 from bullet_ray.policy.ordering import ORDERS
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ class EngineConfig:
     # puts within this share of the best (PerfModel.saturation_tokens; 0 < share <= 1): higher, larger batches (fewer
     # steps, more tokens/s, a batch's first requests wait longer). The measured H200 profile (2026-11-30) puts 95% at
     # 2.3-2.8k tokens on 92-116 SMs, where the derived one put 2.0-2.2k (benchmarks/results/serve_h200_m11/)
-    prefill_saturation_share: float = 0.95
+    prefill_saturation_share: float = SATURATION_SHARE
     # the GEMM of the projections (qkv, o, gate_up, down) of the worker that prefills (GPU): the prefill worker's on
     # the bullet and static schedules (tuned on its partitions where cuBLAS's grid wastes SM-rounds), the one worker's on the chunked
     # schedule (tuned on the whole GPU):

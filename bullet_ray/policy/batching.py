@@ -15,6 +15,10 @@ from collections.abc import Callable, Sequence
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.state import QueuedRequest
 
+# where a batch stops growing: the fewest tokens whose throughput the model puts within this share of the best
+# (EngineConfig.prefill_saturation_share's default, and BulletPolicy's)
+SATURATION_SHARE = 0.95
+
 
 def plan_batches(order: Sequence[QueuedRequest], buckets: LengthBuckets, token_cap: int, saturation_tokens: int,
                  fits: Callable[[list[QueuedRequest]], bool] | None = None,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.perf.ttft import batches_finish_s
-from bullet_ray.policy.batching import plan_batches
+from bullet_ray.policy.batching import SATURATION_SHARE, plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.ordering import head_target_s, least_slack_order
 from bullet_ray.policy.slo import SloTargets
@@ -32,7 +32,7 @@ class BulletPolicy:
                  token_cap: int = 2048, settings: SplitSettings | None = None,
                  buckets: LengthBuckets | None = None, lookahead_batches: int = 8,
                  split_targets: SloTargets | None = None, backlog_batch_tokens: int | None = None,
-                 prefill_order: str = "least_slack", saturation_share: float = 0.95) -> None:
+                 prefill_order: str = "least_slack", saturation_share: float = SATURATION_SHARE) -> None:
         """`targets`: what the queue's order and the batches' fit plan for; `split_targets`: what the split rule
         judges TTFT risk and backlog by (None: `targets`; EngineConfig.split_targets); `backlog_batch_tokens`: how
         far a batch may grow past saturation while the split rule sees a backlog (None: never;

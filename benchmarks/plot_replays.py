@@ -36,6 +36,12 @@ class Replay:
     slo: str  # the SLO preset both were scored under (replay_split --slo)
 
 
+def setting_name(value: Any) -> str:
+    """How a replayed setting is named in the tables and the legend: its value as given, with an empty split rule
+    (`--split-rule '{}'`: the engine's defaults) or a missing one read as "default"."""
+    return "default" if value in (None, {}, "") else str(value)
+
+
 def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
     """Every replay_split JSON in `folder`; one SLO for all of them, one file per (run, setting)."""
     files = sorted(folder.glob("*.json"))
@@ -49,7 +55,7 @@ def load(folder: Path, label_by: str = "prefill_order") -> list[Replay]:
             run = Path(str(doc["run"]))
             rows = doc["rows"]
             measured = float(doc["measured"]["attainment"])
-            setting = str(doc[label_by])
+            setting = setting_name(doc[label_by])
             att = rows[0]["attainment"]
             replayed, low, high = float(att["mean"]), float(att["min"]), float(att["max"])
         except (ValueError, KeyError, TypeError, IndexError) as e:

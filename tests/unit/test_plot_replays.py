@@ -59,3 +59,13 @@ def test_goodput_over_the_replayed_rates_interpolated_bounded_or_below():
                                 "max_on_time": {24.0: 0.97, 32.0: 0.91}}}
     text = goodput_table(points, "relaxed")
     assert "relaxed SLO" in text and "| serve_x/seed3 | 29.00 | < 24 | >= 32 |" in text
+
+
+def test_an_empty_split_rule_is_named_default(tmp_path: Path) -> None:
+    """`replay_split --split-rule '{}'` replays the engine's own rule: the table and legend call it "default"."""
+    run = "benchmarks/results/serve_x/seed9/runs/bullet-slo-rate48.json.gz"
+    for name, rule, att in (("a.json", {}, 0.69), ("b.json", {"balance": "tpot_first"}, 0.78)):
+        (tmp_path / name).write_text(json.dumps({"run": run, "split_rule": rule, "measured": {"attainment": 0.48},
+                                                 "rows": [{"attainment": {"mean": att, "min": att, "max": att}}]}))
+    settings = {r.setting: r.replayed for r in load(tmp_path, label_by="split_rule")}
+    assert settings == {"default": 0.69, "{'balance': 'tpot_first'}": 0.78}

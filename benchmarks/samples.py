@@ -136,8 +136,37 @@ def summarize(rows: list[dict[str, Any]], goal: float | None) -> dict[str, Any]:
                        "mean": statistics.fmean(ratios + [b["ratio"] for b in bounds])}
     return {"n": len(ratios), "mean": mean, "min": min(ratios, default=None), "max": max(ratios, default=None),
             "mean_with_bounds": with_bounds, "goal": goal, "mean_lower_95": lower,
-            "meets_goal": None if mean is None or goal is None else mean >= goal,
+            "meets_goal": _meets(goal, mean, with_bounds),
             "lower_95_meets_goal": None if lower is None or goal is None else lower >= goal}
+
+
+def _meets(goal: float | None, mean: float | None, with_bounds: dict[str, Any] | None) -> bool | None:
+    """Whether the mean meets the goal; with no uncensored sample, what the bounded mean decides (every sample at
+    least its bound, and that mean over the goal: met; every sample at most its bound, under it: missed), else
+    None (open: the sweeps did not reach where the ratio is decided)."""
+    if goal is None:
+        return None
+    if mean is not None:
+        return mean >= goal
+    if with_bounds is None:
+        return None
+    if with_bounds["side"] == "lower" and with_bounds["mean"] >= goal:
+        return True
+    if with_bounds["side"] == "upper" and with_bounds["mean"] < goal:
+        return False
+    return None
+
+
+def _verdict(s: dict[str, Any]) -> str:
+    """The goal column: the mean's verdict ('met', 'missed', or 'open' where censoring leaves it undecided; 'by the
+    bounds' when no sample was uncensored), then its lower bound's."""
+    if s["goal"] is None:
+        return ""
+    met = {True: "met", False: "missed", None: "open"}[s["meets_goal"]]
+    if s["mean"] is None and s["meets_goal"] is not None:
+        met += " by the censored bounds"
+    return f"{s['goal']}x: {met}" + ("" if s["lower_95_meets_goal"] is None
+                                     else f"; {'met' if s['lower_95_meets_goal'] else 'missed'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             wb = s["mean_with_bounds"]
             bounded = "-" if wb is None else f"{_bound_text(wb['side'], wb['mean'])} ({wb['n']})"
             lower = "-" if s["mean_lower_95"] is None else f"{s['mean_lower_95']:.3f}x"
-            goal = "" if s["goal"] is None else f"{s['goal']}x: {'met' if s['meets_goal'] else 'missed'}" + (
-                "" if s["lower_95_meets_goal"] is None else f"; {'met' if s['lower_95_meets_goal'] else 'missed'}")
-            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {lower} | {bounded} | {goal} |")
+            print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {lower} | {bounded} | {_verdict(s)} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
     repeats = same_draws(args.folders)
     report["same_draw"] = [{"samples": numbers, "draw": list(draw)} for numbers, draw in repeats]

@@ -127,3 +127,23 @@ def test_plot_draws_one_panel_per_slo(tmp_path):
     assert pairs[0]["samples"][2]["bound"] == {"side": "lower", "ratio": pytest.approx(1.2)}
     with pytest.raises(SystemExit):  # no SLO left to draw a panel for
         samples.main([str(tmp_path / "s1"), "--a", "a", "--b", "b", "--slo", ",", "--plot", str(png)])
+
+
+def test_every_sample_censored_the_goal_is_judged_by_the_bounds_or_left_open(tmp_path, capsys):
+    """A above every sweep's top rate: no ratio, each at least its bound. The bounds' mean over the goal meets it
+    ('met by the censored bounds'); under it the goal is open, not missed (the sweeps stopped too early to say)."""
+    for name, a_top, b in (("s1", 48.0, 36.0), ("s2", 56.0, 40.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        systems = {"a": {"x": {"point": {"value": a_top, "censored": "above", "label": f">= {a_top:.2f}"}}},
+                   "b": {"x": {"point": {"value": b, "censored": None, "label": f"{b:.2f}"}}}}
+        (folder / "goodput_ci.json").write_text(json.dumps({"systems": systems}))
+    folders = [str(tmp_path / "s1"), str(tmp_path / "s2")]
+    out = tmp_path / "r.json"
+    assert samples.main(folders + ["--a", "a", "--b", "b", "--slo", "x", "--goal", "1.25", "--out", str(out)]) == 0
+    (pair,) = json.loads(out.read_text())["pairs"]
+    assert pair["mean"] is None and pair["mean_with_bounds"]["mean"] == pytest.approx((48 / 36 + 56 / 40) / 2)
+    assert pair["meets_goal"] is True and "1.25x: met by the censored bounds |" in capsys.readouterr().out
+    assert samples.main(folders + ["--a", "a", "--b", "b", "--slo", "x", "--goal", "1.5", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["pairs"][0]["meets_goal"] is None
+    assert "1.5x: open |" in capsys.readouterr().out

@@ -160,6 +160,10 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
         caller's to send."""
         self.check_health()
         ids = self.prompt_ids(prompt)
+        outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if outside:
+            raise InvalidRequest(f"logit_bias token ids {outside[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                                 "logit_bias")
         params = params.fitted_to_context(len(ids), self._max_model_len)
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(

@@ -1,9 +1,10 @@
 """Turning logits into tokens: penalties, greedy or temperature/top-k/top-p/min-p sampling, logprobs.
 
 Order of processing, per row of logits:
-  1. repetition penalty (HF semantics) over prompt + output tokens,
-  2. presence / frequency penalties (OpenAI semantics) over output tokens,
-  3. temperature == 0 (or < 1e-5): greedy argmax (ties -> lowest index, as torch.argmax);
+  1. logit bias (OpenAI's `logit_bias`: added to the model's logits of the listed ids),
+  2. repetition penalty (HF semantics) over prompt + output tokens,
+  3. presence / frequency penalties (OpenAI semantics) over output tokens,
+  4. temperature == 0 (or < 1e-5): greedy argmax (ties -> lowest index, as torch.argmax);
      else logits / temperature -> top-k -> top-p -> min-p -> draw.
 
 Reproducibility: each request draws exactly one float64 uniform per sampled token from its own CPU
@@ -14,7 +15,7 @@ its generator state travels with it from the prefill process to the decode proce
 device); only the one-scalar draw per row loops in Python. Masks are value thresholds (see `_draw`), so
 ties and batch-mates cannot change a row's kept set.
 
-Logprobs are those of the raw model distribution (log-softmax of the logits before penalties,
+Logprobs are those of the raw model distribution (log-softmax of the logits before the bias, penalties,
 temperature and masks), as vLLM returns by default.
 """
 
@@ -166,15 +167,21 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-        """Logits after repetition / presence / frequency penalties (a new tensor; the input is kept)."""
+        """Logits after the logit bias and the repetition / presence / frequency penalties (a new tensor; the
+        input is kept)."""
+        bias_rows = [i for i, s in enumerate(states) if s.params.logit_bias]
         rep_rows = [i for i, s in enumerate(states) if s.params.repetition_penalty != 1.0]
         freq_rows = [i for i, s in enumerate(states)
                      if (s.params.presence_penalty or s.params.frequency_penalty) and s.output_token_ids]
-        if not rep_rows and not freq_rows:
+        if not bias_rows and not rep_rows and not freq_rows:
             return logits
         logits = logits.clone()
         num_rows, vocab = logits.shape
         device = logits.device
+        if bias_rows:
+            rows, cols = _row_col([(i, [t for t, _ in states[i].params.logit_bias]) for i in bias_rows])
+            values = torch.tensor([b for i in bias_rows for _, b in states[i].params.logit_bias], dtype=logits.dtype)
+            logits.index_put_((rows.to(device), cols.to(device)), values.to(device), accumulate=True)
         if rep_rows:
             seen = torch.zeros(num_rows, vocab, dtype=torch.bool)
             rows, cols = _row_col([(i, states[i].prompt_token_ids + states[i].output_token_ids) for i in rep_rows])
@@ -198,8 +205,8 @@ class Sampler:
 
 
 def _is_plain_greedy(p: SamplingParams) -> bool:
-    """Greedy without logprobs or penalties: the argmax of the raw logits decides the token."""
-    return p.temperature < MIN_TEMPERATURE and p.logprobs is None and not p.has_penalties
+    """Greedy without logprobs, penalties or a logit bias: the argmax of the raw logits decides the token."""
+    return p.temperature < MIN_TEMPERATURE and p.logprobs is None and not p.modifies_logits
 
 
 def _row_col(pairs: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:

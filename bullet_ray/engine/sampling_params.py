@@ -18,6 +18,8 @@ from bullet_ray.errors import InvalidSamplingParams
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63  # exclusive: seeds are non-negative int64
+MAX_LOGIT_BIAS_TOKENS = 1024  # entries of one request's logit_bias
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's bounds: each bias in [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # HF/vLLM repetition penalty (> 0, 1 = off); applied to prompt and generated tokens
     repetition_penalty: float = 1.0
+    # OpenAI logit_bias: added to the model's logits of these token ids before penalties and sampling, each in
+    # [-100, 100] (-100 bans a token, 100 all but forces it); a {token id: bias} mapping from callers, kept as
+    # sorted (id, bias) pairs. The engine checks the ids against the vocabulary.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # skip special tokens (EOS, chat markers) when detokenizing the output text
     skip_special_tokens: bool = True
     # extra fields the engine ignores (kept so callers can round-trip)
@@ -65,6 +71,7 @@ class SamplingParams:
         set_ = object.__setattr__  # frozen: normalize in place
         set_(self, "stop", _as_tuple(self.stop, "stop", "a string or a list of strings"))
         set_(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", "a list of token ids"))
+        set_(self, "logit_bias", _logit_bias(self.logit_bias))
         _check(_is_finite(self.temperature) and self.temperature >= 0, "temperature",
                f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         _check(_is_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
@@ -114,7 +121,13 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
+        """Penalties over the tokens seen so far (the sampler reads the request's history for them)."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def modifies_logits(self) -> bool:
+        """Whether anything changes the model's logits before the pick: penalties or a logit bias."""
+        return self.has_penalties or bool(self.logit_bias)
 
     @classmethod
     def from_openai(cls, body: dict[str, Any], default_max_tokens: int = 16) -> SamplingParams:
@@ -146,10 +159,37 @@ class SamplingParams:
             "stop": body.get("stop") or (),
         }
         for name in ("presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty",
-                     "ignore_eos", "stop_token_ids", "skip_special_tokens"):
+                     "ignore_eos", "stop_token_ids", "skip_special_tokens", "logit_bias"):
             if body.get(name) is not None:
                 kwargs[name] = body[name]
         return cls(**kwargs)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """A logit bias as sorted (token id, bias) pairs, from a mapping (JSON's keys are strings: "50256") or pairs;
+    InvalidSamplingParams naming `logit_bias` for anything else, a negative or non-integer id, or a bias that is
+    not a finite number in [-100, 100]."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        return _fail("logit_bias", f"must be a mapping of token ids to biases, got {value!r:.80}")
+    _check(len(items) <= MAX_LOGIT_BIAS_TOKENS, "logit_bias",
+           f"at most {MAX_LOGIT_BIAS_TOKENS} token ids are allowed, got {len(items)}")
+    pairs: dict[int, float] = {}
+    for key, bias in items:
+        # ASCII digits only, and few of them: int() refuses other Unicode digits and strings past 4,300 digits
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12 else key
+        _check(_is_int(token) and token >= 0, "logit_bias",
+               f"keys must be token ids (non-negative integers), got {key!r:.40}")
+        _check(_is_finite(bias) and -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE, "logit_bias",
+               f"biases must be numbers in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}], got {bias!r:.40} for token {token}")
+        _check(token not in pairs, "logit_bias", f"token id {token} is given twice")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 def _as_tuple(value: Any, field_name: str, expected: str) -> tuple:

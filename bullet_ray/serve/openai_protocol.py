@@ -42,7 +42,6 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
                       "function_call needs functions, which are not supported; leave it out or send 'none'"),
     "response_format": (lambda v: v is not None and v != {"type": "text"},
                         "only response_format {\"type\": \"text\"} is supported (no JSON mode or JSON schema)"),
-    "logit_bias": (_truthy, "logit_bias is not supported; leave it out"),
     "audio": (_given, "audio output is not supported; leave audio out"),
     "modalities": (lambda v: v not in (None, ["text"]), "only modalities [\"text\"] is supported"),
     "web_search_options": (_given, "web search is not supported; leave web_search_options out"),
@@ -77,6 +76,7 @@ class _Common(BaseModel):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a string key, as JSON has them) -> bias in [-100, 100]
     user: str | None = None
     # vLLM / SGLang extras
     top_k: int | None = None

@@ -176,6 +176,19 @@ def test_prompt_as_token_ids_and_max_completion_tokens(client, tokenizer):
     assert c.usage.completion_tokens == 3 and c.choices[0].finish_reason == "length"
 
 
+def test_logit_bias_steers_every_token_on_both_sides(client, tokenizer, engine_core):
+    """+100 on one token makes greedy pick it at every step (the first on the prefill worker, the rest on decode:
+    the bias travels with the request); -100 on the greedy story's first token makes greedy pick another."""
+    forced = tokenizer.encode(" blue")[-1]
+    r = client.completions.create(model="smollm2-135m-instruct", prompt="The sky is", max_tokens=4, temperature=0,
+                                  logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == tokenizer.decode([forced] * 4) and r.usage.completion_tokens == 4
+    first = engine_core["story"].token_ids[0]
+    banned = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=1,
+                                       temperature=0, logit_bias={str(first): -100})
+    assert banned.choices[0].text and banned.choices[0].text != tokenizer.decode([first])
+
+
 @pytest.mark.parametrize("body,status,param", [
     ({"model": "smollm2-135m-instruct", "prompt": "hi", "temperature": -1}, 400, "temperature"),
     ({"model": "smollm2-135m-instruct", "prompt": "hi", "top_p": 0}, 400, "top_p"),
@@ -183,6 +196,9 @@ def test_prompt_as_token_ids_and_max_completion_tokens(client, tokenizer):
     ({"model": "smollm2-135m-instruct", "prompt": list(range(9000)), "max_tokens": 4}, 413, "max_tokens"),
     ({"model": "smollm2-135m-instruct"}, 422, "prompt"),
     ({"model": "smollm2-135m-instruct", "prompt": "hi", "max_tokens": "many"}, 422, "max_tokens"),
+    ({"model": "smollm2-135m-instruct", "prompt": "hi", "logit_bias": {"1": 101}}, 400, "logit_bias"),
+    ({"model": "smollm2-135m-instruct", "prompt": "hi", "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+    ({"model": "smollm2-135m-instruct", "prompt": "hi", "logit_bias": {"1": "high"}}, 422, "logit_bias"),
 ])
 def test_bad_requests_get_openai_error_bodies(app, body, status, param):
     r = httpx.post(f"{app}/v1/completions", json=body, timeout=60)

@@ -155,6 +155,24 @@ def test_penalties_change_logits_as_specified():
     assert out[0].tolist() == pytest.approx([2.0, -1.5 + 1.0, 0.5, 0.0, 2.0 + 1.0])
 
 
+def test_logit_bias_adds_to_the_listed_logits_first_and_steers_greedy_and_sampling():
+    """The bias is added before the penalties (repetition divides a positive biased logit), per row; greedy follows
+    it; -100 bans a token from sampling; logprobs stay the raw model's."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 0.0, 3.0], [2.0, -1.0, 0.5, 0.0, 3.0]])
+    biased = _state([2], temperature=0.0, logit_bias={"1": 4.0, "4": -1.0}, repetition_penalty=2.0)
+    out = Sampler._apply_penalties(logits, [biased, _state(temperature=0.0)])
+    assert out.tolist() == [[2.0, 3.0, 0.25, 0.0, 2.0], [2.0, -1.0, 0.5, 0.0, 3.0]]
+    assert logits[0, 1] == -1.0  # the input is not modified
+    sampler = Sampler()
+    assert sampler.sample(logits, [_state(temperature=0.0, logit_bias={"3": 5.0}), _state(temperature=0.0)]
+                          ).token_ids == [3, 4]
+    banned = _state(temperature=1.0, seed=3, logit_bias={"4": -100.0, "0": -100.0}, logprobs=1)
+    draws = [sampler.sample(_logits(1, 5, 9), [banned]) for _ in range(200)]
+    assert {d.token_ids[0] for d in draws} <= {1, 2, 3}
+    ref = torch.log_softmax(_logits(1, 5, 9), -1)[0]
+    assert draws[0].logprobs[0].logprob == pytest.approx(float(ref[draws[0].token_ids[0]]))
+
+
 def test_greedy_with_penalties_is_argmax_of_the_penalized_logits():
     logits = torch.tensor([[5.0, 4.0, 1.0]])
     assert Sampler().sample(logits, [_state([0], temperature=0.0, repetition_penalty=2.0)]).token_ids == [1]

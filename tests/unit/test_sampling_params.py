@@ -20,6 +20,10 @@ BAD_VALUES = [
     ("stop", [""]), ("stop", ["x"] * 17), ("stop", [1]), ("stop", 5),
     ("stop_token_ids", [-5]), ("stop_token_ids", ["3"]), ("stop_token_ids", 7),
     ("ignore_eos", "yes"), ("skip_special_tokens", 1),
+    ("logit_bias", {"5": 101}), ("logit_bias", {"5": float("nan")}), ("logit_bias", {"x": 1}), ("logit_bias", {-1: 1}),
+    ("logit_bias", {"5": "1"}), ("logit_bias", [1, 2]), ("logit_bias", "5"), ("logit_bias", {"1": 1, "01": 2}),
+    ("logit_bias", {str(i): 1.0 for i in range(1025)}), ("logit_bias", {"9" * 5000: 1}), ("logit_bias", {"²": 1}),
+    ("logit_bias", {"": 1}), ("logit_bias", {" 5": 1}),
 ]
 
 
@@ -93,3 +97,15 @@ def test_bad_openai_fields_raise_with_openai_names(body, field):
     with pytest.raises(InvalidSamplingParams) as err:
         SamplingParams.from_openai(body)
     assert err.value.field == field
+
+
+def test_logit_bias_is_normalized_to_sorted_id_bias_pairs_and_counts_as_modifying_logits():
+    """JSON keys are strings: {"50256": -100} -> ((50256, -100.0),); pairs and int keys work too."""
+    p = SamplingParams.from_openai({"logit_bias": {"7": 5, "3": -100}})
+    assert p.logit_bias == ((3, -100.0), (7, 5.0)) and p.modifies_logits and not p.has_penalties
+    assert SamplingParams(logit_bias=[(2, 1.5)]).logit_bias == ((2, 1.5),)
+    assert SamplingParams(logit_bias={100: 100}).logit_bias == ((100, 100.0),)
+    assert SamplingParams(logit_bias={}).logit_bias == () and not SamplingParams().modifies_logits
+    with pytest.raises(InvalidSamplingParams, match=r"biases must be numbers in \[-100, 100\]") as err:
+        SamplingParams.from_openai({"logit_bias": {"1": -200}})
+    assert err.value.field == "logit_bias"

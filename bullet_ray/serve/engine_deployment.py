@@ -140,6 +140,29 @@ class EngineReplica:
         return {"model_name": self.engine.model_name, "max_model_len": self.engine.max_model_len,
                 "replica_id": self.replica_id}
 
+    def tokenize(self, request: dict[str, Any]) -> dict[str, Any]:
+        """POST /tokenize: the ids the engine would run for {prompt} or {messages} (the chat template with its
+        generation prompt), with the context length; or {"error": GenerateError} naming the field."""
+        try:
+            ids = self.engine.prompt_ids(self._prompt(request))
+        except InvalidRequest as e:
+            return {"error": GenerateError(400, str(e), "invalid_request_error", e.field)}
+        return {"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids}
+
+    def detokenize(self, tokens: list[int]) -> dict[str, Any]:
+        """POST /detokenize: the text of `tokens` (ids checked against the vocabulary; a model without a tokenizer
+        gives each id as " <id>", as its streams do), or {"error": GenerateError}."""
+        if not tokens:
+            return {"prompt": ""}
+        try:
+            ids = self.engine.prompt_ids(list(tokens))
+        except InvalidRequest as e:  # an id outside the vocabulary
+            return {"error": GenerateError(400, str(e), "invalid_request_error", "tokens")}
+        from bullet_ray.engine.stop_checker import TokenIdText
+
+        tokenizer = self.engine.tokenizer if self.engine.tokenizer is not None else TokenIdText()
+        return {"prompt": tokenizer.decode(ids)}
+
     def get_tokenizer(self) -> Any:
         """The engine's tokenizer (picklable), or None; the ingress decodes logprob tokens with it."""
         return self.engine.tokenizer

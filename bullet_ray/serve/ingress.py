@@ -34,6 +34,8 @@ from bullet_ray.serve.grpc_service import generate_stream
 from bullet_ray.serve.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     UnsupportedParameter,
     error_body,
 )
@@ -153,6 +155,14 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+def _or_raise(result: dict[str, Any]) -> dict[str, Any]:
+    """An engine replica's answer, or the ApiError of the GenerateError it returned instead."""
+    error = result.get("error")
+    if error is not None:
+        raise ApiError(error.status, error.message, error.err_type, error.param)
+    return result
+
+
 def _prompt_list(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
@@ -263,9 +273,7 @@ class Ingress:
     def _check_body(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         """The model name (404), then features this server does not implement (400 naming the field). The key was
         checked by _require_api_key, the body's size by BodyLimit as it arrived."""
-        if body.model is not None and body.model != self.cfg.model_name:
-            raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.cfg.model_name!r}",
-                           "not_found_error", "model")
+        self._check_model(body.model)
         try:
             body.check_supported()
         except UnsupportedParameter as e:
@@ -274,6 +282,11 @@ class Ingress:
         if ignored:  # names only, never values; once per field and replica
             self._logged_ignored |= ignored
             logger.warning("accepted and ignored request fields: %s", ", ".join(sorted(ignored)))
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.cfg.model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_name!r}",
+                           "not_found_error", "model")
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, choice: int) -> SamplingParams:
         fields = body.sampling_fields()
@@ -318,6 +331,22 @@ class Ingress:
         reqs = [{"messages": messages, "params": self._params(body, i), "request_id": uuid.uuid4().hex,
                  "prompt_index": 0} for i in range(body.n)]
         return await self._respond(body, reqs, chat=True)
+
+    @fastapi_app.post("/tokenize", dependencies=_KEYED)
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's: the token ids the engine would run for a prompt or chat messages, their count, the context."""
+        self._check_model(body.model)
+        try:
+            request = body.engine_request()
+        except UnsupportedParameter as e:
+            raise ApiError(400, str(e), "invalid_request_error", e.param) from e
+        return _or_raise(await self.engine.tokenize.remote(request))
+
+    @fastapi_app.post("/detokenize", dependencies=_KEYED)
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
+        """vLLM's: the text of token ids."""
+        self._check_model(body.model)
+        return _or_raise(await self.engine.detokenize.remote(body.tokens))
 
     # gRPC: Serve's gRPC proxy calls the method named after the RPC ---------------------------------
     async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:

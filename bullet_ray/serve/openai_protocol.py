@@ -147,5 +147,37 @@ class ChatCompletionRequest(_Common):
                                            "tool calls are not supported; send plain text messages")
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a prompt (text or ids) or chat messages, as the engine would run them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+
+    def engine_request(self) -> dict[str, Any]:
+        """The prompt or the messages in the engine's request form; UnsupportedParameter unless exactly one."""
+        if (self.prompt is None) == (self.messages is None):
+            raise UnsupportedParameter("prompt" if self.prompt is None else "messages",
+                                       "send exactly one of prompt and messages")
+        if self.messages is None:
+            return {"prompt": self.prompt}
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise UnsupportedParameter(f"messages[{i}].content[{j}]", "only text content parts are supported")
+        return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's POST /detokenize: token ids back to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
 def error_body(message: str, err_type: str, code: int | str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

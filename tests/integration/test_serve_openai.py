@@ -207,6 +207,30 @@ def test_bad_requests_get_openai_error_bodies(app, body, status, param):
     assert err["code"] == status and err["param"] == param and err["message"]
 
 
+def test_tokenize_and_detokenize_give_what_the_engine_runs(app, tokenizer, engine_core):
+    """vLLM's /tokenize and /detokenize: text through the engine's tokenizer, chat messages through its template
+    (the ids a chat completion runs), ids back to text; bad input gets an OpenAI error naming the field."""
+    ids = tokenizer.encode("The sky is")
+    r = httpx.post(f"{app}/tokenize", json={"model": "smollm2-135m-instruct", "prompt": "The sky is"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == ids and r.json()["count"] == len(ids) and r.json()["max_model_len"] > len(ids)
+    chat = httpx.post(f"{app}/tokenize", json={"messages": QUESTION}, timeout=30).json()
+    assert chat["tokens"] == engine_core["chat_ids"]
+    back = httpx.post(f"{app}/detokenize", json={"tokens": ids}, timeout=30).json()
+    assert back == {"prompt": tokenizer.decode(ids)}
+    assert httpx.post(f"{app}/detokenize", json={"tokens": []}, timeout=30).json() == {"prompt": ""}
+    for path, body, status, param in (("detokenize", {"tokens": [10**9]}, 400, "tokens"),
+                                      ("tokenize", {"prompt": "x", "messages": QUESTION}, 400, "messages"),
+                                      ("tokenize", {"prompt": ""}, 400, "prompt"),
+                                      ("tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+                                      ("tokenize", {"prompt": "x", "add_special_tokens": False}, 422,
+                                       "add_special_tokens")):
+        r = httpx.post(f"{app}/{path}", json=body, timeout=30)
+        assert r.status_code == status, (path, body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == status and err["param"] == param and err["message"]
+
+
 def test_unknown_route_is_404(app):
     r = httpx.get(f"{app}/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()

@@ -107,3 +107,24 @@ def test_logit_bias_reaches_the_sampling_fields_and_a_non_number_is_a_schema_err
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest(**CHAT, logit_bias={"1": "high"})
     assert e.value.errors()[0]["loc"][0] == "logit_bias"
+
+
+def test_tokenize_takes_exactly_one_of_prompt_and_messages():
+    from bullet_ray.serve.openai_protocol import DetokenizeRequest, TokenizeRequest
+
+    assert TokenizeRequest(prompt="hi").engine_request() == {"prompt": "hi"}
+    assert TokenizeRequest(prompt=[1, 2]).engine_request() == {"prompt": [1, 2]}
+    chat = TokenizeRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
+                                                                                               "text": "b"}]}])
+    assert chat.engine_request() == {"messages": [{"role": "user", "content": "ab"}]}
+    for body, param in (({}, "prompt"), ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                         "messages[0].content[0]")):
+        with pytest.raises(UnsupportedParameter) as e:
+            TokenizeRequest(**body).engine_request()
+        assert e.value.param == param
+    for bad in ({"prompt": "x", "add_special_tokens": "maybe"}, {"messages": []}):
+        with pytest.raises(ValidationError):
+            TokenizeRequest(**bad)
+    with pytest.raises(ValidationError):
+        DetokenizeRequest(tokens=["a"])

@@ -178,10 +178,11 @@ class Sampler:
         logits = logits.clone()
         num_rows, vocab = logits.shape
         device = logits.device
-        if bias_rows:
-            rows, cols = _row_col([(i, [t for t, _ in states[i].params.logit_bias]) for i in bias_rows])
-            values = torch.tensor([b for i in bias_rows for _, b in states[i].params.logit_bias], dtype=logits.dtype)
-            logits.index_put_((rows.to(device), cols.to(device)), values.to(device), accumulate=True)
+        if bias_rows:  # through pinned memory without waiting (async scheduling keeps launching ahead)
+            pairs = [(i, t, b) for i in bias_rows for t, b in states[i].params.logit_bias]
+            rows = to_device([i for i, _, _ in pairs], torch.long, device)
+            cols = to_device([t for _, t, _ in pairs], torch.long, device)
+            logits.index_put_((rows, cols), to_device([b for _, _, b in pairs], logits.dtype, device), accumulate=True)
         if rep_rows:
             seen = torch.zeros(num_rows, vocab, dtype=torch.bool)
             rows, cols = _row_col([(i, states[i].prompt_token_ids + states[i].output_token_ids) for i in rep_rows])

@@ -27,6 +27,11 @@ from bullet_ray.perf.roofline import GpuSpec, roofline_time_s
 logger = logging.getLogger(__name__)
 
 
+# where a prefill batch stops growing: the fewest tokens whose throughput the model puts within this share of the
+# best (saturation_tokens' default; EngineConfig.prefill_saturation_share's and BulletPolicy's)
+SATURATION_SHARE = 0.95
+
+
 @dataclass(frozen=True)
 class StepPrediction:
     phase: Phase
@@ -120,7 +125,7 @@ class PerfModel:
         lin, att = self._groups(b, b, ctx, ctx, ceilings)
         return self.calibration.decode.time_s(lin, att, other_busy) * self.online.factor("decode", index, b)
 
-    def saturation_tokens(self, sms: int, share: float = 0.9, max_tokens: int = 16384, seq_len: int = 1024,
+    def saturation_tokens(self, sms: int, share: float = SATURATION_SHARE, max_tokens: int = 16384, seq_len: int = 1024,
                           other_busy: bool = False) -> int:
         """Fewest tokens per prefill step whose throughput (tokens / s) reaches `share` of the best
         throughput of any step up to `max_tokens` (sizes 64, 128, ... and max_tokens): past it a bigger batch

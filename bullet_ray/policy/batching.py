@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from bullet_ray.perf.model import SATURATION_SHARE
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.state import QueuedRequest
 
-# where a batch stops growing: the fewest tokens whose throughput the model puts within this share of the best
-# (EngineConfig.prefill_saturation_share's default, and BulletPolicy's)
-SATURATION_SHARE = 0.95
+__all__ = ["SATURATION_SHARE", "plan_batches"]  # the share is the model's (EngineConfig and BulletPolicy take it here)
 
 
 def plan_batches(order: Sequence[QueuedRequest], buckets: LengthBuckets, token_cap: int, saturation_tokens: int,

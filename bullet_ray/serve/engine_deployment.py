@@ -188,7 +188,8 @@ class EngineReplica:
             return request["prompt"]
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
+            raise InvalidRequest("this model has no chat template: send a prompt (/v1/completions) instead of messages",
+                                 "messages")
         try:
             return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
                                                       tokenize=True, return_dict=False))

@@ -39,7 +39,7 @@ from bullet_ray.serve.openai_protocol import (
     UnsupportedParameter,
     error_body,
 )
-from bullet_ray.serve.streams import ApiError, ChoiceStreams
+from bullet_ray.serve.streams import ApiError, ChoiceStreams, engine_answer
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class Ingress:
     @fastapi_app.get("/v1/internal/stats", dependencies=_KEYED)
     async def engine_stats(self) -> dict[str, Any]:
         """One engine replica's load (KV blocks, waiting/running); for tests and operators."""
-        return await self.engine.stats.remote()
+        return await engine_answer(self.engine.stats.remote(), self.cfg.retry_after_s)
 
     @fastapi_app.post("/v1/completions", dependencies=_KEYED)
     async def completions(self, body: CompletionRequest) -> Any:
@@ -340,13 +340,13 @@ class Ingress:
             request = body.engine_request()
         except UnsupportedParameter as e:
             raise ApiError(400, str(e), "invalid_request_error", e.param) from e
-        return _or_raise(await self.engine.tokenize.remote(request))
+        return _or_raise(await engine_answer(self.engine.tokenize.remote(request), self.cfg.retry_after_s))
 
     @fastapi_app.post("/detokenize", dependencies=_KEYED)
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
         """vLLM's: the text of token ids."""
         self._check_model(body.model)
-        return _or_raise(await self.engine.detokenize.remote(body.tokens))
+        return _or_raise(await engine_answer(self.engine.detokenize.remote(body.tokens), self.cfg.retry_after_s))
 
     # gRPC: Serve's gRPC proxy calls the method named after the RPC ---------------------------------
     async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:

@@ -155,18 +155,33 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | list[int] | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
+    # vLLM's switches, accepted at what the engine does (a prompt with its tokenizer's special tokens; messages
+    # through the chat template, with the generation prompt and no extra special tokens); other values refused
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
 
     def engine_request(self) -> dict[str, Any]:
-        """The prompt or the messages in the engine's request form; UnsupportedParameter unless exactly one."""
+        """The prompt or the messages in the engine's request form; UnsupportedParameter unless exactly one, for
+        a switch the engine does not run that way, and for what chat completions refuse in messages."""
         if (self.prompt is None) == (self.messages is None):
             raise UnsupportedParameter("prompt" if self.prompt is None else "messages",
                                        "send exactly one of prompt and messages")
+        chat = self.messages is not None
+        if self.add_special_tokens is not None and self.add_special_tokens == chat:
+            raise UnsupportedParameter("add_special_tokens", f"the engine runs {'messages' if chat else 'a prompt'} "
+                                       f"with add_special_tokens={str(not chat).lower()}; send that or leave it out")
+        if self.add_generation_prompt is not None and (not chat or not self.add_generation_prompt):
+            raise UnsupportedParameter("add_generation_prompt", "the engine adds the generation prompt to messages "
+                                       "(and has none for a prompt); send true with messages or leave it out")
         if self.messages is None:
             return {"prompt": self.prompt}
         for i, message in enumerate(self.messages):
             for j, part in enumerate(message.content if isinstance(message.content, list) else []):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise UnsupportedParameter(f"messages[{i}].content[{j}]", "only text content parts are supported")
+            if (message.model_extra or {}).get("tool_calls"):
+                raise UnsupportedParameter(f"messages[{i}].tool_calls",
+                                           "tool calls are not supported; send plain text messages")
         return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
 
 

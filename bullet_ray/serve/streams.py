@@ -43,6 +43,18 @@ def replica_lost(e: BaseException, retry_after_s: int) -> ApiError:
                     retry_after_s=retry_after_s)
 
 
+async def engine_answer(response: Any, retry_after_s: int) -> Any:
+    """The awaited answer of a (non-streaming) engine replica call, its Ray failures as the API's errors: 429 when
+    every replica is saturated, 503 when none is up or the one called died."""
+    try:
+        return await response
+    except BackPressureError as e:
+        raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
+                       retry_after_s=retry_after_s) from e
+    except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as e:
+        raise replica_lost(e, retry_after_s) from e
+
+
 class ChoiceStreams:
     def __init__(self, engine: Any, requests: list[dict[str, Any]], retry_after_s: int) -> None:
         self.engine = engine

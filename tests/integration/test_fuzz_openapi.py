@@ -66,7 +66,7 @@ def _operations(url: str) -> list[Any]:
 def test_fuzz_every_operation(fuzz_url):
     operations = _operations(fuzz_url)
     paths = {op.path for op in operations}
-    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"} <= paths, paths
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/tokenize", "/detokenize"} <= paths, paths
     num_calls = {"count": 0}
     import requests
 

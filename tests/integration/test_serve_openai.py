@@ -223,8 +223,9 @@ def test_tokenize_and_detokenize_give_what_the_engine_runs(app, tokenizer, engin
                                       ("tokenize", {"prompt": "x", "messages": QUESTION}, 400, "messages"),
                                       ("tokenize", {"prompt": ""}, 400, "prompt"),
                                       ("tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
-                                      ("tokenize", {"prompt": "x", "add_special_tokens": False}, 422,
-                                       "add_special_tokens")):
+                                      ("tokenize", {"prompt": "x", "add_special_tokens": False}, 400,
+                                       "add_special_tokens"),
+                                      ("tokenize", {"prompt": "x", "chat_template": "{{ x }}"}, 422, "chat_template")):
         r = httpx.post(f"{app}/{path}", json=body, timeout=30)
         assert r.status_code == status, (path, body, r.text)
         err = r.json()["error"]

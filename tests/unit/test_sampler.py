@@ -159,9 +159,10 @@ def test_logit_bias_adds_to_the_listed_logits_first_and_steers_greedy_and_sampli
     """The bias is added before the penalties (repetition divides a positive biased logit), per row; greedy follows
     it; -100 bans a token from sampling; logprobs stay the raw model's."""
     logits = torch.tensor([[2.0, -1.0, 0.5, 0.0, 3.0], [2.0, -1.0, 0.5, 0.0, 3.0]])
-    biased = _state([2], temperature=0.0, logit_bias={"1": 4.0, "4": -1.0}, repetition_penalty=2.0)
+    # token 2 is in the history and biased: (0.5 + 1.0) / 2 = 0.75 (penalty first would give 0.25 + 1.0 = 1.25)
+    biased = _state([2], temperature=0.0, logit_bias={"1": 4.0, "2": 1.0, "4": -1.0}, repetition_penalty=2.0)
     out = Sampler._apply_penalties(logits, [biased, _state(temperature=0.0)])
-    assert out.tolist() == [[2.0, 3.0, 0.25, 0.0, 2.0], [2.0, -1.0, 0.5, 0.0, 3.0]]
+    assert out.tolist() == [[2.0, 3.0, 0.75, 0.0, 2.0], [2.0, -1.0, 0.5, 0.0, 3.0]]
     assert logits[0, 1] == -1.0  # the input is not modified
     sampler = Sampler()
     assert sampler.sample(logits, [_state(temperature=0.0, logit_bias={"3": 5.0}), _state(temperature=0.0)]

@@ -117,13 +117,22 @@ def test_tokenize_takes_exactly_one_of_prompt_and_messages():
     chat = TokenizeRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
                                                                                                "text": "b"}]}])
     assert chat.engine_request() == {"messages": [{"role": "user", "content": "ab"}]}
-    for body, param in (({}, "prompt"), ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
+    user = [{"role": "user", "content": "y"}]
+    assert TokenizeRequest(prompt="x", add_special_tokens=True).engine_request() == {"prompt": "x"}  # vLLM's defaults
+    assert TokenizeRequest(messages=user, add_special_tokens=False, add_generation_prompt=True).engine_request()
+    for body, param in (({}, "prompt"), ({"prompt": "x", "messages": user}, "messages"),
                         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-                         "messages[0].content[0]")):
+                         "messages[0].content[0]"),
+                        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+                         "messages[0].tool_calls"),
+                        ({"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+                        ({"messages": user, "add_special_tokens": True}, "add_special_tokens"),
+                        ({"messages": user, "add_generation_prompt": False}, "add_generation_prompt"),
+                        ({"prompt": "x", "add_generation_prompt": True}, "add_generation_prompt")):
         with pytest.raises(UnsupportedParameter) as e:
             TokenizeRequest(**body).engine_request()
         assert e.value.param == param
-    for bad in ({"prompt": "x", "add_special_tokens": "maybe"}, {"messages": []}):
+    for bad in ({"prompt": "x", "add_special_tokens": "maybe"}, {"messages": []}, {"prompt": "x", "chat_template": "t"}):
         with pytest.raises(ValidationError):
             TokenizeRequest(**bad)
     with pytest.raises(ValidationError):

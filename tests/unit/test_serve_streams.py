@@ -263,3 +263,23 @@ def test_serve_back_pressure_on_one_choice_is_a_prompt_429_that_closes_the_other
     error, closed = asyncio.run(go())
     assert (error.status, error.err_type) == (429, "rate_limit_error")
     assert closed == ["r0", "r1", "r2"]
+
+
+def test_a_plain_engine_call_maps_ray_failures_to_api_errors():
+    """/tokenize, /detokenize and the stats route: a dead replica is a 503, a saturated deployment a 429, both with
+    Retry-After; an answer passes through."""
+    from ray.exceptions import RayActorError
+    from ray.serve.exceptions import BackPressureError
+
+    from bullet_ray.serve.streams import engine_answer
+
+    async def answer(value=None, error=None):
+        if error is not None:
+            raise error
+        return value
+
+    assert asyncio.run(engine_answer(answer({"ok": 1}), 5)) == {"ok": 1}
+    for error, status in ((RayActorError(), 503), (BackPressureError(num_queued_requests=3, max_queued_requests=2), 429)):
+        with pytest.raises(ApiError) as e:
+            asyncio.run(engine_answer(answer(error=error), 5))
+        assert (e.value.status, e.value.retry_after_s) == (status, 5)

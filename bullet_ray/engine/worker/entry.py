@@ -21,9 +21,16 @@ from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, cr
 logger = logging.getLogger(__name__)
 
 
+def cpu_threads(role: str, num_cpus: int | None) -> int:
+    """Intra-op threads of a CPU worker: the chunked schedule's one worker takes every core, each side of the
+    bullet schedule (two worker processes stepping at once) half of them."""
+    cores = max(1, num_cpus or 1)
+    return cores if role == "hybrid" else max(1, cores // 2)
+
+
 def _device(spec: WorkerSpec) -> torch.device:
     if not spec.config.is_gpu:
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        torch.set_num_threads(cpu_threads(spec.role, os.cpu_count()))
         return torch.device("cpu")
     device = torch.device(spec.config.device if ":" in spec.config.device else "cuda:0")
     torch.cuda.set_device(device)

@@ -2,7 +2,8 @@
 
 Decode tokens per second at batch 1 and 8 (ignore_eos, fixed output length), for the engine's bullet
 (two worker processes) and chunked (one worker) schedules and for Hugging Face `generate` on the same
-float32 weights. Writes a JSON result with device, date and command.
+float32 weights; and, for the two schedules, a mixed batch (`MIXED`: prompts of 200-575 tokens prefilled while
+earlier ones decode, the bullet sides stepping at once). Writes a JSON result with device, date and command.
 
     python -m benchmarks.cpu_vs_transformers --out benchmarks/results/cpu_vs_transformers.json
 """
@@ -22,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+MIXED = {"prompts": 16, "first_tokens": 200, "step_tokens": 25, "output_tokens": 48}  # prompt i: 200 + 25 i tokens
 
 
 def _cpu_name() -> str:
@@ -57,6 +59,15 @@ def bench_engine(schedule: str, batch_sizes: list[int], num_tokens: int, repeats
             median = statistics.median(times)
             results[f"batch_{bs}"] = {"seconds": median, "tokens_per_s": bs * num_tokens / median,
                                       "runs_s": times}
+        text = engine.tokenizer.encode("The history of lighthouses is long and full of stories. " * 40)
+        mixed = [text[:MIXED["first_tokens"] + MIXED["step_tokens"] * i] for i in range(MIXED["prompts"])]
+        mixed_params = SamplingParams(temperature=0.0, max_tokens=MIXED["output_tokens"], ignore_eos=True)
+        times = []
+        for _ in tqdm(range(repeats), desc=f"engine {schedule} mixed", file=sys.stderr):
+            start = time.perf_counter()
+            engine.generate(mixed, mixed_params)
+            times.append(time.perf_counter() - start)
+        results["mixed"] = {**MIXED, "seconds": statistics.median(times), "runs_s": times}
         folder = engine.handles.tokenizer_path
     return results, folder
 
@@ -112,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'system':<24}" + "".join(f"{'bs=' + str(b) + ' tok/s':>16}" for b in sizes))
     for name, res in (("engine (bullet)", bullet), ("engine (chunked)", chunked), ("transformers", hf)):
         print(f"{name:<24}" + "".join(f"{res[f'batch_{b}']['tokens_per_s']:>16.1f}" for b in sizes))
+    print(f"mixed batch ({MIXED['prompts']} prompts of {MIXED['first_tokens']}+ tokens x {MIXED['output_tokens']} out): "
+          f"bullet {bullet['mixed']['seconds']:.2f} s, chunked {chunked['mixed']['seconds']:.2f} s")
     print(f"saved {args.out}")
     return 0
 

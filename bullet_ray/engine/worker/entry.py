@@ -14,18 +14,11 @@ from multiprocessing.connection import Client
 import torch
 
 from bullet_ray.engine.messages import Handles, Ready, WorkerFailed, WorkerSpec
-from bullet_ray.engine.worker.main import WorkerBase
+from bullet_ray.engine.worker.main import WorkerBase, cpu_threads
 from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
 
 logger = logging.getLogger(__name__)
-
-
-def cpu_threads(role: str, num_cpus: int | None) -> int:
-    """Intra-op threads of a CPU worker: the chunked schedule's one worker takes every core, each side of the
-    bullet schedule (two worker processes stepping at once) half of them."""
-    cores = max(1, num_cpus or 1)
-    return cores if role == "hybrid" else max(1, cores // 2)
 
 
 def _device(spec: WorkerSpec) -> torch.device:

@@ -39,6 +39,14 @@ logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 
 
+def cpu_threads(role: str, num_cpus: int | None, other_busy: bool = True) -> int:
+    """Intra-op threads of a CPU worker: the chunked schedule's one worker takes every core; a side of the bullet
+    schedule half of them while the other side has work (two processes' threads on the same cores slow both),
+    every core while the other side idles (the CPU's split of its cores, as the SM split is the GPU's)."""
+    cores = max(1, num_cpus or 1)
+    return cores if role == "hybrid" or not other_busy else max(1, cores // 2)
+
+
 class WorkerBase:
     """Receives messages, runs steps, publishes its row of the state block, sends outputs."""
 

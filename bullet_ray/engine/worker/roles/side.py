@@ -4,14 +4,17 @@ steps, split switches)."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+
+import torch
 
 from bullet_ray.engine.messages import AddRequest, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.worker.main import WorkerBase
+from bullet_ray.engine.worker.main import WorkerBase, cpu_threads
 from bullet_ray.engine.worker.policy_link import StepRecorder, make_perf_model
 
 
@@ -96,8 +99,13 @@ class SideWorker(WorkerBase):
         return self.partitioner.side != "both" and self.switch.current(self.partitioner.side) != self.switch.requested()
 
     def predicted(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
-        """Predict the planned batch's step time with the performance model (kept until it is launched)."""
+        """Predict the planned batch's step time with the performance model (kept until it is launched); on CPU,
+        size this side's threads by whether the other side has work (`entry.cpu_threads`)."""
         self._next_record = self.recorder.predict(batch) if batch else None
+        if batch and not self.config.is_gpu:
+            threads = cpu_threads(self.role, os.cpu_count(), other_busy=self._next_record[2])  # type: ignore[index]
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
         self._selects_at_plan = self.partitioner.num_selects  # moves from here on: `after_launch` looks
         return batch
 

@@ -59,8 +59,9 @@ def bench_engine(schedule: str, batch_sizes: list[int], num_tokens: int, repeats
             median = statistics.median(times)
             results[f"batch_{bs}"] = {"seconds": median, "tokens_per_s": bs * num_tokens / median,
                                       "runs_s": times}
-        text = engine.tokenizer.encode("The history of lighthouses is long and full of stories. " * 40)
+        text = engine.tokenizer.encode("The history of lighthouses is long and full of stories. " * 60)
         mixed = [text[:MIXED["first_tokens"] + MIXED["step_tokens"] * i] for i in range(MIXED["prompts"])]
+        assert len(mixed[-1]) == MIXED["first_tokens"] + MIXED["step_tokens"] * (MIXED["prompts"] - 1), len(text)
         mixed_params = SamplingParams(temperature=0.0, max_tokens=MIXED["output_tokens"], ignore_eos=True)
         times = []
         for _ in tqdm(range(repeats), desc=f"engine {schedule} mixed", file=sys.stderr):

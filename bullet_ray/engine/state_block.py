@@ -185,6 +185,10 @@ class StateBlock:
         value = int(self.rows[int(side)][Field.INFLIGHT_INDEX])
         return value - 1 if value > 0 else None
 
+    def mark_active(self, side: Side) -> None:
+        """`side` is about to step (a CPU side marks it at plan, before it reads the other's: worker/roles/side.py)."""
+        self.rows[int(side)][Field.IS_ACTIVE] = 1
+
     def mark_idle(self, side: Side) -> None:
         """`side` has no work left (nothing queued, nothing in flight) since its last published step."""
         self.rows[int(side)][Field.IS_ACTIVE] = 0

@@ -110,7 +110,7 @@ class Bench:
         if not device.startswith("cuda"):
             import os
 
-            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as the engine's CPU workers run
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # a bullet side beside a busy other (cpu_threads)
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
         loaded = load_model(model_source, dtype=self.dtype, device=device, show_progress=True)
         self.model, self.cfg = loaded.model, loaded.config

@@ -14,7 +14,7 @@ from multiprocessing.connection import Client
 import torch
 
 from bullet_ray.engine.messages import Handles, Ready, WorkerFailed, WorkerSpec
-from bullet_ray.engine.worker.main import WorkerBase, cpu_threads
+from bullet_ray.engine.worker.main import WorkerBase, available_cores, cpu_threads
 from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
 from bullet_ray.engine.worker.setup import WorkerResources, attach_resources, create_resources
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 def _device(spec: WorkerSpec) -> torch.device:
     if not spec.config.is_gpu:
-        torch.set_num_threads(cpu_threads(spec.role, os.cpu_count()))
+        torch.set_num_threads(cpu_threads(spec.role, available_cores()))
         return torch.device("cpu")
     device = torch.device(spec.config.device if ":" in spec.config.device else "cuda:0")
     torch.cuda.set_device(device)

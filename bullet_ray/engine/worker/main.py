@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
@@ -37,6 +38,12 @@ from bullet_ray.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else the machine's count)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return len(getaffinity(0)) if getaffinity is not None else (os.cpu_count() or 1)
 
 
 def cpu_threads(role: str, num_cpus: int | None, other_busy: bool = True) -> int:

@@ -4,7 +4,6 @@ steps, split switches)."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ from bullet_ray.engine.messages import AddRequest, StepOutputs
 from bullet_ray.engine.runner import StepResult
 from bullet_ray.engine.scheduler.base import ScheduledSeq
 from bullet_ray.engine.sequence import Sequence
-from bullet_ray.engine.worker.main import WorkerBase, cpu_threads
+from bullet_ray.engine.worker.main import WorkerBase, available_cores, cpu_threads
 from bullet_ray.engine.worker.policy_link import StepRecorder, make_perf_model
 
 
@@ -99,11 +98,15 @@ class SideWorker(WorkerBase):
         return self.partitioner.side != "both" and self.switch.current(self.partitioner.side) != self.switch.requested()
 
     def predicted(self, batch: list[ScheduledSeq]) -> list[ScheduledSeq]:
-        """Predict the planned batch's step time with the performance model (kept until it is launched); on CPU,
-        size this side's threads by whether the other side has work (`entry.cpu_threads`)."""
+        """Predict the planned batch's step time with the performance model (kept until it is launched). On CPU,
+        size this side's threads by whether the other side has work (`main.cpu_threads`), having marked its own
+        row active first: IS_ACTIVE is otherwise written when a step is published, so a side waking from idle
+        would look idle to the other for its whole first step (GPU sides keep that meaning untouched)."""
+        if batch and not self.config.is_gpu:
+            self.res.state.mark_active(self.side)
         self._next_record = self.recorder.predict(batch) if batch else None
         if batch and not self.config.is_gpu:
-            threads = cpu_threads(self.role, os.cpu_count(), other_busy=self._next_record[2])  # type: ignore[index]
+            threads = cpu_threads(self.role, available_cores(), other_busy=self._next_record[2])  # type: ignore[index]
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
         self._selects_at_plan = self.partitioner.num_selects  # moves from here on: `after_launch` looks

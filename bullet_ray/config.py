@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from bullet_ray.errors import ConfigError
-from bullet_ray.policy.batching import SATURATION_SHARE
+from bullet_ray.perf.model import SATURATION_SHARE
 from bullet_ray.policy.ordering import ORDERS
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -141,11 +141,14 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
             ids = [int(t) for t in prompt]
         if not ids:
             raise InvalidRequest("the prompt is empty", "prompt")
+        self._check_in_vocabulary(ids, "prompt")
+        return ids
+
+    def _check_in_vocabulary(self, ids: Iterable[int], field: str, what: str = "token ids") -> None:
+        """InvalidRequest naming `field` when one of `what` is outside [0, vocab_size)."""
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequest(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
-                                 "prompt")
-        return ids
+            raise InvalidRequest(f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})", field)
 
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None,
                 loop: asyncio.AbstractEventLoop | None, sink: OutputSink | None = None) -> RequestState:
@@ -160,10 +163,7 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
         caller's to send."""
         self.check_health()
         ids = self.prompt_ids(prompt)
-        outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
-        if outside:
-            raise InvalidRequest(f"logit_bias token ids {outside[:5]} are outside the vocabulary [0, {self.vocab_size})",
-                                 "logit_bias")
+        self._check_in_vocabulary((t for t, _ in params.logit_bias), "logit_bias", "logit_bias token ids")
         params = params.fitted_to_context(len(ids), self._max_model_len)
         if len(ids) + params.max_tokens > self._max_model_len:
             raise InvalidRequest(

@@ -108,9 +108,10 @@ class Bench:
         self.torch = torch
         self.device = device
         if not device.startswith("cuda"):
-            import os
+            from bullet_ray.engine.worker.main import available_cores, cpu_threads
 
-            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # a bullet side beside a busy other (cpu_threads)
+            # as the engine runs a bullet side beside a busy other side
+            torch.set_num_threads(cpu_threads("prefill", available_cores(), other_busy=True))
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
         loaded = load_model(model_source, dtype=self.dtype, device=device, show_progress=True)
         self.model, self.cfg = loaded.model, loaded.config

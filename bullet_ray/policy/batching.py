@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bullet_ray.perf.model import SATURATION_SHARE
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.state import QueuedRequest
-
-__all__ = ["SATURATION_SHARE", "plan_batches"]  # the share is the model's (EngineConfig and BulletPolicy take it here)
 
 
 def plan_batches(order: Sequence[QueuedRequest], buckets: LengthBuckets, token_cap: int, saturation_tokens: int,

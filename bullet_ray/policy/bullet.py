@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from bullet_ray.perf.model import PerfModel
+from bullet_ray.perf.model import SATURATION_SHARE, PerfModel
 from bullet_ray.perf.ttft import batches_finish_s
-from bullet_ray.policy.batching import SATURATION_SHARE, plan_batches
+from bullet_ray.policy.batching import plan_batches
 from bullet_ray.policy.buckets import LengthBuckets
 from bullet_ray.policy.ordering import head_target_s, least_slack_order
 from bullet_ray.policy.slo import SloTargets

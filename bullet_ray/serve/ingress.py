@@ -159,7 +159,7 @@ def _or_raise(result: dict[str, Any]) -> dict[str, Any]:
     """An engine replica's answer, or the ApiError of the GenerateError it returned instead."""
     error = result.get("error")
     if error is not None:
-        raise ApiError(error.status, error.message, error.err_type, error.param)
+        raise ApiError.from_generate_error(error)
     return result
 
 

@@ -135,16 +135,22 @@ class ChatCompletionRequest(_Common):
 
     def check_supported(self) -> None:
         super().check_supported()
-        for i, message in enumerate(self.messages):
-            parts = message.content if isinstance(message.content, list) else []
-            for j, part in enumerate(parts):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise UnsupportedParameter(
-                        f"messages[{i}].content[{j}]", f"only text content parts ({{'type': 'text', 'text': "
-                        f"'...'}}) are supported, got type {part.get('type')!r}")
-            if (message.model_extra or {}).get("tool_calls"):
-                raise UnsupportedParameter(f"messages[{i}].tool_calls",
-                                           "tool calls are not supported; send plain text messages")
+        check_messages(self.messages)
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    """Raise UnsupportedParameter for the first message part this server would drop: a non-text content part, or
+    an assistant's tool calls (chat completions and /tokenize alike)."""
+    for i, message in enumerate(messages):
+        parts = message.content if isinstance(message.content, list) else []
+        for j, part in enumerate(parts):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise UnsupportedParameter(
+                    f"messages[{i}].content[{j}]", f"only text content parts ({{'type': 'text', 'text': "
+                    f"'...'}}) are supported, got type {part.get('type')!r}")
+        if (message.model_extra or {}).get("tool_calls"):
+            raise UnsupportedParameter(f"messages[{i}].tool_calls",
+                                       "tool calls are not supported; send plain text messages")
 
 
 class TokenizeRequest(BaseModel):
@@ -175,13 +181,7 @@ class TokenizeRequest(BaseModel):
                                        "(and has none for a prompt); send true with messages or leave it out")
         if self.messages is None:
             return {"prompt": self.prompt}
-        for i, message in enumerate(self.messages):
-            for j, part in enumerate(message.content if isinstance(message.content, list) else []):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise UnsupportedParameter(f"messages[{i}].content[{j}]", "only text content parts are supported")
-            if (message.model_extra or {}).get("tool_calls"):
-                raise UnsupportedParameter(f"messages[{i}].tool_calls",
-                                           "tool calls are not supported; send plain text messages")
+        check_messages(self.messages)
         return {"messages": [{"role": m.role, "content": m.text()} for m in self.messages]}
 
 

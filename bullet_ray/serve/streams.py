@@ -43,14 +43,19 @@ def replica_lost(e: BaseException, retry_after_s: int) -> ApiError:
                     retry_after_s=retry_after_s)
 
 
+def engines_saturated(e: BaseException, retry_after_s: int) -> ApiError:
+    """The error a client gets when Serve refuses its request because every engine replica's queue is full (429)."""
+    return ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
+                    retry_after_s=retry_after_s)
+
+
 async def engine_answer(response: Any, retry_after_s: int) -> Any:
     """The awaited answer of a (non-streaming) engine replica call, its Ray failures as the API's errors: 429 when
     every replica is saturated, 503 when none is up or the one called died."""
     try:
         return await response
     except BackPressureError as e:
-        raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
-                       retry_after_s=retry_after_s) from e
+        raise engines_saturated(e, retry_after_s) from e
     except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as e:
         raise replica_lost(e, retry_after_s) from e
 
@@ -81,8 +86,7 @@ class ChoiceStreams:
                         raise ApiError.from_generate_error(item)
         except BackPressureError as e:
             self._cancel_starting(firsts)
-            raise ApiError(429, f"every engine is saturated; retry later ({e})", "rate_limit_error",
-                           retry_after_s=self.retry_after_s) from e
+            raise engines_saturated(e, self.retry_after_s) from e
         except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as e:
             # the replica died (killed, or replaced after a crash) before answering, or none is up to route to
             self._cancel_starting(firsts)

@@ -102,10 +102,11 @@ class SideWorker(WorkerBase):
         size this side's threads by whether the other side has work (`main.cpu_threads`), having marked its own
         row active first: IS_ACTIVE is otherwise written when a step is published, so a side waking from idle
         would look idle to the other for its whole first step (GPU sides keep that meaning untouched)."""
-        if batch and not self.config.is_gpu:
+        cpu_step = bool(batch) and not self.config.is_gpu
+        if cpu_step:
             self.res.state.mark_active(self.side)
         self._next_record = self.recorder.predict(batch) if batch else None
-        if batch and not self.config.is_gpu:
+        if cpu_step:
             threads = cpu_threads(self.role, available_cores(), other_busy=self._next_record[2])  # type: ignore[index]
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)

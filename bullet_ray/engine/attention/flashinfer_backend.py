@@ -2,10 +2,13 @@
 and paged decode.
 
 The pool layout is flashinfer's paged NHD layout ([num_blocks, 2, block_size, kv_heads, head_dim] per
-layer), so the kernels read the shared pool in place. New K/V are written into the layer viewed as rows of
-[kv_heads, head_dim]; the row indices are computed once per batch. When K and V are adjacent columns of
-one fused qkv row (the model's layout), one scatter writes both straight from the projection's output;
-otherwise one `index_copy_` each. `begin_batch` plans the kernels once per step (prefill batches:
+layer), so the kernels read the shared pool in place. New K/V go into the pool by flashinfer's paged append
+kernel (`kv_write` "append", the default: one CTA per token, 16-byte copies, reading K and V in place from the
+fused qkv projection's rows), each token its own one-page "request" so that the page table is the slot
+mapping itself (`AppendIndex`); or (`kv_write` "scatter", and wherever the append cannot serve: a K/V dtype
+other than the pool's, a decode graph that must write row 0 last) into the layer viewed as rows of
+[kv_heads, head_dim]: one `index_put_` of K and V when they are adjacent columns of one fused qkv row, else
+one `index_copy_` each. The indices are computed once per batch. `begin_batch` plans the kernels once per step (prefill batches:
 BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache; a mixed batch of the
 chunked schedule, decodes first: its decode rows through the decode kernel and its prompt chunks through
 the prefill kernel, since in the prefill kernel every one-token row fills a query tile of its own: 2.5-3x
@@ -167,6 +170,36 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
     return chunk
 
 
+KV_WRITE_MODES = ("append", "scatter")
+
+
+def default_kv_write() -> str:
+    """How new K/V go into the paged pool unless a backend is told otherwise, from BULLET_RAY_KV_WRITE: "append"
+    (default: flashinfer's paged append kernel) or "scatter" (torch's `index_put_`, the path before the forty-second
+    session: one thread per 2-byte element, 1.69x the time of vLLM's `reshape_and_cache_flash` per prompt token on
+    the H200, benchmarks/results/kernel_compare_h200/)."""
+    value = os.environ.get("BULLET_RAY_KV_WRITE", "append")
+    if value not in KV_WRITE_MODES:
+        raise ValueError(f"BULLET_RAY_KV_WRITE must be one of {', '.join(KV_WRITE_MODES)}, got {value!r}")
+    return value
+
+
+class AppendIndex:
+    """Where flashinfer's paged append kernel writes a batch's tokens, from the slot mapping alone: every token is a
+    request of one page (`indptr` = 0, 1, ..., n; the token's own batch index; its page `slot // block_size`, its
+    entry `slot % block_size`). The kernel's page arithmetic (indptr[b] * block_size + entry, split by block_size)
+    then lands on the slot: no per-request lengths, no host sync, and a CUDA graph captures it as it is."""
+
+    def __init__(self, slot_mapping: torch.Tensor, block_size: int) -> None:
+        slots = slot_mapping.to(torch.int32)
+        n = slots.shape[0]
+        self.indptr = torch.arange(n + 1, dtype=torch.int32, device=slots.device)
+        self.batch_indices = self.indptr[:-1]  # token i is request i (a contiguous prefix view)
+        self.last_page_len = self.indptr[1:]  # the kernel reads only the request count from it
+        self.pages = torch.div(slots, block_size, rounding_mode="floor")
+        self.positions = slots - self.pages * block_size
+
+
 # how a mixed batch (decode rows first, then prompt chunks) runs its attention
 MIXED_ATTENTION_MODES = ("split", "overlap", "holistic")
 
@@ -230,9 +263,13 @@ class FlashInferBackend(AttentionBackend):
     # mixed_attention "holistic": the one-kernel attention of a mixed batch (None in the other modes)
     holistic: HolisticAttention | None = None
     holistic_fallbacks = 0
+    # kv_write "append": flashinfer's page module and the batch's index into it (None: the scatter writes)
+    _append_module: Any = None
+    _append_index: AppendIndex | None = None
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, decode_tensor_cores: bool | None = None, mixed_attention: str | None = None) -> None:
+                 scale: float, decode_tensor_cores: bool | None = None, mixed_attention: str | None = None,
+                 kv_write: str | None = None) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         import flashinfer
 
@@ -243,6 +280,12 @@ class FlashInferBackend(AttentionBackend):
         # the device's SMs as flashinfer's planner counts them (a green context's stream does not change it)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.kv_write = default_kv_write() if kv_write is None else kv_write
+        if self.kv_write not in KV_WRITE_MODES:
+            raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_MODES)}, got {self.kv_write!r}")
+        # flashinfer's page module (JIT-built at its first load: here, at start, not mid-serving); None: scatter
+        self._append_module = _load_append_module() if self.kv_write == "append" else None
+        self._append_index: AppendIndex | None = None
         self.mixed_attention = default_mixed_attention() if mixed_attention is None else mixed_attention
         if self.mixed_attention not in MIXED_ATTENTION_MODES:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION_MODES)}, "
@@ -374,13 +417,23 @@ class FlashInferBackend(AttentionBackend):
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
         """Store the batch's new K/V of one layer at their slots."""
+        if self._rows_md is not metadata:
+            self._rows_md, self._kv_rows, self._append_index = metadata, None, None
+        bs = self.kv_cache.shape[3]  # [layers, num_blocks, K/V, block_size, kv_heads, head_dim]
+        if (self._append_module is not None and not self.first_row_writes_last and k.dtype == self.kv_cache.dtype
+                and v.dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1):
+            if self._append_index is None:
+                self._append_index = AppendIndex(metadata.slot_mapping, bs)
+            index = self._append_index
+            k_cache, v_cache = self._layer_kv[layer]
+            self._append_module.append_paged_kv_cache(k, v, index.batch_indices, index.positions, k_cache, v_cache,
+                                                      index.pages, index.indptr, index.last_page_len, _NHD)
+            return
         rows = self._layer_rows[layer]
-        if self._rows_md is not metadata or self._kv_rows is None:
-            bs = self.kv_cache.shape[3]  # [layers, num_blocks, K/V, block_size, kv_heads, head_dim]
+        if self._kv_rows is None:
             slots = metadata.slot_mapping
             k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
             self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
-            self._rows_md = metadata
         kv = _adjacent_kv(k, v)
         if self.first_row_writes_last and len(self._kv_rows) > 1:  # a decode graph's padded batch
             if kv is None or kv.dtype != rows.dtype:
@@ -457,6 +510,23 @@ class PlanFence:
     def plan_count(self, wrapper: Any) -> int:
         """How many times this wrapper was planned (a DirectRun's record holds for one plan)."""
         return self._plans.get(id(wrapper), 0)
+
+
+_NHD = 0  # flashinfer's TensorLayout.NHD: the pool's layout
+
+
+def _load_append_module() -> Any:
+    """flashinfer's page module (its `append_paged_kv_cache` called directly: the public wrapper's custom-op dispatch
+    and int() casts cost the host microseconds 32+ times a step), or None where it cannot load (the scatter serves)."""
+    try:
+        from flashinfer.page import get_page_module
+
+        module = get_page_module()
+        module.append_paged_kv_cache  # noqa: B018 - an old flashinfer without it: scatter
+    except Exception:  # noqa: BLE001 - a build or load failure leaves the scatter, which needs nothing
+        logger.warning("flashinfer's paged append kernel did not load; K/V are written by index_put_", exc_info=True)
+        return None
+    return module
 
 
 def store_first_row_last(rows: torch.Tensor, kv_rows: torch.Tensor, kv: torch.Tensor) -> None:

@@ -1,0 +1,105 @@
+"""The paged append's index (`AppendIndex`): every token a one-page request whose page table is the slot mapping, so
+the kernel's page arithmetic lands each token on its own slot; and the backend's write path choosing the append or
+the scatter. The kernel itself is emulated here (its addressing, written out from flashinfer's AppendPagedKVCacheKernel);
+tests/gpu/test_kv_write_gpu.py runs the real one against the scatter."""
+
+from __future__ import annotations
+
+import torch
+
+from bullet_ray.engine.attention.flashinfer_backend import AppendIndex, FlashInferBackend, default_kv_write
+
+
+def _kernel_slots(index: AppendIndex, block_size: int) -> list[int]:
+    """The slot flashinfer's kernel writes token i to: (page_iter, entry) = divmod(indptr[batch[i]] * bs + pos[i], bs),
+    page = indices[page_iter]."""
+    out = []
+    for i in range(index.batch_indices.shape[0]):
+        b = int(index.batch_indices[i])
+        page_iter, entry = divmod(int(index.indptr[b]) * block_size + int(index.positions[i]), block_size)
+        out.append(int(index.pages[page_iter]) * block_size + entry)
+    return out
+
+
+def test_every_token_lands_on_its_slot():
+    slots = torch.tensor([37, 0, 15, 16, 1023, 500, 501, 7], dtype=torch.int64)
+    for bs in (16, 32):
+        index = AppendIndex(slots, bs)
+        assert _kernel_slots(index, bs) == slots.tolist()
+        assert index.indptr.dtype == index.pages.dtype == index.positions.dtype == torch.int32
+        assert index.last_page_len.shape[0] == index.batch_indices.shape[0] == len(slots)  # batch size = tokens
+        assert index.indptr.shape[0] == len(slots) + 1
+        assert index.batch_indices.is_contiguous() and index.last_page_len.is_contiguous()
+
+
+class _EmulatedPageModule:
+    """flashinfer's append_paged_kv_cache written out in torch (NHD), counting its calls."""
+
+    calls = 0
+
+    def append_paged_kv_cache(self, k, v, batch_indices, positions, k_cache, v_cache, pages, indptr, last_page_len,
+                              layout):
+        assert layout == 0 and k.stride(-1) == 1 and v.stride(-1) == 1
+        self.calls += 1
+        bs = k_cache.shape[1]
+        index = type("I", (), {"batch_indices": batch_indices, "positions": positions, "pages": pages,
+                               "indptr": indptr})()
+        for i, slot in enumerate(_kernel_slots(index, bs)):
+            k_cache[slot // bs, slot % bs] = k[i]
+            v_cache[slot // bs, slot % bs] = v[i]
+
+
+def _backend(append: bool) -> FlashInferBackend:
+    backend = object.__new__(FlashInferBackend)  # the write path alone: no flashinfer needed
+    backend.kv_cache = torch.zeros(2, 4, 2, 4, 2, 3)  # [layers, blocks, K/V, block_size, kv_heads, head_dim]
+    backend._rows_md, backend._kv_rows, backend._append_index = None, None, None
+    backend._append_module = _EmulatedPageModule() if append else None
+    backend.bind_layer_views()
+    return backend
+
+
+def test_append_writes_what_the_scatter_writes_from_fused_and_separate_kv():
+    torch.manual_seed(0)
+    md = type("Md", (), {})()
+    md.slot_mapping = torch.tensor([5, 0, 14, 9, 3])
+    qkv = torch.randn(5, 2 * 6 + 2 * 6)  # q (two heads of 3, made up) then k then v
+    fused_k, fused_v = qkv[:, 12:18].view(5, 2, 3), qkv[:, 18:].view(5, 2, 3)
+    for k, v in ((fused_k, fused_v), (fused_k.contiguous(), fused_v.contiguous())):
+        appended, scattered = _backend(True), _backend(False)
+        for layer in range(2):
+            appended.write_kv(layer, k + layer, v - layer, md)
+            scattered.write_kv(layer, k + layer, v - layer, md)
+        assert appended._append_module.calls == 2
+        assert torch.equal(appended.kv_cache, scattered.kv_cache)
+        assert appended.kv_cache.abs().sum() > 0
+
+
+def test_the_scatter_serves_where_the_append_cannot():
+    """A decode graph writing row 0 last, or K/V of another dtype than the pool's: the scatter path."""
+    md = type("Md", (), {})()
+    md.slot_mapping = torch.tensor([1, 5])
+    k = torch.ones(2, 2, 3)
+    backend = _backend(True)
+    backend.first_row_writes_last = True
+    backend.write_kv(0, k, -k, md)
+    backend.first_row_writes_last = False
+    backend.forget_batch()
+    backend.write_kv(0, k.double(), -k.double(), md)
+    assert backend._append_module.calls == 0
+    backend.write_kv(0, k, -k, md)
+    assert backend._append_module.calls == 1
+    assert backend.kv_cache[0, 0, 0, 1].eq(1).all() and backend.kv_cache[0, 1, 1, 1].eq(-1).all()
+
+
+def test_kv_write_default_and_its_error(monkeypatch):
+    monkeypatch.delenv("BULLET_RAY_KV_WRITE", raising=False)
+    assert default_kv_write() == "append"
+    monkeypatch.setenv("BULLET_RAY_KV_WRITE", "scatter")
+    assert default_kv_write() == "scatter"
+    monkeypatch.setenv("BULLET_RAY_KV_WRITE", "fast")
+    try:
+        default_kv_write()
+    except ValueError as e:
+        assert "BULLET_RAY_KV_WRITE" in str(e) and "append" in str(e)
+    else:
+        raise AssertionError("no error")

@@ -1,5 +1,5 @@
-"""Build flashinfer's JIT kernels the engine uses (paged prefill, CUDA-core decode, norm, SiLU-and-mul,
-rotary) in parallel processes, so the benchmarks that follow find them in FLASHINFER_WORKSPACE_BASE.
+"""Build flashinfer's JIT kernels the engine uses (paged prefill, CUDA-core decode, paged K/V append, norm,
+SiLU-and-mul, rotary) in parallel processes, so the benchmarks that follow find them in FLASHINFER_WORKSPACE_BASE.
 
     python -m benchmarks.gpu.warm_jit
 """

@@ -25,7 +25,9 @@ from benchmarks.gpu.resplit_carry import CALL_LIMIT, FOLDER_MARGIN, tracked_byte
 
 MIB = 1 << 20
 MAX_PATHS = 8  # carry paths per call
-LT_CACHE = Path("benchmarks/results/serve_h200_m5/lt_gemm_cache_h200.json")  # the tuned choices of the H200 lease m5
+# the tuned cuBLASLt choices of the H200 lease m5, under benchmarks/results/ or where the lease's procedure moves it
+LT_CACHE = Path("serve_h200_m5/lt_gemm_cache_h200.json")
+RESULTS_DIRS = (Path("benchmarks/results"), Path("../results_stash"))
 TRACES = Path("../shared/data/azure-llm-inference-2023")
 
 
@@ -61,9 +63,13 @@ def make_small_parts(root: Path, smollm2: bool, jit: Path | None) -> None:
         (carry / "azure").mkdir(parents=True, exist_ok=True)
         for f in traces.glob("*.csv"):
             shutil.copyfile(f, carry / "azure" / f.name)
-    if (root / LT_CACHE).is_file():
+    lt_cache = next((root / d / LT_CACHE for d in RESULTS_DIRS if (root / d / LT_CACHE).is_file()), None)
+    if lt_cache is not None:
         (carry / "lt-cache").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / LT_CACHE, carry / "lt-cache" / "lt_gemm.json")
+        shutil.copyfile(lt_cache, carry / "lt-cache" / "lt_gemm.json")
+    elif not (carry / "lt-cache" / "lt_gemm.json").is_file():  # the results were moved elsewhere: say so, not skip
+        print(f"prepare_lease: no {LT_CACHE} under {' or '.join(map(str, RESULTS_DIRS))}: the lease re-times "
+              "cuBLASLt's choices at start (~40 s per worker)", file=sys.stderr)
     if jit is not None:
         (carry / "fi-jit").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(jit, carry / "fi-jit" / "fi_jit_cache.tgz")

@@ -54,3 +54,17 @@ def test_main_packs_the_parts_beside_the_tree(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "tree 3.0 MB; 3 parts" in out and "in 2 stage calls" in out  # 40 + 15; 30 (each call <= 63.1 MB)
     assert ".carry/flashinfer-a" in out and "vllm" not in out and "smol" not in out and "loose" not in out
+
+
+def test_the_lt_cache_is_found_where_the_procedure_moves_the_results(tmp_path):
+    """The lease's procedure moves benchmarks/results to ../results_stash before prepare_lease runs: the tuned
+    cuBLASLt choices are taken from there (they were silently left out before)."""
+    from benchmarks.gpu.prepare_lease import LT_CACHE, make_small_parts
+
+    root = tmp_path / "main"
+    root.mkdir()
+    stash = tmp_path / "results_stash" / LT_CACHE
+    stash.parent.mkdir(parents=True)
+    stash.write_text('{"choices": 1}')
+    make_small_parts(root, smollm2=False, jit=None)
+    assert (root / ".carry" / "lt-cache" / "lt_gemm.json").read_text() == '{"choices": 1}'

@@ -115,8 +115,9 @@ class EngineConfig:
     # and at most 2,048 on a prefill side (bullet, static), which captures the set once per ladder entry
     piecewise_graph_tokens: int | None = None
     # token buckets of the piecewise graphs above 512 tokens: "tuned" (default) chooses them at start from the
-    # device's own GEMM times at every 32 tokens (at most as many buckets as "fixed": bullet_ray.engine.piecewise_graphs'
-    # tune_buckets), "fixed" keeps token_buckets' (every 64 to 1,024, 128 to 4,096, 256 to 8,192, 512 beyond)
+    # device's own GEMM times at every 32 tokens to 4,096, 64 to 8,192, 128 to 16,384 (at most as many buckets as
+    # "fixed": bullet_ray.engine.piecewise_graphs' tune_buckets), "fixed" keeps token_buckets' (every 64 to 1,024,
+    # 128 to 4,096, 256 to 8,192, 512 beyond)
     piecewise_buckets: str = "tuned"
     # plan and launch step k+1 while step k runs; sampled ids stay on the device as the next input and the
     # host learns them one step late (stop checks, streaming, freeing blocks). None: on for GPU, off for

@@ -24,7 +24,8 @@ Which buckets above `TUNE_FROM` tokens (`tune_buckets`, `piecewise_buckets: tune
 GEMM tiles by shape, so a step's time does not grow smoothly with its rows. On the H100 (Llama-3.1-8B's
 projections, benchmarks/results/gemm_shapes_h100/) 1,728 rows took 7% longer than 1,792 and 2,112 rows 13% longer
 than 2,048. Before capturing, the worker times one middle piece (a layer's o_proj and MLP and the next layer's
-q/k/v: every GEMM shape of the forward) at every multiple of `TUNE_STEP` in each tuned range and keeps at most as
+q/k/v: every GEMM shape of the forward) at every multiple of its range's step (32 tokens to 4,096, then 64, then 128
+to 16,384) in each tuned range the budget reaches and keeps at most as
 many buckets as the fixed ladder (fewer where fewer are as fast), chosen to make a step of uniformly spread size
 fastest on average (`choose_buckets`); at most the same graphs, memory and capture time, less time per step (on the H100's table: 2.6% off
 the GEMMs of steps of 1,025-2,048 tokens against the every-128 buckets, 0.8% under running each step at its exact
@@ -87,10 +88,14 @@ def token_buckets(max_tokens: int) -> list[int]:
     return buckets
 
 
-# the ranges `tune_buckets` re-chooses: (low, high] of the fixed ladder, candidates every TUNE_STEP tokens (a step
-# of more than TUNE_UP_TO tokens keeps the fixed buckets: too many sizes to time at start)
-TUNE_FROM, TUNE_UP_TO, TUNE_STEP = 512, 4096, 32
-TUNE_RANGES = ((TUNE_FROM, 1024), (1024, 2048), (2048, TUNE_UP_TO))
+# the ranges `tune_buckets` re-chooses: (low, high, candidates every `step` tokens) of the fixed ladder, each timed
+# only when the budget reaches into it (a 2,048-token budget times the first two). Above 4,096 the candidates are
+# coarser (64 / 128 tokens: the sizes to time stay 64 a range, ~1.7 s and ~3.4 s at start on the H200's 8B pieces):
+# there the GEMMs of a padded bucket cost vLLM's exact-size steps +7% where the padding explains 3-4%
+# (benchmarks/results/kernel_compare_h200/, kc8192_m16), cuBLAS's tiles being what the rest is.
+TUNE_FROM, TUNE_UP_TO, TUNE_STEP = 512, 16384, 32
+TUNE_RANGES = ((TUNE_FROM, 1024, TUNE_STEP), (1024, 2048, TUNE_STEP), (2048, 4096, TUNE_STEP), (4096, 8192, 64),
+               (8192, TUNE_UP_TO, 128))
 TUNE_HOLD_CYCLES = 20_000_000  # ~10 ms of a GPU clock: longer than the host takes to enqueue a size's timed runs
 
 
@@ -122,12 +127,13 @@ def choose_buckets(low: int, high: int, count: int, time_ms: dict[int, float]) -
     return sorted(chosen)
 
 
-def tune_buckets(buckets: list[int], time_ms: Callable[[int], float], step: int = TUNE_STEP) -> tuple[list[int], dict[int, float]]:
+def tune_buckets(buckets: list[int], time_ms: Callable[[int], float]) -> tuple[list[int], dict[int, float]]:
     """`buckets` (token_buckets') with each of TUNE_RANGES that they span re-chosen by `choose_buckets` from
-    measured times (`time_ms(t)`: a step's time on t rows, called once per size: every multiple of `step` in the
-    range and the range's top bucket), at most as many buckets per range as before. Returns the buckets and the times."""
+    measured times (`time_ms(t)`: a step's time on t rows, called once per size: every multiple of the range's step
+    in the range and the range's top bucket), at most as many buckets per range as before. Returns the buckets and
+    the times."""
     out, times = list(buckets), {}
-    for low, high in TUNE_RANGES:
+    for low, high, step in TUNE_RANGES:
         inside = [b for b in out if low < b <= high]
         if not inside:
             continue

@@ -101,6 +101,29 @@ def test_tuned_buckets_on_the_h100_table_beat_the_fixed_ones():
     assert tune_buckets(token_buckets(300), time_ms)[0] == token_buckets(300)
 
 
+def test_budgets_past_4096_tune_their_ranges_at_coarser_candidates():
+    """vLLM's 8,192-token budget times (4,096, 8,192] every 64 tokens and offline's 16,384 (8,192, 16,384] every 128,
+    each range keeping the fixed ladder's count; a 2,048-token budget times nothing above 2,048."""
+    calls: list[int] = []
+
+    def time_ms(t: int) -> float:  # a tile-quantised GEMM: a step costs its rows rounded up to 384
+        calls.append(t)
+        return -(-t // 384) * 384 / 50
+
+    for budget, step in ((8192, 64), (16384, 128)):
+        calls.clear()
+        fixed = token_buckets(budget)
+        tuned, _ = tune_buckets(fixed, time_ms)
+        low = budget // 2
+        assert sorted(t for t in calls if t > low) == list(range(low + step, budget + 1, step))
+        assert len([b for b in tuned if b > low]) <= len([b for b in fixed if b > low]) and tuned[-1] == budget
+        ms = {t: time_ms(t) for t in set(tuned) | set(fixed)}
+        assert _mean_ms(tuned, low, budget, ms) < _mean_ms(fixed, low, budget, ms)  # the tiles' multiples win
+    calls.clear()
+    tune_buckets(token_buckets(2048), time_ms)
+    assert max(calls) == 2048
+
+
 def test_bucket_choice_is_validated_and_tuning_needs_captured_graphs():
     from bullet_ray.config import EngineConfig
     from bullet_ray.errors import ConfigError

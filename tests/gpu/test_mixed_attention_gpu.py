@@ -92,3 +92,48 @@ def test_holistic_replans_without_a_sync_and_matches_the_reference_on_fused_qkv_
         rel = float((out - expected).norm() / expected.norm())
         assert rel < 2e-2, f"{query_lens}: relative difference {rel:.4f}"
         assert torch.equal(fi.kv_cache, ref.kv_cache)
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens", "ragged_from"), [
+    ([1] * 24 + [150, 700, 300], [900 + 13 * i for i in range(24)] + [2200, 700, 300], 24 + 150),  # mixed, one continuing
+    ([700, 300, 64], [700, 300, 64], 0),                                                         # fresh prompts only
+    ([1] * 8 + [700, 150], [500] * 8 + [700, 2200], None),  # a fresh row before a continuing one: nothing ragged
+])
+def test_ragged_prefill_equals_paged_and_the_torch_reference(query_lens, seq_lens, ragged_from):
+    """`prefill_attention: ragged` over four layers, q / K / V read in place from fused qkv rows: the fresh prompt rows
+    through the ragged kernel over the step's own K/V give what the paged kernel gives over the pool (and what the
+    torch reference gives), the decode rows and a chunk after a cached prefix through their paged kernels; the pool's
+    K/V are written alike."""
+    from bullet_ray.engine.attention.base import AttentionMetadata, get_backend_class
+
+    torch.manual_seed(2)
+    md = AttentionMetadata.contiguous(query_lens, seq_lens, BS, "cuda")
+    num_blocks = sum((n + BS - 1) // BS for n in seq_lens)
+    kv = torch.randn(LAYERS, num_blocks, 2, BS, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(LAYERS, md.num_tokens, (HEADS + 2 * KV_HEADS) * DIM, device="cuda", dtype=torch.bfloat16)
+    split = [HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM]
+    outs = {}
+    backends = {}
+    for mode in ("paged", "ragged"):
+        backend = get_backend_class("flashinfer")(kv.clone(), HEADS, KV_HEADS, DIM, DIM ** -0.5, prefill_attention=mode)
+        with torch.inference_mode():
+            backend.begin_batch(md)
+            assert backend._ragged_from == (ragged_from if mode == "ragged" else None)
+            layers = []
+            for i in range(LAYERS):
+                q, k, v = (t.view(md.num_tokens, -1, DIM) for t in qkv[i].split(split, dim=-1))
+                layers.append(backend.forward(i, q, k, v, md))
+            outs[mode] = torch.stack(layers).float()
+        torch.cuda.synchronize()
+        backends[mode] = backend
+    rel = float((outs["ragged"] - outs["paged"]).norm() / outs["paged"].norm())
+    assert rel < 1e-2, f"relative difference {rel:.2e}"
+    assert torch.equal(backends["ragged"].kv_cache, backends["paged"].kv_cache)
+    ref = get_backend_class("torch")(kv.clone(), HEADS, KV_HEADS, DIM, DIM ** -0.5)
+    ref.begin_batch(md)
+    q, k, v = (t.reshape(md.num_tokens, -1, DIM) for t in qkv[0].split(split, dim=-1))
+    expected = ref.forward(0, q.contiguous(), k.contiguous(), v.contiguous(), md).float()
+    rel_ref = float((outs["ragged"][0] - expected).norm() / expected.norm())
+    assert rel_ref < 2e-2, f"against the torch reference: {rel_ref:.2e}"
+    if ragged_from is not None:
+        assert backends["ragged"]._direct[id(backends["ragged"].ragged)].direct_calls == LAYERS - 1

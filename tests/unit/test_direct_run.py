@@ -152,3 +152,23 @@ def test_the_backend_keeps_one_direct_run_per_wrapper_and_reads_its_plan_count()
     assert backend._run(a) is backend._run(a) and backend._run(a) is not backend._run(b)
     backend.fence.counts[id(a)] = 5
     assert backend._run(a)._plan_count() == 5 and backend._run(b)._plan_count() == 0
+
+
+class _RaggedWrapper(_Wrapper):
+    """flashinfer's ragged wrapper takes K and V themselves: run(q, k, v, out=...)."""
+
+    def run(self, q, k, v, out=None, enable_pdl=None):
+        self.public_runs += 1
+        self._cached_module.paged_run("ws", self.scale, q, k, v, out, True)
+        return out
+
+
+def test_a_ragged_wrapper_is_called_with_k_and_v_and_then_directly():
+    wrapper = _RaggedWrapper()
+    wrapper.plan(2.0)
+    direct = DirectRun(wrapper, lambda: 1, ragged=True)
+    for i, (k, v) in enumerate(_layers()):
+        q, out = torch.arange(3.0) + i, torch.empty(3)
+        direct.run(q, k, v, out)
+        torch.testing.assert_close(out, _expected(q, k, v, 2.0))
+    assert direct.usable and wrapper.public_runs == 1 and direct.direct_calls == 3

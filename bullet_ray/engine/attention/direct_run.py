@@ -8,6 +8,7 @@ argument list for its compiled module on every call. In piecewise-graph steps on
 `DirectRun` sends the first layer after a plan through the public `run`, with the wrapper's module swapped
 for a recorder that notes the entry point and the arguments it is handed; the other layers call that entry
 point with the recorded list, their own q, K cache, V cache and output put where the first layer's were.
+(A ragged wrapper, `ragged=True`, takes K and V rows instead of the cache pair: the same record, by the same rule.)
 The positions are found by identity: each of the four must appear exactly once, the recorder must have seen
 exactly one call (with positional arguments only) and `run` must return the given output, else that wrapper
 keeps the public `run`. The record holds only what `run` derived from its plan and from values every layer
@@ -62,16 +63,25 @@ def _positions(args: list[Any], items: tuple[Any, ...]) -> tuple[int, ...] | Non
 class DirectRun:
     """Runs one flashinfer wrapper's planned attention (see the module docstring)."""
 
-    def __init__(self, wrapper: Any, plan_count: Callable[[], int], enable_pdl: bool | None = None) -> None:
+    def __init__(self, wrapper: Any, plan_count: Callable[[], int], enable_pdl: bool | None = None,
+                 ragged: bool = False) -> None:
         self.wrapper = wrapper
+        # a ragged wrapper's run takes K and V themselves (the step's own rows), a paged one the pool's pair
+        self.ragged = ragged
         self._plan_count = plan_count  # the wrapper's plans so far (PlanFence)
         self.enable_pdl = enable_pdl
         self.usable = True  # False once a record failed: every layer then takes the public run
         self._record: tuple[int, Callable[..., Any], list[Any], tuple[int, ...]] | None = None
         self.direct_calls = 0  # layers that skipped the public run (tests, logs)
 
+    def _public_run(self, q: Any, k_cache: Any, v_cache: Any, out: Any) -> Any:
+        if self.ragged:
+            return self.wrapper.run(q, k_cache, v_cache, out=out, enable_pdl=self.enable_pdl)
+        return self.wrapper.run(q, (k_cache, v_cache), out=out, enable_pdl=self.enable_pdl)
+
     def run(self, q: Any, k_cache: Any, v_cache: Any, out: Any) -> Any:
-        """Attention of q over the (k_cache, v_cache) pair under the wrapper's current plan, into `out`."""
+        """Attention of q over the (k_cache, v_cache) pair (a ragged wrapper: over K and V rows) under the
+        wrapper's current plan, into `out`."""
         record = self._record
         if record is not None and record[0] == self._plan_count():
             _, entry, args, (iq, ik, iv, io) = record
@@ -84,11 +94,11 @@ class DirectRun:
             return out
         module = getattr(self.wrapper, "_cached_module", None)
         if not self.usable or module is None:
-            return self.wrapper.run(q, (k_cache, v_cache), out=out, enable_pdl=self.enable_pdl)
+            return self._public_run(q, k_cache, v_cache, out)
         recorder = _Recorder(module)
         self.wrapper._cached_module = recorder
         try:
-            result = self.wrapper.run(q, (k_cache, v_cache), out=out, enable_pdl=self.enable_pdl)
+            result = self._public_run(q, k_cache, v_cache, out)
         finally:
             self.wrapper._cached_module = module
         self._record = None

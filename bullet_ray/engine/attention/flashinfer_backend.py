@@ -184,6 +184,35 @@ def default_kv_write() -> str:
     return value
 
 
+PREFILL_ATTENTION_MODES = ("paged", "ragged")
+
+
+def default_prefill_attention() -> str:
+    """How prompt rows attend unless a backend is told otherwise, from BULLET_RAY_PREFILL_ATTENTION: "paged"
+    (default: every prompt chunk through the paged prefill kernel, reading K/V from the pool) or "ragged" (opt-in,
+    not yet measured on a GPU: the chunks that start a prompt, which have no cached prefix, through flashinfer's
+    ragged prefill over the step's own K/V rows, contiguous tokens instead of 16-token pages; chunks after a cached
+    prefix stay paged). At an 8,192-token budget a prompt token's attention cost 1.40x vLLM's FlashAttention-3
+    varlen kernel (benchmarks/results/kernel_compare_h200/, kc8192_m16)."""
+    value = os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "paged")
+    if value not in PREFILL_ATTENTION_MODES:
+        raise ValueError(f"BULLET_RAY_PREFILL_ATTENTION must be one of {', '.join(PREFILL_ATTENTION_MODES)}, "
+                         f"got {value!r}")
+    return value
+
+
+def split_fresh_rows(query_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
+    """How many leading prompt rows go through the paged kernel when the rest run ragged: every row up to the last
+    one with a cached prefix (seq_len > query_len); the rows after it start their prompts, so their K/V are all in
+    the step. Rows keep their order (one contiguous range per kernel), so a fresh row before a continuing one
+    stays paged (correct, only not ragged)."""
+    last = -1
+    for i, (q, n) in enumerate(zip(query_lens, seq_lens)):
+        if n > q:
+            last = i
+    return last + 1
+
+
 class AppendIndex:
     """Where flashinfer's paged append kernel writes a batch's tokens, from the slot mapping alone: every token is a
     request of one page (`indptr` = 0, 1, ..., n; the token's own batch index; its page `slot // block_size`, its
@@ -266,10 +295,13 @@ class FlashInferBackend(AttentionBackend):
     # kv_write "append": flashinfer's page module and the batch's index into it (None: the scatter writes)
     _append_module: Any = None
     _append_index: AppendIndex | None = None
+    # prefill_attention "ragged": flashinfer's ragged prefill wrapper, and the first token it runs in this batch
+    ragged: Any = None
+    _ragged_from: int | None = None
 
     def __init__(self, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float, decode_tensor_cores: bool | None = None, mixed_attention: str | None = None,
-                 kv_write: str | None = None) -> None:
+                 kv_write: str | None = None, prefill_attention: str | None = None) -> None:
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         import flashinfer
 
@@ -306,6 +338,12 @@ class FlashInferBackend(AttentionBackend):
             if self.mixed_attention == "holistic" and cap is None else None
         self._holistic_planned = False
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.prefill_attention = default_prefill_attention() if prefill_attention is None else prefill_attention
+        if self.prefill_attention not in PREFILL_ATTENTION_MODES:
+            raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION_MODES)}, "
+                             f"got {self.prefill_attention!r}")
+        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, kv_layout="NHD") \
+            if self.prefill_attention == "ragged" else None
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
                                                                     use_tensor_cores=self.decode_tensor_cores)
         self.fence = PlanFence()
@@ -320,6 +358,9 @@ class FlashInferBackend(AttentionBackend):
                 self.holistic = None
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
+        # prefill_attention "ragged": the batch's tokens before its fresh prompt rows (decode rows and chunks after
+        # a cached prefix, which the paged kernels run), None when no row runs ragged
+        self._ragged_from: int | None = None
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None
@@ -352,6 +393,7 @@ class FlashInferBackend(AttentionBackend):
         last_page_len = [(n - 1) % bs + 1 for n in seq_lens]
         self._is_decode = metadata.is_decode
         self._rows_md = None
+        self._ragged_from = None
         # a mixed batch's leading one-token rows (the chunked schedule puts its decodes first) go to the
         # decode kernel: in the prefill kernel each would fill a whole query tile of its own
         if metadata.is_decode:
@@ -377,9 +419,19 @@ class FlashInferBackend(AttentionBackend):
         first_prefill_block = sum(num_blocks[:nd])
         if nd:
             self._plan_decode(num_blocks[:nd], kv_indices[:first_prefill_block], last_page_len[:nd], bs)
-        if not metadata.is_decode:
-            self._plan_prefill(metadata.query_lens_list[nd:], num_blocks[nd:], kv_indices[first_prefill_block:],
-                               last_page_len[nd:], bs)
+        if metadata.is_decode:
+            return
+        query_lens = metadata.query_lens_list[nd:]
+        paged = split_fresh_rows(query_lens, seq_lens[nd:]) if self.ragged is not None else len(query_lens)
+        if paged == len(query_lens):  # every prompt row through the paged kernel (the default)
+            self._plan_prefill(query_lens, num_blocks[nd:], kv_indices[first_prefill_block:], last_page_len[nd:], bs)
+            return
+        if paged:  # the rows up to the last one with a cached prefix
+            self._plan_prefill(query_lens[:paged], num_blocks[nd:nd + paged],
+                               kv_indices[first_prefill_block:first_prefill_block + sum(num_blocks[nd:nd + paged])],
+                               last_page_len[nd:nd + paged], bs)
+        self._plan_ragged(query_lens[paged:])
+        self._ragged_from = nd + sum(query_lens[:paged])
 
     def decode_plan_options(self, pages: Sequence[int], graph_rows: int | None = None) -> dict[str, Any]:
         """Extra arguments of a decode plan over rows of `pages` KV pages each, eager or (`graph_rows`: its bucket,
@@ -414,6 +466,14 @@ class FlashInferBackend(AttentionBackend):
         self.fence.plan(self.prefill, _pinned([0, *_cumsum(query_lens)]), _pinned([0, *_cumsum(num_blocks)]),
                         kv_indices, _pinned(last_page_len), self.num_heads, self.num_kv_heads, self.head_dim, bs,
                         causal=True, q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
+
+    def _plan_ragged(self, query_lens: list[int]) -> None:
+        """Plan the fresh prompt rows (no cached prefix: each attends causally over its own tokens) for the ragged
+        kernel, which reads K/V from the step's rows instead of the pool."""
+        dtype = self.kv_cache.dtype
+        indptr = _pinned([0, *_cumsum(query_lens)])
+        self.fence.plan(self.ragged, indptr, indptr, self.num_heads, self.num_kv_heads, self.head_dim, causal=True,
+                        q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
         """Store the batch's new K/V of one layer at their slots."""
@@ -462,6 +522,8 @@ class FlashInferBackend(AttentionBackend):
             return self._run(self.decode).run(q, k_cache, v_cache, out)
         if self._holistic_planned and self.holistic is not None:
             return self.holistic.run(q, k_cache, v_cache, out)
+        if self._ragged_from is not None:
+            return self._forward_ragged(q, k, v, k_cache, v_cache, out)
         nd = self._num_decode_rows
         if not nd:
             return self._run(self.prefill).run(q, k_cache, v_cache, out)
@@ -478,10 +540,26 @@ class FlashInferBackend(AttentionBackend):
         main.wait_stream(side)  # later work on the main stream (and reuse of q / out's memory) waits for both
         return out
 
+    def _forward_ragged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """A batch whose fresh prompt rows (from token `_ragged_from`) run ragged over their own K/V rows: the decode
+        rows and the chunks after a cached prefix before them through their paged kernels, one after the other."""
+        nd, start = self._num_decode_rows, self._ragged_from
+        assert start is not None and self.ragged is not None
+        if nd:
+            self._run(self.decode).run(q[:nd], k_cache, v_cache, out[:nd])
+        if start > nd:
+            self._run(self.prefill).run(q[nd:start], k_cache, v_cache, out[nd:start])
+        if k.stride(-1) != 1 or v.stride(-1) != 1:
+            k, v = k.contiguous(), v.contiguous()
+        self._run(self.ragged).run(q[start:], k[start:], v[start:], out[start:])
+        return out
+
     def _run(self, wrapper: Any) -> DirectRun:
         direct = self._direct.get(id(wrapper))
         if direct is None or direct.wrapper is not wrapper:
-            direct = self._direct[id(wrapper)] = DirectRun(wrapper, lambda: self.fence.plan_count(wrapper), PDL)
+            direct = self._direct[id(wrapper)] = DirectRun(wrapper, lambda: self.fence.plan_count(wrapper), PDL,
+                                                           ragged=wrapper is self.ragged)
         return direct
 
 

@@ -115,7 +115,8 @@ def test_ragged_prefill_equals_paged_and_the_torch_reference(query_lens, seq_len
     outs = {}
     backends = {}
     for mode in ("paged", "ragged"):
-        backend = get_backend_class("flashinfer")(kv.clone(), HEADS, KV_HEADS, DIM, DIM ** -0.5, prefill_attention=mode)
+        backend = get_backend_class("flashinfer")(kv.clone(), HEADS, KV_HEADS, DIM, DIM ** -0.5, prefill_attention=mode,
+                                                   mixed_attention="split")
         with torch.inference_mode():
             backend.begin_batch(md)
             assert backend._ragged_from == (ragged_from if mode == "ragged" else None)

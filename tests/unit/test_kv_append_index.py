@@ -39,7 +39,14 @@ class _EmulatedPageModule:
 
     def append_paged_kv_cache(self, k, v, batch_indices, positions, k_cache, v_cache, pages, indptr, last_page_len,
                               layout):
-        assert layout == 0 and k.stride(-1) == 1 and v.stride(-1) == 1
+        # the C++ wrapper's checks (flashinfer csrc/page.cu): what the real kernel refuses, this refuses too
+        assert layout == 0 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.dim() == v.dim() == 3
+        n = k.shape[0]
+        for t in (batch_indices, positions, pages, indptr, last_page_len):
+            assert t.dtype == torch.int32 and t.is_contiguous() and t.dim() == 1
+        assert indptr.shape[0] == last_page_len.shape[0] + 1 and batch_indices.shape[0] == positions.shape[0] == n
+        assert k_cache.dim() == v_cache.dim() == 4 and k_cache.stride() == v_cache.stride()
+        assert k_cache.stride(-1) == 1 and k.shape[1:] == k_cache.shape[2:] and n > 0
         self.calls += 1
         bs = k_cache.shape[1]
         index = type("I", (), {"batch_indices": batch_indices, "positions": positions, "pages": pages,
@@ -75,7 +82,7 @@ def test_append_writes_what_the_scatter_writes_from_fused_and_separate_kv():
 
 
 def test_the_scatter_serves_where_the_append_cannot():
-    """A decode graph writing row 0 last, or K/V of another dtype than the pool's: the scatter path."""
+    """A decode graph writing row 0 last, K/V of another dtype than the pool's, or no tokens: the scatter path."""
     md = type("Md", (), {})()
     md.slot_mapping = torch.tensor([1, 5])
     k = torch.ones(2, 2, 3)
@@ -87,6 +94,9 @@ def test_the_scatter_serves_where_the_append_cannot():
     backend.write_kv(0, k.double(), -k.double(), md)
     assert backend._append_module.calls == 0
     backend.write_kv(0, k, -k, md)
+    assert backend._append_module.calls == 1
+    empty = type("Md", (), {"slot_mapping": torch.zeros(0, dtype=torch.int64)})()
+    backend.write_kv(0, k[:0], -k[:0], empty)  # no tokens: the kernel's launcher would make an empty grid
     assert backend._append_module.calls == 1
     assert backend.kv_cache[0, 0, 0, 1].eq(1).all() and backend.kv_cache[0, 1, 1, 1].eq(-1).all()
 

@@ -103,7 +103,7 @@ def test_tuned_buckets_on_the_h100_table_beat_the_fixed_ones():
 
 def test_budgets_past_4096_tune_their_ranges_at_coarser_candidates():
     """vLLM's 8,192-token budget times (4,096, 8,192] every 64 tokens and offline's 16,384 (8,192, 16,384] every 128,
-    each range keeping the fixed ladder's count; a 2,048-token budget times nothing above 2,048."""
+    each range keeping at most the fixed ladder's count; a 2,048-token budget times nothing above 2,048."""
     calls: list[int] = []
 
     def time_ms(t: int) -> float:  # a tile-quantised GEMM: a step costs its rows rounded up to 384

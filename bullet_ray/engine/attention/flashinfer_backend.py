@@ -1,12 +1,13 @@
 """Paged attention on the GPU with flashinfer: paged prefill (incl. chunked prefill over a cached prefix)
-and paged decode.
+and paged decode (opt-in: prompt rows that start in the step through the ragged prefill, `prefill_attention`).
 
 The pool layout is flashinfer's paged NHD layout ([num_blocks, 2, block_size, kv_heads, head_dim] per
 layer), so the kernels read the shared pool in place. New K/V go into the pool by flashinfer's paged append
-kernel (`kv_write` "append", the default: one CTA per token, 16-byte copies, reading K and V in place from the
-fused qkv projection's rows), each token its own one-page "request" so that the page table is the slot
-mapping itself (`AppendIndex`); or (`kv_write` "scatter", and wherever the append cannot serve: a K/V dtype
-other than the pool's, a decode graph that must write row 0 last) into the layer viewed as rows of
+kernel (`kv_write` "append", the default: a grid-strided launch, a token's heads per CTA iteration, 16-byte
+copies, reading K and V in place from the fused qkv projection's rows), each token its own one-page "request" so
+that the page table is the slot mapping itself (`AppendIndex`); or (`kv_write` "scatter", and wherever the append
+cannot serve: a K/V dtype other than the pool's, a head size or pool dtype its launcher does not dispatch, an empty
+batch, a decode graph that must write row 0 last) into the layer viewed as rows of
 [kv_heads, head_dim]: one `index_put_` of K and V when they are adjacent columns of one fused qkv row, else
 one `index_copy_` each. The indices are computed once per batch. `begin_batch` plans the kernels once per step (prefill batches:
 BatchPrefillWithPagedKVCache, causal; pure decode batches: BatchDecodeWithPagedKVCache; a mixed batch of the
@@ -190,9 +191,9 @@ PREFILL_ATTENTION_MODES = ("paged", "ragged")
 def default_prefill_attention() -> str:
     """How prompt rows attend unless a backend is told otherwise, from BULLET_RAY_PREFILL_ATTENTION: "paged"
     (default: every prompt chunk through the paged prefill kernel, reading K/V from the pool) or "ragged" (opt-in,
-    not yet measured on a GPU: the chunks that start a prompt, which have no cached prefix, through flashinfer's
-    ragged prefill over the step's own K/V rows, contiguous tokens instead of 16-token pages; chunks after a cached
-    prefix stay paged). At an 8,192-token budget a prompt token's attention cost 1.40x vLLM's FlashAttention-3
+    not yet measured on a GPU: the prompt rows after the batch's last chunk with a cached prefix, which all start
+    their prompts, through flashinfer's ragged prefill over the step's own K/V rows, contiguous tokens instead of
+    16-token pages; the rows up to that chunk stay paged, `split_fresh_rows`). At an 8,192-token budget a prompt token's attention cost 1.40x vLLM's FlashAttention-3
     varlen kernel (benchmarks/results/kernel_compare_h200/, kc8192_m16)."""
     value = os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "paged")
     if value not in PREFILL_ATTENTION_MODES:
@@ -316,7 +317,9 @@ class FlashInferBackend(AttentionBackend):
         if self.kv_write not in KV_WRITE_MODES:
             raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_MODES)}, got {self.kv_write!r}")
         # flashinfer's page module (JIT-built at its first load: here, at start, not mid-serving); None: scatter
-        self._append_module = _load_append_module() if self.kv_write == "append" else None
+        # its launcher dispatches head sizes 64-512 and half-precision pools; anything else keeps the scatter
+        servable = head_dim in _APPEND_HEAD_DIMS and kv_cache.dtype in (torch.float16, torch.bfloat16)
+        self._append_module = _load_append_module() if self.kv_write == "append" and servable else None
         self._append_index: AppendIndex | None = None
         self.mixed_attention = default_mixed_attention() if mixed_attention is None else mixed_attention
         if self.mixed_attention not in MIXED_ATTENTION_MODES:
@@ -358,8 +361,8 @@ class FlashInferBackend(AttentionBackend):
                 self.holistic = None
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
-        # prefill_attention "ragged": the batch's tokens before its fresh prompt rows (decode rows and chunks after
-        # a cached prefix, which the paged kernels run), None when no row runs ragged
+        # prefill_attention "ragged": the batch's tokens before the prompt rows that run ragged (decode rows and the
+        # rows up to the last chunk with a cached prefix, which the paged kernels run), None when no row runs ragged
         self._ragged_from: int | None = None
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
@@ -481,7 +484,7 @@ class FlashInferBackend(AttentionBackend):
             self._rows_md, self._kv_rows, self._append_index = metadata, None, None
         bs = self.kv_cache.shape[3]  # [layers, num_blocks, K/V, block_size, kv_heads, head_dim]
         if (self._append_module is not None and not self.first_row_writes_last and k.dtype == self.kv_cache.dtype
-                and v.dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1):
+                and v.dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape[0] > 0):
             if self._append_index is None:
                 self._append_index = AppendIndex(metadata.slot_mapping, bs)
             index = self._append_index
@@ -542,8 +545,9 @@ class FlashInferBackend(AttentionBackend):
 
     def _forward_ragged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """A batch whose fresh prompt rows (from token `_ragged_from`) run ragged over their own K/V rows: the decode
-        rows and the chunks after a cached prefix before them through their paged kernels, one after the other."""
+        """A batch whose last prompt rows (from token `_ragged_from`, all starting their prompts) run ragged over
+        their own K/V rows: the decode rows and the prompt rows before them through their paged kernels, one after
+        the other."""
         nd, start = self._num_decode_rows, self._ragged_from
         assert start is not None and self.ragged is not None
         if nd:
@@ -591,6 +595,7 @@ class PlanFence:
 
 
 _NHD = 0  # flashinfer's TensorLayout.NHD: the pool's layout
+_APPEND_HEAD_DIMS = (64, 128, 256, 512)  # what AppendPagedKVCache's launcher dispatches
 
 
 def _load_append_module() -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from bullet_ray.engine.attention.flashinfer_backend import AppendIndex, FlashInferBackend, default_kv_write
+from bullet_ray.engine.attention.flashinfer_backend import AppendIndex, FlashInferBackend
 
 
 def _kernel_slots(index: AppendIndex, block_size: int) -> list[int]:
@@ -99,17 +99,3 @@ def test_the_scatter_serves_where_the_append_cannot():
     backend.write_kv(0, k[:0], -k[:0], empty)  # no tokens: the kernel's launcher would make an empty grid
     assert backend._append_module.calls == 1
     assert backend.kv_cache[0, 0, 0, 1].eq(1).all() and backend.kv_cache[0, 1, 1, 1].eq(-1).all()
-
-
-def test_kv_write_default_and_its_error(monkeypatch):
-    monkeypatch.delenv("BULLET_RAY_KV_WRITE", raising=False)
-    assert default_kv_write() == "append"
-    monkeypatch.setenv("BULLET_RAY_KV_WRITE", "scatter")
-    assert default_kv_write() == "scatter"
-    monkeypatch.setenv("BULLET_RAY_KV_WRITE", "fast")
-    try:
-        default_kv_write()
-    except ValueError as e:
-        assert "BULLET_RAY_KV_WRITE" in str(e) and "append" in str(e)
-    else:
-        raise AssertionError("no error")

@@ -1,12 +1,17 @@
 """`prefill_attention: ragged` (opt-in): which prompt rows of a batch run ragged over the step's own K/V
-(`split_fresh_rows`: those after the last row with a cached prefix) and the setting's validation. The kernels
+(`split_fresh_rows`: those after the last row with a cached prefix), and the validation of the GPU attention's two
+switches (`BULLET_RAY_PREFILL_ATTENTION`, `BULLET_RAY_KV_WRITE`). The kernels
 themselves are compared on the GPU (tests/gpu/test_mixed_attention_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bullet_ray.engine.attention.flashinfer_backend import default_prefill_attention, split_fresh_rows
+from bullet_ray.engine.attention.flashinfer_backend import (
+    default_kv_write,
+    default_prefill_attention,
+    split_fresh_rows,
+)
 
 
 @pytest.mark.parametrize(("query_lens", "seq_lens", "paged"), [
@@ -20,11 +25,15 @@ def test_rows_up_to_the_last_cached_prefix_stay_paged(query_lens, seq_lens, page
     assert split_fresh_rows(query_lens, seq_lens) == paged
 
 
-def test_prefill_attention_default_and_its_error(monkeypatch):
-    monkeypatch.delenv("BULLET_RAY_PREFILL_ATTENTION", raising=False)
-    assert default_prefill_attention() == "paged"
-    monkeypatch.setenv("BULLET_RAY_PREFILL_ATTENTION", "ragged")
-    assert default_prefill_attention() == "ragged"
-    monkeypatch.setenv("BULLET_RAY_PREFILL_ATTENTION", "varlen")
-    with pytest.raises(ValueError, match="BULLET_RAY_PREFILL_ATTENTION"):
-        default_prefill_attention()
+@pytest.mark.parametrize(("variable", "default", "default_value", "other"), [
+    ("BULLET_RAY_PREFILL_ATTENTION", default_prefill_attention, "paged", "ragged"),
+    ("BULLET_RAY_KV_WRITE", default_kv_write, "append", "scatter"),
+])
+def test_attention_switches_default_and_their_errors(monkeypatch, variable, default, default_value, other):
+    monkeypatch.delenv(variable, raising=False)
+    assert default() == default_value
+    monkeypatch.setenv(variable, other)
+    assert default() == other
+    monkeypatch.setenv(variable, "fast")
+    with pytest.raises(ValueError, match=variable):
+        default()

@@ -11,6 +11,10 @@ How it runs (one device call, after `run_serve_h100.sh stage` has brought flashi
     python -m benchmarks.gpu.kernel_compare --systems ours --device cpu --model dummy:tiny-llama \\
         --num-prompts 16 --max-total-tokens 256 --warmup-steps 5 --profile-steps 3     # CPU smoke: no kernels
 
+`--systems ours,ours+ragged,vllm` also runs a variant of ours (`OUR_VARIANTS`: its engine built under an attention
+switch, e.g. BULLET_RAY_PREFILL_ATTENTION=ragged) on the same workload in the same call, its files beside the
+default's (`ours_ragged_prof/`, `ours_ragged_steps.jsonl`), and prints the tables once per our system against vLLM.
+
 Both systems get benchmarks/offline.py's workload (Azure-conversation lengths, token-id prompts drawn with a
 fixed seed, greedy, ignore_eos, max_tokens from the trace), dummy weights, prefix caching off and the same
 `--max-num-seqs` / `--max-num-batched-tokens` (vLLM's own offline defaults on an H100 are 1024 / 16384, not
@@ -56,6 +60,7 @@ What compares and what does not:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import logging
@@ -65,6 +70,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -389,15 +395,59 @@ def _num_step_rows(path: Path) -> int:
         return 0
 
 
-def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+# our engine's variants beside its default in one call (`--systems ours,ours+ragged,vllm`): the environment each
+# one's engine is built under (the attention backend reads these switches when a worker builds it)
+OUR_VARIANTS: dict[str, dict[str, str]] = {
+    "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},  # fresh prompt rows through the ragged prefill
+    "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
+}
+
+
+def parse_systems(text: str) -> list[str]:
+    """--systems: ours, vllm and ours+<variant> (OUR_VARIANTS), comma-separated; ValueError naming the unknown."""
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    known = {"ours", "vllm", *(f"ours+{v}" for v in OUR_VARIANTS)}
+    unknown = sorted(set(systems) - known)
+    if unknown:
+        raise ValueError(f"--systems: unknown {unknown} (known: {', '.join(sorted(known))})")
+    return systems
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with `values` set for the block, as it was after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_ours(args: argparse.Namespace, system: str = "ours") -> dict[str, Any]:
     """Our engine (benchmarks.offline's set-up, chunked schedule) on every prompt at once; the hybrid worker
-    profiles the window; the engine stops once the window is written (the rest of the run is not needed)."""
+    profiles the window; the engine stops once the window is written (the rest of the run is not needed).
+    `system` "ours+<variant>" builds the engine under OUR_VARIANTS[variant]'s environment; its files are
+    `ours_<variant>_prof/` and `ours_<variant>_steps.jsonl` beside the default's."""
+    variant = system.partition("+")[2]
+    with _environment(OUR_VARIANTS[variant] if variant else {}):
+        result = _run_ours(args, f"ours_{variant}" if variant else "ours")
+    if variant:
+        result["system"] += f" ({' '.join(f'{k}={v}' for k, v in OUR_VARIANTS[variant].items())})"
+    return result
+
+
+def _run_ours(args: argparse.Namespace, stem: str) -> dict[str, Any]:
     from benchmarks import offline
     from bullet_ray.engine.llm_engine import LLMEngine
     from bullet_ray.engine.sampling_params import SamplingParams
 
-    prof = args.out / "ours_prof"
-    step_log = args.out / "ours_steps.jsonl"
+    prof = args.out / f"{stem}_prof"
+    step_log = args.out / f"{stem}_steps.jsonl"
     prof.mkdir(parents=True, exist_ok=True)
     step_log.unlink(missing_ok=True)  # the step log appends
     for old in prof.glob("hybrid-*"):
@@ -681,7 +731,10 @@ def top_kernels_text(label: str, res: dict[str, Any], num: int = 15) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", default="ours,vllm", help="comma-separated: ours, vllm")
+    parser.add_argument("--systems", default="ours,vllm",
+                        help="comma-separated: ours, vllm, and our variants " +
+                             ", ".join(f"ours+{v} ({' '.join(f'{k}={x}' for k, x in env.items())})"
+                                       for v, env in OUR_VARIANTS.items()))
     parser.add_argument("--model", default="dummy:llama-3.1-8b")
     parser.add_argument("--device", default="cuda", help="ours only (vLLM runs on the GPU)")
     parser.add_argument("--num-prompts", type=int, default=1000,
@@ -712,8 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.report is not None:  # the tables again from a saved run (no GPU)
         saved = json.loads(args.report.read_text())
-        print_report({k: saved[k] for k in ("ours", "vllm") if isinstance(saved.get(k), dict)},
-                     f"Device time per step ({args.report}, {saved.get('date')})")
+        print_reports({k: v for k, v in saved.items() if (k == "vllm" or k.startswith("ours")) and isinstance(v, dict)},
+                      f"Device time per step ({args.report}, {saved.get('date')})")
         return 0
     if args.trace_path is None:
         from benchmarks.traces import default_trace_dir
@@ -729,10 +782,10 @@ def main(argv: list[str] | None = None) -> int:
             result = {"error": f"vLLM run failed: {type(exc).__name__}: {exc}"}
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         os._exit(0)  # skip vLLM's teardown (threads, compile workers): the parent kills the group anyway
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(systems) - {"ours", "vllm"}
-    if unknown:
-        raise SystemExit(f"--systems: unknown {sorted(unknown)}")
+    try:
+        systems = parse_systems(args.systems)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     payload: dict[str, Any] = {
         "benchmark": "kernel_compare", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python -m benchmarks.gpu.kernel_compare " + " ".join(argv),
@@ -747,12 +800,12 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         out_json.write_text(json.dumps({**payload, **results}, indent=1))
 
-    if "ours" in systems:
+    for system in (s for s in systems if s.startswith("ours")):
         try:
-            results["ours"] = run_ours(args)
+            results[system] = run_ours(args, system)
         except Exception as exc:  # noqa: BLE001 - vLLM still runs; the JSON says what failed
-            logger.exception("our run failed")
-            results["ours"] = {"error": f"our run failed: {type(exc).__name__}: {exc}"}
+            logger.exception("our run (%s) failed", system)
+            results[system] = {"error": f"our run failed: {type(exc).__name__}: {exc}"}
         save()
     if "vllm" in systems:
         child_argv = [a for a in argv if a != "--vllm-child"]
@@ -775,9 +828,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} {key}: {res[key]}")
         print(f"{name}: {res.get('system')} steps {json.dumps(res.get('steps'))}")
     print(f"saved {out_json}")
-    print_report(results, f"Device time per step, steps {args.warmup_steps}-{args.warmup_steps + args.profile_steps - 1} "
-                          f"({payload['device'].get('name')})")
+    window = f"steps {args.warmup_steps}-{args.warmup_steps + args.profile_steps - 1} ({payload['device'].get('name')})"
+    print_reports(results, f"Device time per step, {window}")
     return 0
+
+
+def print_reports(results: dict[str, dict[str, Any]], title: str) -> None:
+    """The tables of each of our systems against vLLM (in the tables' "ours" columns), one report per system."""
+    ours = [name for name in results if name.startswith("ours")] or ["ours"]
+    for name in ours:
+        label = "" if name == "ours" else f"; ours = {name}"
+        print_report({"ours": results.get(name) or {}, "vllm": results.get("vllm") or {}}, title + label)
 
 
 if __name__ == "__main__":

@@ -351,10 +351,11 @@ CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
 
 @pytest.mark.slow
 def test_cpu_smoke_ours_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Our engine on CPU with the profiler window: the JSON and table come out (no kernels on CPU)."""
+    """Our engine on CPU with the profiler window, and a variant of it in the same call: the JSON and tables come
+    out (no kernels on CPU), the variant's files beside the default's."""
     (tmp_path / "conv.csv").write_text(CSV)
     out = tmp_path / "out"
-    assert main(["--systems", "ours", "--device", "cpu", "--model", "dummy:tiny-llama", "--num-prompts", "12",
+    assert main(["--systems", "ours,ours+scatter", "--device", "cpu", "--model", "dummy:tiny-llama", "--num-prompts", "12",
                  "--max-total-tokens", "256", "--warmup-steps", "3", "--profile-steps", "2",
                  "--trace-path", str(tmp_path), "--out", str(out)]) == 0
     result = json.loads((out / "kernel_compare.json").read_text())
@@ -363,10 +364,14 @@ def test_cpu_smoke_ours_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert ours["num_steps"] == 2 and ours["steps"]["num_steps"] == 2 and ours["steps"]["tokens"] > 0
     assert set(ours["categories"]) == set(CATEGORIES) and "vllm" not in result
     assert (out / "ours_prof" / "hybrid-trace.json.gz").is_file()
+    variant = result["ours+scatter"]
+    assert "error" not in variant and variant["num_steps"] == 2 and "BULLET_RAY_KV_WRITE=scatter" in variant["system"]
+    assert (out / "ours_scatter_prof" / "hybrid-trace.json.gz").is_file() and (out / "ours_scatter_steps.jsonl").is_file()
     # every profiled step was named in the trace and matched to its step-log row (no kernels on CPU)
     assert len(ours["step_costs"]["per_step"]) == 2, ours["step_costs"]
     printed = capsys.readouterr().out
     assert "| category | ours ms/step | vLLM ms/step |" in printed and "| gemm | " in printed.split("least squares")[1]
+    assert "; ours = ours+scatter:" in printed
 
 
 @pytest.mark.slow
@@ -377,3 +382,29 @@ def test_cpu_smoke_window_past_the_run_is_an_error_not_a_crash(tmp_path: Path) -
                  "--max-total-tokens", "256", "--warmup-steps", "5000", "--profile-steps", "2",
                  "--trace-path", str(tmp_path), "--out", str(out)]) == 0
     assert "fewer than 5002 steps" in json.loads((out / "kernel_compare.json").read_text())["ours"]["error"]
+
+
+def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ours+<variant>` systems: known ones parse, an unknown one names itself and the known; the tables print once
+    per our system with it in the "ours" columns; the variant's environment is set for its run only."""
+    import os
+
+    from benchmarks.gpu.kernel_compare import OUR_VARIANTS, _environment, parse_systems, print_reports
+
+    assert parse_systems("ours, ours+ragged,vllm") == ["ours", "ours+ragged", "vllm"]
+    with pytest.raises(ValueError, match=r"ours\+fast.*known: ours, ours\+ragged"):
+        parse_systems("ours+fast")
+    with pytest.raises(SystemExit, match="ours\\+fast"):
+        main(["--systems", "ours+fast"])
+    variable = next(iter(OUR_VARIANTS["ragged"]))
+    before = os.environ.get(variable)
+    with _environment(OUR_VARIANTS["ragged"]):
+        assert os.environ[variable] == "ragged"
+    assert os.environ.get(variable) == before
+
+    ours, ragged, vllm = summarize_trace(_trace(), 2, 115), summarize_trace(_trace(), 4, 115), \
+        summarize_trace(_trace(), 1, 115)
+    print_reports({"ours": ours, "ours+ragged": ragged, "vllm": vllm}, "title")
+    printed = capsys.readouterr().out
+    assert "title:" in printed and "title; ours = ours+ragged:" in printed
+    assert "| gemm | 0.10 | 0.20 | 0.50 |" in printed and "| gemm | 0.05 | 0.20 | 0.25 |" in printed

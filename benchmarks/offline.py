@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,32 @@ def _token_list(text: str) -> list[int]:
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"token counts must be >= 0 (0: no piecewise graphs); got {text!r}")
     return values
+
+
+def _attention_list(text: str) -> list[str]:
+    from bullet_ray.engine.attention.flashinfer_backend import PREFILL_ATTENTION_MODES
+
+    names = [t for t in text.split(",") if t]
+    unknown = [n for n in names if n not in PREFILL_ATTENTION_MODES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(PREFILL_ATTENTION_MODES)} (a comma list runs each); "
+                                         f"got {text!r}")
+    return names
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with `values` set for the block (a worker built inside reads them), as it was after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _gemm_list(text: str) -> list[str]:
@@ -220,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine.prefill_gemm (cublas, cublaslt, cublaslt-all: the projections of steps with "
                              "prompt tokens through cuBLASLt algorithms tuned at start); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_<gemm>' (e.g. cublas,cublaslt)")
+    parser.add_argument("--prefill-attention", type=_attention_list, default=["paged"],
+                        help="BULLET_RAY_PREFILL_ATTENTION for our engine (paged, the default; ragged: prompts that "
+                             "start in a step through flashinfer's ragged prefill); a comma list runs our engine once "
+                             "per value, the first as 'ours', the others as 'ours_<mode>' (e.g. paged,ragged)")
     parser.add_argument("--prefill-plan-lead-ms", type=_plan_lead, default=10.0,
                         help="engine.prefill_plan_lead_ms of the bullet and static schedules' prefill worker (ms before "
                              "its step in flight is predicted to end that it plans the next batch; none: at once); "
@@ -246,15 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm_only:
         print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)
         return 0
-    results = {"ours": run_ours(args)}
+    with environment({"BULLET_RAY_PREFILL_ATTENTION": args.prefill_attention[0]}):
+        results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
-    # the same run with the projections' other GEMMs, then with other piecewise limits: "ours_<name>"
+    # the same run with the projections' other GEMMs, other piecewise limits, other prompt attention: "ours_<name>"
     variants = [(gemm, {"prefill_gemm": [gemm]}) for gemm in args.prefill_gemm[1:]] + \
-        [(f"pw{tokens}", {"piecewise_graph_tokens": [tokens]}) for tokens in (args.piecewise_graph_tokens or [])[1:]]
+        [(f"pw{tokens}", {"piecewise_graph_tokens": [tokens]}) for tokens in (args.piecewise_graph_tokens or [])[1:]] + \
+        [(mode, {"prefill_attention": [mode]}) for mode in args.prefill_attention[1:]]
     for name, changed in variants:
         variant = argparse.Namespace(**{**vars(args), **changed, "step_log": _suffixed(args.step_log, name)})
-        results[f"ours_{name}"] = run_ours(variant)
+        with environment({"BULLET_RAY_PREFILL_ATTENTION": variant.prefill_attention[0]}):
+            results[f"ours_{name}"] = run_ours(variant)
         print(json.dumps(results[f"ours_{name}"]), flush=True)
         save(args, argv, results)
     if args.vllm:

@@ -60,7 +60,6 @@ What compares and what does not:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import logging
@@ -70,7 +69,6 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -413,28 +411,15 @@ def parse_systems(text: str) -> list[str]:
     return systems
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """os.environ with `values` set for the block, as it was after."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run_ours(args: argparse.Namespace, system: str = "ours") -> dict[str, Any]:
     """Our engine (benchmarks.offline's set-up, chunked schedule) on every prompt at once; the hybrid worker
     profiles the window; the engine stops once the window is written (the rest of the run is not needed).
     `system` "ours+<variant>" builds the engine under OUR_VARIANTS[variant]'s environment; its files are
     `ours_<variant>_prof/` and `ours_<variant>_steps.jsonl` beside the default's."""
+    from benchmarks.offline import environment
+
     variant = system.partition("+")[2]
-    with _environment(OUR_VARIANTS[variant] if variant else {}):
+    with environment(OUR_VARIANTS[variant] if variant else {}):
         result = _run_ours(args, f"ours_{variant}" if variant else "ours")
     if variant:
         result["system"] += f" ({' '.join(f'{k}={v}' for k, v in OUR_VARIANTS[variant].items())})"

@@ -389,7 +389,8 @@ def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureF
     per our system with it in the "ours" columns; the variant's environment is set for its run only."""
     import os
 
-    from benchmarks.gpu.kernel_compare import OUR_VARIANTS, _environment, parse_systems, print_reports
+    from benchmarks.gpu.kernel_compare import OUR_VARIANTS, parse_systems, print_reports
+    from benchmarks.offline import environment
 
     assert parse_systems("ours, ours+ragged,vllm") == ["ours", "ours+ragged", "vllm"]
     with pytest.raises(ValueError, match=r"ours\+fast.*known: ours, ours\+ragged"):
@@ -398,7 +399,7 @@ def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureF
         main(["--systems", "ours+fast"])
     variable = next(iter(OUR_VARIANTS["ragged"]))
     before = os.environ.get(variable)
-    with _environment(OUR_VARIANTS["ragged"]):
+    with environment(OUR_VARIANTS["ragged"]):
         assert os.environ[variable] == "ragged"
     assert os.environ.get(variable) == before
 

@@ -111,6 +111,28 @@ def test_prefill_gemm_variants_run_ours_once_each_beside_vllm(tmp_path, monkeypa
     assert exc.value.code == 2 and "--prefill-gemm" in capsys.readouterr().err
 
 
+def test_prefill_attention_variants_run_ours_under_each_mode(tmp_path, monkeypatch, capsys):
+    """--prefill-attention paged,ragged: our engine once per mode ('ours', 'ours_ragged'), each built under its
+    BULLET_RAY_PREFILL_ATTENTION, the variable as it was afterwards; an unknown mode names the flag."""
+    import json
+    import os
+
+    import pytest
+
+    out = tmp_path / "o.json"
+    offline = _fake_run(monkeypatch, lambda *_a: {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0})
+    seen = []
+    monkeypatch.setattr(offline, "run_ours", lambda args: seen.append(os.environ["BULLET_RAY_PREFILL_ATTENTION"])
+                        or {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0})
+    monkeypatch.delenv("BULLET_RAY_PREFILL_ATTENTION", raising=False)
+    assert offline.main(["--vllm", "--prefill-attention", "paged,ragged", "--out", str(out)]) == 0
+    assert seen == ["paged", "ragged"] and "BULLET_RAY_PREFILL_ATTENTION" not in os.environ
+    assert json.loads(out.read_text())["ours_ragged_over_vllm"]["requests_per_s"] == 1.0
+    with pytest.raises(SystemExit) as exc:
+        offline.parse_args(["--prefill-attention", "paged,varlen"])
+    assert exc.value.code == 2 and "--prefill-attention" in capsys.readouterr().err
+
+
 def test_plan_lead_flag_reaches_the_engine_config_or_names_itself():
     """--prefill-plan-lead-ms: the engine's default 10, a number, or none; anything else is one line naming it."""
     import pytest

@@ -247,10 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine.prefill_gemm (cublas, cublaslt, cublaslt-all: the projections of steps with "
                              "prompt tokens through cuBLASLt algorithms tuned at start); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_<gemm>' (e.g. cublas,cublaslt)")
-    parser.add_argument("--prefill-attention", type=_attention_list, default=["paged"],
-                        help="BULLET_RAY_PREFILL_ATTENTION for our engine (paged, the default; ragged: prompts that "
-                             "start in a step through flashinfer's ragged prefill); a comma list runs our engine once "
-                             "per value, the first as 'ours', the others as 'ours_<mode>' (e.g. paged,ragged)")
+    parser.add_argument("--prefill-attention", type=_attention_list, default=None,
+                        help="BULLET_RAY_PREFILL_ATTENTION for our engine (paged, the engine's default; ragged: prompts "
+                             "that start in a step through flashinfer's ragged prefill; unset: the environment's); a "
+                             "comma list runs our engine once per value, the first as 'ours', the others as "
+                             "'ours_<mode>' (e.g. paged,ragged)")
     parser.add_argument("--prefill-plan-lead-ms", type=_plan_lead, default=10.0,
                         help="engine.prefill_plan_lead_ms of the bullet and static schedules' prefill worker (ms before "
                              "its step in flight is predicted to end that it plans the next batch; none: at once); "
@@ -277,17 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm_only:
         print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)
         return 0
-    with environment({"BULLET_RAY_PREFILL_ATTENTION": args.prefill_attention[0]}):
+    with environment(_attention_env(args)):
         results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
     # the same run with the projections' other GEMMs, other piecewise limits, other prompt attention: "ours_<name>"
     variants = [(gemm, {"prefill_gemm": [gemm]}) for gemm in args.prefill_gemm[1:]] + \
         [(f"pw{tokens}", {"piecewise_graph_tokens": [tokens]}) for tokens in (args.piecewise_graph_tokens or [])[1:]] + \
-        [(mode, {"prefill_attention": [mode]}) for mode in args.prefill_attention[1:]]
+        [(mode, {"prefill_attention": [mode]}) for mode in (args.prefill_attention or [])[1:]]
     for name, changed in variants:
         variant = argparse.Namespace(**{**vars(args), **changed, "step_log": _suffixed(args.step_log, name)})
-        with environment({"BULLET_RAY_PREFILL_ATTENTION": variant.prefill_attention[0]}):
+        with environment(_attention_env(variant)):
             results[f"ours_{name}"] = run_ours(variant)
         print(json.dumps(results[f"ours_{name}"]), flush=True)
         save(args, argv, results)
@@ -304,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     if save(args, argv, results):
         print(f"saved {args.out}")
     return 0
+
+
+def _attention_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment a run's engine is built under: its --prefill-attention mode, or nothing (the caller's)."""
+    return {"BULLET_RAY_PREFILL_ATTENTION": args.prefill_attention[0]} if args.prefill_attention else {}
 
 
 def save(args: argparse.Namespace, argv: list[str] | None, results: dict[str, Any]) -> bool:

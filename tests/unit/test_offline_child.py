@@ -113,7 +113,8 @@ def test_prefill_gemm_variants_run_ours_once_each_beside_vllm(tmp_path, monkeypa
 
 def test_prefill_attention_variants_run_ours_under_each_mode(tmp_path, monkeypatch, capsys):
     """--prefill-attention paged,ragged: our engine once per mode ('ours', 'ours_ragged'), each built under its
-    BULLET_RAY_PREFILL_ATTENTION, the variable as it was afterwards; an unknown mode names the flag."""
+    BULLET_RAY_PREFILL_ATTENTION, the variable as it was afterwards; without the flag the environment's mode; an unknown
+    mode names the flag."""
     import json
     import os
 
@@ -128,6 +129,9 @@ def test_prefill_attention_variants_run_ours_under_each_mode(tmp_path, monkeypat
     assert offline.main(["--vllm", "--prefill-attention", "paged,ragged", "--out", str(out)]) == 0
     assert seen == ["paged", "ragged"] and "BULLET_RAY_PREFILL_ATTENTION" not in os.environ
     assert json.loads(out.read_text())["ours_ragged_over_vllm"]["requests_per_s"] == 1.0
+    seen.clear()  # without the flag the caller's environment stands
+    monkeypatch.setenv("BULLET_RAY_PREFILL_ATTENTION", "ragged")
+    assert offline.main(["--out", str(out)]) == 0 and seen == ["ragged"]
     with pytest.raises(SystemExit) as exc:
         offline.parse_args(["--prefill-attention", "paged,varlen"])
     assert exc.value.code == 2 and "--prefill-attention" in capsys.readouterr().err

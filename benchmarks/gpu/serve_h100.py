@@ -151,12 +151,17 @@ LT_SUFFIXES = {"lt": "cublaslt", "ltall": "cublaslt-all"}  # engine.prefill_gemm
 def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
-    +attnoverlap, +attnholistic, +handoff, +lt, +ltall); "+direct" may come with it, in either order."""
+    +handoff, +lt, +ltall); "+direct" may come with it, in either order; so may environment suffixes (SUFFIX_ENV:
+    +attnoverlap, +attnholistic, +ragged, +scatter; `suffix_env`), each once. A system of environment suffixes
+    only names the first as its engine suffix."""
     name, *suffixes = system.split("+")
-    engine = [s for s in suffixes if s != "direct"]
-    if len(engine) > 1 or len(suffixes) - len(engine) > 1:
+    env = [s for s in suffixes if s in SUFFIX_ENV]
+    engine = [s for s in suffixes if s != "direct" and s not in SUFFIX_ENV]
+    if len(engine) > 1 or suffixes.count("direct") > 1 or len(set(env)) < len(env):
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff, +lt, +ltall, and/or +direct")
+                         "+handoff, +lt, +ltall, and/or +direct, and/or the environment's +attnoverlap, "
+                         "+attnholistic, +ragged, +scatter")
+    engine = engine or env[:1]
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
     if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *LT_SUFFIXES, *SUFFIX_ENV) \
@@ -513,7 +518,17 @@ def vllm_version() -> str:
 
 # environment an engine suffix sets for `serve run` (the engine replicas and their workers inherit it)
 SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},
-              "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"}}
+              "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"},
+              "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},
+              "scatter": {"BULLET_RAY_KV_WRITE": "scatter"}}
+
+
+def suffix_env(system: str) -> dict[str, str]:
+    """The environment a system's suffixes set for `serve run` (SUFFIX_ENV of each, in order)."""
+    env: dict[str, str] = {}
+    for suffix in system.split("+")[1:]:
+        env.update(SUFFIX_ENV.get(suffix, {}))
+    return env
 
 
 # Serve's direct ingress keeps a stopping replica this long (default 30 s) so that a load balancer can stop routing
@@ -539,7 +554,7 @@ def make_system(name: str, args: argparse.Namespace) -> SystemSpec:
     return SystemSpec(name, BASE_URL, lifecycle=serve_run, ready_timeout_s=args.ready_timeout_s,
                       extra={"base_yaml": str(args.base_yaml.resolve()), "check_requests": args.check_requests,
                              "check_prompt_tokens": args.check_prompt_tokens,
-                             "serve_env": {**args.serve_env, **SUFFIX_ENV.get(parse_system(name)[1], {})}})
+                             "serve_env": {**args.serve_env, **suffix_env(name)}})
 
 
 def serve_check(base_url: str, num_requests: int = 64, prompt_tokens: int = 1024) -> dict[str, Any]:
@@ -718,7 +733,10 @@ def main(argv: list[str] | None = None) -> int:
                              "system + '+sync' / '+async' sets async_scheduling off / on, + '+nopw' piecewise graphs off, "
                              "+ '+fixedpw' the fixed piecewise buckets, + '+attnoverlap' a mixed step's two attention "
                              "kernels at once (BULLET_RAY_MIXED_ATTENTION=overlap), + '+attnholistic' every row of a "
-                             "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), "
+                             "mixed step in one persistent kernel (BULLET_RAY_MIXED_ATTENTION=holistic), + '+ragged' "
+                             "prompts that start in a step through the ragged prefill (BULLET_RAY_PREFILL_ATTENTION="
+                             "ragged), + '+scatter' the K/V write by index_put_ (BULLET_RAY_KV_WRITE=scatter): these "
+                             "four set `serve run`'s environment and combine with the other suffixes, "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
                              "prefill -> decode hand-off, + '+lt' / '+ltall' the prefilling worker's GEMMs through "
                              "cuBLASLt algorithms tuned per partition or whole GPU (one of these), and/or + '+direct': Ray "

@@ -288,6 +288,27 @@ def test_an_engine_suffix_can_set_serve_runs_environment():
     assert make_system("chunked-2048+direct", args).extra["serve_env"] == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
+def test_environment_suffixes_combine_with_an_engine_suffix(tmp_path):
+    """+ragged / +scatter (and the +attn<mode> ones) set `serve run`'s environment and stack with one engine suffix:
+    the shipped system's +lt keeps its GEMM setting beside the ragged prefill; a suffix twice is refused."""
+    import pytest
+    import yaml
+
+    from benchmarks.gpu.serve_h100 import parse_system, suffix_env, system_yaml
+
+    shipped = "bullet-slo-margin50-pl10-mot-fb1000+lt+ragged+direct"
+    assert parse_system(shipped) == ("bullet-slo-margin50-pl10-mot-fb1000", "lt", True)
+    assert suffix_env(shipped) == {"BULLET_RAY_PREFILL_ATTENTION": "ragged"}
+    engine = yaml.safe_load(system_yaml(shipped, tmp_path).read_text())["applications"][0]["args"]["engine"]
+    assert engine["prefill_gemm"] == "cublaslt"
+    assert suffix_env("chunked-8192+scatter+ragged") == {"BULLET_RAY_KV_WRITE": "scatter",
+                                                          "BULLET_RAY_PREFILL_ATTENTION": "ragged"}
+    assert parse_system("chunked-2048+attnoverlap+direct") == ("chunked-2048", "attnoverlap", True)
+    for bad in ("chunked-2048+ragged+ragged", "chunked-2048+lt+sync", "chunked-2048+direct+direct"):
+        with pytest.raises(SystemExit):
+            parse_system(bad)
+
+
 def test_the_workload_seed_reaches_the_client():
     """--seed: another sample of the same workload (arrivals and prompts), for the spread between runs."""
     import argparse

@@ -55,7 +55,7 @@ def _token_list(text: str) -> list[int]:
 
 
 def _attention_list(text: str) -> list[str]:
-    from bullet_ray.engine.attention.flashinfer_backend import PREFILL_ATTENTION_MODES
+    from bullet_ray.config import PREFILL_ATTENTION_MODES
 
     names = [t for t in text.split(",") if t]
     unknown = [n for n in names if n not in PREFILL_ATTENTION_MODES]
@@ -63,6 +63,15 @@ def _attention_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"expected {' or '.join(PREFILL_ATTENTION_MODES)} (a comma list runs each); "
                                          f"got {text!r}")
     return names
+
+
+# the GPU attention backend's switches (bullet_ray.engine.attention.flashinfer_backend), recorded with each of our runs
+ATTENTION_SWITCHES = ("BULLET_RAY_PREFILL_ATTENTION", "BULLET_RAY_KV_WRITE", "BULLET_RAY_MIXED_ATTENTION")
+
+
+def attention_switches() -> dict[str, str]:
+    """The attention switches a run's engine is built under ("default": unset, the engine's own)."""
+    return {k: os.environ.get(k, "default") for k in ATTENTION_SWITCHES}
 
 
 @contextlib.contextmanager
@@ -160,7 +169,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     # mixed_attention: how a mixed step's attention ran (BULLET_RAY_MIXED_ATTENTION, flashinfer only; the hybrid
     # worker's, or with the bullet schedule the decode worker's: both read the same environment)
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
-                  mixed_attention=info.get("mixed_attention"),
+                  mixed_attention=info.get("mixed_attention"), attention_switches=attention_switches(),
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
                                                           "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager",
                                                           "piecewise_graph_tokens")},

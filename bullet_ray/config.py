@@ -25,6 +25,9 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SPLIT_SWITCHES: tuple[str, ...] = ("disjoint", "overlap")
 HANDOFFS: tuple[str, ...] = ("front", "direct")
 PREFILL_GEMMS: tuple[str, ...] = ("auto", "cublas", "cublaslt", "cublaslt-all")
+# BULLET_RAY_PREFILL_ATTENTION's values (bullet_ray.engine.attention.flashinfer_backend.default_prefill_attention), here
+# so that a benchmark's flag can check them without importing the GPU backend
+PREFILL_ATTENTION_MODES: tuple[str, ...] = ("paged", "ragged")
 TTFT_MARGIN_SCOPES: tuple[str, ...] = ("all", "order")
 # how the split policy orders the prefill queue (EngineConfig.prefill_order): the orders least_slack_order knows
 PREFILL_ORDERS: tuple[str, ...] = ORDERS

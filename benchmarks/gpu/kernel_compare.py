@@ -441,7 +441,7 @@ def _run_ours(args: argparse.Namespace, stem: str) -> dict[str, Any]:
                        profile_num_steps=args.profile_steps, step_log=str(step_log))
     config = offline.engine_config(ns)
     summary_path, trace = prof / "hybrid-summary.json", prof / "hybrid-trace.json.gz"
-    result: dict[str, Any] = {"system": "bullet_ray chunked",
+    result: dict[str, Any] = {"system": "bullet_ray chunked", "attention_switches": offline.attention_switches(),
                               "config": {k: getattr(config, k) for k in (
                                   "schedule", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_gb",
                                   "is_async_scheduling", "enforce_eager", "piecewise_buckets")}}

@@ -157,18 +157,20 @@ def parse_system(system: str) -> tuple[str, str, bool]:
     name, *suffixes = system.split("+")
     env = [s for s in suffixes if s in SUFFIX_ENV]
     engine = [s for s in suffixes if s != "direct" and s not in SUFFIX_ENV]
-    if len(engine) > 1 or suffixes.count("direct") > 1 or len(set(env)) < len(env):
+    variables = [v for s in env for v in SUFFIX_ENV[s]]  # two suffixes setting one variable: one would be lost
+    if len(engine) > 1 or suffixes.count("direct") > 1 or len(set(variables)) < len(variables):
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+handoff, +lt, +ltall, and/or +direct, and/or the environment's +attnoverlap, "
-                         "+attnholistic, +ragged, +scatter")
+                         "+handoff, +lt, +ltall, and/or +direct, and/or the environment's +ragged, +scatter and one "
+                         "of +attnoverlap, +attnholistic")
     engine = engine or env[:1]
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
     if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *LT_SUFFIXES, *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
-        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+attnoverlap, +attnholistic, +handoff, +lt, +ltall or +direct")
-    return name, scheduling, len(engine) < len(suffixes)
+        raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, +handoff, "
+                         "+lt, +ltall or +direct, and the environment's +attnoverlap, +attnholistic, +ragged, "
+                         "+scatter (these stack with one of the others)")
+    return name, scheduling, "direct" in suffixes
 
 
 def preset_targets(name: str) -> dict[str, float] | None:

@@ -386,7 +386,7 @@ def test_cpu_smoke_window_past_the_run_is_an_error_not_a_crash(tmp_path: Path) -
 
 def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureFixture[str]) -> None:
     """`ours+<variant>` systems: known ones parse, an unknown one names itself and the known; the tables print once
-    per our system with it in the "ours" columns; the variant's environment is set for its run only."""
+    per our system with it in the "ours" columns (the environment per run: the next test)."""
     import os
 
     from benchmarks.gpu.kernel_compare import OUR_VARIANTS, parse_systems, print_reports
@@ -409,3 +409,29 @@ def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureF
     printed = capsys.readouterr().out
     assert "title:" in printed and "title; ours = ours+ragged:" in printed
     assert "| gemm | 0.10 | 0.20 | 0.50 |" in printed and "| gemm | 0.05 | 0.20 | 0.25 |" in printed
+
+
+def test_each_of_our_runs_is_built_under_its_variants_environment(tmp_path: Path, monkeypatch) -> None:
+    """main runs ours, then ours+ragged: the ragged switch is set during the variant's run only (and gone when the
+    next run starts), each result names its switches and its files' stem."""
+    import os
+
+    from benchmarks.gpu import kernel_compare
+
+    monkeypatch.delenv("BULLET_RAY_PREFILL_ATTENTION", raising=False)
+    seen = []
+
+    def fake_run(args, stem):
+        seen.append((stem, os.environ.get("BULLET_RAY_PREFILL_ATTENTION")))
+        from benchmarks.offline import attention_switches
+
+        return {"system": "bullet_ray chunked", "attention_switches": attention_switches()}
+
+    monkeypatch.setattr(kernel_compare, "_run_ours", fake_run)
+    out = tmp_path / "out"
+    assert main(["--systems", "ours+ragged,ours", "--device", "cpu", "--out", str(out), "--trace-path", str(tmp_path)]) == 0
+    assert seen == [("ours_ragged", "ragged"), ("ours", None)]
+    saved = json.loads((out / "kernel_compare.json").read_text())
+    assert saved["ours+ragged"]["attention_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "ragged"
+    assert saved["ours"]["attention_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "default"
+    assert "BULLET_RAY_PREFILL_ATTENTION=ragged" in saved["ours+ragged"]["system"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from bullet_ray.engine.attention.flashinfer_backend import AppendIndex, FlashInferBackend
+from bullet_ray.engine.attention.flashinfer_backend import AppendIndex, FlashInferBackend, append_serves
 
 
 def _kernel_slots(index: AppendIndex, block_size: int) -> list[int]:
@@ -99,3 +99,10 @@ def test_the_scatter_serves_where_the_append_cannot():
     backend.write_kv(0, k[:0], -k[:0], empty)  # no tokens: the kernel's launcher would make an empty grid
     assert backend._append_module.calls == 1
     assert backend.kv_cache[0, 0, 0, 1].eq(1).all() and backend.kv_cache[0, 1, 1, 1].eq(-1).all()
+
+
+def test_the_append_serves_only_what_its_launcher_dispatches():
+    """Head sizes 64-512 in half precision; another head size or a float32 / fp8 pool keeps the scatter."""
+    assert append_serves(128, torch.bfloat16) and append_serves(64, torch.float16) and append_serves(256, torch.bfloat16)
+    assert not append_serves(96, torch.bfloat16) and not append_serves(16, torch.bfloat16)
+    assert not append_serves(128, torch.float32) and not append_serves(128, torch.float8_e4m3fn)

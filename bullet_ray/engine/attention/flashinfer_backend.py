@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bullet_ray.config import PREFILL_ATTENTION_MODES
 from bullet_ray.engine.attention.base import AttentionBackend, AttentionMetadata
 from bullet_ray.engine.attention.direct_run import DirectRun
 from bullet_ray.engine.attention.holistic import HolisticAttention
@@ -185,9 +186,6 @@ def default_kv_write() -> str:
     return value
 
 
-PREFILL_ATTENTION_MODES = ("paged", "ragged")
-
-
 def default_prefill_attention() -> str:
     """How prompt rows attend unless a backend is told otherwise, from BULLET_RAY_PREFILL_ATTENTION: "paged"
     (default: every prompt chunk through the paged prefill kernel, reading K/V from the pool) or "ragged" (opt-in,
@@ -317,9 +315,8 @@ class FlashInferBackend(AttentionBackend):
         if self.kv_write not in KV_WRITE_MODES:
             raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_MODES)}, got {self.kv_write!r}")
         # flashinfer's page module (JIT-built at its first load: here, at start, not mid-serving); None: scatter
-        # its launcher dispatches head sizes 64-512 and half-precision pools; anything else keeps the scatter
-        servable = head_dim in _APPEND_HEAD_DIMS and kv_cache.dtype in (torch.float16, torch.bfloat16)
-        self._append_module = _load_append_module() if self.kv_write == "append" and servable else None
+        self._append_module = _load_append_module() \
+            if self.kv_write == "append" and append_serves(head_dim, kv_cache.dtype) else None
         self._append_index: AppendIndex | None = None
         self.mixed_attention = default_mixed_attention() if mixed_attention is None else mixed_attention
         if self.mixed_attention not in MIXED_ATTENTION_MODES:
@@ -596,6 +593,12 @@ class PlanFence:
 
 _NHD = 0  # flashinfer's TensorLayout.NHD: the pool's layout
 _APPEND_HEAD_DIMS = (64, 128, 256, 512)  # what AppendPagedKVCache's launcher dispatches
+
+
+def append_serves(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether flashinfer's paged append can write a pool of this head size and dtype: its launcher dispatches head
+    sizes 64-512 and half precision; anything else keeps the scatter."""
+    return head_dim in _APPEND_HEAD_DIMS and dtype in (torch.float16, torch.bfloat16)
 
 
 def _load_append_module() -> Any:

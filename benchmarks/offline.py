@@ -67,6 +67,13 @@ def _attention_list(text: str) -> list[str]:
 
 # the GPU attention backend's switches (bullet_ray.engine.attention.flashinfer_backend), recorded with each of our runs
 ATTENTION_SWITCHES = ("BULLET_RAY_PREFILL_ATTENTION", "BULLET_RAY_KV_WRITE", "BULLET_RAY_MIXED_ATTENTION")
+# the benchmarks' names for the switches' other settings (serve_h100's environment suffixes, kernel_compare's variants)
+ATTENTION_VARIANTS: dict[str, dict[str, str]] = {
+    "attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},  # a mixed step's two kernels on two streams
+    "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"},  # every row of a mixed step in one kernel
+    "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},  # prompts that start in a step through the ragged prefill
+    "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
+}
 
 
 def attention_switches() -> dict[str, str]:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from benchmarks.gpu.common import save
+from benchmarks.offline import environment
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
@@ -50,22 +51,14 @@ def main() -> int:
         for name, changes, env in VARIANTS:
             if only and name not in only and name != "chunked":
                 continue
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
             t0 = time.monotonic()
             try:
-                with LLMEngine(base.replace(**changes)) as engine:
+                with environment(env), LLMEngine(base.replace(**changes)) as engine:
                     tokens[name] = [o.token_ids for o in engine.generate(prompts, params)]
             except Exception as exc:  # noqa: BLE001 - record and go on with the next variant
                 result["variants"][name] = {"error": repr(exc)}
                 print(name, "failed", repr(exc), flush=True)
                 continue
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             ref = tokens.get("chunked", tokens[name])
             agree = [sum(a == b for a, b in zip(x, y)) / max(1, len(x)) for x, y in zip(tokens[name], ref)]
             first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(tokens[name], ref)]

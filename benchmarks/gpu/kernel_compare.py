@@ -72,6 +72,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.offline import ATTENTION_VARIANTS
+
 logger = logging.getLogger(__name__)
 
 CATEGORIES = ("gemm", "attention_prefill", "attention_decode", "kv_write", "norm", "activation", "rotary",
@@ -395,10 +397,7 @@ def _num_step_rows(path: Path) -> int:
 
 # our engine's variants beside its default in one call (`--systems ours,ours+ragged,vllm`): the environment each
 # one's engine is built under (the attention backend reads these switches when a worker builds it)
-OUR_VARIANTS: dict[str, dict[str, str]] = {
-    "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},  # fresh prompt rows through the ragged prefill
-    "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
-}
+OUR_VARIANTS: dict[str, dict[str, str]] = {name: ATTENTION_VARIANTS[name] for name in ("ragged", "scatter")}
 
 
 def parse_systems(text: str) -> list[str]:

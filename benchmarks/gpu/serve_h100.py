@@ -111,6 +111,7 @@ from benchmarks.compare import (
     untrack_group,
     wait_ready,
 )
+from benchmarks.offline import ATTENTION_VARIANTS
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import PRESETS, parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
@@ -519,10 +520,7 @@ def vllm_version() -> str:
 
 
 # environment an engine suffix sets for `serve run` (the engine replicas and their workers inherit it)
-SUFFIX_ENV = {"attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},
-              "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"},
-              "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},
-              "scatter": {"BULLET_RAY_KV_WRITE": "scatter"}}
+SUFFIX_ENV = ATTENTION_VARIANTS
 
 
 def suffix_env(system: str) -> dict[str, str]:

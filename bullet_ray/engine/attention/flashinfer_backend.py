@@ -175,15 +175,19 @@ def balanced_kv_chunk_pages(pages: Sequence[int], num_kv_heads: int, num_sms: in
 KV_WRITE_MODES = ("append", "scatter")
 
 
+def _one_of(name: str, value: str, modes: Sequence[str]) -> str:
+    """`value`, when it is one of `modes`; else a ValueError naming the setting (`name`) and its modes."""
+    if value not in modes:
+        raise ValueError(f"{name} must be one of {', '.join(modes)}, got {value!r}")
+    return value
+
+
 def default_kv_write() -> str:
     """How new K/V go into the paged pool unless a backend is told otherwise, from BULLET_RAY_KV_WRITE: "append"
     (default: flashinfer's paged append kernel) or "scatter" (torch's `index_put_`, the path before the forty-second
     session: one thread per 2-byte element, 1.69x the time of vLLM's `reshape_and_cache_flash` per prompt token on
     the H200, benchmarks/results/kernel_compare_h200/)."""
-    value = os.environ.get("BULLET_RAY_KV_WRITE", "append")
-    if value not in KV_WRITE_MODES:
-        raise ValueError(f"BULLET_RAY_KV_WRITE must be one of {', '.join(KV_WRITE_MODES)}, got {value!r}")
-    return value
+    return _one_of("BULLET_RAY_KV_WRITE", os.environ.get("BULLET_RAY_KV_WRITE", "append"), KV_WRITE_MODES)
 
 
 def default_prefill_attention() -> str:
@@ -191,13 +195,11 @@ def default_prefill_attention() -> str:
     (default: every prompt chunk through the paged prefill kernel, reading K/V from the pool) or "ragged" (opt-in,
     not yet measured on a GPU: the prompt rows after the batch's last chunk with a cached prefix, which all start
     their prompts, through flashinfer's ragged prefill over the step's own K/V rows, contiguous tokens instead of
-    16-token pages; the rows up to that chunk stay paged, `split_fresh_rows`). At an 8,192-token budget a prompt token's attention cost 1.40x vLLM's FlashAttention-3
-    varlen kernel (benchmarks/results/kernel_compare_h200/, kc8192_m16)."""
-    value = os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "paged")
-    if value not in PREFILL_ATTENTION_MODES:
-        raise ValueError(f"BULLET_RAY_PREFILL_ATTENTION must be one of {', '.join(PREFILL_ATTENTION_MODES)}, "
-                         f"got {value!r}")
-    return value
+    16-token pages; the rows up to that chunk stay paged, `split_fresh_rows`). At an 8,192-token budget a prompt
+    token's attention cost 1.40x vLLM's FlashAttention-3 varlen kernel (benchmarks/results/kernel_compare_h200/,
+    kc8192_m16)."""
+    return _one_of("BULLET_RAY_PREFILL_ATTENTION", os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "paged"),
+                   PREFILL_ATTENTION_MODES)
 
 
 def split_fresh_rows(query_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
@@ -253,10 +255,8 @@ def default_mixed_attention() -> str:
     if "BULLET_RAY_MIXED_ATTENTION_OVERLAP" in os.environ:  # the twentieth session's name: say so, not ignore it
         raise ValueError("BULLET_RAY_MIXED_ATTENTION_OVERLAP is gone: set BULLET_RAY_MIXED_ATTENTION=overlap "
                          "(or split, holistic) instead")
-    value = os.environ.get("BULLET_RAY_MIXED_ATTENTION", "split")
-    if value not in MIXED_ATTENTION_MODES:
-        raise ValueError(f"BULLET_RAY_MIXED_ATTENTION must be one of {', '.join(MIXED_ATTENTION_MODES)}, got {value!r}")
-    return value
+    return _one_of("BULLET_RAY_MIXED_ATTENTION", os.environ.get("BULLET_RAY_MIXED_ATTENTION", "split"),
+                   MIXED_ATTENTION_MODES)
 
 
 def mps_thread_cap() -> str | None:
@@ -294,7 +294,9 @@ class FlashInferBackend(AttentionBackend):
     # kv_write "append": flashinfer's page module and the batch's index into it (None: the scatter writes)
     _append_module: Any = None
     _append_index: AppendIndex | None = None
-    # prefill_attention "ragged": flashinfer's ragged prefill wrapper, and the first token it runs in this batch
+    # prefill_attention "ragged": flashinfer's ragged prefill wrapper; the batch's tokens before the prompt rows that
+    # run ragged (decode rows and the rows up to the last chunk with a cached prefix, which the paged kernels run),
+    # None when no row runs ragged
     ragged: Any = None
     _ragged_from: int | None = None
 
@@ -311,17 +313,12 @@ class FlashInferBackend(AttentionBackend):
         # the device's SMs as flashinfer's planner counts them (a green context's stream does not change it)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.kv_write = default_kv_write() if kv_write is None else kv_write
-        if self.kv_write not in KV_WRITE_MODES:
-            raise ValueError(f"kv_write must be one of {', '.join(KV_WRITE_MODES)}, got {self.kv_write!r}")
+        self.kv_write = default_kv_write() if kv_write is None else _one_of("kv_write", kv_write, KV_WRITE_MODES)
         # flashinfer's page module (JIT-built at its first load: here, at start, not mid-serving); None: scatter
         self._append_module = _load_append_module() \
             if self.kv_write == "append" and append_serves(head_dim, kv_cache.dtype) else None
-        self._append_index: AppendIndex | None = None
-        self.mixed_attention = default_mixed_attention() if mixed_attention is None else mixed_attention
-        if self.mixed_attention not in MIXED_ATTENTION_MODES:
-            raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION_MODES)}, "
-                             f"got {self.mixed_attention!r}")
+        self.mixed_attention = default_mixed_attention() if mixed_attention is None \
+            else _one_of("mixed_attention", mixed_attention, MIXED_ATTENTION_MODES)
         overlap = self.mixed_attention == "overlap"
         # overlapped, a mixed step's two kernels run at once: the decode wrapper then gets a workspace of its own
         # (each wrapper lays out its partial outputs from the buffer's start) and the decode rows a side stream
@@ -338,10 +335,8 @@ class FlashInferBackend(AttentionBackend):
             if self.mixed_attention == "holistic" and cap is None else None
         self._holistic_planned = False
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
-        self.prefill_attention = default_prefill_attention() if prefill_attention is None else prefill_attention
-        if self.prefill_attention not in PREFILL_ATTENTION_MODES:
-            raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION_MODES)}, "
-                             f"got {self.prefill_attention!r}")
+        self.prefill_attention = default_prefill_attention() if prefill_attention is None \
+            else _one_of("prefill_attention", prefill_attention, PREFILL_ATTENTION_MODES)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, kv_layout="NHD") \
             if self.prefill_attention == "ragged" else None
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(decode_workspace, kv_layout="NHD",
@@ -358,9 +353,6 @@ class FlashInferBackend(AttentionBackend):
                 self.holistic = None
         self._is_decode = False
         self._num_decode_rows = 0  # a mixed batch's leading decode rows (run by the decode kernel)
-        # prefill_attention "ragged": the batch's tokens before the prompt rows that run ragged (decode rows and the
-        # rows up to the last chunk with a cached prefix, which the paged kernels run), None when no row runs ragged
-        self._ragged_from: int | None = None
         # rows of the new tokens' K and V in a layer viewed as [num_blocks * 2 * block_size, kv_heads, head_dim],
         # computed from the slot mapping at the first layer of each batch (`_rows_md` is that batch)
         self._rows_md: AttentionMetadata | None = None

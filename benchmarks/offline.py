@@ -72,6 +72,7 @@ ATTENTION_VARIANTS: dict[str, dict[str, str]] = {
     "attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},  # a mixed step's two kernels on two streams
     "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"},  # every row of a mixed step in one kernel
     "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},  # prompts that start in a step through the ragged prefill
+    "paged": {"BULLET_RAY_PREFILL_ATTENTION": "paged"},  # every prompt row through the paged prefill, as before m17
     "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
 }
 
@@ -264,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "prompt tokens through cuBLASLt algorithms tuned at start); a comma list runs our engine "
                              "once per value, the first as 'ours', the others as 'ours_<gemm>' (e.g. cublas,cublaslt)")
     parser.add_argument("--prefill-attention", type=_attention_list, default=None,
-                        help="BULLET_RAY_PREFILL_ATTENTION for our engine (paged, the engine's default; ragged: prompts "
-                             "that start in a step through flashinfer's ragged prefill; unset: the environment's); a "
+                        help="BULLET_RAY_PREFILL_ATTENTION for our engine (ragged, the engine's default: prompts that start "
+                             "in a step through flashinfer's ragged prefill; paged: every prompt row through the paged "
+                             "kernel; unset: the environment's); a "
                              "comma list runs our engine once per value, the first as 'ours', the others as "
                              "'ours_<mode>' (e.g. paged,ragged)")
     parser.add_argument("--prefill-plan-lead-ms", type=_plan_lead, default=10.0,

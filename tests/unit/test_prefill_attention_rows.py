@@ -1,4 +1,4 @@
-"""`prefill_attention: ragged` (opt-in): which prompt rows of a batch run ragged over the step's own K/V
+"""`prefill_attention: ragged` (the default): which prompt rows of a batch run ragged over the step's own K/V
 (`split_fresh_rows`: those after the last row with a cached prefix), and the validation of the GPU attention's two
 switches (`BULLET_RAY_PREFILL_ATTENTION`, `BULLET_RAY_KV_WRITE`). The kernels
 themselves are compared on the GPU (tests/gpu/test_mixed_attention_gpu.py)."""
@@ -26,7 +26,7 @@ def test_rows_up_to_the_last_cached_prefix_stay_paged(query_lens, seq_lens, page
 
 
 @pytest.mark.parametrize(("variable", "default", "default_value", "other"), [
-    ("BULLET_RAY_PREFILL_ATTENTION", default_prefill_attention, "paged", "ragged"),
+    ("BULLET_RAY_PREFILL_ATTENTION", default_prefill_attention, "ragged", "paged"),
     ("BULLET_RAY_KV_WRITE", default_kv_write, "append", "scatter"),
 ])
 def test_attention_switches_default_and_their_errors(monkeypatch, variable, default, default_value, other):

@@ -1,5 +1,5 @@
 """Paged attention on the GPU with flashinfer: paged prefill (incl. chunked prefill over a cached prefix)
-and paged decode (opt-in: prompt rows that start in the step through the ragged prefill, `prefill_attention`).
+and paged decode (prompt rows that start in the step through the ragged prefill by default, `prefill_attention`).
 
 The pool layout is flashinfer's paged NHD layout ([num_blocks, 2, block_size, kv_heads, head_dim] per
 layer), so the kernels read the shared pool in place. New K/V go into the pool by flashinfer's paged append
@@ -191,14 +191,14 @@ def default_kv_write() -> str:
 
 
 def default_prefill_attention() -> str:
-    """How prompt rows attend unless a backend is told otherwise, from BULLET_RAY_PREFILL_ATTENTION: "paged"
-    (default: every prompt chunk through the paged prefill kernel, reading K/V from the pool) or "ragged" (opt-in,
-    not yet measured on a GPU: the prompt rows after the batch's last chunk with a cached prefix, which all start
-    their prompts, through flashinfer's ragged prefill over the step's own K/V rows, contiguous tokens instead of
-    16-token pages; the rows up to that chunk stay paged, `split_fresh_rows`). At an 8,192-token budget a prompt
-    token's attention cost 1.40x vLLM's FlashAttention-3 varlen kernel (benchmarks/results/kernel_compare_h200/,
-    kc8192_m16)."""
-    return _one_of("BULLET_RAY_PREFILL_ATTENTION", os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "paged"),
+    """How prompt rows attend unless a backend is told otherwise, from BULLET_RAY_PREFILL_ATTENTION: "ragged"
+    (default: the prompt rows after the batch's last chunk with a cached prefix, which all start their prompts,
+    through flashinfer's ragged prefill over the step's own K/V rows, contiguous tokens instead of 16-token pages;
+    the rows up to that chunk stay paged, `split_fresh_rows`) or "paged" (every prompt chunk through the paged
+    prefill kernel, reading K/V from the pool). At an 8,192-token budget on the H200 a prompt token's attention
+    cost 1.46x vLLM's FlashAttention-3 varlen kernel paged and 1.19x ragged, offline 0.970x -> 0.976x vLLM's
+    requests/s (benchmarks/results/kernel_compare_h200/ kc8192_m17, offline_h200_m17)."""
+    return _one_of("BULLET_RAY_PREFILL_ATTENTION", os.environ.get("BULLET_RAY_PREFILL_ATTENTION", "ragged"),
                    PREFILL_ATTENTION_MODES)
 
 

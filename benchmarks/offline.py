@@ -65,21 +65,24 @@ def _attention_list(text: str) -> list[str]:
     return names
 
 
-# the GPU attention backend's switches (bullet_ray.engine.attention.flashinfer_backend), recorded with each of our runs
-ATTENTION_SWITCHES = ("BULLET_RAY_PREFILL_ATTENTION", "BULLET_RAY_KV_WRITE", "BULLET_RAY_MIXED_ATTENTION")
+# the engine's environment switches, recorded with each of our runs: the GPU attention backend's
+# (bullet_ray.engine.attention.flashinfer_backend) and how dummy weights are drawn (bullet_ray.models.loader)
+ENGINE_SWITCHES = ("BULLET_RAY_PREFILL_ATTENTION", "BULLET_RAY_KV_WRITE", "BULLET_RAY_MIXED_ATTENTION",
+                   "BULLET_RAY_DUMMY_INIT")
 # the benchmarks' names for the switches' other settings (serve_h100's environment suffixes, kernel_compare's variants)
-ATTENTION_VARIANTS: dict[str, dict[str, str]] = {
+ENGINE_VARIANTS: dict[str, dict[str, str]] = {
     "attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},  # a mixed step's two kernels on two streams
     "attnholistic": {"BULLET_RAY_MIXED_ATTENTION": "holistic"},  # every row of a mixed step in one kernel
     "ragged": {"BULLET_RAY_PREFILL_ATTENTION": "ragged"},  # prompts that start in a step through the ragged prefill
     "paged": {"BULLET_RAY_PREFILL_ATTENTION": "paged"},  # every prompt row through the paged prefill, as before m17
     "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
+    "vllminit": {"BULLET_RAY_DUMMY_INIT": "uniform"},  # dummy weights drawn as vLLM's dummy loader draws them
 }
 
 
-def attention_switches() -> dict[str, str]:
-    """The attention switches a run's engine is built under ("default": unset, the engine's own)."""
-    return {k: os.environ.get(k, "default") for k in ATTENTION_SWITCHES}
+def engine_switches() -> dict[str, str]:
+    """The environment switches a run's engine is built under ("default": unset, the engine's own)."""
+    return {k: os.environ.get(k, "default") for k in ENGINE_SWITCHES}
 
 
 @contextlib.contextmanager
@@ -177,7 +180,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     # mixed_attention: how a mixed step's attention ran (BULLET_RAY_MIXED_ATTENTION, flashinfer only; the hybrid
     # worker's, or with the bullet schedule the decode worker's: both read the same environment)
     result.update(system=f"bullet_ray {args.schedule}", startup_s=round(startup_s, 1), decode_graphs=graphs,
-                  mixed_attention=info.get("mixed_attention"), attention_switches=attention_switches(),
+                  mixed_attention=info.get("mixed_attention"), engine_switches=engine_switches(),
                   config={k: getattr(config, k) for k in ("schedule", "max_num_seqs", "max_num_batched_tokens",
                                                           "kv_cache_memory_gb", "is_async_scheduling", "enforce_eager",
                                                           "piecewise_graph_tokens")},

@@ -11,9 +11,10 @@ How it runs (one device call, after `run_serve_h100.sh stage` has brought flashi
     python -m benchmarks.gpu.kernel_compare --systems ours --device cpu --model dummy:tiny-llama \\
         --num-prompts 16 --max-total-tokens 256 --warmup-steps 5 --profile-steps 3     # CPU smoke: no kernels
 
-`--systems ours,ours+ragged,vllm` also runs a variant of ours (`OUR_VARIANTS`: its engine built under an attention
-switch, e.g. BULLET_RAY_PREFILL_ATTENTION=ragged) on the same workload in the same call, its files beside the
-default's (`ours_ragged_prof/`, `ours_ragged_steps.jsonl`), and prints the tables once per our system against vLLM.
+`--systems ours,ours+paged,vllm` also runs a variant of ours (`OUR_VARIANTS`: its engine built under an environment
+switch, e.g. BULLET_RAY_PREFILL_ATTENTION=paged, or BULLET_RAY_DUMMY_INIT=uniform for `ours+vllminit`: dummy weights
+drawn as vLLM draws them) on the same workload in the same call, its files beside the
+default's (`ours_paged_prof/`, `ours_paged_steps.jsonl`), and prints the tables once per our system against vLLM.
 
 Both systems get benchmarks/offline.py's workload (Azure-conversation lengths, token-id prompts drawn with a
 fixed seed, greedy, ignore_eos, max_tokens from the trace), dummy weights, prefix caching off and the same
@@ -72,7 +73,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.offline import ATTENTION_VARIANTS
+from benchmarks.offline import ENGINE_VARIANTS
 
 logger = logging.getLogger(__name__)
 
@@ -395,9 +396,10 @@ def _num_step_rows(path: Path) -> int:
         return 0
 
 
-# our engine's variants beside its default in one call (`--systems ours,ours+ragged,vllm`): the environment each
+# our engine's variants beside its default in one call (`--systems ours,ours+paged,vllm`): the environment each
 # one's engine is built under (the attention backend reads these switches when a worker builds it)
-OUR_VARIANTS: dict[str, dict[str, str]] = {name: ATTENTION_VARIANTS[name] for name in ("ragged", "scatter")}
+OUR_VARIANTS: dict[str, dict[str, str]] = {name: ENGINE_VARIANTS[name] for name in ("ragged", "paged", "scatter",
+                                                                                    "vllminit")}
 
 
 def parse_systems(text: str) -> list[str]:
@@ -440,7 +442,7 @@ def _run_ours(args: argparse.Namespace, stem: str) -> dict[str, Any]:
                        profile_num_steps=args.profile_steps, step_log=str(step_log))
     config = offline.engine_config(ns)
     summary_path, trace = prof / "hybrid-summary.json", prof / "hybrid-trace.json.gz"
-    result: dict[str, Any] = {"system": "bullet_ray chunked", "attention_switches": offline.attention_switches(),
+    result: dict[str, Any] = {"system": "bullet_ray chunked", "engine_switches": offline.engine_switches(),
                               "config": {k: getattr(config, k) for k in (
                                   "schedule", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_gb",
                                   "is_async_scheduling", "enforce_eager", "piecewise_buckets")}}

@@ -111,7 +111,7 @@ from benchmarks.compare import (
     untrack_group,
     wait_ready,
 )
-from benchmarks.offline import ATTENTION_VARIANTS
+from benchmarks.offline import ENGINE_VARIANTS
 from benchmarks.serve_bench import BenchConfig, run_benchmark
 from benchmarks.slo import PRESETS, parse_slo
 from benchmarks.traces import WorkloadConfig, build_workload
@@ -153,7 +153,7 @@ def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
     +handoff, +lt, +ltall); "+direct" may come with it, in either order; so may environment suffixes (SUFFIX_ENV:
-    +attnoverlap, +attnholistic, +ragged, +scatter; `suffix_env`), each once. A system of environment suffixes
+    +attnoverlap, +attnholistic, +ragged, +paged, +scatter, +vllminit; `suffix_env`), each setting a variable once. A system of environment suffixes
     only names the first as its engine suffix."""
     name, *suffixes = system.split("+")
     env = [s for s in suffixes if s in SUFFIX_ENV]
@@ -161,16 +161,16 @@ def parse_system(system: str) -> tuple[str, str, bool]:
     variables = [v for s in env for v in SUFFIX_ENV[s]]  # two suffixes setting one variable: one would be lost
     if len(engine) > 1 or suffixes.count("direct") > 1 or len(set(variables)) < len(variables):
         raise SystemExit(f"unknown suffixes in {system!r}: one of +sync, +async, +nopw, +pw<tokens>, +fixedpw, "
-                         "+handoff, +lt, +ltall, and/or +direct, and/or the environment's +ragged, +scatter and one "
-                         "of +attnoverlap, +attnholistic")
+                         "+handoff, +lt, +ltall, and/or +direct, and/or the environment's "
+                         f"{', '.join('+' + s for s in SUFFIX_ENV)} (one per variable)")
     engine = engine or env[:1]
     scheduling = engine[0] if engine else ""
     pw_tokens = scheduling.removeprefix("pw")
     if scheduling not in ("", "sync", "async", "nopw", "fixedpw", "handoff", *LT_SUFFIXES, *SUFFIX_ENV) \
             and not (scheduling.startswith("pw") and pw_tokens.isdigit()):
         raise SystemExit(f"unknown suffix +{scheduling}: +sync, +async, +nopw, +pw<tokens>, +fixedpw, +handoff, "
-                         "+lt, +ltall or +direct, and the environment's +attnoverlap, +attnholistic, +ragged, "
-                         "+scatter (these stack with one of the others)")
+                         "+lt, +ltall or +direct, and the environment's "
+                         f"{', '.join('+' + s for s in SUFFIX_ENV)} (these stack with one of the others)")
     return name, scheduling, "direct" in suffixes
 
 
@@ -520,7 +520,7 @@ def vllm_version() -> str:
 
 
 # environment an engine suffix sets for `serve run` (the engine replicas and their workers inherit it)
-SUFFIX_ENV = ATTENTION_VARIANTS
+SUFFIX_ENV = ENGINE_VARIANTS
 
 
 def suffix_env(system: str) -> dict[str, str]:
@@ -737,7 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                              "prompts that start in a step through the ragged prefill (BULLET_RAY_PREFILL_ATTENTION="
                              "ragged, the engine's default), + '+paged' every prompt row through the paged prefill "
                              "(BULLET_RAY_PREFILL_ATTENTION=paged), + '+scatter' the K/V write by index_put_ "
-                             "(BULLET_RAY_KV_WRITE=scatter): these five set `serve run`'s environment and combine with the other suffixes, "
+                             "(BULLET_RAY_KV_WRITE=scatter), + '+vllminit' dummy weights drawn as vLLM's dummy loader "
+                             "draws them (BULLET_RAY_DUMMY_INIT=uniform): these six set `serve run`'s environment and combine with the other suffixes, "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
                              "prefill -> decode hand-off, + '+lt' / '+ltall' the prefilling worker's GEMMs through "
                              "cuBLASLt algorithms tuned per partition or whole GPU (one of these), and/or + '+direct': Ray "

@@ -188,22 +188,48 @@ def _dummy_source(name: str) -> ModelSource:
     else:
         hf = preset_hf_config(name)
 
+    init = default_dummy_init()  # checked when the source is made: a bad value fails before any weight is built
+
     def fill(model: nn.Module, show_progress: bool, seed: int) -> None:
-        init_dummy_weights(model, seed)
+        init_dummy_weights(model, seed, init)
 
     return ModelSource(_parse_config(hf, name), tokenizer_path, f"dummy weights ({name})", fill)
 
 
+# how dummy weights are drawn (BULLET_RAY_DUMMY_INIT): "normal", ours (projections N(0, 0.02), norm weights N(1, 0.05):
+# a trained model's scale, activations of RMS ~1), or "uniform", vLLM's dummy loader's (every parameter, norms too,
+# uniform in [-1e-3, 1e-3]: tiny activations). A GEMM bound by compute and the chip's power runs at a speed that
+# depends on the bits it multiplies, so comparing engines on dummy weights means drawing them alike
+# (benchmarks/results/kernel_compare_h200/README.md, kc8192_m17).
+DUMMY_INITS: tuple[str, ...] = ("normal", "uniform")
+VLLM_DUMMY_RANGE = 1e-3
+
+
+def default_dummy_init() -> str:
+    """BULLET_RAY_DUMMY_INIT ("normal" when unset); a ConfigError naming the variable for anything else."""
+    value = os.environ.get("BULLET_RAY_DUMMY_INIT", "normal")
+    if value not in DUMMY_INITS:
+        raise ConfigError("BULLET_RAY_DUMMY_INIT", f"must be one of {', '.join(DUMMY_INITS)}, got {value!r}")
+    return value
+
+
 @torch.no_grad()
-def init_dummy_weights(model: nn.Module, seed: int) -> None:
-    """Deterministic random weights on the model's device: normal(0, 0.02); norms near 1.
+def init_dummy_weights(model: nn.Module, seed: int, init: str | None = None) -> None:
+    """Deterministic random weights on the model's device, drawn as `init` says (DUMMY_INITS; default from
+    BULLET_RAY_DUMMY_INIT): "normal", N(0, 0.02) with norm weights N(1, 0.05), or "uniform", every parameter in
+    [-1e-3, 1e-3] as vLLM's `--load-format dummy` draws them.
 
     The same seed gives the same weights on the same device type (CPU and CUDA generators differ).
     """
+    init = default_dummy_init() if init is None else init
+    if init not in DUMMY_INITS:
+        raise ConfigError("init", f"must be one of {', '.join(DUMMY_INITS)}, got {init!r}")
     for i, (name, p) in enumerate(sorted(model.named_parameters(), key=lambda kv: kv[0])):
         gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
         tmp = torch.empty(p.shape, dtype=torch.float32, device=p.device)
-        if name.endswith("norm.weight"):
+        if init == "uniform":
+            tmp.uniform_(-VLLM_DUMMY_RANGE, VLLM_DUMMY_RANGE, generator=gen)
+        elif name.endswith("norm.weight"):
             tmp.normal_(1.0, 0.05, generator=gen)
         else:
             tmp.normal_(0.0, 0.02, generator=gen)

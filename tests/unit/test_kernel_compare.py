@@ -393,7 +393,7 @@ def test_our_variants_parse_and_report_each_against_vllm(capsys: pytest.CaptureF
     from benchmarks.offline import environment
 
     assert parse_systems("ours, ours+ragged,vllm") == ["ours", "ours+ragged", "vllm"]
-    with pytest.raises(ValueError, match=r"ours\+fast.*known: ours, ours\+ragged"):
+    with pytest.raises(ValueError, match=r"ours\+fast.*known: ours, ours\+paged, ours\+ragged, ours\+scatter, ours\+vllminit"):
         parse_systems("ours+fast")
     with pytest.raises(SystemExit, match="ours\\+fast"):
         main(["--systems", "ours+fast"])
@@ -423,15 +423,15 @@ def test_each_of_our_runs_is_built_under_its_variants_environment(tmp_path: Path
 
     def fake_run(args, stem):
         seen.append((stem, os.environ.get("BULLET_RAY_PREFILL_ATTENTION")))
-        from benchmarks.offline import attention_switches
+        from benchmarks.offline import engine_switches
 
-        return {"system": "bullet_ray chunked", "attention_switches": attention_switches()}
+        return {"system": "bullet_ray chunked", "engine_switches": engine_switches()}
 
     monkeypatch.setattr(kernel_compare, "_run_ours", fake_run)
     out = tmp_path / "out"
     assert main(["--systems", "ours+ragged,ours", "--device", "cpu", "--out", str(out), "--trace-path", str(tmp_path)]) == 0
     assert seen == [("ours_ragged", "ragged"), ("ours", None)]
     saved = json.loads((out / "kernel_compare.json").read_text())
-    assert saved["ours+ragged"]["attention_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "ragged"
-    assert saved["ours"]["attention_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "default"
+    assert saved["ours+ragged"]["engine_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "ragged"
+    assert saved["ours"]["engine_switches"]["BULLET_RAY_PREFILL_ATTENTION"] == "default"
     assert "BULLET_RAY_PREFILL_ATTENTION=ragged" in saved["ours+ragged"]["system"]

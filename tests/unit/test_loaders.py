@@ -122,6 +122,29 @@ def test_dummy_weights_are_deterministic_per_seed(tmp_path):
     assert torch.isfinite(logits).all() and logits.shape == (len(PROMPT), 512)
 
 
+def test_dummy_init_uniform_draws_as_vllm_does(monkeypatch):
+    """BULLET_RAY_DUMMY_INIT=uniform: every parameter, norms too, uniform in [-1e-3, 1e-3] (vLLM's dummy loader), the
+    same seed the same weights, and a forward that stays finite; a bad value fails at load, naming the variable."""
+    from bullet_ray.errors import ConfigError
+
+    monkeypatch.setenv("BULLET_RAY_DUMMY_INIT", "uniform")
+    a = load_model("dummy:tiny-llama", show_progress=False, seed=3)
+    b = load_model("dummy:tiny-llama", show_progress=False, seed=3)
+    pa, pb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert all(torch.equal(pa[n], pb[n]) for n in pa)
+    for name, p in pa.items():
+        assert float(p.abs().max()) <= 1e-3 and float(p.std()) > 1e-4, name
+    assert abs(float(pa["model.norm.weight"].mean())) < 2e-4  # not near 1, as "normal" draws them
+    logits = prefill_logits(a.model, [PROMPT])[0]
+    assert torch.isfinite(logits).all()
+    monkeypatch.setenv("BULLET_RAY_DUMMY_INIT", "zeros")
+    with pytest.raises(ConfigError, match="BULLET_RAY_DUMMY_INIT: must be one of normal, uniform, got 'zeros'"):
+        load_model("dummy:tiny-llama", show_progress=False, seed=3)
+    monkeypatch.delenv("BULLET_RAY_DUMMY_INIT")
+    c = load_model("dummy:tiny-llama", show_progress=False, seed=3)
+    assert abs(float(dict(c.model.named_parameters())["model.norm.weight"].mean()) - 1.0) < 0.05
+
+
 def test_dummy_on_meta_then_cpu_matches():
     from bullet_ray.models.loader import init_dummy_weights
     from bullet_ray.models.registry import build_model

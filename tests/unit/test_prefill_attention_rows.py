@@ -29,7 +29,7 @@ def test_rows_up_to_the_last_cached_prefix_stay_paged(query_lens, seq_lens, page
     ("BULLET_RAY_PREFILL_ATTENTION", default_prefill_attention, "ragged", "paged"),
     ("BULLET_RAY_KV_WRITE", default_kv_write, "append", "scatter"),
 ])
-def test_attention_switches_default_and_their_errors(monkeypatch, variable, default, default_value, other):
+def test_engine_switches_default_and_their_errors(monkeypatch, variable, default, default_value, other):
     monkeypatch.delenv(variable, raising=False)
     assert default() == default_value
     monkeypatch.setenv(variable, other)

@@ -304,11 +304,13 @@ def test_environment_suffixes_combine_with_an_engine_suffix(tmp_path):
     assert suffix_env("chunked-8192+scatter+ragged") == {"BULLET_RAY_KV_WRITE": "scatter",
                                                           "BULLET_RAY_PREFILL_ATTENTION": "ragged"}
     assert parse_system("chunked-2048+attnoverlap+direct") == ("chunked-2048", "attnoverlap", True)
+    assert suffix_env("chunked-2048+vllminit+paged+direct") == {"BULLET_RAY_DUMMY_INIT": "uniform",
+                                                               "BULLET_RAY_PREFILL_ATTENTION": "paged"}
     # stacked without +direct: through Serve's proxy (the stacking once made every such system direct)
     assert parse_system("chunked-8192+lt+ragged") == ("chunked-8192", "lt", False)
     assert parse_system("chunked-8192+scatter+ragged")[2] is False
     for bad in ("chunked-2048+ragged+ragged", "chunked-2048+lt+sync", "chunked-2048+direct+direct",
-                "chunked-2048+attnoverlap+attnholistic"):
+                "chunked-2048+attnoverlap+attnholistic", "chunked-2048+ragged+paged"):
         with pytest.raises(SystemExit):
             parse_system(bad)
 

@@ -54,15 +54,24 @@ def _token_list(text: str) -> list[int]:
     return values
 
 
+def _names_of(modes: tuple[str, ...], text: str) -> list[str]:
+    names = [t for t in text.split(",") if t]
+    unknown = [n for n in names if n not in modes]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(modes)} (a comma list runs each); got {text!r}")
+    return names
+
+
 def _attention_list(text: str) -> list[str]:
     from bullet_ray.config import PREFILL_ATTENTION_MODES
 
-    names = [t for t in text.split(",") if t]
-    unknown = [n for n in names if n not in PREFILL_ATTENTION_MODES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected {' or '.join(PREFILL_ATTENTION_MODES)} (a comma list runs each); "
-                                         f"got {text!r}")
-    return names
+    return _names_of(PREFILL_ATTENTION_MODES, text)
+
+
+def _init_list(text: str) -> list[str]:
+    from bullet_ray.models.loader import DUMMY_INITS
+
+    return _names_of(DUMMY_INITS, text)
 
 
 # the engine's environment switches, recorded with each of our runs: the GPU attention backend's
@@ -273,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "kernel; unset: the environment's); a "
                              "comma list runs our engine once per value, the first as 'ours', the others as "
                              "'ours_<mode>' (e.g. paged,ragged)")
+    parser.add_argument("--dummy-init", type=_init_list, default=None,
+                        help="BULLET_RAY_DUMMY_INIT for our engine's dummy weights (normal, the default: N(0, 0.02), "
+                             "norm weights near 1; uniform: every parameter in [-1e-3, 1e-3], as vLLM's dummy loader "
+                             "draws them; unset: the environment's); a comma list runs our engine once per value, the "
+                             "first as 'ours', the others as 'ours_init<init>' (e.g. normal,uniform)")
     parser.add_argument("--prefill-plan-lead-ms", type=_plan_lead, default=10.0,
                         help="engine.prefill_plan_lead_ms of the bullet and static schedules' prefill worker (ms before "
                              "its step in flight is predicted to end that it plans the next batch; none: at once); "
@@ -299,17 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm_only:
         print("VLLM_RESULT " + json.dumps(run_vllm(args)), flush=True)
         return 0
-    with environment(_attention_env(args)):
+    with environment(_engine_env(args)):
         results = {"ours": run_ours(args)}
     print(json.dumps(results["ours"]), flush=True)
     save(args, argv, results)  # ours is kept even if vLLM's run, or a `timeout` around this call, ends it later
     # the same run with the projections' other GEMMs, other piecewise limits, other prompt attention: "ours_<name>"
     variants = [(gemm, {"prefill_gemm": [gemm]}) for gemm in args.prefill_gemm[1:]] + \
         [(f"pw{tokens}", {"piecewise_graph_tokens": [tokens]}) for tokens in (args.piecewise_graph_tokens or [])[1:]] + \
-        [(mode, {"prefill_attention": [mode]}) for mode in (args.prefill_attention or [])[1:]]
+        [(mode, {"prefill_attention": [mode]}) for mode in (args.prefill_attention or [])[1:]] + \
+        [(f"init{init}", {"dummy_init": [init]}) for init in (args.dummy_init or [])[1:]]
     for name, changed in variants:
         variant = argparse.Namespace(**{**vars(args), **changed, "step_log": _suffixed(args.step_log, name)})
-        with environment(_attention_env(variant)):
+        with environment(_engine_env(variant)):
             results[f"ours_{name}"] = run_ours(variant)
         print(json.dumps(results[f"ours_{name}"]), flush=True)
         save(args, argv, results)
@@ -328,9 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _attention_env(args: argparse.Namespace) -> dict[str, str]:
-    """The environment a run's engine is built under: its --prefill-attention mode, or nothing (the caller's)."""
-    return {"BULLET_RAY_PREFILL_ATTENTION": args.prefill_attention[0]} if args.prefill_attention else {}
+def _engine_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment a run's engine is built under: its --prefill-attention mode and --dummy-init, each only when
+    given (else the caller's)."""
+    env = {"BULLET_RAY_PREFILL_ATTENTION": args.prefill_attention[0]} if args.prefill_attention else {}
+    if getattr(args, "dummy_init", None):
+        env["BULLET_RAY_DUMMY_INIT"] = args.dummy_init[0]
+    return env
 
 
 def save(args: argparse.Namespace, argv: list[str] | None, results: dict[str, Any]) -> bool:

@@ -137,6 +137,31 @@ def test_prefill_attention_variants_run_ours_under_each_mode(tmp_path, monkeypat
     assert exc.value.code == 2 and "--prefill-attention" in capsys.readouterr().err
 
 
+def test_dummy_init_variants_draw_ours_weights_each_way(tmp_path, monkeypatch, capsys):
+    """--dummy-init normal,uniform: our engine once per way of drawing dummy weights ('ours', 'ours_inituniform'),
+    each under its BULLET_RAY_DUMMY_INIT and recorded with its run; an unknown one names the flag."""
+    import json
+    import os
+
+    import pytest
+
+    out = tmp_path / "o.json"
+    offline = _fake_run(monkeypatch, lambda *_a: {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0})
+    seen = []
+    monkeypatch.setattr(offline, "run_ours", lambda args: seen.append(os.environ["BULLET_RAY_DUMMY_INIT"])
+                        or {"requests_per_s": 20.0, "output_tokens_per_s": 4000.0,
+                            "engine_switches": offline.engine_switches()})
+    monkeypatch.delenv("BULLET_RAY_DUMMY_INIT", raising=False)
+    assert offline.main(["--vllm", "--dummy-init", "normal,uniform", "--out", str(out)]) == 0
+    assert seen == ["normal", "uniform"] and "BULLET_RAY_DUMMY_INIT" not in os.environ
+    saved = json.loads(out.read_text())
+    assert saved["ours_inituniform"]["engine_switches"]["BULLET_RAY_DUMMY_INIT"] == "uniform"
+    assert saved["ours_inituniform_over_vllm"]["requests_per_s"] == 1.0
+    with pytest.raises(SystemExit) as exc:
+        offline.parse_args(["--dummy-init", "zeros"])
+    assert exc.value.code == 2 and "--dummy-init" in capsys.readouterr().err
+
+
 def test_plan_lead_flag_reaches_the_engine_config_or_names_itself():
     """--prefill-plan-lead-ms: the engine's default 10, a number, or none; anything else is one line naming it."""
     import pytest

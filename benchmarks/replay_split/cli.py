@@ -28,6 +28,7 @@ from bullet_ray.errors import ConfigError
 from bullet_ray.gpu.partition import default_ladder
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.policy.bullet import BulletPolicy
+from bullet_ray.policy.state import SplitReason
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-pause-aim", type=float, default=None,
                         help="with --decode-pause: the share of the TPOT target every running sequence's TPOT must "
                              "stay under with the pause added (default 0.9)")
+    parser.add_argument("--decode-pause-reasons", default=None,
+                        help="with --decode-pause: the split decisions after which a pause may run, a comma list of "
+                             "SplitReason values (default backlog,balance; to_prefill adds TTFT at risk with decode "
+                             "within its TPOT target, the relaxed-aimed policy's usual answer to a burst)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -325,7 +330,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"replay_split: error: --decode-pause-aim: a share > 0 that goes with --decode-pause, got "
                        f"{args.decode_pause_aim}\n")
     aim = 0.9 if args.decode_pause_aim is None else args.decode_pause_aim
-    pause = DecodePause(speedup=args.decode_pause, tpot_aim=aim) if args.decode_pause is not None else None
+    reasons = DecodePause.reasons
+    if args.decode_pause_reasons is not None:
+        known = [r.value for r in SplitReason]
+        reasons = tuple(r.strip() for r in args.decode_pause_reasons.split(",") if r.strip())
+        unknown = [r for r in reasons if r not in known]
+        if args.decode_pause is None or not reasons or unknown:
+            parser.exit(2, f"replay_split: error: --decode-pause-reasons: a comma list of {', '.join(known)} that goes "
+                           f"with --decode-pause, got {args.decode_pause_reasons!r}\n")
+    pause = (DecodePause(speedup=args.decode_pause, tpot_aim=aim, reasons=reasons)
+             if args.decode_pause is not None else None)
     if args.seeds < 1:
         parser.exit(2, f"replay_split: error: --seeds must be >= 1, got {args.seeds}\n")
     if not 0 < args.prefill_speedup < float("inf"):
@@ -386,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.slo == 'strict' else f'; aimed at SLO {args.slo}'}"
           f"{'' if score_slo == 'strict' else f'; scored by SLO {score_slo}'}"
           f"{'' if pause is None else f'; WHAT-IF decode pause (whole-GPU prefill {pause.speedup:g}x the 116-SM fit, '}"
-          f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target)'}"
+          f"{'' if pause is None else f'TPOT under {pause.tpot_aim:g} x target, after ' + '/'.join(pause.reasons) + ')'}"
           f"; online correction warmed on {len(warm)} logged "
           f"steps from before the run; {elapsed:.1f} s")
     print("step fits (s = fixed + a x1 + b x2; prefill x = tokens, pairs; decode x = seqs, context tokens):")

@@ -170,13 +170,22 @@ def test_split_rule_settings_reach_the_policy(factory) -> None:
                                                     ("--ladder", "8,132", "132"),
                                                     ("--ladder", "8,x", "x"),
                                                     ("--slo", "bullet-sharegpt", "per prompt token"),
-                                                    ("--decode-pause-aim", "0.8", "--decode-pause")])
+                                                    ("--decode-pause-aim", "0.8", "--decode-pause"),
+                                                    ("--decode-pause-reasons", "backlog", "--decode-pause")])
 def test_cli_rejects_a_bad_value_naming_the_flag(tmp_path: Path, capsys, flag: str, value: str, bad: str) -> None:
     with pytest.raises(SystemExit) as e:
         rs.main([flag, value, "--run", str(tmp_path / "none.json")])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and bad in err
+
+
+def test_cli_rejects_an_unknown_pause_reason(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        rs.main(["--decode-pause", "1.1", "--decode-pause-reasons", "backlog,rush", "--run", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--decode-pause-reasons" in err and "'backlog,rush'" in err
 
 
 def test_cli_runs_end_to_end(tmp_path: Path) -> None:
@@ -214,6 +223,10 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.ladder_of(tmp_path / "sys-steps.jsonl") == [8, 16, 24]
     # a step log named otherwise (a call's copy: sys-steps_call15.jsonl) has no YAML beside it: the default ladder
     assert rs.ladder_of(tmp_path / "sys-steps_call15.jsonl") == list(range(16, 113, 8))
+    assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
+                    "0", "--seeds", "1", "--no-progress", "--decode-pause", "1.1", "--decode-pause-reasons",
+                    "backlog,to_prefill", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["decode_pause"]["reasons"] == ["backlog", "to_prefill"]
     random.Random(0)  # the CLI's replays seed their own generators
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks.plot_steps import records, run_start_unix_s
 from benchmarks.replay_split.fits import StepModel, fit_step_model
 from benchmarks.replay_split.noise import NOISES, Delays, delays_from_log, lag_autocorrelation, residual_noise
-from benchmarks.replay_split.sim import DecodePause, Request, load_requests, replay, steps_before
+from benchmarks.replay_split.sim import AT_RISK, DecodePause, Request, load_requests, replay, steps_before
 from benchmarks.rescore import load_run as load_bench_run
 from benchmarks.rescore import miss_kinds
 from bullet_ray.bench.slo import PRESETS, attainment
@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-pause-reasons", default=None,
                         help="with --decode-pause: the split decisions after which a pause may run, a comma list of "
                              "SplitReason values (default backlog,balance; to_prefill adds TTFT at risk with decode "
-                             "within its TPOT target, the relaxed-aimed policy's usual answer to a burst)")
+                             "within its TPOT target), or at_risk: after any decision that predicts a queued request "
+                             "past its TTFT target (HOLD included, the relaxed-aimed policy's usual state in a burst)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="start the online correction empty (default: it first learns the log's steps from before "
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     aim = 0.9 if args.decode_pause_aim is None else args.decode_pause_aim
     reasons = DecodePause.reasons
     if args.decode_pause_reasons is not None:
-        known = [r.value for r in SplitReason]
+        known = [r.value for r in SplitReason] + [AT_RISK]
         reasons = tuple(r.strip() for r in args.decode_pause_reasons.split(",") if r.strip())
         unknown = [r for r in reasons if r not in known]
         if args.decode_pause is None or not reasons or unknown:

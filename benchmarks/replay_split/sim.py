@@ -31,16 +31,20 @@ class Request:
     num_output_tokens: int  # the first token (from prefill) included
 
 
+AT_RISK = "at_risk"  # DecodePause's pseudo-reason: any decision that predicts a TTFT miss
+
+
 @dataclass(frozen=True)
 class DecodePause:
     """A what-if the engine does not have: after a split decision of one of `reasons` (BACKLOG: queued requests miss
-    their TTFT whatever the split; BALANCE: TTFT at risk with decode over its TPOT target) and while decode has
-    sequences, the next prefill step runs on the whole GPU with decode paused, if every
-    running sequence's TPOT still ends under `tpot_aim` x the TPOT target with the pause added (its tokens so far,
-    the pause, and its remaining tokens at decode's last step time). The paused step starts when decode's step in flight ends; its
-    time is the log's fit on the largest prefill entry with decode idle (116 SMs) / `speedup` (the whole GPU's 132
-    SMs alone: ~41k tokens/s against ~37k on 116, `serve_h200_m6` step logs). The online correction does not learn
-    from paused steps (no ladder entry holds them)."""
+    their TTFT whatever the split; BALANCE: TTFT at risk with decode over its TPOT target; the pseudo-reason AT_RISK:
+    any decision that predicts a queued request past its TTFT target, HOLD and TO_PREFILL included) and while decode
+    has sequences, the next prefill step runs on the whole GPU with decode paused, if every running sequence's TPOT
+    still ends under `tpot_aim` x the TPOT target with the pause added (its tokens so far, the pause, and its remaining
+    tokens at decode's last step time). The paused step starts when decode's step in flight ends; its time is the
+    log's fit on the largest prefill entry with decode idle (116 SMs) / `speedup` (the whole GPU's 132 SMs alone:
+    ~41k tokens/s against ~37k on 116, `serve_h200_m6` step logs). The online correction does not learn from paused
+    steps (no ladder entry holds them)."""
 
     speedup: float = 1.1
     tpot_aim: float = 0.9
@@ -141,6 +145,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
     last_decode: tuple[StepShape, int, bool, int, float] | None = None  # for the next decision's observe
     last_decode_s: float | None = None
     last_reason = ""  # the last decision's SplitReason value
+    last_at_risk = False  # the last decision predicted a queued request past its TTFT target
     paused_until: float | None = None  # decode holds until the paused prefill step ends (DecodePause)
 
     def prefill_shape(batch: list[tuple[int, int]]) -> StepShape:
@@ -156,7 +161,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         return done
 
     def decide(now: float) -> None:
-        nonlocal planned, requested, last_decode, last_reason
+        nonlocal planned, requested, last_decode, last_reason, last_at_risk
         if last_decode is not None:  # SplitDecider._observe_decode: decode's last step since the decision before
             shape, sms, busy, index, measured = last_decode
             model.observe(shape, sms, busy, index, measured)
@@ -173,6 +178,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
                           remaining)
         result = policy.step(state)
         last_reason = result.split.reason.value
+        slack = result.split.worst_ttft_slack_s
+        last_at_risk = result.split.num_ttft_at_risk > 0 or (slack is not None and slack < 0)
         out.decisions[last_reason] += 1
         if result.split.index != requested:
             out.timeline.append(("request", now, result.split.index))
@@ -207,7 +214,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         """DecodePause: run `batch` on the whole GPU with decode held, if the last decision judged TTFT at risk and
         the pause fits every sequence's TPOT; False: launch it as the engine does."""
         nonlocal p_inflight, paused_until
-        if pause is None or last_reason not in pause.reasons:
+        if pause is None or not (last_reason in pause.reasons or (AT_RISK in pause.reasons and last_at_risk)):
             return False
         shape = prefill_shape(batch)
         start = max(now, d_inflight["end"]) if d_inflight is not None else now

@@ -140,6 +140,21 @@ def test_decode_pause_holds_decode_while_prefill_runs_alone(setup, factory) -> N
     assert not none.pauses
 
 
+def test_an_at_risk_pause_follows_only_decisions_that_predict_a_ttft_miss(setup, factory) -> None:
+    """The pseudo-reason at_risk: a pause may follow any decision predicting a queued request past its target (the
+    synthetic run's bursts make some), and a pause no sequence's TPOT affords still runs none."""
+    from benchmarks.replay_split.sim import AT_RISK, DecodePause
+
+    _, _, steps = setup
+    # a burst: 30 prompts of 3,000 tokens 1 ms apart, more than prefill serves within the 500 ms target
+    reqs = [rs.Request(str(i), 0.001 * i, 3000, 9) for i in range(30)]
+    tight = rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
+                      pause=DecodePause(speedup=1.1, tpot_aim=100.0, reasons=(AT_RISK,)))
+    assert tight.pauses and tight.num_tokens == [r.num_output_tokens for r in reqs]
+    assert not rs.replay(reqs, steps, rs.make_policy(factory, 0.0, "all", 2048),
+                         pause=DecodePause(speedup=1.1, tpot_aim=1e-6, reasons=(AT_RISK,))).pauses
+
+
 def test_split_rule_settings_reach_the_policy(factory) -> None:
     policy = rs.make_policy(factory, 50.0, "all", 4096, split_rule={"aim": 0.9, "backlog_aim": 1.0})
     assert (policy.rule.settings.aim, policy.rule.settings.backlog_aim) == (0.9, 1.0)
@@ -225,8 +240,8 @@ def test_cli_runs_end_to_end(tmp_path: Path) -> None:
     assert rs.ladder_of(tmp_path / "sys-steps_call15.jsonl") == list(range(16, 113, 8))
     assert rs.main(["--run", str(tmp_path / "run.json"), "--steps", str(tmp_path / "sys-steps.jsonl"), "--margins",
                     "0", "--seeds", "1", "--no-progress", "--decode-pause", "1.1", "--decode-pause-reasons",
-                    "backlog,to_prefill", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["decode_pause"]["reasons"] == ["backlog", "to_prefill"]
+                    "backlog,at_risk", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["decode_pause"]["reasons"] == ["backlog", "at_risk"]
     random.Random(0)  # the CLI's replays seed their own generators
 
 

@@ -19,6 +19,10 @@ named under the table: the lower bound takes every sample as an independent draw
 `--plot PNG` draws the table: one panel per SLO, each sample's ratio per B (a censored one as a hollow triangle at
 its bound, pointing the way the bound leaves it open), each B's mean, its lower bound and its goal as lines.
 
+`--alias NAME=AS` reads a system named NAME as AS in every folder (repeatable), so a draw whose systems ran under
+another name for the same deployment joins the others (m17's seed 11 ran the shipped system with its `+ragged`
+suffix, the default since): a folder holding both names is refused, and the table names every alias used.
+
 `--goal` gives one goal per B, in order. A sample where either point is censored ('>= max rate' or '< min rate')
 or missing is listed and left out of the mean, with the reason. Where the censoring bounds the ratio (A above
 the sweep's top rate or B below its lowest: at least; the other way round: at most), the bound is shown, and a
@@ -47,6 +51,22 @@ def load_points(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
                            "label": v["point"].get("label")}
                      for slo, v in by_slo.items()}
             for system, by_slo in data["systems"].items()}
+
+
+def apply_aliases(points: dict[str, dict[str, dict[str, Any]]], aliases: dict[str, str],
+                  folder: str) -> tuple[dict[str, dict[str, dict[str, Any]]], list[str]]:
+    """`points` with every system named in `aliases` renamed to its alias, and the names renamed; a ValueError
+    when a folder holds a system and another aliased to the same name."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    renamed: list[str] = []
+    for system, by_slo in points.items():
+        name = aliases.get(system, system)
+        if name in out:
+            raise ValueError(f"{folder}: both {system!r} and another system read as {name!r} (--alias)")
+        out[name] = by_slo
+        if name != system:
+            renamed.append(system)
+    return out, renamed
 
 
 def workload_draw(folder: Path) -> tuple[Any, ...] | None:
@@ -178,7 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goal", default="", help="comma list, one goal per --b system (e.g. 1.25,1.2)")
     parser.add_argument("--out", type=Path, help="also write the table and figures as JSON here")
     parser.add_argument("--plot", type=Path, help="also draw the ratios per sample, means, bounds and goals (PNG)")
+    parser.add_argument("--alias", action="append", default=[], metavar="NAME=AS",
+                        help="read system NAME as AS in every folder (repeatable): the same deployment under "
+                             "another name, e.g. a suffix that became the default")
     args = parser.parse_args(argv)
+    aliases: dict[str, str] = {}
+    for item in args.alias:
+        name, sep, alias = item.partition("=")
+        if not sep or not name or not alias or name == alias:
+            parser.error(f"--alias: expected NAME=AS with two different names, got {item!r}")
+        aliases[name] = alias
     bs = [b for b in args.b.split(",") if b]
     slos = [s for s in args.slo.split(",") if s]
     if not bs or not slos:
@@ -190,12 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     if goals and len(goals) != len(bs):
         parser.error(f"--goal: {len(goals)} goals for {len(bs)} --b systems; give one per system")
     try:
-        points = [(str(f), load_points(f)) for f in args.folders]
-    except (FileNotFoundError, KeyError, json.JSONDecodeError) as e:
+        points, used = [], []
+        for f in args.folders:
+            folder_points, renamed = apply_aliases(load_points(f), aliases, str(f))
+            points.append((str(f), folder_points))
+            used += [f"{f}: {name} read as {aliases[name]}" for name in renamed]
+    except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
         print(f"samples: {e}", file=sys.stderr)
         return 2
     report: dict[str, Any] = {"command": "python -m benchmarks.samples " + " ".join(sys.argv[1:] if argv is None
-                                                                                    else argv), "pairs": []}
+                                                                                    else argv), "pairs": [],
+                              "aliases_used": used}
     print(f"`{report['command']}`\n")
     print("| A / B | SLO | " + " | ".join(f"sample {i + 1}" for i in range(len(points)))
           + " | mean (n) | mean's 95% lower bound | censored at their bound (n) | goal (mean; its lower bound) |")
@@ -214,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             lower = "-" if s["mean_lower_95"] is None else f"{s['mean_lower_95']:.3f}x"
             print(f"| {args.a} / {b} | {slo} | " + " | ".join(cells) + f" | {mean} | {lower} | {bounded} | {_verdict(s)} |")
     print("\n" + "\n".join(f"sample {i + 1}: {name}" for i, (name, _) in enumerate(points)))
+    for line in used:
+        print(f"alias: {line}")
     repeats = same_draws(args.folders)
     report["same_draw"] = [{"samples": numbers, "draw": list(draw)} for numbers, draw in repeats]
     for numbers, (dataset, seed, prompts) in repeats:

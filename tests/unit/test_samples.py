@@ -147,3 +147,24 @@ def test_every_sample_censored_the_goal_is_judged_by_the_bounds_or_left_open(tmp
     assert samples.main(folders + ["--a", "a", "--b", "b", "--slo", "x", "--goal", "1.5", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["pairs"][0]["meets_goal"] is None
     assert "1.5x: open |" in capsys.readouterr().out
+
+
+def test_an_alias_joins_a_draw_that_ran_the_deployment_under_another_name(tmp_path, capsys):
+    write_ci(tmp_path / "s1", {"a": {"strict": (30.0, None)}, "b": {"strict": (24.0, None)}})
+    write_ci(tmp_path / "s2", {"a+x": {"strict": (26.0, None)}, "b+x": {"strict": (20.0, None)}})
+    out = tmp_path / "r.json"
+    args = [str(tmp_path / "s1"), str(tmp_path / "s2"), "--a", "a", "--b", "b", "--slo", "strict", "--out", str(out)]
+    assert samples.main(args) == 0
+    assert json.loads(out.read_text())["pairs"][0]["n"] == 1  # s2 has neither name
+    assert samples.main(args + ["--alias", "a+x=a", "--alias", "b+x=b"]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["ratio"] for r in doc["pairs"][0]["samples"]] == [pytest.approx(1.25), pytest.approx(1.3)]
+    assert doc["aliases_used"] == [f"{tmp_path / 's2'}: a+x read as a", f"{tmp_path / 's2'}: b+x read as b"]
+    assert "alias: " in capsys.readouterr().out
+    # a folder holding both names is refused; a malformed alias names the flag
+    write_ci(tmp_path / "s3", {"a": {"strict": (30.0, None)}, "a+x": {"strict": (26.0, None)}})
+    assert samples.main([str(tmp_path / "s3"), "--a", "a", "--b", "b", "--alias", "a+x=a"]) == 2
+    assert "--alias" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        samples.main([str(tmp_path / "s1"), "--a", "a", "--b", "b", "--alias", "a"])
+    assert "--alias: expected NAME=AS" in capsys.readouterr().err

@@ -271,7 +271,7 @@ def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     slos = list(dict.fromkeys(p["slo"] for p in pairs))
-    fig, axes = plt.subplots(1, len(slos), figsize=(6.0 * len(slos), 4.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(slos), figsize=(6.0 * len(slos), 5.6), squeeze=False, sharey=True)
     for ax, slo in zip(axes[0], slos):
         in_panel = [p for p in pairs if p["slo"] == slo]
         for k, p in enumerate(in_panel):
@@ -299,7 +299,8 @@ def plot_pairs(pairs: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(f"{in_panel[0]['a']} / B, {slo}", fontsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower left")
+            # below the panel: inside it the legend hid the samples under it
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     axes[0][0].set_ylabel("goodput ratio")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -20,7 +20,7 @@ from benchmarks.rescore import timed_record
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
 from bullet_ray.policy.bullet import BulletPolicy
-from bullet_ray.policy.state import DecodeLoad, QueuedRequest, StepState
+from bullet_ray.policy.state import DecodeLoad, QueuedRequest, SplitDecision, StepState
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,16 @@ class DecodePause:
     tpot_aim: float = 0.9
     reasons: tuple[str, ...] = ("backlog", "balance")
     prefill_sms: int = 116  # the fitted entry a paused step's time is taken from
+
+    def follows(self, split: SplitDecision | None) -> bool:
+        """Whether a pause may follow this split decision (None: none made yet): its reason is one of `reasons`, or
+        AT_RISK is and the decision predicts a queued request past its TTFT target (at risk, or already late)."""
+        if split is None:
+            return False
+        if split.reason.value in self.reasons:
+            return True
+        slack = split.worst_ttft_slack_s
+        return AT_RISK in self.reasons and (split.num_ttft_at_risk > 0 or (slack is not None and slack < 0))
 
 
 def load_requests(path: Path) -> tuple[list[Request], list[Any]]:
@@ -144,8 +154,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
     d_inflight: dict[str, Any] | None = None
     last_decode: tuple[StepShape, int, bool, int, float] | None = None  # for the next decision's observe
     last_decode_s: float | None = None
-    last_reason = ""  # the last decision's SplitReason value
-    last_at_risk = False  # the last decision predicted a queued request past its TTFT target
+    last_split: SplitDecision | None = None  # the last decision's split (DecodePause.follows)
     paused_until: float | None = None  # decode holds until the paused prefill step ends (DecodePause)
 
     def prefill_shape(batch: list[tuple[int, int]]) -> StepShape:
@@ -161,7 +170,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         return done
 
     def decide(now: float) -> None:
-        nonlocal planned, requested, last_decode, last_reason, last_at_risk
+        nonlocal planned, requested, last_decode, last_split
         if last_decode is not None:  # SplitDecider._observe_decode: decode's last step since the decision before
             shape, sms, busy, index, measured = last_decode
             model.observe(shape, sms, busy, index, measured)
@@ -177,10 +186,8 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         state = StepState(requested, queue, DecodeLoad(num_seqs, ctx, last_decode_s if running else None), now,
                           remaining)
         result = policy.step(state)
-        last_reason = result.split.reason.value
-        slack = result.split.worst_ttft_slack_s
-        last_at_risk = result.split.num_ttft_at_risk > 0 or (slack is not None and slack < 0)
-        out.decisions[last_reason] += 1
+        last_split = result.split
+        out.decisions[last_split.reason.value] += 1
         if result.split.index != requested:
             out.timeline.append(("request", now, result.split.index))
         requested = result.split.index
@@ -214,7 +221,7 @@ def replay(reqs: Sequence[Request], steps: StepModel, policy: BulletPolicy, rng:
         """DecodePause: run `batch` on the whole GPU with decode held, if the last decision judged TTFT at risk and
         the pause fits every sequence's TPOT; False: launch it as the engine does."""
         nonlocal p_inflight, paused_until
-        if pause is None or not (last_reason in pause.reasons or (AT_RISK in pause.reasons and last_at_risk)):
+        if pause is None or not pause.follows(last_split):
             return False
         shape = prefill_shape(batch)
         start = max(now, d_inflight["end"]) if d_inflight is not None else now

@@ -141,8 +141,8 @@ def test_decode_pause_holds_decode_while_prefill_runs_alone(setup, factory) -> N
 
 
 def test_an_at_risk_pause_follows_only_decisions_that_predict_a_ttft_miss(setup, factory) -> None:
-    """The pseudo-reason at_risk: a pause may follow any decision predicting a queued request past its target (the
-    synthetic run's bursts make some), and a pause no sequence's TPOT affords still runs none."""
+    """The pseudo-reason at_risk: a pause may follow any decision predicting a queued request past its target (a
+    burst makes some), and a pause no sequence's TPOT affords still runs none."""
     from benchmarks.replay_split.sim import AT_RISK, DecodePause
 
     _, _, steps = setup

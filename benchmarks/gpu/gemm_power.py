@@ -14,6 +14,10 @@ read is each data's sustained ms per layer against "normal"'s, and the clocks be
 
     python -m benchmarks.gpu.gemm_power                                     # 1,248 and 4,224 rows, 3 s sustained
     python -m benchmarks.gpu.gemm_power --tokens 1248 --seconds 5 --data normal,uniform
+    python -m benchmarks.gpu.gemm_power --tokens 4096,4216,4224 --data normal --kernels   # + cuBLAS's kernel per GEMM
+
+`--kernels` records the kernel cuBLAS runs for each projection at each row count (torch.profiler, one call each):
+a padded piecewise bucket (4,224 rows) may get another kernel than the exact size (4,216) vLLM runs eagerly.
 """
 
 from __future__ import annotations
@@ -90,7 +94,19 @@ class Sampler:
                 "watts_median": statistics.median(self.watts[half:]) if self.watts[half:] else None}
 
 
-def run_case(torch: Any, data: str, tokens: int, seconds: float, reps: int = 5) -> dict[str, Any]:
+def kernel_names(torch: Any, fn: Any) -> list[str]:
+    """The CUDA kernels one call of `fn` runs, in order (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+            and e.name and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def run_case(torch: Any, data: str, tokens: int, seconds: float, reps: int = 5,
+             kernels: bool = False) -> dict[str, Any]:
     """One data kind at one row count: the layer's four GEMMs as a burst (`reps` after two warm-ups, the host
     enqueueing behind a sleep kernel, as `PiecewiseGraphs.tune` times) and sustained for `seconds` (the last half
     timed), with the clocks sampled over the sustained run."""
@@ -127,7 +143,10 @@ def run_case(torch: Any, data: str, tokens: int, seconds: float, reps: int = 5) 
         end.synchronize()
     sustained_ms = begin.elapsed_time(end) / count
     flops = layer_flops(tokens)
-    return {"data": data, "tokens": tokens, "burst_ms": round(burst_ms, 4), "sustained_ms": round(sustained_ms, 4),
+    names = {k: kernel_names(torch, lambda k=k: torch.nn.functional.linear(inputs[k], weights[k]))
+             for k in LAYER_SHAPES} if kernels else None
+    return {**({"kernels": names} if names is not None else {}),
+            "data": data, "tokens": tokens, "burst_ms": round(burst_ms, 4), "sustained_ms": round(sustained_ms, 4),
             "burst_tflops": round(flops / burst_ms / 1e9, 1), "sustained_tflops": round(flops / sustained_ms / 1e9, 1),
             **sampler.summary()}
 
@@ -141,6 +160,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         ratio = f"{r['sustained_ms'] / base[r['tokens']]:.3f}" if r["tokens"] in base else "-"
         lines.append(f"| {r['data']} | {r['tokens']} | {r['burst_ms']:.3f} | {r['sustained_ms']:.3f} | "
                      f"{r['sustained_tflops']:.0f} | {ratio} | {r['sm_mhz_median'] or '-'} | {r['watts_median'] or '-'} |")
+    named = [r for r in rows if r.get("kernels")]
+    if named:
+        lines += ["", "| rows | " + " | ".join(LAYER_SHAPES) + " |", "|---|" + "---|" * len(LAYER_SHAPES)]
+        lines += [f"| {r['tokens']} | " + " | ".join(", ".join(r["kernels"][k]) for k in LAYER_SHAPES) + " |"
+                  for r in named if r["data"] == named[0]["data"]]
     return "\n".join(lines)
 
 
@@ -167,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=_int_list, default=[1248, 4224], help="rows per GEMM (comma list)")
     parser.add_argument("--data", type=_data_list, default=list(DATA), help=f"comma list of {', '.join(DATA)}")
     parser.add_argument("--seconds", type=float, default=3.0, help="each sustained run's length (the last half timed)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also record the kernel cuBLAS runs for each projection (torch.profiler)")
     return parser
 
 
@@ -181,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gemm_power: needs a CUDA GPU", file=sys.stderr)
         return 2
     cases = [(d, t) for t in args.tokens for d in args.data]
-    rows = [run_case(torch, d, t, args.seconds) for d, t in tqdm(cases, desc="gemm_power", unit="case")]
+    rows = [run_case(torch, d, t, args.seconds, kernels=args.kernels) for d, t in tqdm(cases, desc="gemm_power", unit="case")]
     print(table(rows))
     save("gemm_power", {"layer_shapes": LAYER_SHAPES, "seconds": args.seconds, "cases": rows})
     return 0

@@ -36,3 +36,13 @@ def test_flops_table_and_flags():
     for bad in (["--tokens", "0"], ["--tokens", "a"], ["--data", "ones"]):
         with pytest.raises(SystemExit):
             gemm_power.build_parser().parse_args(bad)
+
+
+def test_table_names_each_projections_kernel_per_row_count():
+    kernels = {k: [f"nvjet_{k}"] for k in gemm_power.LAYER_SHAPES}
+    rows = [{"data": "normal", "tokens": t, "burst_ms": 1.0, "sustained_ms": 1.2, "sustained_tflops": 600.0,
+             "sm_mhz_median": None, "watts_median": None, "kernels": kernels} for t in (4216, 4224)]
+    lines = gemm_power.table(rows).splitlines()
+    assert lines[5] == "| rows | qkv | o | gate_up | down |"
+    assert lines[7] == "| 4216 | nvjet_qkv | nvjet_o | nvjet_gate_up | nvjet_down |" and lines[8].startswith("| 4224 |")
+    assert gemm_power.build_parser().parse_args(["--kernels"]).kernels

@@ -153,6 +153,12 @@ class EngineConfig:
     prefill_layer_groups: int = 1
     # smallest prefill batch (new tokens, >= 1) that runs layer-wise when prefill_layer_groups > 1
     prefill_layer_group_min_tokens: int = 2048
+    # decode steps in pieces (the bullet schedule's decode worker with split_policy slo and split_switch overlap): a
+    # decode step runs as this many CUDA graphs of consecutive layers (1..num layers; 1: one graph, the default),
+    # launched just in time, each once the piece two before it has finished, so that the side moves to a requested
+    # split at its next piece instead of its next step (bullet_ray.engine.cuda_graphs, docs/policy.md: issue 12's
+    # decision-to-new-split goal). Costs a host wait per piece and num_layers/pieces x the decode graphs at start
+    decode_pieces: int = 1
     # the prefill worker (GPU) plans its next batch only this long (ms, >= 0) before the step in flight is
     # predicted to end, or once it has ended, reading arrivals meanwhile, so that a prompt arriving during a long
     # prefill step joins the next batch; None: plan (and launch) the next batch at once, as every worker does.
@@ -323,6 +329,12 @@ class EngineConfig:
         if self.prefill_layer_group_min_tokens < 1:
             raise ConfigError("prefill_layer_group_min_tokens",
                               f"must be >= 1, got {self.prefill_layer_group_min_tokens}")
+        if not 1 <= self.decode_pieces <= MAX_PREFILL_LAYER_GROUPS:
+            raise ConfigError("decode_pieces", f"must be in [1, {MAX_PREFILL_LAYER_GROUPS}], got {self.decode_pieces} "
+                              "(1: a decode step is one graph)")
+        if self.decode_pieces > 1 and self.split_switch != "overlap":
+            raise ConfigError("decode_pieces", f"{self.decode_pieces} pieces need split_switch: overlap (a disjoint "
+                              "switch's ack promises the side's SMs are free, which a step in flight cannot keep)")
         if self.piecewise_buckets not in ("tuned", "fixed"):
             raise ConfigError("piecewise_buckets", f"unknown bucket choice {self.piecewise_buckets!r}; choose tuned or fixed")
         if self.split_switch not in SPLIT_SWITCHES:

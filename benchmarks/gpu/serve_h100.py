@@ -40,7 +40,9 @@ growing within that share of the best throughput the model predicts: engine.pref
 <ms> after decode's steps, not every 0.5 s: engine.prefill_idle_decide_ms) and/or -mx<tokens>
 (bullet-slo-margin50-pl10-mot-fb1000-mx32768: the mixed fallback beside any policy but bullet-slo-mixed<tokens>, from
 that many waiting prompt tokens: engine.mixed_fallback_tokens) with -mc<tokens> (its step budget, >= 16, the block
-size: engine.mixed_chunk_tokens) and/or -tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
+size: engine.mixed_chunk_tokens) and/or -dp<pieces> (bullet-slo-margin50-pl10-mot-fb1000-dp8: decode steps as that many
+CUDA graphs of consecutive layers launched just in time, the split followed between them: engine.decode_pieces) and/or
+-tf (bullet-slo-margin50-pl10-tf: under TTFT risk with decode over its TPOT target, the split rule gives decode the
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time) or -ff (bullet-slo-margin50-pl10-ff-fb1000: the
@@ -196,16 +198,18 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
 
 
 # trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>",
-# "-mx<tokens>", "-mc<tokens>" (and
+# "-mx<tokens>", "-mc<tokens>", "-dp<pieces>" (and
 # "-tf", "-mot", "-ff" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
+             "dp": ("decode_pieces", "pieces"),
              "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
              "sat": ("prefill_saturation_share", "percent"), "iw": ("prefill_idle_decide_ms", "ms"),
              "mx": ("mixed_fallback_tokens", "tokens"), "mc": ("mixed_chunk_tokens", "tokens")}
 # the modifiers EngineConfig bounds from above: -sat<percent> (a share), -iw<ms> (at most the 0.5 s idle wait)
 MODIFIER_MAX = {"sat": 100, "iw": 500}
-# ... and from below past 1: -mc<tokens> (a mixed step holds at least one KV block: EngineConfig.block_size, 16)
-MODIFIER_MIN = {"mc": 16}
+# ... and from below past 1: -mc<tokens> (a mixed step holds at least one KV block: EngineConfig.block_size, 16),
+# -dp<pieces> (one piece is the whole step: the default)
+MODIFIER_MIN = {"mc": 16, "dp": 2}
 # "-fl<SMs>": the split ladder from that decode floor in steps of 8, up to the default ladder's top (gpu.partition.
 # default_ladder on the 132 SMs of the H100 and H200 this script runs on: 16 ... 112): -fl8 -> engine.decode_sm_counts
 # [8, 16, ..., 112], prefill up to 124 SMs
@@ -244,6 +248,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     the decode worker prefills the queued prompts in chunks inside its steps on the whole GPU:
     engine.mixed_fallback_tokens, bullet-slo-mixed<tokens>'s field) and/or "-mc<tokens>" (that fallback's step budget,
     decode rows and prompt chunks: engine.mixed_chunk_tokens, 2,048 by default)
+    and/or "-dp<pieces>" (decode steps as that many CUDA graphs of layers, launched just in time, the split followed
+    between them: engine.decode_pieces)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time) or "-ff"
     (engine.prefill_order: fallback_first); (name, {})
     for any other name:
@@ -267,7 +273,8 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         most, least = MODIFIER_MAX.get(kind), MODIFIER_MIN.get(kind, 1)
         if field in fields or not number.isdigit() or int(number) < least or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot|-ff], each once, {unit} >= {least}"
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-dp<pieces>][-tf][-mot|-ff], each once, "
+                             f"{unit} >= {least}"
                              + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
         base = head
@@ -362,7 +369,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -mot, -ff
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -dp, -mot, -ff
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":

@@ -48,6 +48,14 @@ reach the graph's buffers in one copy from pinned staging memory, and flashinfer
 work list can differ from the bucket's last one (`plan_key`): never, for an unsplit tensor-core bucket, so in
 one-step-at-a-time decoding the host does not spend each step re-planning a schedule it already holds.
 
+With `pieces` > 1 (EngineConfig.decode_pieces) a step is captured as that many graphs of consecutive layers
+(`StepGraph`; the first embeds, the last applies the final norm), which pass the hidden states and residual through
+static buffers every bucket and partition shares, so a step may run its first pieces on one partition and the rest
+on another. `run` with a `between` hook launches them just in time: piece i once piece i - 2 has finished (the GPU
+keeps one piece queued), after the hook has had its say (a decode side follows a requested split there, and learns
+the step before at the first boundary). A switch then waits for the piece running and the one queued, not for a
+whole step.
+
 Graphs keep the SM partition of the stream they were captured on, so each partition (`partition_key`,
 the ladder index of the worker's side) gets its own set. On a partition smaller than the GPU (`partition_sms`,
 set by the decode worker) each bucket is captured twice, with cuBLAS(Lt) aimed at the partition's SMs and
@@ -61,6 +69,7 @@ import itertools
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -182,6 +191,30 @@ def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[l
     return list(tables) + [tables[0][-1:]] * pad, list(seq_lens) + [1] * pad
 
 
+# called between two pieces of a decode step, once the piece before the last launched one has finished; returns the
+# partition key and stream the next pieces run on (the stream None: the current one)
+BetweenPieces = Callable[[], tuple[Any, Any]]
+
+
+class StepGraph:
+    """A captured decode step: one CUDA graph of the whole forward, or one per piece of consecutive layers
+    (`DecodeGraphs.pieces`); `out` is the final hidden states (the last piece's output)."""
+
+    def __init__(self, pieces: list[torch.cuda.CUDAGraph], out: torch.Tensor) -> None:
+        self.pieces, self.out = pieces, out
+
+    def replay(self) -> None:
+        for graph in self.pieces:
+            graph.replay()
+
+
+def piece_bounds(num_layers: int, pieces: int) -> list[tuple[int, int]]:
+    """[start, end) of each piece's layers (layerwise.group_bounds: contiguous, sizes differing by at most one)."""
+    from bullet_ray.engine.layerwise import group_bounds
+
+    return group_bounds(num_layers, pieces)
+
+
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """The batch-size buckets for a worker that runs at most `max_num_seqs` sequences per step."""
     top = next((b for b in BUCKETS if b >= max_num_seqs), BUCKETS[-1])
@@ -190,10 +223,11 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: Any, backend: Any, block_size: int, max_num_seqs: int, max_blocks_per_seq: int,
-                 device: torch.device, scratch_slot: int | None = None) -> None:
+                 device: torch.device, scratch_slot: int | None = None, pieces: int = 1) -> None:
         """`scratch_slot`: a slot of the KV pool no sequence owns (`KVPool.scratch_slot`), where padding rows
         write their K/V: one scatter per layer. None: they write row 0's slot, and row 0 writes after them (a
-        second scatter per layer: `store_first_row_last`)."""
+        second scatter per layer: `store_first_row_last`). `pieces`: graphs per step (layer ranges, at most one
+        per layer; 1: the whole forward in one)."""
         import flashinfer
 
         self._flashinfer = flashinfer
@@ -221,7 +255,13 @@ class DecodeGraphs:
         self.num_plans_reused = 0  # steps whose plan was the bucket's last one (flashinfer's plan skipped)
         self.wrappers: dict[int, Any] = {}
         self.unsplit_buckets: set[int] = set()  # buckets whose plan refused a balanced split (`_plan`)
-        self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[Any, ...], StepGraph] = {}
+        self.bounds = piece_bounds(model.num_layers, max(1, pieces))
+        self.pieces = len(self.bounds)
+        # what one piece hands the next (hidden states, residual), shared by every bucket and partition; made at
+        # the first capture in pieces (the model's hidden size and dtype from its embedding)
+        self._carry: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
         self.is_serving = False
@@ -330,7 +370,7 @@ class DecodeGraphs:
             return [None]  # no split here, or none that fits (every row takes a chunk; a split needs one more)
         return [{"disable_split_kv": True}, {"fixed_split_size": 1}]
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, b: int) -> StepGraph:
         """Capture the forward of the current (already planned and filled) bucket-b batch."""
         md = AttentionMetadata(query_start_loc=self.indptr[:b + 1], seq_lens=self.last_len[:b],
                                block_tables=self.indices[:b].view(b, 1), slot_mapping=self.slots[:b],
@@ -349,16 +389,47 @@ class DecodeGraphs:
                 for _ in range(2):
                     be.forget_batch()
                     self.model.forward(self.input_ids[:b], self.positions[:b], ctx)
-            graph = torch.cuda.CUDAGraph()
             be.forget_batch()  # the K/V rows must be computed inside the graph, from the static slot buffer
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                out = self.model.forward(self.input_ids[:b], self.positions[:b], ctx)
+            if self.pieces == 1:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = self.model.forward(self.input_ids[:b], self.positions[:b], ctx)
+                step = StepGraph([graph], out)
+            else:
+                step = self._capture_pieces(b, ctx, stream)
             torch.cuda.current_stream().wait_stream(stream)
         finally:
             be.decode = saved
             be.first_row_writes_last = False
             be.forget_batch()
-        return graph, out
+        return step
+
+    def _capture_pieces(self, b: int, ctx: AttentionContext, stream: Any) -> StepGraph:
+        """One graph per piece of layers, in order on one pool: each reads and writes the shared carry buffers
+        (the first embeds, the last returns the final norm's output)."""
+        if self._carry is None:
+            with torch.cuda.stream(stream):
+                h = self.model.embed(self.input_ids[:1])
+            self._carry = (torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device),
+                           torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device))
+            torch.cuda.current_stream().wait_stream(stream)
+        hidden, residual = self._carry[0][:b], self._carry[1][:b]
+        graphs, out = [], None
+        for i, (start, end) in enumerate(self.bounds):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                h_in, r_in = (self.model.embed(self.input_ids[:b]), None) if i == 0 else (hidden, residual)
+                h, r = self.model.forward_layers(h_in, r_in, self.positions[:b], ctx, start, end)
+                if i == len(self.bounds) - 1:
+                    out = self.model.final_norm(h, r)
+                else:
+                    if h.data_ptr() != hidden.data_ptr():
+                        hidden.copy_(h)
+                    if r is not None and r.data_ptr() != residual.data_ptr():
+                        residual.copy_(r)
+            graphs.append(graph)
+        assert out is not None
+        return StepGraph(graphs, out)
 
     @torch.inference_mode()
     def capture_all(self, partition_key: Any, stream: Any = None) -> None:
@@ -390,14 +461,14 @@ class DecodeGraphs:
         self.capture_s += time.perf_counter() - start
         self.capture_bytes += torch.cuda.memory_allocated() - before
 
-    def _capture_tuned(self, partition_key: Any, b: int, sms: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_tuned(self, partition_key: Any, b: int, sms: int) -> StepGraph:
         """Capture bucket b without and with cuBLAS aimed at the partition's `sms`; keep the faster replay.
         A bucket's later plan variants (the split-KV graph) reuse its first choice (the GEMMs are the same)."""
         if (partition_key, b) in self.sm_target_choices:
             self.num_captures += 1
             return self._capture_as_chosen(partition_key, b)
         plain = self._capture(b)
-        plain_ms = self._replay_ms(plain[0])
+        plain_ms = self._replay_ms(plain)
         self.num_captures += 1
         try:
             with gemm_target.sm_target(sms, self.device_sms):
@@ -407,13 +478,13 @@ class DecodeGraphs:
                            partition_key, b, exc_info=True)
             self.sm_target_choices[(partition_key, b)] = (round(plain_ms, 4), float("nan"), False)
             return plain
-        targeted_ms = self._replay_ms(targeted[0])
+        targeted_ms = self._replay_ms(targeted)
         self.num_captures += 1
         keep = gemm_target.keeps_target(plain_ms, targeted_ms)
         self.sm_target_choices[(partition_key, b)] = (round(plain_ms, 4), round(targeted_ms, 4), keep)
         return targeted if keep else plain
 
-    def _capture_as_chosen(self, partition_key: Any, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_as_chosen(self, partition_key: Any, b: int) -> StepGraph:
         """Capture bucket b the way this partition's tuning chose for it (no choice: plain); never re-timed."""
         choice = self.sm_target_choices.get((partition_key, b))
         if choice is None or not choice[2]:
@@ -421,7 +492,7 @@ class DecodeGraphs:
         with gemm_target.sm_target(self.partition_sms[partition_key], self.device_sms):
             return self._capture(b)
 
-    def _replay_ms(self, graph: torch.cuda.CUDAGraph, repeats: int = 3) -> float:
+    def _replay_ms(self, graph: StepGraph, repeats: int = 3) -> float:
         """Mean device time of a replay on the capture stream (the partition's), after one warm-up."""
         stream = self._capture_stream.get()
         with torch.cuda.stream(stream):
@@ -435,7 +506,8 @@ class DecodeGraphs:
         return float(start.elapsed_time(end)) / repeats
 
     def capture_report(self) -> dict[str, Any]:
-        report = {"num_graphs": len(self.graphs), "buckets": list(self.buckets), "capture_s": round(self.capture_s, 3),
+        report = {"num_graphs": len(self.graphs), "pieces": self.pieces, "buckets": list(self.buckets),
+                  "capture_s": round(self.capture_s, 3),
                   "capture_mb": round(self.capture_bytes / 2**20, 1),
                   "num_captures_serving": self.num_captures_serving}
         if self.sm_target_choices:
@@ -446,8 +518,10 @@ class DecodeGraphs:
         return report
 
     def run(self, partition_key: Any, input_ids: torch.Tensor, positions: torch.Tensor,
-            metadata: AttentionMetadata, block_tables: list[list[int]]) -> torch.Tensor | None:
-        """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large."""
+            metadata: AttentionMetadata, block_tables: list[list[int]],
+            between: BetweenPieces | None = None) -> torch.Tensor | None:
+        """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large. With
+        pieces and `between`, the pieces launch just in time (`_run_pieces`); without, all at once."""
         n = len(block_tables)
         b = self.bucket(n) if n >= 1 else None
         if b is None:
@@ -463,6 +537,14 @@ class DecodeGraphs:
             else:
                 self.slots[n:b].fill_(self.scratch_slot)
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
+        step = self._graph(partition_key, b, plan)
+        if between is None or self.pieces == 1:
+            step.replay()
+        else:
+            step = self._run_pieces(partition_key, b, plan, step, between)
+        return step.out[:n]
+
+    def _graph(self, partition_key: Any, b: int, plan: Any) -> StepGraph:
         key = (partition_key, b, plan)
         if key not in self.graphs:
             self.graphs[key] = self._capture_as_chosen(partition_key, b)
@@ -471,7 +553,32 @@ class DecodeGraphs:
                 self.num_captures_serving += 1
                 logger.warning("captured decode graph while serving (partition %s, bucket %d, plan %s)",
                                partition_key, b, plan)
-        graph, out = self.graphs[key]
-        graph.replay()
-        return out[:n]
+        return self.graphs[key]
 
+    def _run_pieces(self, partition_key: Any, b: int, plan: Any, step: StepGraph,
+                    between: BetweenPieces) -> StepGraph:
+        """Launch a step's pieces just in time: before piece i (i >= 2) the host waits for piece i - 2 to finish (one
+        piece stays queued on the GPU), then `between` names the partition the rest runs on; on a move, the rest
+        of the step (pieces, then sampling and the done event on the new stream) is ordered after the pieces so
+        far. Returns the graph set the last piece came from (its `out` holds the step's hidden states)."""
+        ends: list[Any] = []
+        moved = False
+        for i, graph in enumerate(step.pieces):
+            if i > 0:
+                if i >= 2:
+                    ends[i - 2].synchronize()
+                key, stream = between()
+                if key != partition_key:
+                    current = torch.cuda.current_stream()
+                    if stream is not None and stream != current:
+                        stream.wait_stream(current)
+                        torch.cuda.set_stream(stream)
+                    partition_key, moved = key, True
+                    step = self._graph(partition_key, b, plan)  # captured at start for every partition
+                    graph = step.pieces[i]
+            graph.replay()
+            end = torch.cuda.Event()
+            end.record()
+            ends.append(end)
+        self.num_piece_moves += moved
+        return step

@@ -62,9 +62,10 @@ class InFlightStep:
     # a bullet side launched it while the other side had a step in flight on another ladder entry
     beside_other_entry: bool = False
     launch_epoch: int = 0  # the split switch's request count when it was launched (bullet sides)
-    # the side moved to another entry while launching it (between a layer-wise prefill's groups): it ran on two
+    # the side moved to another entry while launching it (between a layer-wise prefill's groups or a decode step's
+    # pieces): it ran on two
     moved_while_launching: bool = False
-    num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill; 1: whole forward)
+    num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill, decode pieces; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
     # host time (s) on the way to the device, for the step log: planning the batch (the worker's plan), the
@@ -179,7 +180,9 @@ class ModelRunner:
         """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
         count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
         the forward then runs in that many layer groups over one attention metadata, and between groups the
-        host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise)."""
+        host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise); a decode step
+        through graphs captured in pieces launches them just in time instead, the host waiting for the piece
+        before the last one launched (DecodeGraphs.run; `graph_key` is read again after each call of the hook)."""
         start_event = None
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
@@ -195,9 +198,15 @@ class ModelRunner:
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
-            hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables)
+            pieces_hook = None
+            if num_layer_groups > 1 and between_groups is not None:  # the decode step in pieces, just in time
+                def pieces_hook() -> tuple[Any, Any]:
+                    stream = between_groups()  # the worker's hook may move it: graph_key follows
+                    return self.graph_key, stream
+            hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook)
             if hidden is not None:
                 ran = "decode"
+                num_groups = self.graphs.pieces if pieces_hook is not None else 1
         if hidden is None:
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
             host_s["attn_plan"] = time.perf_counter() - forward_started

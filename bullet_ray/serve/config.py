@@ -56,6 +56,9 @@ class EngineArgs(BaseModel):
                                       "in this many layer groups and the SM split may move between them (1: off)")
     prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "
                                                 "that runs layer-wise when prefill_layer_groups > 1")
+    decode_pieces: int = Field(1, ge=1, le=256, description="decode steps (split_policy slo, split_switch overlap) "
+                               "as this many CUDA graphs of layers launched just in time, the split followed between "
+                               "them (1: one graph a step)")
     prefill_plan_lead_ms: float | None = Field(10.0, ge=0, description="the prefill worker (GPU) plans its next "
                                                "batch this long (ms) before the step in flight is predicted to "
                                                "end, taking arrivals meanwhile; null: at once, as before the "

@@ -1,6 +1,8 @@
 """Layer-wise prefill end to end on CPU: a 4-layer tiny Llama whose prefill batches run in 2 or 3 layer
 groups (chunked prompts included, with the model-driven split policy deciding between groups, and with
-asynchronous scheduling, which collects the step before a layer-wise one) gives exactly the greedy tokens of the whole prefill and of transformers."""
+asynchronous scheduling, which collects the step before a layer-wise one) gives exactly the greedy tokens of the whole prefill and of transformers;
+so do decode steps in pieces (`decode_pieces`: the split followed between them, the step before collected at the
+first boundary)."""
 
 from __future__ import annotations
 
@@ -37,14 +39,17 @@ def folder_and_expected(tmp_path_factory, hf_greedy):
     return folder, [hf_greedy(model, ids, NUM_NEW) for ids in PROMPTS]
 
 
-@pytest.mark.parametrize("num_groups,split_policy,is_async", [(1, "fixed", False), (2, "fixed", False),
-                                                              (3, "slo", False), (2, "slo", True)])
-def test_layerwise_prefill_keeps_the_tokens(folder_and_expected, num_groups, split_policy, is_async, tmp_path):
+@pytest.mark.parametrize("num_groups,split_policy,is_async,decode_pieces",
+                         [(1, "fixed", False, 1), (2, "fixed", False, 1), (3, "slo", False, 1), (2, "slo", True, 1),
+                          (1, "slo", True, 2), (2, "slo", False, 4), (1, "fixed", True, 3)])
+def test_layerwise_prefill_keeps_the_tokens(folder_and_expected, num_groups, split_policy, is_async, decode_pieces,
+                                            tmp_path):
     folder, expected = folder_and_expected
     log = tmp_path / "steps.jsonl"
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
                           prefill_layer_groups=num_groups, prefill_layer_group_min_tokens=MIN_TOKENS,
-                          split_policy=split_policy, async_scheduling=is_async, step_log_path=str(log))
+                          split_policy=split_policy, async_scheduling=is_async, step_log_path=str(log),
+                          decode_pieces=decode_pieces)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     with LLMEngine(config) as engine:
         results = engine.generate(PROMPTS, params)
@@ -54,12 +59,24 @@ def test_layerwise_prefill_keeps_the_tokens(folder_and_expected, num_groups, spl
     steps = [r for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == "step"]
     prefill = [r for r in steps if r["side"] == "prefill"]
     assert sum(r["num_tokens"] for r in prefill) == sum(len(p) for p in PROMPTS)
-    # every long prefill ran in groups, a short one whole; decode never does
+    # every long prefill ran in groups, a short one whole
     for r in prefill:
         assert r["layer_groups"] == (num_groups if r["num_tokens"] >= MIN_TOKENS else 1)
-    assert all(r["layer_groups"] == 1 for r in steps if r["side"] == "decode")
+    # decode steps run in pieces only where the split moves (slo); every decoded token came from one
+    decode = [r for r in steps if r["side"] == "decode"]
+    assert all(r["layer_groups"] == (decode_pieces if split_policy == "slo" else 1) for r in decode)
+    assert sum(r["num_tokens"] for r in decode) == len(PROMPTS) * (NUM_NEW - 1)
     if num_groups > 1:
         assert any(r["num_tokens"] >= MIN_TOKENS for r in prefill)
     if split_policy == "slo":
         # the decider ran at every step's start and again between its layer groups
         assert stats.extra["policy"]["num_decisions"] >= sum(r["layer_groups"] for r in prefill)
+
+
+def test_decode_pieces_need_the_overlap_switch():
+    from bullet_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="decode_pieces.*split_switch: overlap"):
+        EngineConfig(model="dummy:tiny-llama", decode_pieces=2, split_switch="disjoint")
+    with pytest.raises(ConfigError, match=r"decode_pieces.*\[1, 256\]"):
+        EngineConfig(model="dummy:tiny-llama", decode_pieces=0)

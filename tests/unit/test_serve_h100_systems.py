@@ -549,3 +549,26 @@ def test_mixed_fallback_modifiers_set_the_fallback_beside_any_policy(tmp_path):
                      ("bullet-slo-mx8192-mc512-mc256", "each once"), ("bullet-slo-mx8192-mc8", "tokens >= 16")):
         with pytest.raises(SystemExit, match=why):
             system_yaml(bad, tmp_path)
+
+
+def test_decode_pieces_modifier_sets_the_pieces(tmp_path):
+    """<bullet-slo system>-dp<pieces>: engine.decode_pieces (>= 2), a valid engine config; 1, 0 or repeated is a
+    one-line error; the engine and the Serve arguments refuse out-of-range values naming the field."""
+    from pydantic import ValidationError
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.errors import ConfigError
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-dp8+lt+direct", tmp_path))
+    assert engine["decode_pieces"] == 8 and engine["prefill_order"] == "max_on_time"
+    assert EngineArgs(**engine).to_engine_config().decode_pieces == 8
+    assert "decode_pieces" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot+lt+direct", tmp_path))
+    for bad in ("bullet-slo-dp1", "bullet-slo-dp0", "bullet-slo-dp4-dp2"):
+        with pytest.raises(SystemExit, match=r"dp<pieces>"):
+            system_yaml(bad, tmp_path)
+    assert EngineConfig().decode_pieces == 1
+    with pytest.raises(ConfigError, match=r"^decode_pieces: must be in \[1, 256\]"):
+        EngineConfig(decode_pieces=257)
+    with pytest.raises(ValidationError, match="decode_pieces"):
+        EngineArgs(decode_pieces=0)

@@ -182,7 +182,8 @@ class WorkerBase:
 
         bs = self.config.block_size
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs, self.max_blocks_per_seq,
-                              self.res.device, scratch_slot=self.res.kv_pool.scratch_slot)
+                              self.res.device, scratch_slot=self.res.kv_pool.scratch_slot,
+                              pieces=self.config.decode_pieces if self.role == "decode" else 1)
         self.runner.graphs = graphs
         partitions = self._graph_partitions()
         if self.partitioner.side == "decode":  # green-context streams: cuBLAS may be told their SMs
@@ -294,13 +295,15 @@ class WorkerBase:
             stream.wait_event(self.inflight.done)  # a new split: keep stream order with the last step
         self._last_stream = stream
         self.runner.graph_key = self.partitioner.current_index  # graphs keep the partition they were captured on
+        # counted launched before the launch: a hook between its layer groups or pieces may collect the step before
+        # (DecodeWorker), and a block that collect frees must wait for this step too (DeferredFree)
+        self.allocator.on_launch()
         if stream is None:
             step = self.runner.launch(batch, num_layer_groups, between_groups)
         else:
             with torch.cuda.stream(stream):
                 step = self.runner.launch(batch, num_layer_groups, between_groups)
         step.launched_s = time.perf_counter()
-        self.allocator.on_launch()
         for seq in step.sampled:
             self.awaiting[seq.request_id] = seq
         return step

@@ -43,6 +43,7 @@ class DecodeWorker(SideWorker):
         # front a hand-off and its abort travel in order on one socket: the front aborts again behind a relay)
         self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
+        self._moved_in_step = False  # a decode step in pieces moved to another entry at its last boundary
 
     @property
     def handoff_address(self) -> str | None:
@@ -130,6 +131,36 @@ class DecodeWorker(SideWorker):
                                  targets, prefill_order=self.config.prefill_order)
         self.prompts.waiting.clear()
         self.prompts.waiting.extend(ordered)
+
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+        """With `decode_pieces` (and the split moving: split_policy slo) a decode-only step runs in pieces, the split
+        followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole."""
+        cfg = self.config
+        if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or any(item.num_new_tokens > 1 for item in batch):
+            return super().launch(batch)
+        self._moved_in_step = False
+        return super().launch(batch, cfg.decode_pieces, self._between_pieces)
+
+    def _between_pieces(self) -> Any:
+        """A boundary inside a decode step in pieces (the piece before the last launched one has finished): the
+        step before is learned at the first (its tokens need not wait for this whole step), then a requested split
+        is followed; returns the stream the next pieces launch on. The entry this side publishes for its step in
+        flight moves one boundary later, once the last piece launched on the old entry has finished."""
+        if self.inflight is not None:
+            self._finish_inflight()  # its collect published "nothing in flight": this step's pieces run here
+            self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
+        if self._moved_in_step:  # the pieces on the old entry have finished: the drain may be complete now
+            self._moved_in_step = False
+            self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
+            self._note_drain()
+        before = self.partitioner.current_index
+        self.follow_split()
+        if self.partitioner.current_index != before:
+            self._moved_in_step = True
+        stream = self.partitioner.current_stream(self.partitioner.side)
+        self.runner.graph_key = self.partitioner.current_index
+        self._last_stream = stream
+        return stream
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)

@@ -563,7 +563,8 @@ class DecodeGraphs:
         far. Returns the graph set the last piece came from (its `out` holds the step's hidden states)."""
         ends: list[Any] = []
         moved = False
-        for i, graph in enumerate(step.pieces):
+        for i in range(len(step.pieces)):
+            graph = step.pieces[i]
             if i > 0:
                 if i >= 2:
                     ends[i - 2].synchronize()

@@ -143,10 +143,13 @@ class DecodeWorker(SideWorker):
 
     def _between_pieces(self) -> Any:
         """A boundary inside a decode step in pieces (the piece before the last launched one has finished): the
-        step before is learned at the first (its tokens need not wait for this whole step), then a requested split
-        is followed; returns the stream the next pieces launch on. The entry this side publishes for its step in
-        flight moves one boundary later, once the last piece launched on the old entry has finished."""
-        if self.inflight is not None:
+        step before is learned at the first boundary where it has finished (the second at the latest: it ran before
+        this step's first piece), so its tokens need not wait for this whole step and the host never blocks with
+        one piece queued; then a requested split is followed. Returns the stream the next pieces launch on. The
+        entry this side publishes for its step in flight moves one boundary later, once the last piece launched on
+        the old entry has finished."""
+        prev = self.inflight
+        if prev is not None and (prev.done is None or prev.done.query()):  # without a wait: pieces stay queued
             self._finish_inflight()  # its collect published "nothing in flight": this step's pieces run here
             self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
         if self._moved_in_step:  # the pieces on the old entry have finished: the drain may be complete now

@@ -56,6 +56,8 @@ class InFlightStep:
     # a sequence of this step samples with penalties: the next step needs its ids on the host first
     needs_host_history: bool = False
     launched_s: float = 0.0  # perf_counter when launched (the worker's step-time bookkeeping)
+    # perf_counter when its launch began: a launch in layer groups or decode pieces runs on the GPU while it launches
+    began_s: float = 0.0
     perf_record: Any = None  # the bullet sides' (shape, predicted seconds, other side busy, ladder index)
     # a bullet side in overlap mode launched it before the other side followed a switch (SMs may be shared)
     launched_unsettled: bool = False

@@ -298,12 +298,13 @@ class WorkerBase:
         # counted launched before the launch: a hook between its layer groups or pieces may collect the step before
         # (DecodeWorker), and a block that collect frees must wait for this step too (DeferredFree)
         self.allocator.on_launch()
+        began = time.perf_counter()
         if stream is None:
             step = self.runner.launch(batch, num_layer_groups, between_groups)
         else:
             with torch.cuda.stream(stream):
                 step = self.runner.launch(batch, num_layer_groups, between_groups)
-        step.launched_s = time.perf_counter()
+        step.launched_s, step.began_s = time.perf_counter(), began
         for seq in step.sampled:
             self.awaiting[seq.request_id] = seq
         return step
@@ -358,7 +359,10 @@ class WorkerBase:
     def _finish(self, step: Any) -> None:
         result = self.collect(step)
         now = time.perf_counter()
-        started = max(step.launched_s, self._last_done_s)  # the GPU ran this step from here
+        # the GPU ran this step from here: once the step before had finished and it was launched (a launch in layer
+        # groups or decode pieces runs while it launches: from its start)
+        first = step.began_s if step.num_layer_groups > 1 else step.launched_s
+        started = max(first, self._last_done_s)
         self._last_done_s = now
         self.process(result, step, started)
         self.profiler.after_collect(nothing_in_flight=self.inflight is None)

@@ -1,7 +1,9 @@
-"""Decode steps in pieces (bullet_ray.engine.cuda_graphs): the just-in-time launch order of `DecodeGraphs._run_pieces`
-on fake graphs and events (CPU): each piece after the second waits for the piece two before it, the hook runs at every
-boundary, and a step that moves runs the rest of its pieces from the new partition's graphs (the last piece's output is
-the step's), on the new stream, ordered after the old one. The real graphs: tests/gpu/test_decode_pieces_gpu.py."""
+"""Decode steps in pieces on CPU, on fakes. `DecodeGraphs._run_pieces` (bullet_ray.engine.cuda_graphs) on fake graphs
+and events: each piece after the second waits for the piece two before it, the hook runs at every boundary, and a step
+that moves runs the rest of its pieces from the new partition's graphs (the last piece's output is the step's), on the
+new stream, ordered after the old one. `DecodeWorker._between_pieces` on a stub worker: the step before is collected
+only once it has finished, and the entry published for the step in flight moves one boundary after the split does.
+The real graphs: tests/gpu/test_decode_pieces_gpu.py."""
 
 from __future__ import annotations
 
@@ -108,3 +110,67 @@ def test_a_move_runs_the_rest_from_the_new_partitions_graphs(fake):
 def test_piece_bounds_cover_the_layers():
     assert piece_bounds(32, 8) == [(i, i + 4) for i in range(0, 32, 4)]
     assert piece_bounds(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # never more pieces than layers
+
+
+class _Partitioner:
+    side = "decode"
+
+    def __init__(self) -> None:
+        self.current_index = 0
+
+    def current_stream(self, side: str) -> str:
+        return f"stream{self.current_index}"
+
+
+class _State:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def set_inflight_index(self, side: Any, index: int | None) -> None:
+        self.log.append(f"inflight {index}")
+
+
+class _Done:
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+    def query(self) -> bool:
+        return self.finished
+
+
+def _worker(log: list[str], requested: list[int]) -> Any:
+    """A DecodeWorker with only what `_between_pieces` touches: the step before in flight, the partitioner, the
+    state block's inflight slot, the split to follow (`requested`, popped one per boundary)."""
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.worker.roles.decode import DecodeWorker
+
+    w = object.__new__(DecodeWorker)
+    w.partitioner, w.res, w.runner = _Partitioner(), SimpleNamespace(state=_State(log)), SimpleNamespace(graph_key=0)
+    w._moved_in_step, w._last_stream = False, None
+    w.inflight = SimpleNamespace(done=_Done(False))
+
+    def finish() -> None:
+        log.append("collect")
+        w.inflight = None
+
+    def follow(target: int | None = None) -> None:
+        want = requested.pop(0)
+        if want != w.partitioner.current_index:
+            log.append(f"follow {want}")
+            w.partitioner.current_index = want
+
+    w._finish_inflight, w.follow_split, w._note_drain = finish, follow, lambda: log.append("drain?")
+    return w
+
+
+def test_the_worker_hook_collects_once_the_step_before_finished_and_moves_the_published_entry_one_boundary_late():
+    log: list[str] = []
+    w = _worker(log, [0, 2, 2])
+    assert w._between_pieces() == "stream0" and log == []  # the step before still runs: not waited for
+    w.inflight.done.finished = True
+    assert w._between_pieces() == "stream2" and w.runner.graph_key == 2
+    assert log == ["collect", "inflight 0", "follow 2"]  # its pieces so far ran on entry 0; then the move
+    log.clear()
+    assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
+    assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"

@@ -406,7 +406,8 @@ class DecodeGraphs:
 
     def _capture_pieces(self, b: int, ctx: AttentionContext, stream: Any) -> StepGraph:
         """One graph per piece of layers, in order on one pool: each reads and writes the shared carry buffers
-        (the first embeds, the last returns the final norm's output)."""
+        (the first embeds, the last returns the final norm's output), and derives what the backend keeps from a
+        batch's metadata (the K/V write index) on its own, so that no piece reads another piece's pool memory."""
         if self._carry is None:
             with torch.cuda.stream(stream):
                 h = self.model.embed(self.input_ids[:1])
@@ -416,6 +417,10 @@ class DecodeGraphs:
         hidden, residual = self._carry[0][:b], self._carry[1][:b]
         graphs, out = [], None
         for i, (start, end) in enumerate(self.bounds):
+            # each piece derives the K/V write index from the static slots itself (a few small kernels): kept from
+            # the first piece it would live in this partition's pool, and a step that moved here after another
+            # partition's first piece would write through an index no kernel of this step has filled
+            self.backend.forget_batch()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 h_in, r_in = (self.model.embed(self.input_ids[:b]), None) if i == 0 else (hidden, residual)

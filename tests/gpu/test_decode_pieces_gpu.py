@@ -71,11 +71,18 @@ def test_pieces_equal_the_whole_step_and_eager(pieces):
 
 def test_a_step_that_moves_between_pieces_equals_eager():
     """The same bucket captured on two partitions (green contexts of 16 and 64 SMs where the native helper has
-    them, else two plain streams); a hook that moves the step to the second after its first piece: the result
-    equals eager's, the rest of the step ran on the second partition's stream, and the move is counted."""
+    them, else two plain streams). Partition 1 first runs a whole step of other sequences (other slots), then a step
+    moves from partition 0 to partition 1 after its first piece: its hidden states and the K/V it writes equal
+    eager's (the later pieces derive their K/V write index themselves, not from partition 1's last step), the rest of
+    the step ran on partition 1's stream, and the move is counted."""
     from bullet_ray.engine.attention.base import AttentionContext
 
     model, backend, graphs, kv, md, ids, pos, tables = _batch(4, 4)
+    n = len(SEQ_LENS)
+    used = sum(len(t) for t in tables)
+    other_tables = [[used + i] for i in range(n)]  # one block each, after the batch's: other slots
+    other_md = _metadata([1] * n, [1] * n)
+    other_md.slot_mapping = torch.tensor([t[0] * 16 for t in other_tables], device="cuda")
     partitioner = None
     try:
         from bullet_ray.gpu.partition import GreenPartitioner
@@ -92,6 +99,11 @@ def test_a_step_that_moves_between_pieces_equals_eager():
         with torch.inference_mode():
             backend.begin_batch(md)
             eager = model.forward(ids, pos, AttentionContext(backend, md))
+            eager_kv = kv.clone()
+            kv.copy_(saved)
+            with torch.cuda.stream(streams[1]):  # partition 1's graphs last wrote other slots
+                graphs.run(1, ids + 7, torch.zeros_like(pos), other_md, other_tables)
+            torch.cuda.synchronize()
             kv.copy_(saved)
             with torch.cuda.stream(streams[0]):
                 moved = graphs.run(0, ids, pos, md, tables, between=lambda: (1, streams[1])).clone()
@@ -99,6 +111,9 @@ def test_a_step_that_moves_between_pieces_equals_eager():
         torch.cuda.synchronize()
         assert last == streams[1]
         assert _rel(moved, eager) < 1e-2
+        own = slice(0, used)
+        assert _rel(kv[:, own], eager_kv[:, own]) < 1e-2  # every layer's new K/V where eager wrote them
+        assert torch.equal(kv[:, used:63], saved[:, used:63])  # nothing written to the other step's slots
         assert graphs.num_piece_moves == 1 and graphs.num_captures_serving == 0
     finally:
         if partitioner is not None:

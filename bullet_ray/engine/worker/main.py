@@ -75,6 +75,7 @@ class WorkerBase:
         # sequences that sample in an uncollected step, by request id (an abort must reach them too)
         self.awaiting: dict[str, Sequence] = {}
         self._last_stream: Any = None
+        self._launching = False  # inside `launch` (a hook between layer groups or decode pieces may collect there)
         self._last_done_s = 0.0
         self.graph_capture: dict[str, Any] = {}
         # seconds each part of this worker's start-up took (run_worker adds "resources"); the step log's
@@ -183,7 +184,8 @@ class WorkerBase:
         bs = self.config.block_size
         graphs = DecodeGraphs(self.res.model, self.res.backend, bs, self.config.max_num_seqs, self.max_blocks_per_seq,
                               self.res.device, scratch_slot=self.res.kv_pool.scratch_slot,
-                              pieces=self.config.decode_pieces if self.role == "decode" else 1)
+                              pieces=self.config.decode_pieces
+                              if self.role == "decode" and self.config.uses_split_policy else 1)
         self.runner.graphs = graphs
         partitions = self._graph_partitions()
         if self.partitioner.side == "decode":  # green-context streams: cuBLAS may be told their SMs
@@ -299,11 +301,15 @@ class WorkerBase:
         # (DecodeWorker), and a block that collect frees must wait for this step too (DeferredFree)
         self.allocator.on_launch()
         began = time.perf_counter()
-        if stream is None:
-            step = self.runner.launch(batch, num_layer_groups, between_groups)
-        else:
-            with torch.cuda.stream(stream):
+        self._launching = True  # a collect inside the launch leaves a step in flight: this one
+        try:
+            if stream is None:
                 step = self.runner.launch(batch, num_layer_groups, between_groups)
+            else:
+                with torch.cuda.stream(stream):
+                    step = self.runner.launch(batch, num_layer_groups, between_groups)
+        finally:
+            self._launching = False
         step.launched_s, step.began_s = time.perf_counter(), began
         for seq in step.sampled:
             self.awaiting[seq.request_id] = seq
@@ -365,7 +371,7 @@ class WorkerBase:
         started = max(first, self._last_done_s)
         self._last_done_s = now
         self.process(result, step, started)
-        self.profiler.after_collect(nothing_in_flight=self.inflight is None)
+        self.profiler.after_collect(nothing_in_flight=self.inflight is None and not self._launching)
 
     @property
     def last_done_s(self) -> float:

@@ -134,9 +134,12 @@ class DecodeWorker(SideWorker):
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
         """With `decode_pieces` (and the split moving: split_policy slo) a decode-only step runs in pieces, the split
-        followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole."""
+        followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole, and so does one
+        no decode graph holds on a GPU (eager layer groups wait for the GPU to drain at each boundary). On CPU the
+        eager forward runs in layer groups with the same hook (the tests' path)."""
         cfg = self.config
-        if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or any(item.num_new_tokens > 1 for item in batch):
+        if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or any(item.num_new_tokens > 1 for item in batch) \
+                or (cfg.is_gpu and self.runs_eagerly(len(batch))):  # eagerly, each boundary would drain the GPU
             return super().launch(batch)
         self._moved_in_step = False
         return super().launch(batch, cfg.decode_pieces, self._between_pieces)

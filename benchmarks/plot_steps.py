@@ -296,6 +296,16 @@ def balance_streaks(decisions: list[dict], steps: list[dict], gap_s: float = 0.5
     return out
 
 
+def moved_while_launching(steps: list[dict[str, Any]]) -> dict[str, int]:
+    """Steps per side that followed a switch in the middle of their launch (a layer-wise prefill between its
+    groups, a decode step between its pieces: the step log's `moved_while_launching`)."""
+    counts: dict[str, int] = {}
+    for r in steps:
+        if r.get("moved_while_launching"):
+            counts[r["side"]] = counts.get(r["side"], 0) + 1
+    return counts
+
+
 def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
     """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
     their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
@@ -396,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         for (reason, last), row in switches_by_reason(args.log).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")
+        moved = moved_while_launching(steps)
+        if moved:
+            print("  steps that moved to another split while launching (between layer groups or decode pieces): "
+                  + ", ".join(f"{side} {n}" for side, n in moved.items()))
     for role, parts in startup_summary(args.log).items():
         print(f"{role} worker start-up: " + ", ".join(f"{part} {s:.1f} s" for part, s in parts.items()))
     for via, row in handoff_summary(args.log).items():

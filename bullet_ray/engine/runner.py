@@ -91,10 +91,12 @@ class InFlightStep:
         `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
 
-    def log_fields(self) -> dict[str, float]:
-        """What the step log records of the launch: `host_ms()`, and after a slow launch the allocators' counts
-        (`host_allocs`, `device_allocs`: cumulative)."""
-        return {**self.host_ms(), **self.allocator}
+    def log_fields(self) -> dict[str, Any]:
+        """What the step log records of the launch: `host_ms()`, after a slow launch the allocators' counts
+        (`host_allocs`, `device_allocs`: cumulative), and for a step that moved to another entry while it launched
+        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`)."""
+        moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
+        return {**self.host_ms(), **self.allocator, **moved}
 
 
 class ModelRunner:

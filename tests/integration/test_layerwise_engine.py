@@ -88,8 +88,9 @@ def test_decode_pieces_need_the_overlap_switch():
 
 def test_decode_pieces_follow_splits_requested_while_they_run(folder_and_expected, tmp_path):
     """Decode steps in 4 pieces (the slo policy, asynchronous scheduling) while a thread asks for another split
-    every 2 ms: the greedy tokens stay transformers', both sides move, every KV block comes back, and decode steps that
-    a switch ran through are logged `across_switch` (the model does not learn from them)."""
+    every 2 ms: the greedy tokens stay transformers', both sides move, every KV block comes back, decode steps move
+    between their pieces (`moved_while_launching` in the step log), and steps that a switch ran through are logged
+    `across_switch` (the model does not learn from them)."""
     import threading
     import time
 
@@ -135,3 +136,6 @@ def test_decode_pieces_follow_splits_requested_while_they_run(folder_and_expecte
     decode = [r for r in steps if r["side"] == "decode"]
     assert decode and all(r["layer_groups"] == 4 for r in decode)
     assert any(r["across_switch"] for r in decode)
+    # some moved between their pieces: each ends on the entry it moved to, and is never learned from
+    moved = [r for r in decode if r.get("moved_while_launching")]
+    assert moved and all(r["across_switch"] and r["runs_on"] is not None for r in moved)

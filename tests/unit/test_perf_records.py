@@ -506,3 +506,14 @@ def test_balance_streaks_group_consecutive_balance_decisions_with_their_decode_s
          "decode_step_ms": (26.5, 30.0)},
         {"t_start": 1.6, "t_end": 1.6, "decisions": 1, "decode_sms": [], "decode_seqs": (0, 0), "decode_step_ms": None},
         {"t_start": 3.0, "t_end": 3.0, "decisions": 1, "decode_sms": [], "decode_seqs": (0, 0), "decode_step_ms": None}]
+
+
+def test_plot_steps_counts_steps_that_moved_while_launching():
+    """plot_steps counts, per side, the steps the log marks `moved_while_launching` (layer groups, decode pieces)."""
+    from benchmarks.plot_steps import moved_while_launching
+
+    steps = [{"side": "decode", "moved_while_launching": True, "runs_on": 3}, {"side": "decode"},
+             {"side": "prefill", "moved_while_launching": True, "runs_on": 1}, {"side": "decode",
+                                                                                 "moved_while_launching": True}]
+    assert moved_while_launching(steps) == {"decode": 2, "prefill": 1}
+    assert moved_while_launching([{"side": "decode"}]) == {}

@@ -261,6 +261,7 @@ class DecodeGraphs:
         # what one piece hands the next (hidden states, residual), shared by every bucket and partition; made at
         # the first capture in pieces (the model's hidden size and dtype from its embedding)
         self._carry: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._write_index: Any = None  # the K/V write index's buffers the pieces share (WriteIndexBuffers)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -405,34 +406,47 @@ class DecodeGraphs:
         return step
 
     def _capture_pieces(self, b: int, ctx: AttentionContext, stream: Any) -> StepGraph:
-        """One graph per piece of layers, in order on one pool: each reads and writes the shared carry buffers
-        (the first embeds, the last returns the final norm's output), and derives what the backend keeps from a
-        batch's metadata (the K/V write index) on its own, so that no piece reads another piece's pool memory."""
+        """One graph per piece of layers, in order on one pool: each reads and writes the shared carry buffers (the
+        first embeds, the last returns the final norm's output). The first piece derives the batch's K/V write index
+        into buffers outside the pool (`WriteIndexBuffers`), where the later pieces read it, whichever partition's
+        graphs they are: kept in this partition's pool, a step that moved here after another partition's first piece
+        would write through an index no kernel of this step has filled. (A backend without such buffers: each piece
+        derives its own.)"""
         if self._carry is None:
             with torch.cuda.stream(stream):
                 h = self.model.embed(self.input_ids[:1])
             self._carry = (torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device),
                            torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device))
             torch.cuda.current_stream().wait_stream(stream)
+        be = self.backend
+        if self._write_index is None and hasattr(be, "write_index_buffers"):
+            from bullet_ray.engine.attention.flashinfer_backend import WriteIndexBuffers
+
+            self._write_index = WriteIndexBuffers(self.max_batch, self.input_ids.device)
+        saved = getattr(be, "write_index_buffers", None)
+        if self._write_index is not None:
+            be.write_index_buffers = self._write_index
         hidden, residual = self._carry[0][:b], self._carry[1][:b]
         graphs, out = [], None
-        for i, (start, end) in enumerate(self.bounds):
-            # each piece derives the K/V write index from the static slots itself (a few small kernels): kept from
-            # the first piece it would live in this partition's pool, and a step that moved here after another
-            # partition's first piece would write through an index no kernel of this step has filled
-            self.backend.forget_batch()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                h_in, r_in = (self.model.embed(self.input_ids[:b]), None) if i == 0 else (hidden, residual)
-                h, r = self.model.forward_layers(h_in, r_in, self.positions[:b], ctx, start, end)
-                if i == len(self.bounds) - 1:
-                    out = self.model.final_norm(h, r)
-                else:
-                    if h.data_ptr() != hidden.data_ptr():
-                        hidden.copy_(h)
-                    if r is not None and r.data_ptr() != residual.data_ptr():
-                        residual.copy_(r)
-            graphs.append(graph)
+        try:
+            for i, (start, end) in enumerate(self.bounds):
+                if self._write_index is None:
+                    be.forget_batch()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    h_in, r_in = (self.model.embed(self.input_ids[:b]), None) if i == 0 else (hidden, residual)
+                    h, r = self.model.forward_layers(h_in, r_in, self.positions[:b], ctx, start, end)
+                    if i == len(self.bounds) - 1:
+                        out = self.model.final_norm(h, r)
+                    else:
+                        if h.data_ptr() != hidden.data_ptr():
+                            hidden.copy_(h)
+                        if r is not None and r.data_ptr() != residual.data_ptr():
+                            residual.copy_(r)
+                graphs.append(graph)
+        finally:
+            if self._write_index is not None:
+                be.write_index_buffers = saved
         assert out is not None
         return StepGraph(graphs, out)
 

@@ -106,3 +106,37 @@ def test_the_append_serves_only_what_its_launcher_dispatches():
     assert append_serves(128, torch.bfloat16) and append_serves(64, torch.float16) and append_serves(256, torch.bfloat16)
     assert not append_serves(96, torch.bfloat16) and not append_serves(16, torch.bfloat16)
     assert not append_serves(128, torch.float32) and not append_serves(128, torch.float8_e4m3fn)
+
+
+def test_an_index_derived_into_fixed_buffers_writes_the_same_kv():
+    """With `write_index_buffers` (a decode step captured in pieces) the backend derives each batch's write index
+    into the buffers' leading rows, append or scatter, and writes what it writes without them; a batch after it
+    overwrites them in place (the buffers are shared by every piece and partition of a step)."""
+    from bullet_ray.engine.attention.flashinfer_backend import WriteIndexBuffers
+
+    slots = torch.tensor([37, 0, 15, 16, 1023])
+    plain, into = AppendIndex(slots, 16), AppendIndex(slots, 16, WriteIndexBuffers(8, "cpu"))
+    for name in ("indptr", "batch_indices", "last_page_len", "pages", "positions"):
+        assert torch.equal(getattr(plain, name), getattr(into, name)), name
+    assert into.batch_indices.is_contiguous() and into.last_page_len.is_contiguous()
+    torch.manual_seed(0)
+    md = type("Md", (), {})()
+    md.slot_mapping = torch.tensor([5, 0, 14, 9, 3])
+    k, v = torch.randn(5, 2, 3), torch.randn(5, 2, 3)
+    for append in (True, False):
+        plain_be, fixed = _backend(append), _backend(append)
+        buffers = fixed.write_index_buffers = WriteIndexBuffers(8, "cpu")
+        for layer in range(2):
+            plain_be.write_kv(layer, k + layer, v - layer, md)
+            fixed.write_kv(layer, k + layer, v - layer, md)
+        assert torch.equal(plain_be.kv_cache, fixed.kv_cache) and fixed.kv_cache.abs().sum() > 0
+        if append:
+            assert fixed._append_index.pages.data_ptr() == buffers.pages.data_ptr()
+        else:
+            assert fixed._kv_rows.data_ptr() == buffers.kv_rows.data_ptr()
+        other = type("Md", (), {"slot_mapping": torch.tensor([12, 13])})()
+        fixed.write_kv(0, k[:2], v[:2], other)
+        if append:  # the pool's blocks are of 4 slots here
+            assert (buffers.pages[:2] * 4 + buffers.positions[:2]).tolist() == [12, 13]
+        else:  # a layer's rows interleave each block's K and V slots: slot + (slot // 4) * 4
+            assert buffers.kv_rows[:2].tolist() == [[24, 28], [25, 29]]

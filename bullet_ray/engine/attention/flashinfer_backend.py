@@ -220,14 +220,36 @@ class AppendIndex:
     entry `slot % block_size`). The kernel's page arithmetic (indptr[b] * block_size + entry, split by block_size)
     then lands on the slot: no per-request lengths, no host sync, and a CUDA graph captures it as it is."""
 
-    def __init__(self, slot_mapping: torch.Tensor, block_size: int) -> None:
+    def __init__(self, slot_mapping: torch.Tensor, block_size: int, into: WriteIndexBuffers | None = None) -> None:
+        """`into`: write the index into these buffers' leading rows (a CUDA graph whose later pieces read it, or
+        another partition's graphs of the same step) instead of new tensors."""
         slots = slot_mapping.to(torch.int32)
         n = slots.shape[0]
-        self.indptr = torch.arange(n + 1, dtype=torch.int32, device=slots.device)
+        if into is None:
+            self.indptr = torch.arange(n + 1, dtype=torch.int32, device=slots.device)
+            self.pages = torch.div(slots, block_size, rounding_mode="floor")
+            self.positions = slots - self.pages * block_size
+        else:
+            self.indptr, self.pages, self.positions = into.indptr[:n + 1], into.pages[:n], into.positions[:n]
+            torch.div(slots, block_size, rounding_mode="floor", out=self.pages)
+            torch.sub(slots, self.pages * block_size, out=self.positions)
         self.batch_indices = self.indptr[:-1]  # token i is request i (a contiguous prefix view)
         self.last_page_len = self.indptr[1:]  # the kernel reads only the request count from it
-        self.pages = torch.div(slots, block_size, rounding_mode="floor")
-        self.positions = slots - self.pages * block_size
+
+
+class WriteIndexBuffers:
+    """Fixed buffers for a batch's K/V write index, for up to `max_rows` tokens: the paged append's (`AppendIndex`:
+    `indptr` = 0, 1, ..., max_rows, made once; pages, positions) and the scatter's (`kv_rows`: each token's K and V
+    rows). A backend told to use them (`FlashInferBackend.write_index_buffers`) derives each batch's index into them:
+    a decode step captured in pieces derives it in its first piece and the later pieces, of whichever partition,
+    read it there (bullet_ray.engine.cuda_graphs)."""
+
+    def __init__(self, max_rows: int, device: torch.device | str) -> None:
+        self.max_rows = max_rows
+        self.indptr = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        self.pages = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.kv_rows = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)
 
 
 # how a mixed batch (decode rows first, then prompt chunks) runs its attention
@@ -294,6 +316,9 @@ class FlashInferBackend(AttentionBackend):
     # kv_write "append": flashinfer's page module and the batch's index into it (None: the scatter writes)
     _append_module: Any = None
     _append_index: AppendIndex | None = None
+    # where each batch's K/V write index is derived (None: new tensors per batch); set while DecodeGraphs captures a
+    # decode step in pieces
+    write_index_buffers: WriteIndexBuffers | None = None
     # prefill_attention "ragged": flashinfer's ragged prefill wrapper; the batch's tokens before the prompt rows that
     # run ragged (decode rows and the rows up to the last chunk with a cached prefix, which the paged kernels run),
     # None when no row runs ragged
@@ -475,7 +500,7 @@ class FlashInferBackend(AttentionBackend):
         if (self._append_module is not None and not self.first_row_writes_last and k.dtype == self.kv_cache.dtype
                 and v.dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape[0] > 0):
             if self._append_index is None:
-                self._append_index = AppendIndex(metadata.slot_mapping, bs)
+                self._append_index = AppendIndex(metadata.slot_mapping, bs, self.write_index_buffers)
             index = self._append_index
             k_cache, v_cache = self._layer_kv[layer]
             self._append_module.append_paged_kv_cache(k, v, index.batch_indices, index.positions, k_cache, v_cache,
@@ -485,7 +510,12 @@ class FlashInferBackend(AttentionBackend):
         if self._kv_rows is None:
             slots = metadata.slot_mapping
             k_rows = slots + torch.div(slots, bs, rounding_mode="floor") * bs
-            self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
+            into = self.write_index_buffers
+            if into is None:
+                self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
+            else:
+                self._kv_rows = into.kv_rows[:slots.shape[0]]
+                torch.stack((k_rows, k_rows + bs), dim=1, out=self._kv_rows)
         kv = _adjacent_kv(k, v)
         if self.first_row_writes_last and len(self._kv_rows) > 1:  # a decode graph's padded batch
             if kv is None or kv.dtype != rows.dtype:

@@ -332,7 +332,7 @@ class EngineConfig:
         if not 1 <= self.decode_pieces <= MAX_PREFILL_LAYER_GROUPS:
             raise ConfigError("decode_pieces", f"must be in [1, {MAX_PREFILL_LAYER_GROUPS}], got {self.decode_pieces} "
                               "(1: a decode step is one graph)")
-        if self.decode_pieces > 1 and self.split_switch != "overlap":
+        if self.decode_pieces > 1 and self.uses_split_policy and self.split_switch != "overlap":
             raise ConfigError("decode_pieces", f"{self.decode_pieces} pieces need split_switch: overlap (a disjoint "
                               "switch's ack promises the side's SMs are free, which a step in flight cannot keep)")
         if self.piecewise_buckets not in ("tuned", "fixed"):

@@ -263,6 +263,7 @@ class DecodeGraphs:
         self._carry: tuple[torch.Tensor, torch.Tensor] | None = None
         self._write_index: Any = None  # the K/V write index's buffers the pieces share (WriteIndexBuffers)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
+        self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
         self.is_serving = False
@@ -526,6 +527,7 @@ class DecodeGraphs:
 
     def capture_report(self) -> dict[str, Any]:
         report = {"num_graphs": len(self.graphs), "pieces": self.pieces, "buckets": list(self.buckets),
+                  "num_piece_moves_missing": self.num_piece_moves_missing,
                   "capture_s": round(self.capture_s, 3),
                   "capture_mb": round(self.capture_bytes / 2**20, 1),
                   "num_captures_serving": self.num_captures_serving}
@@ -590,12 +592,15 @@ class DecodeGraphs:
                 key, stream = between()
                 if key != partition_key:
                     current = torch.cuda.current_stream()
-                    if stream is not None and stream != current:
-                        stream.wait_stream(current)
+                    if stream is not None and stream != current:  # the rest of the step in order after the pieces
+                        stream.wait_stream(current)  # so far, on the stream the worker's next step follows
                         torch.cuda.set_stream(stream)
-                    partition_key, moved = key, True
-                    step = self._graph(partition_key, b, plan)  # captured at start for every partition
-                    graph = step.pieces[i]
+                    moved_to = self.graphs.get((key, b, plan))  # captured at start for every partition
+                    if moved_to is None:  # never captured (not expected): no capture inside a step; the rest of it
+                        self.num_piece_moves_missing += 1  # replays the graphs it began with, on their SMs
+                    else:
+                        partition_key, moved, step = key, True, moved_to
+                        graph = step.pieces[i]
             graph.replay()
             end = torch.cuda.Event()
             end.record()

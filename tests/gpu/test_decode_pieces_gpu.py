@@ -20,14 +20,15 @@ pytestmark = pytest.mark.gpu
 SEQ_LENS = [5, 20, 33, 70, 1]
 
 
-def _batch(n_layers: int, pieces: int):
+def _batch(n_layers: int, pieces: int, scratch: bool = True):
     from bullet_ray.engine.attention.base import get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     model, cfg = _tiny_model(n_layers)
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
-    graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"), scratch_slot=63 * 16, pieces=pieces)
+    graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"), scratch_slot=63 * 16 if scratch else None,
+                          pieces=pieces)
     n = len(SEQ_LENS)
     md = _metadata([1] * n, SEQ_LENS)
     ids, pos = torch.arange(3, 3 + n, device="cuda"), torch.tensor([s - 1 for s in SEQ_LENS], device="cuda")
@@ -69,15 +70,17 @@ def test_pieces_equal_the_whole_step_and_eager(pieces):
     assert graphs.capture_report()["pieces"] == pieces and graphs.num_piece_moves == 0
 
 
-def test_a_step_that_moves_between_pieces_equals_eager():
+@pytest.mark.parametrize("scratch", [True, False])
+def test_a_step_that_moves_between_pieces_equals_eager(scratch):
     """The same bucket captured on two partitions (green contexts of 16 and 64 SMs where the native helper has
     them, else two plain streams). Partition 1 first runs a whole step of other sequences (other slots), then a step
     moves from partition 0 to partition 1 after its first piece: its hidden states and the K/V it writes equal
-    eager's (the later pieces derive their K/V write index themselves, not from partition 1's last step), the rest of
-    the step ran on partition 1's stream, and the move is counted."""
+    eager's (the later pieces read the K/V write index the first piece derived into fixed buffers, not partition 1's
+    from its last step), the rest of the step ran on partition 1's stream, and the move is counted. With a scratch
+    slot (the paged append) and without (padding rows on row 0's slot: the scatter, row 0 written last)."""
     from bullet_ray.engine.attention.base import AttentionContext
 
-    model, backend, graphs, kv, md, ids, pos, tables = _batch(4, 4)
+    model, backend, graphs, kv, md, ids, pos, tables = _batch(4, 4, scratch)
     n = len(SEQ_LENS)
     used = sum(len(t) for t in tables)
     other_tables = [[used + i] for i in range(n)]  # one block each, after the batch's: other slots
@@ -114,7 +117,7 @@ def test_a_step_that_moves_between_pieces_equals_eager():
         own = slice(0, used)
         assert _rel(kv[:, own], eager_kv[:, own]) < 1e-2  # every layer's new K/V where eager wrote them
         assert torch.equal(kv[:, used:63], saved[:, used:63])  # nothing written to the other step's slots
-        assert graphs.num_piece_moves == 1 and graphs.num_captures_serving == 0
+        assert graphs.num_piece_moves == 1 and graphs.num_captures_serving == 0 and graphs.num_piece_moves_missing == 0
     finally:
         if partitioner is not None:
             partitioner.close()

@@ -81,7 +81,8 @@ def test_decode_pieces_need_the_overlap_switch():
     from bullet_ray.errors import ConfigError
 
     with pytest.raises(ConfigError, match="decode_pieces.*split_switch: overlap"):
-        EngineConfig(model="dummy:tiny-llama", decode_pieces=2, split_switch="disjoint")
+        EngineConfig(model="dummy:tiny-llama", decode_pieces=2, split_switch="disjoint", split_policy="slo")
+    assert EngineConfig(model="dummy:tiny-llama", decode_pieces=2, split_switch="disjoint").decode_pieces == 2  # unused
     with pytest.raises(ConfigError, match=r"decode_pieces.*\[1, 256\]"):
         EngineConfig(model="dummy:tiny-llama", decode_pieces=0)
 

@@ -65,7 +65,7 @@ def _graphs(pieces: int, log: list[str]) -> tuple[DecodeGraphs, dict[int, StepGr
     steps = {key: StepGraph([FakeGraph(f"p{key}.{i}", log) for i in range(pieces)],  # type: ignore[misc]
                             torch.full((8, 2), float(key))) for key in (0, 1)}
     graphs.graphs = {(key, 8, "plan"): step for key, step in steps.items()}
-    graphs.pieces, graphs.num_piece_moves, graphs.is_serving = pieces, 0, True
+    graphs.pieces, graphs.num_piece_moves, graphs.num_piece_moves_missing, graphs.is_serving = pieces, 0, 0, True
     return graphs, steps
 
 
@@ -105,6 +105,20 @@ def test_a_move_runs_the_rest_from_the_new_partitions_graphs(fake):
     assert log == ["replay p0.0", "replay p0.1", "wait end 0", "s1 waits for s0", "set s1", "replay p1.2",
                    "wait end 1", "replay p1.3"]
     assert cuda.stream is new and graphs.num_piece_moves == 1
+
+
+def test_a_move_to_a_partition_without_the_graph_finishes_on_the_old_graphs(fake):
+    """Never expected (every partition's graphs are captured at start), but never a capture inside a step: the rest of
+    the step replays the graphs it began with, ordered on the stream the worker moved to, and it is counted."""
+    log, cuda = fake
+    graphs, steps = _graphs(3, log)
+    del graphs.graphs[(1, 8, "plan")]
+    graphs.num_piece_moves_missing = 0
+    new = FakeStream("s1", log)
+    out = graphs._run_pieces(0, 8, "plan", steps[0], lambda: (1, new))
+    assert out is steps[0] and log == ["replay p0.0", "s1 waits for s0", "set s1", "replay p0.1", "wait end 0",
+                                       "replay p0.2"]
+    assert graphs.num_piece_moves == 0 and graphs.num_piece_moves_missing == 2
 
 
 def test_piece_bounds_cover_the_layers():

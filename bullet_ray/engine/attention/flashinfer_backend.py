@@ -230,6 +230,8 @@ class AppendIndex:
             self.pages = torch.div(slots, block_size, rounding_mode="floor")
             self.positions = slots - self.pages * block_size
         else:
+            if n > into.max_rows:
+                raise ValueError(f"{n} tokens to index, the write-index buffers hold {into.max_rows}")
             self.indptr, self.pages, self.positions = into.indptr[:n + 1], into.pages[:n], into.positions[:n]
             torch.div(slots, block_size, rounding_mode="floor", out=self.pages)
             torch.sub(slots, self.pages * block_size, out=self.positions)
@@ -514,6 +516,8 @@ class FlashInferBackend(AttentionBackend):
             if into is None:
                 self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
             else:
+                if slots.shape[0] > into.max_rows:
+                    raise ValueError(f"{slots.shape[0]} tokens to index, the write-index buffers hold {into.max_rows}")
                 self._kv_rows = into.kv_rows[:slots.shape[0]]
                 torch.stack((k_rows, k_rows + bs), dim=1, out=self._kv_rows)
         kv = _adjacent_kv(k, v)

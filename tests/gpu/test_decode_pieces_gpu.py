@@ -2,7 +2,8 @@
 several CUDA graphs of consecutive layers gives the hidden states and K/V of the whole-step graph and of eager
 decode, launched all at once or just in time; a step that moves to another partition between two pieces (green
 contexts where present, else plain streams) gives them too; and the bullet schedule with decode pieces keeps the
-greedy tokens of the whole-step graphs while its decode steps record their pieces.
+greedy tokens of the whole-step graphs while its decode steps record their pieces, also while splits requested every
+2 ms move decode steps between their pieces.
 
 Run: python -m pytest tests/gpu/test_decode_pieces_gpu.py -q
 """
@@ -138,3 +139,54 @@ def test_bullet_schedule_with_decode_pieces_keeps_the_tokens(tmp_path):
     same = sum(a == b for g, w in zip(pieced, whole) for a, b in zip(g, w))
     assert same / sum(len(w) for w in whole) >= 0.9  # bf16 near-ties of a dummy model aside
     assert decode_steps and all(r["layer_groups"] == 4 for r in decode_steps if r["graphs"] == "decode")
+
+
+def test_bullet_schedule_moves_decode_steps_between_pieces(tmp_path):
+    """Decode steps in 4 pieces while a thread asks for another split every 2 ms (green contexts): decode steps move
+    between their pieces through the graphs (`moved_while_launching` with `graphs: decode`), the tokens agree with
+    the whole-step run's, and every KV block comes back."""
+    import json
+    import threading
+    import time
+
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.engine.llm_engine import LLMEngine
+    from bullet_ray.engine.sampling_params import SamplingParams
+
+    whole, _ = _run(tmp_path, 1)
+    prompts = [[(7 * i + 13 * j) % 40000 + 100 for j in range(n)] for i, n in enumerate([5, 600, 300, 17])]
+    log = tmp_path / "steps-moving.jsonl"
+    config = EngineConfig(model="dummy:smollm2-135m", device="cuda", kv_cache_memory_gb=1.0, max_num_seqs=16,
+                          step_log_path=str(log), schedule="bullet", split_policy="slo", decode_pieces=4)
+    stop, errors = threading.Event(), []
+    with LLMEngine(config) as engine:
+        size = engine.split_ladder_size()
+
+        def keep_switching() -> None:
+            i = 0
+            try:
+                while not stop.is_set():
+                    engine.request_split(i % size)
+                    i += 1
+                    time.sleep(0.002)
+            except BaseException as e:  # noqa: BLE001 - surfaced below
+                errors.append(e)
+
+        thread = threading.Thread(target=keep_switching)
+        thread.start()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+            tokens = [o.token_ids for o in engine.generate(prompts, params)]
+        finally:
+            stop.set()
+            thread.join(5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and engine.stats().num_free_kv_blocks != engine.stats().num_kv_blocks:
+            time.sleep(0.05)
+        stats = engine.stats()
+    assert not errors and stats.num_free_kv_blocks == stats.num_kv_blocks
+    same = sum(a == b for g, w in zip(tokens, whole) for a, b in zip(g, w))
+    assert same / sum(len(w) for w in whole) >= 0.9  # bf16 near-ties of a dummy model aside
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    moved = [r for r in records if r["kind"] == "step" and r["side"] == "decode" and r.get("moved_while_launching")]
+    assert any(r["graphs"] == "decode" for r in moved)

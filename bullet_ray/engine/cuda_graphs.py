@@ -77,6 +77,8 @@ import torch
 
 from bullet_ray.engine import gemm_target
 from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
+from bullet_ray.engine.attention.flashinfer_backend import WriteIndexBuffers
+from bullet_ray.engine.layerwise import group_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -208,13 +210,6 @@ class StepGraph:
             graph.replay()
 
 
-def piece_bounds(num_layers: int, pieces: int) -> list[tuple[int, int]]:
-    """[start, end) of each piece's layers (layerwise.group_bounds: contiguous, sizes differing by at most one)."""
-    from bullet_ray.engine.layerwise import group_bounds
-
-    return group_bounds(num_layers, pieces)
-
-
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """The batch-size buckets for a worker that runs at most `max_num_seqs` sequences per step."""
     top = next((b for b in BUCKETS if b >= max_num_seqs), BUCKETS[-1])
@@ -256,12 +251,12 @@ class DecodeGraphs:
         self.wrappers: dict[int, Any] = {}
         self.unsplit_buckets: set[int] = set()  # buckets whose plan refused a balanced split (`_plan`)
         self.graphs: dict[tuple[Any, ...], StepGraph] = {}
-        self.bounds = piece_bounds(model.num_layers, max(1, pieces))
+        self.bounds = group_bounds(model.num_layers, max(1, pieces))  # a layer-wise prefill's rule
         self.pieces = len(self.bounds)
         # what one piece hands the next (hidden states, residual), shared by every bucket and partition; made at
         # the first capture in pieces (the model's hidden size and dtype from its embedding)
         self._carry: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._write_index: Any = None  # the K/V write index's buffers the pieces share (WriteIndexBuffers)
+        self._write_index: WriteIndexBuffers | None = None  # the K/V write index the pieces share (with the carry)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
@@ -411,28 +406,20 @@ class DecodeGraphs:
         first embeds, the last returns the final norm's output). The first piece derives the batch's K/V write index
         into buffers outside the pool (`WriteIndexBuffers`), where the later pieces read it, whichever partition's
         graphs they are: kept in this partition's pool, a step that moved here after another partition's first piece
-        would write through an index no kernel of this step has filled. (A backend without such buffers: each piece
-        derives its own.)"""
+        would write through an index no kernel of this step has filled."""
         if self._carry is None:
             with torch.cuda.stream(stream):
                 h = self.model.embed(self.input_ids[:1])
             self._carry = (torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device),
                            torch.zeros(self.max_batch, h.shape[-1], dtype=h.dtype, device=h.device))
+            self._write_index = WriteIndexBuffers(self.max_batch, h.device)
             torch.cuda.current_stream().wait_stream(stream)
         be = self.backend
-        if self._write_index is None and hasattr(be, "write_index_buffers"):
-            from bullet_ray.engine.attention.flashinfer_backend import WriteIndexBuffers
-
-            self._write_index = WriteIndexBuffers(self.max_batch, self.input_ids.device)
-        saved = getattr(be, "write_index_buffers", None)
-        if self._write_index is not None:
-            be.write_index_buffers = self._write_index
+        be.write_index_buffers = self._write_index
         hidden, residual = self._carry[0][:b], self._carry[1][:b]
         graphs, out = [], None
         try:
             for i, (start, end) in enumerate(self.bounds):
-                if self._write_index is None:
-                    be.forget_batch()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     h_in, r_in = (self.model.embed(self.input_ids[:b]), None) if i == 0 else (hidden, residual)
@@ -446,8 +433,7 @@ class DecodeGraphs:
                             residual.copy_(r)
                 graphs.append(graph)
         finally:
-            if self._write_index is not None:
-                be.write_index_buffers = saved
+            be.write_index_buffers = None
         assert out is not None
         return StepGraph(graphs, out)
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bullet_ray.engine import cuda_graphs
-from bullet_ray.engine.cuda_graphs import DecodeGraphs, StepGraph, piece_bounds
+from bullet_ray.engine.cuda_graphs import DecodeGraphs, StepGraph
+from bullet_ray.engine.layerwise import group_bounds
 
 
 class FakeGraph:
@@ -122,8 +123,9 @@ def test_a_move_to_a_partition_without_the_graph_finishes_on_the_old_graphs(fake
 
 
 def test_piece_bounds_cover_the_layers():
-    assert piece_bounds(32, 8) == [(i, i + 4) for i in range(0, 32, 4)]
-    assert piece_bounds(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # never more pieces than layers
+    """Decode pieces take the layer-wise prefill's groups (DecodeGraphs.bounds)."""
+    assert group_bounds(32, 8) == [(i, i + 4) for i in range(0, 32, 4)]
+    assert group_bounds(4, 8) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # never more pieces than layers
 
 
 class _Partitioner:

@@ -230,8 +230,7 @@ class AppendIndex:
             self.pages = torch.div(slots, block_size, rounding_mode="floor")
             self.positions = slots - self.pages * block_size
         else:
-            if n > into.max_rows:
-                raise ValueError(f"{n} tokens to index, the write-index buffers hold {into.max_rows}")
+            into.check_fits(n)
             self.indptr, self.pages, self.positions = into.indptr[:n + 1], into.pages[:n], into.positions[:n]
             torch.div(slots, block_size, rounding_mode="floor", out=self.pages)
             torch.sub(slots, self.pages * block_size, out=self.positions)
@@ -252,6 +251,10 @@ class WriteIndexBuffers:
         self.pages = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.positions = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.kv_rows = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)
+
+    def check_fits(self, num_tokens: int) -> None:
+        if num_tokens > self.max_rows:
+            raise ValueError(f"{num_tokens} tokens to index, the write-index buffers hold {self.max_rows}")
 
 
 # how a mixed batch (decode rows first, then prompt chunks) runs its attention
@@ -516,8 +519,7 @@ class FlashInferBackend(AttentionBackend):
             if into is None:
                 self._kv_rows = torch.stack((k_rows, k_rows + bs), dim=1)  # [tokens, 2]: the K row, the V row
             else:
-                if slots.shape[0] > into.max_rows:
-                    raise ValueError(f"{slots.shape[0]} tokens to index, the write-index buffers hold {into.max_rows}")
+                into.check_fits(slots.shape[0])
                 self._kv_rows = into.kv_rows[:slots.shape[0]]
                 torch.stack((k_rows, k_rows + bs), dim=1, out=self._kv_rows)
         kv = _adjacent_kv(k, v)

@@ -43,7 +43,7 @@ class DecodeWorker(SideWorker):
         # front a hand-off and its abort travel in order on one socket: the front aborts again behind a relay)
         self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
-        self._moved_in_step = False  # a decode step in pieces moved to another entry at its last boundary
+        self._moved_in_step = False  # the decode step in pieces moved to another entry at the boundary before
 
     @property
     def handoff_address(self) -> str | None:

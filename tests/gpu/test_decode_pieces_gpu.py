@@ -15,6 +15,7 @@ import torch
 
 from tests.gpu.logged_run import run_logged
 from tests.gpu.test_engine_gpu import _metadata, _tiny_model
+from tests.split_requests import splits_requested
 
 pytestmark = pytest.mark.gpu
 
@@ -146,7 +147,6 @@ def test_bullet_schedule_moves_decode_steps_between_pieces(tmp_path):
     between their pieces through the graphs (`moved_while_launching` with `graphs: decode`), the tokens agree with
     the whole-step run's, and every KV block comes back."""
     import json
-    import threading
     import time
 
     from bullet_ray.config import EngineConfig
@@ -158,33 +158,15 @@ def test_bullet_schedule_moves_decode_steps_between_pieces(tmp_path):
     log = tmp_path / "steps-moving.jsonl"
     config = EngineConfig(model="dummy:smollm2-135m", device="cuda", kv_cache_memory_gb=1.0, max_num_seqs=16,
                           step_log_path=str(log), schedule="bullet", split_policy="slo", decode_pieces=4)
-    stop, errors = threading.Event(), []
     with LLMEngine(config) as engine:
-        size = engine.split_ladder_size()
-
-        def keep_switching() -> None:
-            i = 0
-            try:
-                while not stop.is_set():
-                    engine.request_split(i % size)
-                    i += 1
-                    time.sleep(0.002)
-            except BaseException as e:  # noqa: BLE001 - surfaced below
-                errors.append(e)
-
-        thread = threading.Thread(target=keep_switching)
-        thread.start()
-        try:
+        with splits_requested(engine, 0.002):
             params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
             tokens = [o.token_ids for o in engine.generate(prompts, params)]
-        finally:
-            stop.set()
-            thread.join(5)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and engine.stats().num_free_kv_blocks != engine.stats().num_kv_blocks:
             time.sleep(0.05)
         stats = engine.stats()
-    assert not errors and stats.num_free_kv_blocks == stats.num_kv_blocks
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks
     same = sum(a == b for g, w in zip(tokens, whole) for a, b in zip(g, w))
     assert same / sum(len(w) for w in whole) >= 0.9  # bf16 near-ties of a dummy model aside
     records = [json.loads(line) for line in log.read_text().splitlines()]

@@ -14,6 +14,7 @@ from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import InvalidRequest
+from tests.split_requests import splits_requested
 
 pytestmark = pytest.mark.slow
 
@@ -156,42 +157,12 @@ def test_splits_requested_throughout_a_generation_keep_the_tokens(engine):
     """Manual split requests every few milliseconds while both workers run (overlap switch, the default): each
     side follows at its step boundaries with steps in flight, and the greedy tokens are the ones of a run
     without switches; every KV block comes back and the switches are counted."""
-    import threading
-
     prompts = [_chat(engine, text) for text in ("Name three rivers.", "What is 2 + 2?", "Say hello in French.")]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     start = engine.split_indexes()["requested"]
     quiet = [o.token_ids for o in engine.generate(prompts, params)]
-    stop = threading.Event()
-    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
-    num_entries = len(engine.ladder_decode_sms)
-
-    errors: list[BaseException] = []
-
-    def keep_switching() -> None:
-        try:
-            _switch_until(stop)
-        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
-            errors.append(e)
-
-    def _switch_until(stop: threading.Event) -> None:
-        i = 0
-        while not stop.is_set():
-            engine.request_split(i % num_entries)
-            i += 1
-            where = engine.split_indexes()
-            seen["prefill"].add(where["prefill"])
-            seen["decode"].add(where["decode"])
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=keep_switching)
-    thread.start()
-    try:
+    with splits_requested(engine, 0.005, len(engine.ladder_decode_sms)) as seen:
         busy = [o.token_ids for o in engine.generate(prompts, params)]
-    finally:
-        stop.set()
-        thread.join(5)
-    assert not thread.is_alive() and not errors
     assert busy == quiet
     engine.request_split(start)
     deadline = time.monotonic() + 10

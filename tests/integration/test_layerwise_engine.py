@@ -16,6 +16,7 @@ import torch
 from bullet_ray.config import EngineConfig
 from bullet_ray.engine.llm_engine import LLMEngine
 from bullet_ray.engine.sampling_params import SamplingParams
+from tests.split_requests import splits_requested
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,6 @@ def test_decode_pieces_follow_splits_requested_while_they_run(folder_and_expecte
     every 2 ms: the greedy tokens stay transformers', both sides move, every KV block comes back, decode steps move
     between their pieces (`moved_while_launching` in the step log), and steps that a switch ran through are logged
     `across_switch` (the model does not learn from them)."""
-    import threading
     import time
 
     folder, expected = folder_and_expected
@@ -100,36 +100,13 @@ def test_decode_pieces_follow_splits_requested_while_they_run(folder_and_expecte
     config = EngineConfig(model=folder, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
                           split_policy="slo", async_scheduling=True, step_log_path=str(log), decode_pieces=4)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
-    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
-    errors: list[BaseException] = []
-    stop = threading.Event()
     with LLMEngine(config) as engine:
-        num_entries = engine.split_ladder_size()
-
-        def keep_switching() -> None:
-            i = 0
-            try:
-                while not stop.is_set():
-                    engine.request_split(i % num_entries)
-                    i += 1
-                    for side, index in engine.split_indexes().items():
-                        seen.setdefault(side, set()).add(index)
-                    time.sleep(0.002)
-            except BaseException as e:  # noqa: BLE001 - surfaced below
-                errors.append(e)
-
-        thread = threading.Thread(target=keep_switching)
-        thread.start()
-        try:
+        with splits_requested(engine, 0.002) as seen:
             results = engine.generate(PROMPTS, params)
-        finally:
-            stop.set()
-            thread.join(5)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and engine.stats().num_free_kv_blocks != 64:
             time.sleep(0.05)
         stats = engine.stats()
-    assert not thread.is_alive() and not errors
     assert [r.token_ids for r in results] == expected
     assert stats.num_free_kv_blocks == 64
     assert len(seen["prefill"]) > 1 and len(seen["decode"]) > 1

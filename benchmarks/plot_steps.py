@@ -306,6 +306,30 @@ def moved_while_launching(steps: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def first_replays(steps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Decode steps on captured graphs, the first of each (split, bucket, split it moved to) against the rest: how
+    many, and how far their measured time ran over the model's prediction (ms; first uses: median and max; the
+    rest: p99). A graph's first launch costs more (its upload): a first use far over the rest's tail is one paid
+    while serving. The log does not name a step's plan variant (split-KV or not), so a bucket's second variant
+    counts with the rest."""
+    from bullet_ray.engine.cuda_graphs import BUCKETS
+
+    seen: set[tuple[Any, ...]] = set()
+    first: list[float] = []
+    rest: list[float] = []
+    for r in steps:
+        if r.get("side") != "decode" or r.get("graphs") != "decode" or not r.get("predicted_ms"):
+            continue
+        bucket = next((b for b in BUCKETS if b >= r["num_seqs"]), None)
+        key = (r.get("split_index"), bucket, r.get("runs_on"))
+        (rest if key in seen else first).append(r["measured_ms"] - r["predicted_ms"])
+        seen.add(key)
+    if not first or not rest:
+        return None
+    return {"first": len(first), "first_p50_ms": statistics.median(first), "first_max_ms": max(first),
+            "rest": len(rest), "rest_p99_ms": sorted(rest)[min(len(rest) - 1, int(0.99 * len(rest)))]}
+
+
 def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
     """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
     their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
@@ -410,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         if moved:
             print("  steps that moved to another split while launching (between layer groups or decode pieces): "
                   + ", ".join(f"{side} {n}" for side, n in moved.items()))
+    replays = first_replays(steps)
+    if replays is not None:
+        print(f"decode graphs' first uses (split, bucket): {replays['first']}, measured over predicted p50 "
+              f"{replays['first_p50_ms']:.1f} ms, max {replays['first_max_ms']:.1f} ms; the other "
+              f"{replays['rest']} steps p99 {replays['rest_p99_ms']:.1f} ms")
     for role, parts in startup_summary(args.log).items():
         print(f"{role} worker start-up: " + ", ".join(f"{part} {s:.1f} s" for part, s in parts.items()))
     for via, row in handoff_summary(args.log).items():

@@ -517,3 +517,19 @@ def test_plot_steps_counts_steps_that_moved_while_launching():
                                                                                  "moved_while_launching": True}]
     assert moved_while_launching(steps) == {"decode": 2, "prefill": 1}
     assert moved_while_launching([{"side": "decode"}]) == {}
+
+
+def test_plot_steps_sets_first_graph_uses_against_the_rest():
+    """plot_steps takes the first decode step of each (split, graph bucket, split moved to) apart from the rest:
+    30 and 31 sequences share bucket 32, a move to another split is a new key, eager steps are left out."""
+    from benchmarks.plot_steps import first_replays
+
+    def step(seqs, split, over, runs_on=None, graphs="decode"):
+        return {"side": "decode", "graphs": graphs, "num_seqs": seqs, "split_index": split, "runs_on": runs_on,
+                "predicted_ms": 10.0, "measured_ms": 10.0 + over}
+
+    steps = [step(30, 0, 8.0), step(31, 0, 1.0), step(30, 0, 2.0), step(30, 1, 4.0), step(30, 0, 50.0, runs_on=1),
+             step(30, 0, 99.0, graphs="eager"), {"side": "prefill", "graphs": "piecewise"}]
+    assert first_replays(steps) == {"first": 3, "first_p50_ms": 8.0, "first_max_ms": 50.0, "rest": 2,
+                                    "rest_p99_ms": 2.0}
+    assert first_replays(steps[:1]) is None  # no rest to set them against

@@ -311,7 +311,8 @@ def first_replays(steps: list[dict[str, Any]]) -> dict[str, float] | None:
     many, and how far their measured time ran over the model's prediction (ms; first uses: median and max; the
     rest: p99). A graph's first launch costs more (its upload): a first use far over the rest's tail is one paid
     while serving. The log does not name a step's plan variant (split-KV or not), so a bucket's second variant
-    counts with the rest."""
+    counts with the rest; a step that moved is timed against its planned entry's prediction, so its first use
+    also carries the move's own cost."""
     from bullet_ray.engine.cuda_graphs import BUCKETS
 
     seen: set[tuple[Any, ...]] = set()
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{side} {n}" for side, n in moved.items()))
     replays = first_replays(steps)
     if replays is not None:
-        print(f"decode graphs' first uses (split, bucket): {replays['first']}, measured over predicted p50 "
+        print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over predicted p50 "
               f"{replays['first_p50_ms']:.1f} ms, max {replays['first_max_ms']:.1f} ms; the other "
               f"{replays['rest']} steps p99 {replays['rest_p99_ms']:.1f} ms")
     for role, parts in startup_summary(args.log).items():

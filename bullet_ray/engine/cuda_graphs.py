@@ -196,6 +196,17 @@ def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[l
 # called between two pieces of a decode step, once the piece before the last launched one has finished; returns the
 # partition key and stream the next pieces run on (the stream None: the current one)
 BetweenPieces = Callable[[], tuple[Any, Any]]
+MovePending = Callable[[], bool]  # polled while the host waits for a piece: a split was requested meanwhile
+
+
+def _wait_unless(event: Any, move_pending: MovePending) -> bool:
+    """Wait for `event` unless `move_pending` turns true first (polled between queries, the GIL yielded each turn);
+    True when the wait was cut short."""
+    while not event.query():
+        if move_pending():
+            return True
+        time.sleep(0)
+    return False
 
 
 class StepGraph:
@@ -258,6 +269,7 @@ class DecodeGraphs:
         self._carry: tuple[torch.Tensor, torch.Tensor] | None = None
         self._write_index: WriteIndexBuffers | None = None  # the K/V write index the pieces share (with the carry)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
+        self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -531,9 +543,10 @@ class DecodeGraphs:
 
     def run(self, partition_key: Any, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata, block_tables: list[list[int]],
-            between: BetweenPieces | None = None) -> torch.Tensor | None:
+            between: BetweenPieces | None = None, move_pending: MovePending | None = None) -> torch.Tensor | None:
         """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large. With
-        pieces and `between`, the pieces launch just in time (`_run_pieces`); without, all at once."""
+        pieces and `between`, the pieces launch just in time (`_run_pieces`, its waits cut short by
+        `move_pending`); without, all at once."""
         n = len(block_tables)
         b = self.bucket(n) if n >= 1 else None
         if b is None:
@@ -553,7 +566,7 @@ class DecodeGraphs:
         if between is None or self.pieces == 1:
             step.replay()
         else:
-            step = self._run_pieces(partition_key, b, plan, step, between)
+            step = self._run_pieces(partition_key, b, plan, step, between, move_pending)
         return step.out[:n]
 
     def _graph(self, partition_key: Any, b: int, plan: Any) -> StepGraph:
@@ -568,19 +581,30 @@ class DecodeGraphs:
         return self.graphs[key]
 
     def _run_pieces(self, partition_key: Any, b: int, plan: Any, step: StepGraph,
-                    between: BetweenPieces) -> StepGraph:
+                    between: BetweenPieces, move_pending: MovePending | None = None) -> StepGraph:
         """Launch a step's pieces just in time: before piece i (i >= 2) the host waits for piece i - 2 to finish (one
         piece stays queued on the GPU), then `between` names the partition the rest runs on; on a move, the rest
         of the step (pieces, then sampling and the done event on the new stream) is ordered after the pieces so
-        far. Returns the graph set the last piece came from (its `out` holds the step's hidden states)."""
+        far. With `move_pending` the wait is polled and cut short once a split is requested, so the move follows
+        the request within a poll rather than a piece (one more piece queued, on the old SMs; a hook that did not
+        move then leaves the step's later waits whole). Returns the graph set the last piece came from (its
+        `out` holds the step's hidden states)."""
         ends: list[Any] = []
         moved = False
+        may_cut = move_pending is not None
         for i in range(len(step.pieces)):
             graph = step.pieces[i]
             if i > 0:
+                cut = False
                 if i >= 2:
-                    ends[i - 2].synchronize()
+                    if may_cut:
+                        cut = _wait_unless(ends[i - 2], move_pending)  # type: ignore[arg-type]
+                    else:
+                        ends[i - 2].synchronize()
                 key, stream = between()
+                if cut:
+                    self.num_piece_waits_cut += 1
+                    may_cut = key != partition_key  # not followed (a request this side cannot take): wait in full
                 if key != partition_key:
                     current = torch.cuda.current_stream()
                     if stream is not None and stream != current:  # the rest of the step in order after the pieces

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,13 +181,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
-               between_groups: BetweenGroups | None = None) -> InFlightStep:
+               between_groups: BetweenGroups | None = None,
+               move_pending: Callable[[], bool] | None = None) -> InFlightStep:
         """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
         count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
         the forward then runs in that many layer groups over one attention metadata, and between groups the
         host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise); a decode step
         through graphs captured in pieces launches them just in time instead, the host waiting for the piece
-        before the last one launched (DecodeGraphs.run; `graph_key` is read again after each call of the hook)."""
+        before the last one launched, or until `move_pending` says a split was requested (DecodeGraphs.run;
+        `graph_key` is read again after each call of the hook)."""
         start_event = None
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
@@ -207,7 +210,8 @@ class ModelRunner:
                 def pieces_hook() -> tuple[Any, Any]:
                     stream = between_groups()  # the worker's hook may move it: graph_key follows
                     return self.graph_key, stream
-            hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook)
+            hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
+                                     move_pending=move_pending if pieces_hook is not None else None)
             if hidden is not None:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1

@@ -38,6 +38,7 @@ class FakeCuda:
 
     def __init__(self, log: list[str], stream: FakeStream) -> None:
         self.log, self.stream, self.num_events = log, stream, 0
+        self.done: set[int] = set()  # the events whose pieces have finished (`query`)
         cuda = self
 
         class Event:
@@ -50,6 +51,10 @@ class FakeCuda:
 
             def synchronize(self) -> None:
                 cuda.log.append(f"wait end {self.id}")
+
+            def query(self) -> bool:
+                cuda.log.append(f"query end {self.id}")
+                return self.id in cuda.done
 
         self.Event = Event
 
@@ -67,6 +72,7 @@ def _graphs(pieces: int, log: list[str]) -> tuple[DecodeGraphs, dict[int, StepGr
                             torch.full((8, 2), float(key))) for key in (0, 1)}
     graphs.graphs = {(key, 8, "plan"): step for key, step in steps.items()}
     graphs.pieces, graphs.num_piece_moves, graphs.num_piece_moves_missing, graphs.is_serving = pieces, 0, 0, True
+    graphs.num_piece_waits_cut = 0
     return graphs, steps
 
 
@@ -120,6 +126,39 @@ def test_a_move_to_a_partition_without_the_graph_finishes_on_the_old_graphs(fake
     assert out is steps[0] and log == ["replay p0.0", "s1 waits for s0", "set s1", "replay p0.1", "wait end 0",
                                        "replay p0.2"]
     assert graphs.num_piece_moves == 0 and graphs.num_piece_moves_missing == 2
+
+
+def test_a_split_requested_while_the_host_waits_cuts_the_wait_and_moves_at_once(fake):
+    """With `move_pending` the wait for piece i - 2 is polled: a split requested while piece 0 still runs moves the
+    step at the next boundary without waiting for it (piece 2 ordered after the old stream, one more piece queued);
+    the next wait, with nothing pending (the worker's guard after a move), runs until its piece has finished."""
+    log, cuda = fake
+    graphs, steps = _graphs(4, log)
+    cuda.done = {1, 2, 3}  # piece 0 still runs when the host reaches piece 2
+    new = FakeStream("s1", log)
+    moved = []
+
+    def between() -> tuple[Any, Any]:
+        if "query end 0" in log:
+            moved.append(True)
+        return (1, new) if moved else (0, None)
+
+    out = graphs._run_pieces(0, 8, "plan", steps[0], between, lambda: not moved)
+    assert out is steps[1]
+    assert log == ["replay p0.0", "replay p0.1", "query end 0", "s1 waits for s0", "set s1", "replay p1.2",
+                   "query end 1", "replay p1.3"]
+    assert graphs.num_piece_waits_cut == 1 and graphs.num_piece_moves == 1
+
+
+def test_a_cut_wait_the_hook_does_not_follow_leaves_the_steps_later_waits_whole(fake):
+    """A request the hook does not move for (e.g. a target the ladder cannot serve) cuts one wait; the step's later
+    waits are whole again (no spinning on a request that stays pending)."""
+    log, _ = fake
+    graphs, steps = _graphs(4, log)
+    out = graphs._run_pieces(0, 8, "plan", steps[0], lambda: (0, None), lambda: True)
+    assert out is steps[0]
+    assert log == ["replay p0.0", "replay p0.1", "query end 0", "replay p0.2", "wait end 1", "replay p0.3"]
+    assert graphs.num_piece_waits_cut == 1 and graphs.num_piece_moves == 0
 
 
 def test_piece_bounds_cover_the_layers():
@@ -190,3 +229,16 @@ def test_the_worker_hook_collects_once_the_step_before_finished_and_moves_the_pu
     log.clear()
     assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
     assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"
+
+
+def test_the_worker_cuts_a_wait_only_for_a_split_it_has_not_followed_and_not_right_after_a_move():
+    """`DecodeWorker._move_pending`: a requested split not yet followed, unless the step moved at its last boundary
+    (the next one must see the old entry's pieces finish before it publishes the new entry)."""
+    log: list[str] = []
+    w = _worker(log, [])
+    w.switch_pending = lambda: True
+    assert w._move_pending()
+    w._moved_in_step = True
+    assert not w._move_pending()
+    w._moved_in_step, w.switch_pending = False, lambda: False
+    assert not w._move_pending()

@@ -287,9 +287,10 @@ class WorkerBase:
             self.partitioner.select(index)
 
     # stepping -------------------------------------------------------------------------------------------
-    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
+               move_pending: Any = None) -> Any:
         """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it (except
-        between layer groups: ModelRunner.launch)."""
+        between layer groups or decode pieces: ModelRunner.launch)."""
         self.profiler.tick()  # counts launches: a profiled window's steps are the step log's rows
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         if stream is not None and self._last_stream is not None and stream != self._last_stream \
@@ -304,10 +305,10 @@ class WorkerBase:
         self._launching = True  # a collect inside the launch leaves a step in flight: this one
         try:
             if stream is None:
-                step = self.runner.launch(batch, num_layer_groups, between_groups)
+                step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending)
             else:
                 with torch.cuda.stream(stream):
-                    step = self.runner.launch(batch, num_layer_groups, between_groups)
+                    step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending)
         finally:
             self._launching = False
         step.launched_s, step.began_s = time.perf_counter(), began

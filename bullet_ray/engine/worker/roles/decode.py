@@ -132,7 +132,8 @@ class DecodeWorker(SideWorker):
         self.prompts.waiting.clear()
         self.prompts.waiting.extend(ordered)
 
-    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
+               move_pending: Any = None) -> Any:
         """With `decode_pieces` (and the split moving: split_policy slo) a decode-only step runs in pieces, the split
         followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole, and so does one
         no decode graph holds on a GPU (eager layer groups wait for the GPU to drain at each boundary). On CPU the
@@ -142,15 +143,20 @@ class DecodeWorker(SideWorker):
                 or (cfg.is_gpu and self.runs_eagerly(len(batch))):  # eagerly, each boundary would drain the GPU
             return super().launch(batch)
         self._moved_in_step = False
-        return super().launch(batch, cfg.decode_pieces, self._between_pieces)
+        return super().launch(batch, cfg.decode_pieces, self._between_pieces, self._move_pending)
+
+    def _move_pending(self) -> bool:
+        """Polled while the host waits for a piece (DecodeGraphs._run_pieces): a split this side has not followed,
+        and no move earlier in this step whose old pieces the next boundary must see finish first."""
+        return not self._moved_in_step and self.switch_pending()
 
     def _between_pieces(self) -> Any:
-        """A boundary inside a decode step in pieces (the piece before the last launched one has finished): the
-        step before is learned at the first boundary where it has finished (the second at the latest: it ran before
-        this step's first piece), so its tokens need not wait for this whole step and the host never blocks with
-        one piece queued; then a requested split is followed. Returns the stream the next pieces launch on. The
-        entry this side publishes for its step in flight moves one boundary later, once the last piece launched on
-        the old entry has finished."""
+        """A boundary inside a decode step in pieces (the piece before the last launched one has finished, or a
+        split was requested while the host waited for it: `_move_pending`): the step before is learned at the first
+        boundary where it has finished (it ran before this step's first piece), so its tokens need not wait for
+        this whole step and the host never blocks with one piece queued; then a requested split is followed.
+        Returns the stream the next pieces launch on. The entry this side publishes for its step in flight moves
+        one boundary later, once the last piece launched on the old entry has finished."""
         prev = self.inflight
         if prev is not None and (prev.done is None or prev.done.query()):  # without a wait: pieces stay queued
             self._finish_inflight()  # its collect published "nothing in flight": this step's pieces run here

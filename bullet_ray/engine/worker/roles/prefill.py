@@ -144,7 +144,8 @@ class PrefillWorker(SideWorker):
         self.res.state.count_handed_prompts(Policy.PROMPTS_HANDED_OVER, len(seqs))  # before they can arrive
         self.conn.send(StepOutputs(self.role, prompts_handed_over=[s.to_wire() for s in seqs], sent_s=time.time()))
 
-    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None) -> Any:
+    def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
+               move_pending: Any = None) -> Any:
         """A long batch runs layer-wise: the split may move between its layer groups (collected synchronously
         before: no earlier step is in flight while the split moves)."""
         if not self.layer_groups.applies(sum(item.num_new_tokens for item in batch)):

@@ -193,8 +193,9 @@ def padded_rows(tables: list[list[int]], seq_lens: list[int], b: int) -> tuple[l
     return list(tables) + [tables[0][-1:]] * pad, list(seq_lens) + [1] * pad
 
 
-# called between two pieces of a decode step, once the piece before the last launched one has finished; returns the
-# partition key and stream the next pieces run on (the stream None: the current one)
+# called between two pieces of a decode step, once the piece before the last launched one has finished (or a split
+# was requested while the host waited for it: MovePending); returns the partition key and stream the next pieces run
+# on (the stream None: the current one)
 BetweenPieces = Callable[[], tuple[Any, Any]]
 MovePending = Callable[[], bool]  # polled while the host waits for a piece: a split was requested meanwhile
 
@@ -587,7 +588,7 @@ class DecodeGraphs:
         of the step (pieces, then sampling and the done event on the new stream) is ordered after the pieces so
         far. With `move_pending` the wait is polled and cut short once a split is requested, so the move follows
         the request within a poll rather than a piece (one more piece queued, on the old SMs; a hook that did not
-        move then leaves the step's later waits whole). Returns the graph set the last piece came from (its
+        move then leaves the step's later waits whole; the last boundary's wait is always whole). Returns the graph set the last piece came from (its
         `out` holds the step's hidden states)."""
         ends: list[Any] = []
         moved = False
@@ -597,7 +598,9 @@ class DecodeGraphs:
             if i > 0:
                 cut = False
                 if i >= 2:
-                    if may_cut:
+                    # not at the last boundary: the entry published for the step moves one boundary after a move,
+                    # and after the last there is none where the old pieces are seen to finish
+                    if may_cut and i < len(step.pieces) - 1:
                         cut = _wait_unless(ends[i - 2], move_pending)  # type: ignore[arg-type]
                     else:
                         ends[i - 2].synchronize()

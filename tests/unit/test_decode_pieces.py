@@ -38,7 +38,7 @@ class FakeCuda:
 
     def __init__(self, log: list[str], stream: FakeStream) -> None:
         self.log, self.stream, self.num_events = log, stream, 0
-        self.done: set[int] = set()  # the events whose pieces have finished (`query`)
+        self.busy: dict[int, int] = {}  # event -> queries that find its piece still running (`query`)
         cuda = self
 
         class Event:
@@ -54,7 +54,10 @@ class FakeCuda:
 
             def query(self) -> bool:
                 cuda.log.append(f"query end {self.id}")
-                return self.id in cuda.done
+                if cuda.busy.get(self.id, 0) > 0:
+                    cuda.busy[self.id] -= 1
+                    return False
+                return True
 
         self.Event = Event
 
@@ -133,8 +136,8 @@ def test_a_split_requested_while_the_host_waits_cuts_the_wait_and_moves_at_once(
     step at the next boundary without waiting for it (piece 2 ordered after the old stream, one more piece queued);
     the next wait, with nothing pending (the worker's guard after a move), runs until its piece has finished."""
     log, cuda = fake
-    graphs, steps = _graphs(4, log)
-    cuda.done = {1, 2, 3}  # piece 0 still runs when the host reaches piece 2
+    graphs, steps = _graphs(5, log)
+    cuda.busy = {0: 10**6, 1: 2}  # piece 0 still runs when the host reaches piece 2; piece 1 for two more polls
     new = FakeStream("s1", log)
     moved = []
 
@@ -146,15 +149,30 @@ def test_a_split_requested_while_the_host_waits_cuts_the_wait_and_moves_at_once(
     out = graphs._run_pieces(0, 8, "plan", steps[0], between, lambda: not moved)
     assert out is steps[1]
     assert log == ["replay p0.0", "replay p0.1", "query end 0", "s1 waits for s0", "set s1", "replay p1.2",
-                   "query end 1", "replay p1.3"]
+                   "query end 1", "query end 1", "query end 1", "replay p1.3", "wait end 2", "replay p1.4"]
     assert graphs.num_piece_waits_cut == 1 and graphs.num_piece_moves == 1
+
+
+def test_the_last_boundarys_wait_is_never_cut(fake):
+    """A split requested during the wait before the last piece is followed once it has finished (after the last
+    boundary there is none where the old pieces would be seen to finish)."""
+    log, cuda = fake
+    graphs, steps = _graphs(3, log)
+    cuda.busy = {0: 10**6}
+    new = FakeStream("s1", log)
+    out = graphs._run_pieces(0, 8, "plan", steps[0], lambda: (1, new) if "replay p0.1" in log else (0, None),
+                             lambda: True)
+    assert out is steps[1]
+    assert log == ["replay p0.0", "replay p0.1", "wait end 0", "s1 waits for s0", "set s1", "replay p1.2"]
+    assert graphs.num_piece_waits_cut == 0 and graphs.num_piece_moves == 1
 
 
 def test_a_cut_wait_the_hook_does_not_follow_leaves_the_steps_later_waits_whole(fake):
     """A request the hook does not move for (e.g. a target the ladder cannot serve) cuts one wait; the step's later
     waits are whole again (no spinning on a request that stays pending)."""
-    log, _ = fake
+    log, cuda = fake
     graphs, steps = _graphs(4, log)
+    cuda.busy = {0: 10**6}  # piece 0 still runs when the host reaches piece 2
     out = graphs._run_pieces(0, 8, "plan", steps[0], lambda: (0, None), lambda: True)
     assert out is steps[0]
     assert log == ["replay p0.0", "replay p0.1", "query end 0", "replay p0.2", "wait end 1", "replay p0.3"]

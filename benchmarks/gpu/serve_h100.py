@@ -12,7 +12,8 @@ system's name states all it runs: the shipped configuration is bullet-slo-margin
     python -m benchmarks.gpu.serve_h100 --systems bullet --out $OUT          # one device call
     python -m benchmarks.gpu.serve_h100 --systems chunked-1024,chunked-2048 --out $OUT
     python -m benchmarks.gpu.serve_h100 --merge A/compare.json B/compare.json --out benchmarks/results/serve_h100
-    python -m benchmarks.gpu.serve_h100 --merge A/compare.json C/ --out ...   # C: a sweep cut short (its runs/)
+    python -m benchmarks.gpu.serve_h100 --merge A/compare.json C/ --out ...   # C: a sweep cut short (its runs/,
+                                             # with each stopped system's runs/<system>-extra.json)
 
 Systems: bullet (prefill and decode workers side by side under MPS on a fixed complementary SM split, the
 engine's default policy), bullet-slo (the same with split_policy slo: the split moves step by step), bullet-slo-lw<G>
@@ -128,6 +129,7 @@ GPU_YAML = REPO / "deploy" / "gpu.yaml"
 # where a local Ray cluster lists its nodes' metrics export ports (deploy/prometheus.yml reads it too)
 RAY_METRICS_DISCOVERY = Path("/tmp/ray/prom_metrics_service_discovery.json")
 CAPTURES_METRIC = "ray_bullet_graph_captures_serving"
+EXTRA_SUFFIX = "-extra.json"  # runs/<system>-extra.json: what a system recorded, saved when its server stops
 
 
 def _sh(cmd: str, timeout_s: float = 60) -> str:
@@ -457,6 +459,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
             _stop(proc, idle_gib)
             untrack_group(proc.pid)
             system.extra["gpu_memory_gib_after_shutdown"] = round(gpu_memory_gib(), 2)
+            # kept beside the run files: a call cut short before compare.json keeps what each finished system
+            # recorded (start-up, switches, memory), which `--merge` of its folder reads back
+            write_json_atomic(out_dir / "runs" / f"{system.name}{EXTRA_SUFFIX}", system.extra)
 
 
 def graph_captures_serving(discovery: Path = RAY_METRICS_DISCOVERY, timeout_s: float = 5.0) -> int | None:
@@ -610,7 +615,8 @@ def grpc_check(base_url: str) -> dict[str, Any]:
 def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
     """compare.json's `systems` rebuilt from a sweep's run files (`folder`/runs/<system>-rate<R>.json, or
     .json.gz as saved under benchmarks/results/), for a sweep cut short after its last rate but before it
-    wrote compare.json."""
+    wrote compare.json; each system's `extra` from runs/<system>-extra.json[.gz] where its server was stopped
+    before the cut."""
     from benchmarks.rescore import RUN_FILE_NAME, load_run
     from benchmarks.slo import goodput
 
@@ -629,7 +635,10 @@ def systems_from_runs(folder: Path, slo_names: list[str]) -> dict[str, Any]:
                                           "points": [], "error": None})
         entry["points"].append({"rate_rps": rate, "rate": rate, "summary": run["summary"],
                                 "result_file": str(path.relative_to(folder))})
-    for entry in systems.values():
+    for name, entry in systems.items():
+        for extra in (folder / "runs" / f"{name}{EXTRA_SUFFIX}", folder / "runs" / f"{name}{EXTRA_SUFFIX}.gz"):
+            if extra.is_file():
+                entry["extra"] = load_run(extra)
         entry["points"].sort(key=lambda p: p["rate_rps"])
         entry["goodput"] = {n: goodput([(p["rate_rps"], p["summary"]["slo"][n]["attainment"])
                                         for p in entry["points"]], n).to_dict() for n in slo_names}

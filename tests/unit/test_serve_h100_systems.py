@@ -168,7 +168,8 @@ def test_direct_leaves_the_yaml_as_it_is_but_names_its_files_apart(tmp_path):
 
 def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
     """A sweep killed after its last rate but before it wrote compare.json: --merge takes its folder and
-    rebuilds its systems (points in rate order, goodput per SLO) from runs/<system>-rate<R>.json[.gz]."""
+    rebuilds its systems (points in rate order, goodput per SLO) from runs/<system>-rate<R>.json[.gz], and what
+    each recorded when its server stopped from runs/<system>-extra.json."""
     import gzip
     import json
 
@@ -199,9 +200,12 @@ def test_merge_rebuilds_a_sweep_cut_short_from_its_run_files(tmp_path):
         else:
             runs.joinpath(f"bullet-slo-rate{rate:g}.json").write_text(text)
     runs.joinpath("notes.txt").write_text("not a run file")
+    # what the system recorded when its server stopped (serve_run), kept beside the run files
+    runs.joinpath("bullet-slo-extra.json").write_text(json.dumps({"startup": {"decode": {"decode_graphs": 47.6}}}))
     doc = merge([tmp_path / "a" / "compare.json", tmp_path / "cut"], tmp_path / "out")
     cut = doc["systems"]["bullet-slo"]
     assert [p["rate_rps"] for p in cut["points"]] == [8.0, 16.0] and set(doc["systems"]) == {"vllm", "bullet-slo"}
+    assert cut["extra"] == {"startup": {"decode": {"decode_graphs": 47.6}}}
     assert cut["goodput"]["strict"]["measured_rps"] == 8.0 and cut["goodput"]["relaxed"]["measured_rps"] == 16.0
     assert (tmp_path / "out" / "compare.md").exists()
     # the same rate twice (a plain and a gzipped copy), or a file cut short: a one-line error naming the files

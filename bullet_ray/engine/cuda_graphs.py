@@ -588,8 +588,8 @@ class DecodeGraphs:
         of the step (pieces, then sampling and the done event on the new stream) is ordered after the pieces so
         far. With `move_pending` the wait is polled and cut short once a split is requested, so the move follows
         the request within a poll rather than a piece (one more piece queued, on the old SMs; a hook that did not
-        move then leaves the step's later waits whole; the last boundary's wait is always whole). Returns the graph set the last piece came from (its
-        `out` holds the step's hidden states)."""
+        move then leaves the step's later waits whole; the last boundary's wait is always whole). Returns the
+        graph set the last piece came from (its `out` holds the step's hidden states)."""
         ends: list[Any] = []
         moved = False
         may_cut = move_pending is not None

@@ -437,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{side} {n}" for side, n in moved.items()))
     replays = first_replays(steps)
     if replays is not None:
-        print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over predicted p50 "
-              f"{replays['first_p50_ms']:.1f} ms, max {replays['first_max_ms']:.1f} ms; the other "
+        print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over "
+              f"predicted p50 {replays['first_p50_ms']:.1f} ms, max {replays['first_max_ms']:.1f} ms; the other "
               f"{replays['rest']} steps p99 {replays['rest_p99_ms']:.1f} ms")
     for role, parts in startup_summary(args.log).items():
         print(f"{role} worker start-up: " + ", ".join(f"{part} {s:.1f} s" for part, s in parts.items()))

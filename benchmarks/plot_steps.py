@@ -331,6 +331,13 @@ def first_replays(steps: list[dict[str, Any]]) -> dict[str, float] | None:
             "rest": len(rest), "rest_p99_ms": sorted(rest)[min(len(rest) - 1, int(0.99 * len(rest)))]}
 
 
+def piece_waits_cut(steps: list[dict[str, Any]]) -> tuple[int, int]:
+    """(decode steps where a requested split cut the host's wait for a piece, the waits cut: the step log's
+    `piece_waits_cut`)."""
+    cut = [r.get("piece_waits_cut", 0) for r in steps if r.get("side") == "decode" and r.get("piece_waits_cut")]
+    return len(cut), sum(cut)
+
+
 def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
     """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
     their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
@@ -435,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         if moved:
             print("  steps that moved to another split while launching (between layer groups or decode pieces): "
                   + ", ".join(f"{side} {n}" for side, n in moved.items()))
+        cut_steps, cut_waits = piece_waits_cut(steps)
+        if cut_steps:
+            print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
     replays = first_replays(steps)
     if replays is not None:
         print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over "

@@ -68,6 +68,8 @@ class InFlightStep:
     # the side moved to another entry while launching it (between a layer-wise prefill's groups or a decode step's
     # pieces): it ran on two
     moved_while_launching: bool = False
+    # decode pieces: the host's waits for a piece that a split requested meanwhile cut short (DecodeGraphs._run_pieces)
+    piece_waits_cut: int = 0
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill, decode pieces; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
@@ -95,9 +97,11 @@ class InFlightStep:
     def log_fields(self) -> dict[str, Any]:
         """What the step log records of the launch: `host_ms()`, after a slow launch the allocators' counts
         (`host_allocs`, `device_allocs`: cumulative), and for a step that moved to another entry while it launched
-        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`)."""
+        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`), and
+        `piece_waits_cut` where a requested split cut the host's wait for a decode piece."""
         moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
-        return {**self.host_ms(), **self.allocator, **moved}
+        cut = {"piece_waits_cut": self.piece_waits_cut} if self.piece_waits_cut else {}
+        return {**self.host_ms(), **self.allocator, **moved, **cut}
 
 
 class ModelRunner:
@@ -202,6 +206,7 @@ class ModelRunner:
         hidden = None
         num_groups = 1
         ran = "eager"
+        waits_cut = 0
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
@@ -210,8 +215,10 @@ class ModelRunner:
                 def pieces_hook() -> tuple[Any, Any]:
                     stream = between_groups()  # the worker's hook may move it: graph_key follows
                     return self.graph_key, stream
+            cut_before = self.graphs.num_piece_waits_cut
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
                                      move_pending=move_pending if pieces_hook is not None else None)
+            waits_cut = self.graphs.num_piece_waits_cut - cut_before
             if hidden is not None:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
@@ -271,7 +278,8 @@ class ModelRunner:
         allocator = allocator_counts() if done is not None and launched - prep_started >= SLOW_LAUNCH_S else {}
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator)
+                            start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator,
+                            piece_waits_cut=waits_cut)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

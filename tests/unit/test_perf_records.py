@@ -533,3 +533,19 @@ def test_plot_steps_sets_first_graph_uses_against_the_rest():
     assert first_replays(steps) == {"first": 3, "first_p50_ms": 8.0, "first_max_ms": 50.0, "rest": 2,
                                     "rest_p99_ms": 2.0}
     assert first_replays(steps[:1]) is None  # no rest to set them against
+
+
+def test_step_log_marks_decode_steps_whose_wait_for_a_piece_was_cut():
+    """A launch records the waits for a decode piece that a requested split cut short (`piece_waits_cut`, only where
+    there were some), and plot_steps counts the steps and the waits."""
+    from benchmarks.plot_steps import piece_waits_cut
+    from bullet_ray.engine.runner import InFlightStep
+
+    step = InFlightStep([], [], None, None, None, 4, 40)
+    assert "piece_waits_cut" not in step.log_fields()
+    step.piece_waits_cut = 2
+    assert step.log_fields()["piece_waits_cut"] == 2
+    steps = [{"side": "decode", "piece_waits_cut": 2}, {"side": "decode"}, {"side": "decode", "piece_waits_cut": 1},
+             {"side": "prefill"}]
+    assert piece_waits_cut(steps) == (2, 3)
+    assert piece_waits_cut([]) == (0, 0)

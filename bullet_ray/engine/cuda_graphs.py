@@ -517,10 +517,10 @@ class DecodeGraphs:
             return self._capture(b)
 
     def _replay_ms(self, graph: StepGraph, repeats: int = 3) -> float:
-        """Mean device time of a replay on the capture stream (the partition's), after one warm-up."""
+        """Mean device time of a replay on the capture stream (the partition's); `graph` comes from `_capture`,
+        which replayed it once there already: the warm-up."""
         stream = self._capture_stream.get()
         with torch.cuda.stream(stream):
-            graph.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(repeats):

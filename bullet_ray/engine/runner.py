@@ -217,7 +217,7 @@ class ModelRunner:
                     return self.graph_key, stream
             cut_before = self.graphs.num_piece_waits_cut
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
-                                     move_pending=move_pending if pieces_hook is not None else None)
+                                     move_pending=move_pending)
             waits_cut = self.graphs.num_piece_waits_cut - cut_before
             if hidden is not None:
                 ran = "decode"

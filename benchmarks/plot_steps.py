@@ -331,6 +331,21 @@ def first_replays(steps: list[dict[str, Any]]) -> dict[str, float] | None:
             "rest": len(rest), "rest_p99_ms": sorted(rest)[min(len(rest) - 1, int(0.99 * len(rest)))]}
 
 
+def decode_step_medians(steps: list[dict[str, Any]], min_steps: int = 200) -> dict[tuple[int, int], dict[str, float]]:
+    """Decode steps on captured graphs by (decode SMs, graph bucket), where a cell holds >= `min_steps`: how many,
+    and their median measured and predicted ms (what a change to the decode graphs costs per step, cell by cell)."""
+    from bullet_ray.engine.cuda_graphs import BUCKETS
+
+    cells: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in steps:
+        if r.get("side") == "decode" and r.get("graphs") == "decode" and r.get("predicted_ms"):
+            bucket = next((b for b in BUCKETS if b >= r["num_seqs"]), BUCKETS[-1])
+            cells.setdefault((int(r["decode_sms"]), bucket), []).append(r)
+    return {key: {"steps": len(rows), "measured_ms": statistics.median(r["measured_ms"] for r in rows),
+                  "predicted_ms": statistics.median(r["predicted_ms"] for r in rows)}
+            for key, rows in sorted(cells.items()) if len(rows) >= min_steps}
+
+
 def piece_waits_cut(steps: list[dict[str, Any]]) -> tuple[int, int]:
     """(decode steps where a requested split cut the host's wait for a piece, the waits cut: the step log's
     `piece_waits_cut`)."""
@@ -426,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     done = switches(args.log)
     if done:
         print(f"switches: {len(done)}, decision to both sides launching on the new split (acked) p50 "
-              f"{_q(done, 0.5):.3f} ms, p99 {_q(done, 0.99):.3f} ms")
+              f"{_q(done, 0.5):.3f} ms, p90 {_q(done, 0.9):.3f} ms, p99 {_q(done, 0.99):.3f} ms; under 1 ms: "
+              f"{sum(ms < 1.0 for ms in done)}; the largest {', '.join(f'{ms:.2f}' for ms in done[-3:])} ms")
         drained = drains(args.log)
         if drained:
             print(f"  drained (no step of either side left on the old split): {len(drained)}, p50 "
@@ -445,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         cut_steps, cut_waits = piece_waits_cut(steps)
         if cut_steps:
             print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
+    medians = decode_step_medians(steps)
+    if medians:
+        print("decode steps on graphs by (decode SMs, bucket), median measured / predicted ms: "
+              + ", ".join(f"({sms}, {b}) {m['measured_ms']:.2f} / {m['predicted_ms']:.2f} ({m['steps']})"
+                          for (sms, b), m in medians.items()))
     replays = first_replays(steps)
     if replays is not None:
         print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over "

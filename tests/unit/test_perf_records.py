@@ -549,3 +549,17 @@ def test_step_log_marks_decode_steps_whose_wait_for_a_piece_was_cut():
              {"side": "prefill"}]
     assert piece_waits_cut(steps) == (2, 3)
     assert piece_waits_cut([]) == (0, 0)
+
+
+def test_plot_steps_decode_step_medians_by_sms_and_bucket():
+    """Decode steps on graphs grouped by (decode SMs, graph bucket): 30 and 31 sequences share bucket 32; eager steps
+    and cells under `min_steps` are left out."""
+    from benchmarks.plot_steps import decode_step_medians
+
+    def step(seqs, sms, measured, graphs="decode"):
+        return {"side": "decode", "graphs": graphs, "num_seqs": seqs, "decode_sms": sms, "predicted_ms": 10.0,
+                "measured_ms": measured}
+
+    steps = [step(30, 16, 9.0), step(31, 16, 11.0), step(32, 16, 12.0), step(30, 24, 5.0), step(30, 16, 99.0, "eager")]
+    assert decode_step_medians(steps, min_steps=2) == {(16, 32): {"steps": 3, "measured_ms": 11.0,
+                                                                  "predicted_ms": 10.0}}

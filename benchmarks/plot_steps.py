@@ -8,7 +8,9 @@ the band +-25%). Right: decode SMs over time, with the prefill queue length, and
 reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure), the
 prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode and with decode idle by its
 SMs, and the split switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that
-acked last); with `--requests`, also that run's streaks of BALANCE decisions and the decode steps they held.
+acked last; for those over 1 ms that decode acked last, where its decision found the decode side: in a step that
+moved, in one that did not, so the next step took it after its host preparation, or between steps); with
+`--requests`, also that run's streaks of BALANCE decisions and the decode steps they held.
 With `--requests` (one rate's run of the bench tool, served while the log was written) a second row zooms
 into that run: the split with the queue and decode batch, and each request's TTFT and TPOT at its arrival
 against the run's first SLO.
@@ -353,6 +355,42 @@ def piece_waits_cut(steps: list[dict[str, Any]]) -> tuple[int, int]:
     return len(cut), sum(cut)
 
 
+def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict[str, Any]]:
+    """Where the decode side was when each switch it acked last, slower than `over_ms`, was decided (the switch
+    record's `t` is its ack; the decision came `decision_to_split_us` before). A decode step's span is its record's
+    `t` (when it was collected) less `measured_ms`. One dict a switch: `acked_ms`; `where`: "moved in its step" (the
+    step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
+    "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
+    the next step's `next_prep_ms` (its host preparation) and `next_moved`."""
+    decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
+    out = []
+    for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
+        acked_ms = sw["decision_to_split_us"] / 1e3
+        if acked_ms <= over_ms or sw.get("acked_last") != "decode":
+            continue
+        decided = sw["t"] - acked_ms / 1e3
+        running = next((r for r in decode if r["t"] - r["measured_ms"] / 1e3 <= decided <= r["t"]), None)
+        after = [r for r in decode if r["t"] - r["measured_ms"] / 1e3 > decided
+                 or (running is not None and r["t"] > running["t"])]
+        nxt = after[0] if after else None
+        row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
+                               "next_moved": bool(nxt and nxt.get("moved_while_launching"))}
+        if running is None:
+            row["where"] = "between steps"
+        else:
+            row.update(step_seqs=running["num_seqs"], ms_to_collect=round((running["t"] - decided) * 1e3, 3))
+            row["where"] = "moved in its step" if running.get("moved_while_launching") else "next step"
+        out.append(row)
+    return out
+
+
+def prep_quantiles(steps: list[dict[str, Any]], min_seqs: int = 1) -> tuple[int, float, float] | None:
+    """(decode steps of >= `min_seqs` sequences with a `prep_ms`, its median, its p90); None without any."""
+    prep = sorted(r["prep_ms"] for r in steps if r.get("side") == "decode" and r.get("num_seqs", 0) >= min_seqs
+                  and r.get("prep_ms") is not None)
+    return (len(prep), _q(prep, 0.5), _q(prep, 0.9)) if prep else None
+
+
 def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
     """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
     their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
@@ -461,6 +499,25 @@ def main(argv: list[str] | None = None) -> int:
         cut_steps, cut_waits = piece_waits_cut(steps)
         if cut_steps:
             print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
+        slow = slow_switches(records(args.log))  # the switches the goal (p99 < 1 ms) misses: where decode was
+        if slow:
+            wheres: dict[str, int] = {}
+            for row in slow:
+                wheres[row["where"]] = wheres.get(row["where"], 0) + 1
+            print(f"  switches over 1 ms acked last by decode: {len(slow)}, decode taking the split "
+                  + ", ".join(f"{where}: {n}" for where, n in wheres.items()) + "; the largest:")
+        for row in sorted(slow, key=lambda r: -r["acked_ms"])[:3]:
+            if "step_seqs" in row:
+                seen = (f"the {row['step_seqs']}-sequence decode step in flight (collected {row['ms_to_collect']:.1f} "
+                        f"ms later) {'moved while launching' if row['where'] == 'moved in its step' else 'did not move'}")
+            else:
+                seen = "no decode step in flight"
+            if row["next_prep_ms"] is not None:
+                prep = prep_quantiles(steps, int(row.get("step_seqs", 1) * 0.9))
+                seen += (f"; the next {'moved while launching' if row['next_moved'] else 'did not move'}, its host "
+                         f"preparation {row['next_prep_ms']:.2f} ms"
+                         + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))
+            print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)
     if medians:
         print("decode steps on graphs by (decode SMs, bucket), median measured / predicted ms: "

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bullet_ray.engine.state_block import RING_SIZE, Side, StateBlock
 from bullet_ray.metrics import EngineMetrics
 
@@ -563,3 +565,33 @@ def test_plot_steps_decode_step_medians_by_sms_and_bucket():
     steps = [step(30, 16, 9.0), step(31, 16, 11.0), step(32, 16, 12.0), step(30, 24, 5.0), step(30, 16, 99.0, "eager")]
     assert decode_step_medians(steps, min_steps=2) == {(16, 32): {"steps": 3, "measured_ms": 11.0,
                                                                   "predicted_ms": 10.0}}
+
+
+def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
+    """A switch acked last by decode over 1 ms is placed where its decision found the decode side: inside a step
+    that then moved, inside one that did not (the next step took the split: its host preparation shown), or between
+    steps; faster switches and those the prefill side acked last are left out."""
+    from benchmarks.plot_steps import prep_quantiles, slow_switches
+
+    def step(t, ms, seqs, prep, moved=False):
+        rec = {"kind": "step", "side": "decode", "t": t, "measured_ms": ms, "num_seqs": seqs, "prep_ms": prep}
+        return {**rec, "moved_while_launching": True} if moved else rec
+
+    def switch(t, us, last="decode"):
+        return {"kind": "switch", "t": t, "decision_to_split_us": us, "acked_last": last}
+
+    recs = [step(10.020, 20.0, 100, 0.8), step(10.040, 20.0, 100, 0.9, moved=True), step(10.060, 20.0, 110, 0.7),
+            step(10.100, 20.0, 50, 0.3),
+            switch(10.0375, 1500),           # decided at 10.036, inside the second step, which moved
+            switch(10.0595, 1500),           # decided at 10.058, inside the third, which did not: the fourth took it
+            switch(10.0705, 2000),           # decided at 10.0685: between the third and the fourth
+            switch(10.0302, 500),            # under 1 ms
+            switch(10.0903, 3000, "prefill")]
+    rows = slow_switches(recs)
+    assert [r["where"] for r in rows] == ["moved in its step", "next step", "between steps"]
+    assert rows[0]["step_seqs"] == 100 and rows[0]["ms_to_collect"] == 4.0
+    assert rows[1]["step_seqs"] == 110 and rows[1]["next_prep_ms"] == 0.3 and not rows[1]["next_moved"]
+    assert "step_seqs" not in rows[2] and rows[2]["next_prep_ms"] == 0.3
+    count, p50, p90 = prep_quantiles([r for r in recs if r["kind"] == "step"], min_seqs=100)  # 0.7, 0.8, 0.9 (_q: nearest rank)
+    assert count == 3 and p50 == pytest.approx(0.8) and p90 == pytest.approx(0.9)
+    assert prep_quantiles([], 1) is None

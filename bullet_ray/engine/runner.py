@@ -123,9 +123,12 @@ class ModelRunner:
         self._last_ids: torch.Tensor | None = None
         self._last_rows: dict[str, int] = {}
 
-    def build_metadata(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def build_metadata(self, batch: list[ScheduledSeq], page_table: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids, positions and the attention metadata of a batch (copied to the device without
-        waiting for the GPU). A token still pending on the device is gathered from the last step's ids."""
+        waiting for the GPU). A token still pending on the device is gathered from the last step's ids. Without
+        `page_table` (a step a decode graph runs: it stages its own page indices, `DecodeGraphs._plan`) the padded
+        block table is neither built nor copied, and `block_tables` is [num_seqs, 0]."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -135,8 +138,9 @@ class ModelRunner:
         gather_src: list[int] = []
         bs = self.block_size
         for item in batch:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
+            seq, num_new = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            end = start + num_new
             known = seq.num_known_tokens
             if end > known:  # the last token is the one the previous step sampled
                 if end - known != 1 or seq.request_id not in self._last_rows:
@@ -151,13 +155,14 @@ class ModelRunner:
             positions.extend(range(start, end))
             blocks = seq.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            query_lens.append(item.num_new_tokens)
+            query_lens.append(num_new)
             seq_lens.append(end)
-        max_blocks = max(len(item.seq.block_ids) for item in batch)
+        max_blocks = max(len(item.seq.block_ids) for item in batch) if page_table else 0
         table: list[int] = []  # [batch, max_blocks] row-major, padded with block 0
-        for item in batch:
-            table.extend(item.seq.block_ids)
-            table.extend([0] * (max_blocks - len(item.seq.block_ids)))
+        if page_table:
+            for item in batch:
+                table.extend(item.seq.block_ids)
+                table.extend([0] * (max_blocks - len(item.seq.block_ids)))
         qsl = [0]
         for n in query_lens:
             qsl.append(qsl[-1] + n)
@@ -199,7 +204,10 @@ class ModelRunner:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
         prep_started = time.perf_counter()
-        ids, pos, metadata = self.build_metadata(batch)
+        # a pure-decode step a graph bucket holds never reads the metadata's page table: the graph stages its own
+        on_graph = self.graphs is not None and all(item.num_new_tokens == 1 for item in batch) \
+            and self.graphs.bucket(len(batch)) is not None
+        ids, pos, metadata = self.build_metadata(batch, page_table=not on_graph)
         forward_started = time.perf_counter()
         prep_s = forward_started - prep_started
         host_s = {"prep": prep_s}
@@ -223,6 +231,8 @@ class ModelRunner:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
         if hidden is None:
+            if on_graph:  # not expected (a bucket held the batch): the eager forward reads the page table
+                ids, pos, metadata = self.build_metadata(batch)
             self.backend.begin_batch(metadata)  # once per batch: every layer group reuses the plan
             host_s["attn_plan"] = time.perf_counter() - forward_started
             ctx = AttentionContext(self.backend, metadata)

@@ -1,0 +1,100 @@
+"""A decode step a graph bucket holds is prepared without the padded page table (the graph stages its own).
+
+`ModelRunner.launch` builds the metadata's block table only for steps the eager forward runs: on a pure-decode
+batch that `DecodeGraphs.bucket` holds, the host neither builds nor copies it (half of `build_metadata`'s time at
+113 sequences on CPU, `benchmarks/results/decode_prep_cpu/`). A stand-in for the graphs runs the eager forward
+from a full metadata, so the tokens must equal a run without graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bullet_ray.engine.attention.base import AttentionContext
+from bullet_ray.engine.scheduler.base import ScheduledSeq
+
+PROMPTS = [[5, 17, 99, 3], [300, 2, 71, 8, 9, 10], [42, 7]]
+
+
+class FullTableGraphs:
+    """Stands in for DecodeGraphs: buckets up to `largest` sequences; `run` checks what the runner handed it and
+    computes the step eagerly from a metadata with the page table."""
+
+    pieces = 1
+    num_piece_waits_cut = 0
+
+    def __init__(self, runner: Any, largest: int) -> None:
+        self.runner, self.largest, self.seen = runner, largest, []
+
+    def bucket(self, num_seqs: int) -> int | None:
+        return self.largest if num_seqs <= self.largest else None
+
+    def run(self, key: Any, ids: torch.Tensor, pos: torch.Tensor, metadata: Any, tables: list[list[int]],
+            between: Any = None, move_pending: Any = None) -> torch.Tensor | None:
+        if self.bucket(len(tables)) is None:  # as DecodeGraphs.run: too large, the runner goes eager
+            return None
+        self.seen.append(tuple(metadata.block_tables.shape))
+        # the same step with the page table (launch advances the sequences only after the forward)
+        full_ids, full_pos, full = self.runner.build_metadata(self.runner.batch_in_flight)
+        assert torch.equal(full_ids, ids) and torch.equal(full_pos, pos)
+        assert torch.equal(full.slot_mapping, metadata.slot_mapping) and full.seq_lens_list == metadata.seq_lens_list
+        assert torch.equal(full.seq_lens, metadata.seq_lens)
+        self.runner.backend.begin_batch(full)
+        return self.runner.model.forward(ids, pos, AttentionContext(self.runner.backend, full))
+
+
+def _greedy(largest: int | None) -> tuple[list[list[int]], list[tuple[int, ...]]]:
+    from benchmarks.gpu.engine_common import make_runner, make_seqs
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
+
+    source = resolve_source("dummy:tiny-llama")
+    model = build_model(source.config, dtype=torch.float32, device="cpu")
+    source.fill(model, True, 0)
+    model.eval()
+    runner, _ = make_runner(model, source.config, "torch", 32, 4, "cpu", torch.float32)
+    graphs = None
+    if largest is not None:
+        graphs = runner.graphs = FullTableGraphs(runner, largest)
+    seqs = make_seqs(PROMPTS, 6, 4, 32)
+    runner.collect(runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]))
+    for _ in range(5):
+        batch = [ScheduledSeq(s, 1) for s in seqs]
+        runner.batch_in_flight = batch  # type: ignore[attr-defined]
+        runner.collect(runner.launch(batch))
+    return [list(s.output_token_ids) for s in seqs], (graphs.seen if graphs else [])
+
+
+def test_a_decode_step_on_a_graph_bucket_skips_the_page_table_and_keeps_the_tokens():
+    tokens, seen = _greedy(largest=4)
+    assert seen == [(3, 0)] * 5  # every decode step: no page table columns
+    assert tokens == _greedy(largest=None)[0]
+    assert all(len(ids) == 6 for ids in tokens)
+
+
+def test_a_batch_no_bucket_holds_keeps_the_page_table_for_the_eager_forward():
+    tokens, seen = _greedy(largest=2)  # three sequences: too many for the graphs, the eager forward runs
+    assert seen == []
+    assert tokens == _greedy(largest=None)[0]
+
+
+def test_build_metadata_without_the_page_table_keeps_everything_else():
+    from benchmarks.gpu.engine_common import make_runner, make_seqs
+    from bullet_ray.models.loader import resolve_source
+
+    source = resolve_source("dummy:tiny-llama")
+    runner, _ = make_runner(None, source.config, "torch", 32, 4, "cpu", torch.float32)
+    seqs = make_seqs(PROMPTS, 6, 4, 32)
+    for s in seqs:
+        s.num_computed_tokens = len(s.prompt_token_ids) - 1
+    batch = [ScheduledSeq(s, 1) for s in seqs]
+    ids, pos, full = runner.build_metadata(batch)
+    lean_ids, lean_pos, lean = runner.build_metadata(batch, page_table=False)
+    assert torch.equal(ids, lean_ids) and torch.equal(pos, lean_pos)
+    assert tuple(full.block_tables.shape) == (3, 8) and tuple(lean.block_tables.shape) == (3, 0)
+    for name in ("query_start_loc", "seq_lens", "slot_mapping"):
+        assert torch.equal(getattr(full, name), getattr(lean, name)), name
+    assert (full.query_lens_list, full.seq_lens_list, full.is_decode) == \
+        (lean.query_lens_list, lean.seq_lens_list, lean.is_decode)

@@ -148,13 +148,18 @@ class ModelRunner:
                                        "and not from the last launched step")
                 gather_dst.append(len(input_ids) + end - 1 - start)
                 gather_src.append(self._last_rows[seq.request_id])
-                input_ids.extend(seq.token_ids_slice(start, known))
+                if start < known:
+                    input_ids.extend(seq.token_ids_slice(start, known))
                 input_ids.append(0)
             else:
                 input_ids.extend(seq.token_ids_slice(start, end))
-            positions.extend(range(start, end))
             blocks = seq.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            if num_new == 1:  # a decode token: one position and one slot, without a range and a generator
+                positions.append(start)
+                slots.append(blocks[start // bs] * bs + start % bs)
+            else:
+                positions.extend(range(start, end))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             query_lens.append(num_new)
             seq_lens.append(end)
         max_blocks = max(len(item.seq.block_ids) for item in batch) if page_table else 0

@@ -341,3 +341,31 @@ def test_a_layer_wise_step_that_moved_between_its_groups_and_back_is_flagged(tmp
         assert not _launched(prefill, 1, num_layer_groups=4).moved_while_launching
     finally:
         block.close()
+
+
+@pytest.mark.parametrize("requested", [None, 0, 1])
+def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(monkeypatch, requested):
+    """A split requested after the loop's follow (while the decode side planned) is followed at the launch, and the
+    step is predicted again on the new entry; with nothing new requested the launch stays where it was planned."""
+    from bullet_ray.engine.worker.roles import DecodeWorker
+
+    slots = np.zeros(4, dtype=np.int64)
+    worker = DecodeWorker.__new__(DecodeWorker)  # only what the launch's follow reads
+    worker.partitioner = NonePartitioner("decode")
+    worker.partitioner.select(1)
+    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=True)
+    worker.switch.reset(1)
+    worker.inflight = None
+    worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
+    worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: None))
+    predicted: list[int] = []
+    worker.predicted = lambda batch: predicted.append(worker.partitioner.current_index) or batch  # type: ignore[method-assign]
+    launched: list[int] = []
+    monkeypatch.setattr(WorkerBase, "launch", lambda self, batch, *rest: launched.append(self.partitioner.current_index))
+    if requested is not None:
+        worker.switch.request(requested)
+    worker.launch([])
+    moved = requested is not None and requested != 1
+    assert launched == [requested if moved else 1]
+    assert predicted == ([requested] if moved else [])
+    assert not worker.switch_pending()

@@ -193,6 +193,12 @@ class ModelRunner:
             ids.index_copy_(0, longs[3 * t + g:], src)
         return ids, longs[t:2 * t], metadata
 
+    def on_graph(self, batch: list[ScheduledSeq]) -> bool:
+        """Whether a decode graph bucket holds `batch` (a pure-decode step): such a step never reads the metadata's
+        page table (the graph stages its own page indices), so `build_metadata` may leave it out."""
+        return self.graphs is not None and bool(batch) and all(item.num_new_tokens == 1 for item in batch) \
+            and self.graphs.bucket(len(batch)) is not None
+
     @torch.inference_mode()
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
                between_groups: BetweenGroups | None = None,
@@ -209,9 +215,7 @@ class ModelRunner:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
         prep_started = time.perf_counter()
-        # a pure-decode step a graph bucket holds never reads the metadata's page table: the graph stages its own
-        on_graph = self.graphs is not None and all(item.num_new_tokens == 1 for item in batch) \
-            and self.graphs.bucket(len(batch)) is not None
+        on_graph = self.on_graph(batch)
         ids, pos, metadata = self.build_metadata(batch, page_table=not on_graph)
         forward_started = time.perf_counter()
         prep_s = forward_started - prep_started

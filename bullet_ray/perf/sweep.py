@@ -171,13 +171,16 @@ class Bench:
 
         @torch.inference_mode()
         def run() -> Any:
-            ids, pos, md = runner.build_metadata(batch)
+            on_graph = runner.on_graph(batch)  # as the runner: no page table for a step a graph bucket holds
+            ids, pos, md = runner.build_metadata(batch, page_table=not on_graph)
             hidden = None
             if runner.graphs is not None and md.is_decode:
                 bs = self.block_size
                 tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, md.seq_lens_list)]
                 hidden = runner.graphs.run(graph_key, ids, pos, md, tables)
             if hidden is None:
+                if on_graph:
+                    ids, pos, md = runner.build_metadata(batch)
                 runner.backend.begin_batch(md)
                 hidden = runner.model.forward(ids, pos, AttentionContext(runner.backend, md))
             last = md.query_start_loc[1:].long() - 1

@@ -45,7 +45,7 @@ class FullTableGraphs:
         return self.runner.model.forward(ids, pos, AttentionContext(self.runner.backend, full))
 
 
-def _greedy(largest: int | None) -> tuple[list[list[int]], list[tuple[int, ...]]]:
+def _greedy(largest: int | None, graphs_class: type = FullTableGraphs) -> tuple[list[list[int]], list[tuple[int, ...]]]:
     from benchmarks.gpu.engine_common import make_runner, make_seqs
     from bullet_ray.models.loader import resolve_source
     from bullet_ray.models.registry import build_model
@@ -57,7 +57,7 @@ def _greedy(largest: int | None) -> tuple[list[list[int]], list[tuple[int, ...]]
     runner, _ = make_runner(model, source.config, "torch", 32, 4, "cpu", torch.float32)
     graphs = None
     if largest is not None:
-        graphs = runner.graphs = FullTableGraphs(runner, largest)
+        graphs = runner.graphs = graphs_class(runner, largest)
     seqs = make_seqs(PROMPTS, 6, 4, 32)
     runner.collect(runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]))
     for _ in range(5):
@@ -98,3 +98,25 @@ def test_build_metadata_without_the_page_table_keeps_everything_else():
         assert torch.equal(getattr(full, name), getattr(lean, name)), name
     assert (full.query_lens_list, full.seq_lens_list, full.is_decode) == \
         (lean.query_lens_list, lean.seq_lens_list, lean.is_decode)
+
+
+class RefusingGraphs(FullTableGraphs):
+    """A bucket holds the batch, yet `run` declines it (not expected of DecodeGraphs): the runner must rebuild the
+    page table for the eager forward."""
+
+    def run(self, key: Any, ids: torch.Tensor, pos: torch.Tensor, metadata: Any, tables: list[list[int]],
+            between: Any = None, move_pending: Any = None) -> torch.Tensor | None:
+        self.seen.append(tuple(metadata.block_tables.shape))
+        return None
+
+
+def test_a_graph_that_declines_the_step_leaves_it_to_the_eager_forward_with_the_page_table(monkeypatch):
+    from bullet_ray.engine.attention.torch_ref import TorchAttentionBackend
+
+    tables_seen: list[tuple[int, ...]] = []
+    begin = TorchAttentionBackend.begin_batch
+    monkeypatch.setattr(TorchAttentionBackend, "begin_batch",
+                        lambda self, md: (tables_seen.append(tuple(md.block_tables.shape)), begin(self, md))[1])
+    tokens, seen = _greedy(largest=4, graphs_class=RefusingGraphs)
+    assert seen == [(3, 0)] * 5 and tables_seen[-5:] == [(3, 8)] * 5  # declined without, run eagerly with it
+    assert tokens == _greedy(largest=None)[0]

@@ -32,7 +32,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     # [num_seqs] int32: context length of each sequence after this step (cached + new tokens)
     seq_lens: torch.Tensor
-    # [num_seqs, max_blocks_per_seq] int32: block ids, padded with 0 past each sequence's blocks
+    # [num_seqs, max_blocks_per_seq] int32: block ids, padded with 0 past each sequence's blocks ([num_seqs, 0] for
+    # a step a decode graph runs: it stages its own page indices, ModelRunner.on_graph)
     block_tables: torch.Tensor
     # [num_tokens] int64: pool slot of each new token (block * block_size + offset)
     slot_mapping: torch.Tensor

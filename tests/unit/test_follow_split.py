@@ -343,19 +343,28 @@ def test_a_layer_wise_step_that_moved_between_its_groups_and_back_is_flagged(tmp
         block.close()
 
 
-@pytest.mark.parametrize("requested", [None, 0, 1])
-def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(monkeypatch, requested):
-    """A split requested after the loop's follow (while the decode side planned) is followed at the launch, and the
-    step is predicted again on the new entry; with nothing new requested the launch stays where it was planned."""
+@pytest.mark.parametrize("requested,overlap,in_flight,prompt,follows", [
+    (None, True, False, False, False), (1, True, False, False, False),  # nothing new requested
+    (0, True, False, False, True), (0, True, True, False, True),  # overlap: the step in flight keeps running
+    (0, False, False, False, True),  # disjoint, nothing in flight: nothing to collect
+    (0, False, True, False, False),  # disjoint with a step in flight: following would collect it (the loop does)
+    (0, True, False, True, False),  # a step with a prompt chunk (mixed fallback): planned for its entry's graphs
+])
+def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(monkeypatch, requested, overlap,
+                                                                             in_flight, prompt, follows):
+    """A split requested after the loop's follow (while the decode side planned) is followed at the launch of a
+    decode-only step, and the step is predicted again on the new entry, unless following would collect the step
+    in flight (disjoint mode): that collect could finish sequences the planned batch holds."""
     from bullet_ray.engine.worker.roles import DecodeWorker
 
     slots = np.zeros(4, dtype=np.int64)
     worker = DecodeWorker.__new__(DecodeWorker)  # only what the launch's follow reads
     worker.partitioner = NonePartitioner("decode")
     worker.partitioner.select(1)
-    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=True)
+    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=overlap)
     worker.switch.reset(1)
-    worker.inflight = None
+    worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
+    worker._finish_inflight = lambda: pytest.fail("collected between plan and launch")  # type: ignore[method-assign]
     worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
     worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: None))
     predicted: list[int] = []
@@ -364,8 +373,8 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
     monkeypatch.setattr(WorkerBase, "launch", lambda self, batch, *rest: launched.append(self.partitioner.current_index))
     if requested is not None:
         worker.switch.request(requested)
-    worker.launch([])
-    moved = requested is not None and requested != 1
-    assert launched == [requested if moved else 1]
-    assert predicted == ([requested] if moved else [])
-    assert not worker.switch_pending()
+    batch = [SimpleNamespace(num_new_tokens=1), SimpleNamespace(num_new_tokens=7 if prompt else 1)]
+    worker.launch(batch)
+    assert launched == [requested if follows else 1]
+    assert predicted == ([requested] if follows else [])
+    assert worker.switch_pending() == (requested == 0 and not follows)

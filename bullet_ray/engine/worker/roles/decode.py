@@ -137,11 +137,14 @@ class DecodeWorker(SideWorker):
         """With `decode_pieces` (and the split moving: split_policy slo) a decode-only step runs in pieces, the split
         followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole, and so does one
         no decode graph holds on a GPU (eager layer groups wait for the GPU to drain at each boundary). On CPU the
-        eager forward runs in layer groups with the same hook (the tests' path). A split requested while the step
-        was planned is followed first (the loop followed the requests before planning; planning and preparing a
-        step of a hundred sequences took ~1 ms on the H200 host, `serve_h200_m21/`), the step predicted again on
-        the entry it runs on."""
-        if self.switch_pending():
+        eager forward runs in layer groups with the same hook (the tests' path). A split requested while a
+        decode-only step was planned is followed first (the loop followed the requests before planning; planning
+        and preparing a step of a hundred sequences took ~1 ms on the H200 host, `serve_h200_m21/`), the step
+        predicted again on the entry it runs on; only where following cannot collect the step in flight (overlap
+        mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
+        mixed step's piecewise graphs were judged on the entry it was planned on."""
+        if self.switch_pending() and (self.switch.overlap or self.inflight is None) \
+                and all(item.num_new_tokens == 1 for item in batch):
             before = self.partitioner.current_index
             self.follow_split()
             if self.partitioner.current_index != before:

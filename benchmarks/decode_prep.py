@@ -21,6 +21,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -96,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m benchmarks.decode_prep " + " ".join(argv if argv is not None else sys.argv[1:]),
             "rows": rows,
         }
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"saved {args.out}")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"saved {out}")
     return 0
 
 

@@ -361,7 +361,7 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     `t` (when it was collected) less `measured_ms`. One dict a switch: `acked_ms`; `where`: "moved in its step" (the
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
-    the next step's `next_prep_ms` (its host preparation) and `next_moved`."""
+    the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -374,6 +374,7 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                  or (running is not None and r["t"] > running["t"])]
         nxt = after[0] if after else None
         row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
+                               "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching"))}
         if running is None:
             row["where"] = "between steps"
@@ -514,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                 seen = "no decode step in flight"
             if row["next_prep_ms"] is not None:
                 prep = prep_quantiles(steps, int(row.get("step_seqs", 1) * 0.9))
-                seen += (f"; the next {'moved while launching' if row['next_moved'] else 'did not move'}, its host "
+                plan = f"planning {row['next_plan_ms']:.2f} ms, " if row["next_plan_ms"] is not None else ""
+                seen += (f"; the next {'moved while launching' if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")

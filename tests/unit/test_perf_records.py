@@ -591,6 +591,7 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
     assert [r["where"] for r in rows] == ["moved in its step", "next step", "between steps"]
     assert rows[0]["step_seqs"] == 100 and rows[0]["ms_to_collect"] == 4.0
     assert rows[1]["step_seqs"] == 110 and rows[1]["next_prep_ms"] == 0.3 and not rows[1]["next_moved"]
+    assert rows[1]["next_plan_ms"] is None  # the fake steps log no planning time
     assert "step_seqs" not in rows[2] and rows[2]["next_prep_ms"] == 0.3
     count, p50, p90 = prep_quantiles([r for r in recs if r["kind"] == "step"], min_seqs=100)  # 0.7, 0.8, 0.9 (_q: nearest rank)
     assert count == 3 and p50 == pytest.approx(0.8) and p90 == pytest.approx(0.9)

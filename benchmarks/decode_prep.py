@@ -1,4 +1,4 @@
-"""Host time of a decode step's preparation (`ModelRunner.build_metadata`), with and without the padded page table.
+"""Host time of a step's preparation (`ModelRunner.build_metadata`): decode with and without the padded page table; prompt chunks' KV slots.
 
     python -m benchmarks.decode_prep --out benchmarks/results/decode_prep_cpu/decode_prep.json
 
@@ -7,7 +7,8 @@ leaves the metadata's padded block table out for it (`build_metadata(page_table=
 host alone (CPU tensors: no pinned copy, no GPU), for decode batches whose every sequence has its last token still
 on the device (the asynchronous schedule's usual step: the token is gathered from the last step's ids), with
 Azure-conversation-like contexts (400-1,300 tokens, 16-token blocks). On a GPU the step log's `prep_ms` is the
-same call plus the pinned copies (0.80 ms at 113 sequences on the H200 host, `serve_h200_m21/`).
+same call plus the pinned copies (0.80 ms at 113 sequences on the H200 host, `serve_h200_m21/`). A prompt chunk's
+KV slots are computed one range per page (`runner.token_slots`); both ways are timed on chunks of `--chunk-tokens`.
 """
 
 from __future__ import annotations
@@ -69,18 +70,42 @@ def time_prep(num_seqs: int, repeats: int, block_size: int = 16, seed: int = 0) 
     return out
 
 
+def time_chunk_slots(tokens: int, repeats: int, block_size: int = 16) -> dict[str, float]:
+    """Median microseconds of a prompt chunk's KV slots, one Python step per token (the runner's way before
+    `token_slots`) against one range per page (`token_slots`), interleaved; the chunk starts mid-page."""
+    from bullet_ray.engine.runner import token_slots
+
+    blocks = list(range(5, 5 + tokens // block_size + 2))
+    start, end = 3, 3 + tokens
+    times: dict[str, list[float]] = {"per_token": [], "per_page": []}
+    for i in range(repeats + repeats // 10):
+        for name in times:
+            began = time.perf_counter()
+            if name == "per_token":
+                [].extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
+            else:
+                token_slots(blocks, start, end, block_size)
+            if i >= repeats // 10:
+                times[name].append((time.perf_counter() - began) * 1e6)
+    return {"tokens": tokens, **{f"{name}_p50_us": round(statistics.median(ts), 1) for name, ts in times.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", default="16,64,113,256", help="decode batch sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=2000, help="timed calls per batch size and variant")
+    parser.add_argument("--chunk-tokens", default="512,2048,8192",
+                        help="prompt chunk sizes whose KV slots are timed both ways, comma-separated")
     parser.add_argument("--out", default=None, help="JSON output path (default: print only)")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(v) for v in args.batch_sizes.split(",")]
-    except ValueError:
-        parser.error(f"--batch-sizes: integers separated by commas, got {args.batch_sizes!r}")
-    if any(n < 1 for n in sizes) or args.repeats < 10:
-        parser.error("--batch-sizes must be >= 1 and --repeats >= 10")
+    sizes, chunks = [], []
+    for name, value, into in (("--batch-sizes", args.batch_sizes, sizes), ("--chunk-tokens", args.chunk_tokens, chunks)):
+        try:
+            into.extend(int(v) for v in value.split(","))
+        except ValueError:
+            parser.error(f"{name}: integers separated by commas, got {value!r}")
+    if any(n < 1 for n in sizes + chunks) or args.repeats < 10:
+        parser.error("--batch-sizes and --chunk-tokens must be >= 1, --repeats >= 10")
     rows = []
     for n in sizes:
         row = time_prep(n, args.repeats)
@@ -88,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:4d} sequences: with the page table p50 {row['with_table_p50_us']:7.1f} us (p90 "
               f"{row['with_table_p90_us']:.1f}), without p50 {row['without_table_p50_us']:7.1f} us (p90 "
               f"{row['without_table_p90_us']:.1f}): {row['saved_p50']:.0%} less")
+    chunk_rows = []
+    for n in chunks:
+        row = time_chunk_slots(n, max(10, args.repeats // 10))
+        chunk_rows.append(row)
+        print(f"{n:5d}-token prompt chunk's KV slots: per token p50 {row['per_token_p50_us']:8.1f} us, per page "
+              f"{row['per_page_p50_us']:7.1f} us")
     if args.out:
         result = {
             "benchmark": "decode_prep",
@@ -96,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "command": "python -m benchmarks.decode_prep " + " ".join(argv if argv is not None else sys.argv[1:]),
             "rows": rows,
+            "chunk_slots": chunk_rows,
         }
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

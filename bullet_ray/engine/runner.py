@@ -104,6 +104,20 @@ class InFlightStep:
         return {**self.host_ms(), **self.allocator, **moved, **cut}
 
 
+def token_slots(blocks: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """KV pool slots (block * block_size + offset) of positions [start, end) of a sequence whose pages are `blocks`:
+    one range per page touched, not one Python step per token (a 2,048-token chunk touches 128 pages of 16)."""
+    out: list[int] = []
+    pos = start
+    while pos < end:
+        page, offset = divmod(pos, block_size)
+        take = min(block_size - offset, end - pos)
+        base = blocks[page] * block_size + offset
+        out.extend(range(base, base + take))
+        pos += take
+    return out
+
+
 class ModelRunner:
     def __init__(self, model: Any, backend: AttentionBackend, sampler: Any, block_size: int,
                  device: torch.device | str) -> None:
@@ -159,7 +173,7 @@ class ModelRunner:
                 slots.append(blocks[start // bs] * bs + start % bs)
             else:
                 positions.extend(range(start, end))
-                slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+                slots.extend(token_slots(blocks, start, end, bs))
             query_lens.append(num_new)
             seq_lens.append(end)
         max_blocks = max(len(item.seq.block_ids) for item in batch) if page_table else 0

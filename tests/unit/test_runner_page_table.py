@@ -120,3 +120,19 @@ def test_a_graph_that_declines_the_step_leaves_it_to_the_eager_forward_with_the_
     tokens, seen = _greedy(largest=4, graphs_class=RefusingGraphs)
     assert seen == [(3, 0)] * 5 and tables_seen[-5:] == [(3, 8)] * 5  # declined without, run eagerly with it
     assert tokens == _greedy(largest=None)[0]
+
+
+def test_token_slots_equal_one_slot_per_token():
+    """The page-wise slots of a prompt chunk equal the per-token formula, for chunks that start and end anywhere."""
+    import random
+
+    from bullet_ray.engine.runner import token_slots
+
+    rng = random.Random(0)
+    for _ in range(300):
+        bs = rng.choice([1, 4, 16])
+        blocks = rng.sample(range(1000), 40)
+        start = rng.randrange(0, 40 * bs)
+        end = rng.randrange(start, 40 * bs + 1)
+        assert token_slots(blocks, start, end, bs) == [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+    assert token_slots([7], 3, 3, 16) == []

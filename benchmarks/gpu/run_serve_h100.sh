@@ -8,6 +8,8 @@
 #   run SYSTEMS...   (once everything is staged) install, build native/, warm the JIT, then
 #                    `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS ...`; results in $OUT
 #   py MODULE ARGS   the same set-up, then `python -m MODULE ARGS` (offline throughput, profile, recovery ...)
+# LIMIT (default 540 s) bounds run's sweep and py's module; it is cut to what the device call leaves after the set-up
+# (CALL_LIMIT, default 600: the call's timeout_s) less 75 s for the stop, the packing and the copy back.
 # The carried parts exceed one call's 64 MiB, so stage runs once per part, back to back (the machine
 # keeps /tmp only while it stays warm). vLLM goes to its own folder (/tmp/vsite): it brings fastapi, pydantic
 # and flashinfer in other versions than Ray's and ours.
@@ -54,8 +56,17 @@ python3 -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None
        rm -f /tmp/site/.installed; exit 6; }
 make -s -C native >/dev/null || exit 4
 [ -f /tmp/.jit_warm ] || { timeout 300 python3 -m benchmarks.gpu.warm_jit 2>&1 | tail -3; touch /tmp/.jit_warm; }
+# LIMIT counts from here, but the device call's own limit (CALL_LIMIT, its timeout_s: 600 unless set lower) counts
+# from the script's start: a first call spends ~110-150 s above on the install and the JIT, and a LIMIT that leaves
+# no room for the stop (45 s), the packing and the copy back loses the whole call (the forty-eighth session's lease)
+LIMIT=${LIMIT:-540}
+ROOM=$(( ${CALL_LIMIT:-600} - SECONDS - 75 ))
+[ "$ROOM" -lt 10 ] && ROOM=10  # (timeout 0 would mean none)
+if [ "$LIMIT" -gt "$ROOM" ]; then
+  echo "LIMIT=$LIMIT cut to $ROOM: set-up took ${SECONDS} s of the call's ${CALL_LIMIT:-600} s"; LIMIT=$ROOM
+fi
 if [ "$mode" = py ]; then
-  NAME=$(echo "$1" | sed 's/.*\.//'); timeout -k 10 ${LIMIT:-540} python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
+  NAME=$(echo "$1" | sed 's/.*\.//'); timeout -k 10 "$LIMIT" python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
     | grep -v "it/s\]$" | tail -80
 else
   # only letters, digits, '.', '_' and '-' come back from $OUT ("chunked-2048+pw1024" would not)
@@ -65,10 +76,10 @@ else
   RES=/tmp/serve_out/$NAME; rm -rf "$RES"
   # at LIMIT, timeout's SIGTERM makes serve_h100 stop the server it runs (serve run, vllm serve) before it exits;
   # 45 s later it is killed whatever it is doing. A server left running would answer the next call's sweep.
-  timeout -k 45 ${LIMIT:-540} python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
+  timeout -k 45 "$LIMIT" python3 -m benchmarks.gpu.serve_h100 --out "$RES" --trace-path /tmp/azure "$@" 2>&1 \
     | tee "$OUT/log_$NAME.txt" | grep -v "^\s*$" | grep -v "it/s\]$" | tail -60
   if [ "${PIPESTATUS[0]}" -ge 124 ]; then  # stopped at LIMIT: whatever outlived it would hold the next call's GPU
-    echo "stopped at LIMIT=${LIMIT:-540}: ray stop --force, and any vllm serve left"
+    echo "stopped at LIMIT=$LIMIT: ray stop --force, and any vllm serve left"
     ray stop --force >/dev/null 2>&1; pkill -f "[o]penai.api_server"
   fi
   cp "$RES"/compare.{json,md,png} "$RES"/goodput_ci.txt "$OUT/" 2>/dev/null

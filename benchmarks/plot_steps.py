@@ -23,6 +23,7 @@ import gzip
 import json
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from benchmarks.rescore import load_run
@@ -502,9 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
         slow = slow_switches(records(args.log))  # the switches the goal (p99 < 1 ms) misses: where decode was
         if slow:
-            wheres: dict[str, int] = {}
-            for row in slow:
-                wheres[row["where"]] = wheres.get(row["where"], 0) + 1
+            wheres = Counter(row["where"] for row in slow)
             print(f"  switches over 1 ms acked last by decode: {len(slow)}, decode taking the split "
                   + ", ".join(f"{where}: {n}" for where, n in wheres.items()) + "; the largest:")
         for row in sorted(slow, key=lambda r: -r["acked_ms"])[:3]:

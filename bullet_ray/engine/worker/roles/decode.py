@@ -143,14 +143,14 @@ class DecodeWorker(SideWorker):
         predicted again on the entry it runs on; only where following cannot collect the step in flight (overlap
         mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
         mixed step's piecewise graphs were judged on the entry it was planned on."""
-        if self.switch_pending() and (self.switch.overlap or self.inflight is None) \
-                and all(item.num_new_tokens == 1 for item in batch):
+        decode_only = all(item.num_new_tokens == 1 for item in batch)
+        if decode_only and self.switch_pending() and (self.switch.overlap or self.inflight is None):
             before = self.partitioner.current_index
             self.follow_split()
             if self.partitioner.current_index != before:
                 batch = self.predicted(batch)
         cfg = self.config
-        if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or any(item.num_new_tokens > 1 for item in batch) \
+        if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or not decode_only \
                 or (cfg.is_gpu and self.runs_eagerly(len(batch))):  # eagerly, each boundary would drain the GPU
             return super().launch(batch)
         self._moved_in_step = False

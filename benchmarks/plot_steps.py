@@ -29,10 +29,10 @@ from typing import Any
 from benchmarks.rescore import load_run
 
 
-def load(path: str) -> tuple[list[dict], list[dict]]:
-    """(step records, decision records); switch records are read by `switches`."""
+def steps_and_decisions(recs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(step records, decision records) of a step log's records; switch records are read by `switches`."""
     steps, decisions = [], []
-    for record in records(path):
+    for record in recs:
         if record.get("kind") == "step":
             steps.append(record)
         elif record.get("kind", "decision") == "decision":
@@ -41,27 +41,27 @@ def load(path: str) -> tuple[list[dict], list[dict]]:
 
 
 def records(path: str) -> list[dict]:
-    """Every record of a step log (plain or gzipped JSONL)."""
+    """Every record of a step log (plain or gzipped JSONL), parsed once and handed to the helpers below."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def switches(path: str) -> list[float]:
+def switches(recs: list[dict]) -> list[float]:
     """Decision-to-new-split times (ms) of the switches both sides acked (their next launches on it), sorted."""
-    return sorted(r["decision_to_split_us"] / 1e3 for r in records(path) if r.get("kind") == "switch")
+    return sorted(r["decision_to_split_us"] / 1e3 for r in recs if r.get("kind") == "switch")
 
 
-def drains(path: str) -> list[float]:
+def drains(recs: list[dict]) -> list[float]:
     """Decision-to-drained times (ms) of the switches that took effect (no step of either side left on the old
     entry), sorted; logs from before the drain was recorded have none."""
-    return sorted(r["decision_to_drained_us"] / 1e3 for r in records(path) if r.get("kind") == "switch_drained")
+    return sorted(r["decision_to_drained_us"] / 1e3 for r in recs if r.get("kind") == "switch_drained")
 
 
-def switch_summary(path: str) -> dict[str, float] | None:
+def switch_summary(recs: list[dict]) -> dict[str, float] | None:
     """A step log's switches in numbers (serve_h100 saves them per system): how many both sides acked and their
     decision-to-ack p50 / p99 (ms), how many drained and their decision-to-drained p50 / p99; None without any."""
-    acked, drained = switches(path), drains(path)
+    acked, drained = switches(recs), drains(recs)
     if not acked:
         return None
     out = {"acked": len(acked), "acked_p50_ms": round(_q(acked, 0.5), 3), "acked_p99_ms": round(_q(acked, 0.99), 3),
@@ -71,7 +71,7 @@ def switch_summary(path: str) -> dict[str, float] | None:
     return out
 
 
-def startup_summary(path: str) -> dict[str, dict[str, float]]:
+def startup_summary(recs: list[dict]) -> dict[str, dict[str, float]]:
     """Each worker's start-up from its `startup` record (serve_h100's extra.startup): seconds by part
     (`resources`, `partitions`, `piecewise_tune`, `decode_graphs`, `piecewise_graphs`, `warm_pinned`, `total`), by
     role; the last start of each role where the log holds several; {} for logs from before the record existed.
@@ -80,7 +80,7 @@ def startup_summary(path: str) -> dict[str, dict[str, float]]:
     this worker's end, so that overlapped start-ups show as a `done_after_s` below the sum of the totals. Only for
     the records of the last start: a worker whose last record began before the creating worker's last start (an
     engine restarted, this worker's record lost) gets none."""
-    rows = {r["role"]: r for r in records(path) if r.get("kind") == "startup"}
+    rows = {r["role"]: r for r in recs if r.get("kind") == "startup"}
     creator = next((rows[role] for role in ("prefill", "hybrid") if role in rows), None)
     began = creator["t"] - creator["seconds"]["total"] if creator and "t" in creator and "total" in creator["seconds"] \
         else None
@@ -95,11 +95,11 @@ def startup_summary(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def prefill_gemm_summary(path: str) -> dict[str, Any]:
+def prefill_gemm_summary(recs: list[dict]) -> dict[str, Any]:
     """engine.prefill_gemm's tuning from the prefilling worker's last `startup` record (serve_h100's
     extra.prefill_gemm): the report's counts, and per partition size the points kept and their median speedup over
     F.linear (`by_sms`); {} when the log has none (cublas, or a log from before it)."""
-    rows = [r for r in records(path) if r.get("kind") == "startup" and r.get("prefill_gemm")]
+    rows = [r for r in recs if r.get("kind") == "startup" and r.get("prefill_gemm")]
     if not rows:
         return {}
     report = rows[-1]["prefill_gemm"]
@@ -115,12 +115,12 @@ def prefill_gemm_summary(path: str) -> dict[str, Any]:
     return out
 
 
-def handoff_summary(path: str) -> dict[str, dict[str, float]]:
+def handoff_summary(recs: list[dict]) -> dict[str, dict[str, float]]:
     """The prefill -> decode hand-offs of a step log by the way they came ("front": relayed by the engine front,
     "direct": from the prefill worker itself): count and the prefill worker's send -> the decode worker taking it
     p50 / p90 / p99 (ms); {} for logs from before hand-offs were timed."""
     by_via: dict[str, list[float]] = {}
-    for r in records(path):
+    for r in recs:
         if r.get("kind") == "handoff":
             by_via.setdefault(r["via"], []).append(r["hop_ms"])
     out = {}
@@ -130,12 +130,12 @@ def handoff_summary(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def drain_idle(path: str) -> dict[str, float] | None:
+def drain_idle(recs: list[dict]) -> dict[str, float] | None:
     """What the drains cost in SMs: after a switch that gives prefill more SMs, decode leaves them at its next
     launch while prefill's step on the old entry still runs (its next step waits on it), so the SMs prefill gains
     idle from the acks to the drain when prefill drained last. Summed over the log as SM-milliseconds and as a
     share of the SM time between its first and last step (None without drains or ladder entries)."""
-    recs = sorted(records(path), key=lambda r: r["t"])
+    recs = sorted(recs, key=lambda r: r["t"])
     ladder = {r["split_index"]: r["prefill_sms"] for r in recs if r.get("kind") == "step" and "split_index" in r}
     steps = [r["t"] for r in recs if r.get("kind") == "step"]
     acked: dict[int, float] = {}  # entry -> decision-to-ack ms of the last switch to it
@@ -227,10 +227,10 @@ def first_token_parts(first_tokens: list[dict], run: dict) -> dict:
             "client_minus_engine_ttft_p50_ms": round(run["summary"]["ttft_ms"]["p50"] - med["worker_ttft_ms"], 1)}
 
 
-def first_tokens_of_run(path: str, run: dict) -> dict:
+def first_tokens_of_run(recs: list[dict], run: dict) -> dict:
     """The prefill worker's `first_token` records of one run's window, summarised as step_breakdown does
     ({} for logs without them)."""
-    return first_token_parts(during_run([r for r in records(path) if r.get("kind") == "first_token"], run), run)
+    return first_token_parts(during_run([r for r in recs if r.get("kind") == "first_token"], run), run)
 
 
 def split_of_run(steps: list[dict], decisions: list[dict], run: dict) -> dict | None:
@@ -393,11 +393,11 @@ def prep_quantiles(steps: list[dict[str, Any]], min_seqs: int = 1) -> tuple[int,
     return (len(prep), _q(prep, 0.5), _q(prep, 0.9)) if prep else None
 
 
-def switches_by_reason(path: str) -> dict[tuple[str, str], dict[str, float]]:
+def switches_by_reason(recs: list[dict]) -> dict[tuple[str, str], dict[str, float]]:
     """Completed switches grouped by (the switching decision's reason, the side that acked last): how many and
     their decision-to-new-split time (ms) median and max. A switch belongs to the last switching decision
     logged before it."""
-    recs = sorted(records(path), key=lambda r: r["t"])
+    recs = sorted(recs, key=lambda r: r["t"])
     groups: dict[tuple[str, str], list[float]] = {}
     reason = "?"
     for r in recs:
@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", default=None,
                         help="one rate's bench result served while the log was written: adds a row zoomed into it")
     args = parser.parse_args(argv)
-    steps, decisions = load(args.log)
+    recs = records(args.log)  # parsed once; every section below reads these
+    steps, decisions = steps_and_decisions(recs)
     if not steps:
         raise SystemExit(f"{args.log}: no step records")
     import matplotlib
@@ -478,20 +479,20 @@ def main(argv: list[str] | None = None) -> int:
     for sms, row in prefill_rate_by_sms(steps, other_busy=False).items():
         print(f"prefill steps of >= 1500 tokens with decode idle on {sms} SMs: {row['steps']}, "
               f"median {row['tokens_per_s_p50']:.0f} tokens/s")
-    done = switches(args.log)
+    done = switches(recs)
     if done:
         print(f"switches: {len(done)}, decision to both sides launching on the new split (acked) p50 "
               f"{_q(done, 0.5):.3f} ms, p90 {_q(done, 0.9):.3f} ms, p99 {_q(done, 0.99):.3f} ms; under 1 ms: "
               f"{sum(ms < 1.0 for ms in done)}; the largest {', '.join(f'{ms:.2f}' for ms in done[-3:])} ms")
-        drained = drains(args.log)
+        drained = drains(recs)
         if drained:
             print(f"  drained (no step of either side left on the old split): {len(drained)}, p50 "
                   f"{_q(drained, 0.5):.3f} ms, p99 {_q(drained, 0.99):.3f} ms")
-            idle = drain_idle(args.log)
+            idle = drain_idle(recs)
             if idle is not None:
                 print(f"  SMs prefill gained, idle from the acks to the drain: {idle['switches']} switches, "
                       f"{idle['idle_sm_ms']:.0f} SM-ms, {idle['share']:.4%} of the log's SM time")
-        for (reason, last), row in switches_by_reason(args.log).items():
+        for (reason, last), row in switches_by_reason(recs).items():
             print(f"  after a {reason} decision, {last} acked last: {row['switches']}, p50 {row['p50_ms']:.1f} ms, "
                   f"max {row['max_ms']:.1f} ms")
         moved = moved_while_launching(steps)
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         cut_steps, cut_waits = piece_waits_cut(steps)
         if cut_steps:
             print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
-        slow = slow_switches(records(args.log))  # the switches the goal (p99 < 1 ms) misses: where decode was
+        slow = slow_switches(recs)  # the switches the goal (p99 < 1 ms) misses: where decode was
         if slow:
             wheres = Counter(row["where"] for row in slow)
             print(f"  switches over 1 ms acked last by decode: {len(slow)}, decode taking the split "
@@ -529,14 +530,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"decode graphs' first uses (split, bucket, split moved to): {replays['first']}, measured over "
               f"predicted p50 {replays['first_p50_ms']:.1f} ms, max {replays['first_max_ms']:.1f} ms; the other "
               f"{replays['rest']} steps p99 {replays['rest_p99_ms']:.1f} ms")
-    for role, parts in startup_summary(args.log).items():
+    for role, parts in startup_summary(recs).items():
         print(f"{role} worker start-up: " + ", ".join(f"{part} {s:.1f} s" for part, s in parts.items()))
-    for via, row in handoff_summary(args.log).items():
+    for via, row in handoff_summary(recs).items():
         print(f"hand-offs via {via}: {row['handoffs']}, prefill send -> decode takes it p50 {row['p50_ms']} ms, "
               f"p90 {row['p90_ms']} ms, p99 {row['p99_ms']} ms")
     if run is not None:
         plot_run(ax3, ax4, steps, run)
-        parts = first_tokens_of_run(args.log, run)
+        parts = first_tokens_of_run(recs, run)
         if parts:
             print(f"first tokens of this run: {parts['first_tokens']}, medians: front -> worker "
                   f"{parts['engine_to_worker_ms_p50']} ms, queue {parts['engine_queue_ms_p50']}, prefill "

@@ -439,20 +439,22 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                 from benchmarks.plot_steps import (
                     handoff_summary,
                     prefill_gemm_summary,
+                    records,
                     startup_summary,
                     switch_summary,
                 )
 
-                summary = switch_summary(str(steps))
+                recs = records(str(steps))
+                summary = switch_summary(recs)
                 if summary is not None:
                     system.extra["switches"] = summary
-                handoffs = handoff_summary(str(steps))
+                handoffs = handoff_summary(recs)
                 if handoffs:
                     system.extra["handoffs"] = handoffs
-                startup = startup_summary(str(steps))  # where the workers' part of ready_s went
+                startup = startup_summary(recs)  # where the workers' part of ready_s went
                 if startup:
                     system.extra["startup"] = startup
-                gemm = prefill_gemm_summary(str(steps))  # +lt: what the tuning kept, by partition size
+                gemm = prefill_gemm_summary(recs)  # +lt: what the tuning kept, by partition size
                 if gemm:
                     system.extra["prefill_gemm"] = gemm
         finally:

@@ -311,7 +311,7 @@ def test_queued_prefill_batches_and_client_side_figures():
 def test_prefill_rate_by_sms_and_switches_by_reason(tmp_path):
     """plot_steps' prefill side beside a busy decode (by its SMs) and the split switches grouped by what decided
     them, on hand-made records."""
-    from benchmarks.plot_steps import prefill_rate_by_sms, switches_by_reason
+    from benchmarks.plot_steps import prefill_rate_by_sms, records, switches_by_reason
 
     def step(sms, busy, tokens, ms):
         return {"kind": "step", "side": "prefill", "prefill_sms": sms, "other_busy": busy, "num_tokens": tokens,
@@ -332,7 +332,7 @@ def test_prefill_rate_by_sms_and_switches_by_reason(tmp_path):
             {"kind": "decision", "t": 3.0, "reason": "to_prefill", "switch": True},
             {"kind": "switch", "t": 3.1, "decision_to_split_us": 20_000, "acked_last": "prefill"}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert switches_by_reason(str(log)) == {
+    assert switches_by_reason(records(str(log))) == {
         ("to_decode", "decode"): {"switches": 2, "p50_ms": 200.0, "max_ms": 300.0},
         ("to_prefill", "prefill"): {"switches": 1, "p50_ms": 20.0, "max_ms": 20.0}}
 
@@ -398,42 +398,42 @@ def test_blocked_launches_count_the_launches_that_waited_for_the_gpu(tmp_path):
 def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):
     """plot_steps.switch_summary (what serve_h100 saves per bullet system): counts and p50 / p99 of the
     decision-to-ack and decision-to-drained times; None for a log without switches."""
-    from benchmarks.plot_steps import switch_summary
+    from benchmarks.plot_steps import records, switch_summary
 
     log = tmp_path / "log.jsonl"
     rows = [{"kind": "switch", "t": float(i), "decision_to_split_us": 1000 * (i + 1), "acked_last": "decode"}
             for i in range(4)]
     rows += [{"kind": "switch_drained", "t": i + 0.5, "decision_to_drained_us": 10_000 * (i + 1)} for i in range(3)]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert switch_summary(str(log)) == {"acked": 4, "acked_p50_ms": 3.0, "acked_p99_ms": 4.0, "drained": 3,
+    assert switch_summary(records(str(log))) == {"acked": 4, "acked_p50_ms": 3.0, "acked_p99_ms": 4.0, "drained": 3,
                                         "drained_p50_ms": 20.0, "drained_p99_ms": 30.0}
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"kind": "step", "t": 0.0}) + "\n")
-    assert switch_summary(str(empty)) is None
+    assert switch_summary(records(str(empty))) is None
 
 
 def test_handoff_summary_splits_the_hops_by_the_way_they_came(tmp_path):
     """plot_steps.handoff_summary (serve_h100's extra.handoffs): per way, count and p50 / p90 / p99 of the decode
     worker's `handoff` records; {} for a log without any."""
-    from benchmarks.plot_steps import handoff_summary
+    from benchmarks.plot_steps import handoff_summary, records
 
     log = tmp_path / "log.jsonl"
     rows = [{"kind": "handoff", "t": float(i), "via": "direct", "hop_ms": float(i + 1)} for i in range(10)]
     rows += [{"kind": "handoff", "t": 0.0, "via": "front", "hop_ms": 7.5}, {"kind": "step", "t": 0.0}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert handoff_summary(str(log)) == {
+    assert handoff_summary(records(str(log))) == {
         "direct": {"handoffs": 10, "p50_ms": 6.0, "p90_ms": 10.0, "p99_ms": 10.0},
         "front": {"handoffs": 1, "p50_ms": 7.5, "p90_ms": 7.5, "p99_ms": 7.5}}
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"kind": "step", "t": 0.0}) + "\n")
-    assert handoff_summary(str(empty)) == {}
+    assert handoff_summary(records(str(empty))) == {}
 
 
 def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_path):
     """plot_steps.drain_idle: a switch that grows prefill (entry 1 -> 0: 108 -> 116 prefill SMs) drained last by
     prefill idles the 8 SMs it gained from the acks (5 ms) to the drain (25 ms); one that shrinks prefill, or one
     that decode drained last, costs nothing here."""
-    from benchmarks.plot_steps import drain_idle
+    from benchmarks.plot_steps import drain_idle, records
 
     log = tmp_path / "log.jsonl"
     step = {"kind": "step", "side": "decode", "num_tokens": 1}
@@ -446,13 +446,13 @@ def test_drain_idle_counts_the_sms_prefill_gained_while_its_old_step_ran(tmp_pat
             {"kind": "switch_drained", "t": 0.6, "index": 1, "decision_to_drained_us": 90000, "drained_last": "prefill"},
             {**step, "t": 1.0, "split_index": 0, "decode_sms": 16, "prefill_sms": 116}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert drain_idle(str(log)) == {"switches": 1, "idle_sm_ms": 8 * 20.0, "share": round(160.0 / (1000 * 132), 6)}
+    assert drain_idle(records(str(log))) == {"switches": 1, "idle_sm_ms": 8 * 20.0, "share": round(160.0 / (1000 * 132), 6)}
 
 
 def test_prefill_gemm_summary_counts_what_the_tuning_kept_by_partition(tmp_path):
     """plot_steps.prefill_gemm_summary (serve_h100's extra.prefill_gemm): the report without its points, and per
     partition size the points kept and their median speedup; {} for a log without the report."""
-    from benchmarks.plot_steps import prefill_gemm_summary
+    from benchmarks.plot_steps import prefill_gemm_summary, records
 
     def point(sms, algo, base_ms, ms):
         return {"sms": sms, "algo": algo, "base_ms": base_ms, "ms": ms}
@@ -461,16 +461,16 @@ def test_prefill_gemm_summary_counts_what_the_tuning_kept_by_partition(tmp_path)
     log = tmp_path / "steps.jsonl"
     log.write_text(json.dumps({"kind": "startup", "role": "decode", "seconds": {}}) + "\n"
                    + json.dumps({"kind": "startup", "role": "prefill", "seconds": {}, "prefill_gemm": report}) + "\n")
-    assert prefill_gemm_summary(str(log)) == {"gemm": "cublaslt", "points": 4, "kept": 3, "by_sms": {
+    assert prefill_gemm_summary(records(str(log))) == {"gemm": "cublaslt", "points": 4, "kept": 3, "by_sms": {
         116: {"points": 3, "kept": 2, "median_speedup": 1.5}, 84: {"points": 1, "kept": 1, "median_speedup": 1.1}}}
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"kind": "startup", "role": "prefill", "seconds": {}}) + "\n")
-    assert prefill_gemm_summary(str(plain)) == {}
+    assert prefill_gemm_summary(records(str(plain))) == {}
 
 
 def test_startup_summary_reads_each_workers_startup_record(tmp_path):
     """plot_steps.startup_summary (serve_h100's extra.startup): seconds by part, by role; {} without records."""
-    from benchmarks.plot_steps import startup_summary
+    from benchmarks.plot_steps import records, startup_summary
 
     log = tmp_path / "steps.jsonl"
     # prefill starts at t = 100, sends its handles at 109 and ends at 160; decode, started at 110, ends at 170
@@ -480,18 +480,18 @@ def test_startup_summary_reads_each_workers_startup_record(tmp_path):
                                                                           "total": 60.0}},
             {"kind": "step", "t": 171.0, "side": "prefill"}]
     log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert startup_summary(str(log)) == {
+    assert startup_summary(records(str(log))) == {
         "prefill": {"resources": 9.0, "total": 60.0, "handles_after_s": 9.0, "done_after_s": 60.0},
         "decode": {"resources": 1.0, "decode_graphs": 40.0, "total": 60.0, "done_after_s": 70.0}}
     # a restart whose decode record was lost: the old decode record began before the new start, so it gets no offset
     restarted = tmp_path / "restarted.jsonl"
     again = {"kind": "startup", "t": 1160.0, "role": "prefill", "seconds": {"resources": 9.0, "total": 60.0}}
     restarted.write_text("\n".join(json.dumps(r) for r in rows[:2] + [again]) + "\n")
-    summary = startup_summary(str(restarted))
+    summary = startup_summary(records(str(restarted)))
     assert summary["prefill"]["done_after_s"] == 60.0 and "done_after_s" not in summary["decode"]
     empty = tmp_path / "none.jsonl"
     empty.write_text(json.dumps(rows[2]) + "\n")
-    assert startup_summary(str(empty)) == {}
+    assert startup_summary(records(str(empty))) == {}
 
 
 def test_balance_streaks_group_consecutive_balance_decisions_with_their_decode_steps():

@@ -93,14 +93,14 @@ def test_first_token_records_split_the_engines_ttft():
 
 
 def test_plot_steps_reads_a_runs_first_tokens(tmp_path: Path):
-    from benchmarks.plot_steps import first_tokens_of_run
+    from benchmarks.plot_steps import first_tokens_of_run, records
 
     log = tmp_path / "steps.jsonl"
     rows = [{"kind": "first_token", "t": 100.5, "to_worker_ms": 40.0, "queue_ms": 1.0, "prefill_ms": 130.0,
              "worker_ttft_ms": 171.0}, {"kind": "first_token", "t": 102.0, "to_worker_ms": 1.0, "queue_ms": 1.0,
                                         "prefill_ms": 1.0, "worker_ttft_ms": 3.0}]  # after the run: left out
     log.write_text("".join(json.dumps(r) + "\n" for r in [*STEPS, *rows]))
-    parts = first_tokens_of_run(str(log), RUN)
+    parts = first_tokens_of_run(records(str(log)), RUN)
     assert parts["first_tokens"] == 1 and parts["engine_to_worker_ms_p50"] == 40.0
     assert parts["client_minus_engine_ttft_p50_ms"] == 90.0 - 171.0
 

@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     steps, decisions = steps_and_decisions(recs)
     if not steps:
         raise SystemExit(f"{args.log}: no step records")
+    if not any(s["side"] in ("prefill", "decode") for s in steps):  # e.g. the chunked schedule's hybrid worker
+        raise SystemExit(f"{args.log}: no prefill or decode side's steps (sides: "
+                         f"{', '.join(sorted({s['side'] for s in steps}))}); plot_steps reads the split schedule's log")
     import matplotlib
 
     matplotlib.use("Agg")

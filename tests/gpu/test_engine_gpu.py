@@ -67,7 +67,7 @@ def test_flashinfer_reads_fused_qkv_views(query_lens, seq_lens):
 
 @pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("query_lens,seq_lens", [
-    ([37, 5, 100], [37, 5, 100]),  # prefill: the prefill wrapper
+    ([37, 5, 100], [37, 5, 100]),  # prefill: the ragged wrapper (the default prefill attention since m17)
     ([1, 1, 1, 1], [1, 17, 64, 200]),  # decode: the decode wrapper
     ([1, 1, 1, 20, 7], [33, 1, 70, 20, 90]),  # mixed, decodes first: both
 ])
@@ -94,7 +94,7 @@ def test_later_layers_call_the_kernels_directly_and_agree(query_lens, seq_lens, 
         rel = float((out.float() - expected).norm() / expected.norm())
         assert rel < 2e-2, f"layer {layer}: relative difference {rel:.4f}"
     assert torch.equal(fi.kv_cache, ref.kv_cache.to(fi.kv_cache.dtype))
-    used = [fi._direct[id(w)] for w in (fi.decode, fi.prefill) if id(w) in fi._direct]
+    used = [fi._direct[id(w)] for w in (fi.decode, fi.prefill, fi.ragged) if w is not None and id(w) in fi._direct]
     assert used and all(d.usable and d.direct_calls == layers - 1 for d in used)
 
 

@@ -219,6 +219,17 @@ def test_plot_steps_reads_a_log(tmp_path: Path):
     assert "mixed: 2 steps" in result.stdout  # the mixed fallback's decode steps apart from decode's
 
 
+def test_plot_steps_refuses_a_log_without_split_sides_in_one_line(tmp_path: Path):
+    """The chunked schedule's log (one hybrid worker, no split, no predictions): a one-line error, no traceback."""
+    from benchmarks.plot_steps import main
+
+    log = tmp_path / "steps.jsonl"
+    log.write_text(json.dumps({"kind": "step", "t": 0.0, "side": "hybrid", "phase": "decode", "num_tokens": 1,
+                               "num_seqs": 1, "num_queued": 0, "measured_ms": 5.0}) + "\n")
+    with pytest.raises(SystemExit, match="no prefill or decode side's steps \\(sides: hybrid\\)"):
+        main([str(log), "--out", str(tmp_path / "steps.png")])
+
+
 def _run(started: float | None) -> dict:
     requests = [{"scheduled_s": 0.1 * i, "ttft_s": 0.2 + 0.1 * i, "tpot_s": 0.02, "success": True} for i in range(8)]
     requests.append({"scheduled_s": 0.9, "ttft_s": None, "tpot_s": None, "success": False})

@@ -362,7 +362,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     `t` (when it was collected) less `measured_ms`. One dict a switch: `acked_ms`; `where`: "moved in its step" (the
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
-    the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`."""
+    the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
+    the decode side acked (`site`: loop, launch or piece; `inflight`; `since_collect_ms`), in logs that carry it."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -375,6 +376,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                  or (running is not None and r["t"] > running["t"])]
         nxt = after[0] if after else None
         row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
+                               "site": sw.get("site"), "inflight": sw.get("inflight"),
+                               "since_collect_ms": sw.get("since_collect_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching"))}
         if running is None:
@@ -522,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
                 seen += (f"; the next {'moved while launching' if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))
+            if row["site"] is not None:
+                since = row["since_collect_ms"]
+                seen += (f"; acked at its {row['site']}, {'a' if row['inflight'] else 'no'} step in flight, "
+                         + (f"{since:.2f} ms after its last collect" if since is not None else "idle before"))
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)
     if medians:

@@ -227,7 +227,8 @@ def _worker(log: list[str], requested: list[int]) -> Any:
         log.append("collect")
         w.inflight = None
 
-    def follow(target: int | None = None) -> None:
+    def follow(target: int | None = None, site: str = "loop") -> None:
+        assert site == "piece"
         want = requested.pop(0)
         if want != w.partitioner.current_index:
             log.append(f"follow {want}")

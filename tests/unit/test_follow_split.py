@@ -314,7 +314,8 @@ def test_a_layer_wise_prefill_does_not_move_onto_an_entry_without_prefill_sms(re
                            partitioner=SimpleNamespace(ladder=[LadderEntry(0, 64, 68), LadderEntry(1, 132, 0)],
                                                        side="prefill", current_stream=lambda side: "stream",
                                                        current_index=0),
-                           follow_split=lambda target: followed.append(target == requested), _note_drain=lambda: None,
+                           follow_split=lambda target, site: followed.append(target == requested and site == "group"),
+                           _note_drain=lambda: None,
                            res=SimpleNamespace(state=SimpleNamespace(
                                set_inflight_index=lambda side, index: published.append(index))))
     assert PrefillWorker._between_layer_groups(fake) == "stream"  # type: ignore[arg-type]
@@ -378,3 +379,33 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
     assert launched == [requested if follows else 1]
     assert predicted == ([requested] if follows else [])
     assert worker.switch_pending() == (requested == 0 and not follows)
+
+
+@pytest.mark.parametrize("in_flight,last_done", [(True, 5.0), (False, 0.0)])
+def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_flight, last_done):
+    """The switch record names the boundary that completed the switch (here a decode step's launch), whether that
+    side had a step in flight, and the time since its last collect (None when idle since)."""
+    from bullet_ray.engine.worker.roles import DecodeWorker
+
+    slots = np.zeros(4, dtype=np.int64)
+    worker = DecodeWorker.__new__(DecodeWorker)
+    worker.partitioner = NonePartitioner("decode")
+    worker.partitioner.select(1)
+    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=True)
+    worker.switch.reset(1)
+    worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
+    worker._last_done_s = last_done
+    worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
+    worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: 1234,
+                                                       record_drain_if_done=lambda: None))
+    logged: list[tuple] = []
+    worker.recorder = SimpleNamespace(log_switch=lambda us, index, **where: logged.append((us, index, where)))
+    worker.predicted = lambda batch: batch  # type: ignore[method-assign]
+    monkeypatch.setattr(WorkerBase, "launch", lambda self, batch, *rest: None)
+    monkeypatch.setattr("time.perf_counter", lambda: 5.0025)
+    worker.switch.request(0)
+    worker.launch([SimpleNamespace(num_new_tokens=1)])
+    assert len(logged) == 1
+    us, index, where = logged[0]
+    assert (us, index, where["site"], where["inflight"]) == (1234, 0, "launch", in_flight)
+    assert where["since_collect_ms"] == (2.5 if last_done else None)

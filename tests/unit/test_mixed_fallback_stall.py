@@ -84,7 +84,8 @@ class TwoSides:
         p.decider, p.conn, p.res = FakeDecider(), Outbox(), SimpleNamespace(state=state)
         p.partitioner = SimpleNamespace(current=SimpleNamespace(prefill_sms=1))
         p.first_tokens = SimpleNamespace(scheduled=lambda batch: None, forget=lambda ids: None)
-        p.follow_split = p._finish_inflight = lambda: None
+        p.follow_split = lambda *args, **kwargs: None
+        p._finish_inflight = lambda: None
         p.inflight = None
         p.predicted, p._next_record = _identity, None
         d = DecodeWorker.__new__(DecodeWorker)

@@ -588,14 +588,15 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
         rec = {"kind": "step", "side": "decode", "t": t, "measured_ms": ms, "num_seqs": seqs, "prep_ms": prep}
         return {**rec, "moved_while_launching": True} if moved else rec
 
-    def switch(t, us, last="decode"):
-        return {"kind": "switch", "t": t, "decision_to_split_us": us, "acked_last": last}
+    def switch(t, us, last="decode", **where):
+        return {"kind": "switch", "t": t, "decision_to_split_us": us, "acked_last": last, **where}
 
     recs = [step(10.020, 20.0, 100, 0.8), step(10.040, 20.0, 100, 0.9, moved=True), step(10.060, 20.0, 110, 0.7),
             step(10.100, 20.0, 50, 0.3),
             switch(10.0375, 1500),           # decided at 10.036, inside the second step, which moved
             switch(10.0595, 1500),           # decided at 10.058, inside the third, which did not: the fourth took it
-            switch(10.0705, 2000),           # decided at 10.0685: between the third and the fourth
+            switch(10.0705, 2000, site="loop", inflight=False, since_collect_ms=10.2),  # decided at 10.0685:
+                                             # between the third and the fourth; where decode acked, logged
             switch(10.0302, 500),            # under 1 ms
             switch(10.0903, 3000, "prefill")]
     rows = slow_switches(recs)
@@ -604,6 +605,8 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
     assert rows[1]["step_seqs"] == 110 and rows[1]["next_prep_ms"] == 0.3 and not rows[1]["next_moved"]
     assert rows[1]["next_plan_ms"] is None  # the fake steps log no planning time
     assert "step_seqs" not in rows[2] and rows[2]["next_prep_ms"] == 0.3
+    assert rows[0]["site"] is None  # logs before the ack site was recorded
+    assert (rows[2]["site"], rows[2]["inflight"], rows[2]["since_collect_ms"]) == ("loop", False, 10.2)
     count, p50, p90 = prep_quantiles([r for r in recs if r["kind"] == "step"], min_seqs=100)  # 0.7, 0.8, 0.9 (_q: nearest rank)
     assert count == 3 and p50 == pytest.approx(0.8) and p90 == pytest.approx(0.9)
     assert prep_quantiles([], 1) is None

@@ -271,10 +271,11 @@ class WorkerBase:
             partitioner.add_whole_gpu_entry()  # the mixed fallback's: decode on every SM
         return partitioner
 
-    def follow_split(self, target: int | None = None) -> None:
+    def follow_split(self, target: int | None = None, site: str = "loop") -> None:
         """At a step boundary: move to the requested ladder entry (`target`: the request the caller already
         read and checked) when the protocol lets this side. In overlap mode the step in flight keeps running on
-        the old partition (`launch` orders the next one after it)."""
+        the old partition (`launch` orders the next one after it). `site`: where in the worker this boundary is
+        (the step log's switch record names the one that completed a switch: SideWorker)."""
         if self.partitioner.side == "both":
             return
         side = self.partitioner.side

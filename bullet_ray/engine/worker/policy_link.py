@@ -200,11 +200,16 @@ class StepRecorder:
         measured_s, predicted_s, index = self._pending
         self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
 
-    def log_switch(self, latency_us: int, index: int) -> None:
+    def log_switch(self, latency_us: int, index: int, site: str = "loop", inflight: bool = False,
+                   since_collect_ms: float | None = None) -> None:
         """A switch both sides acked: the time from the decision to both launching on `index` (a step either
-        launched before may still run on the old entry: `log_drain`)."""
+        launched before may still run on the old entry: `log_drain`). Where the side that acked last was:
+        `site` (its message loop, a decode step's launch or a boundary between its pieces, a prefill step's
+        planning, wait to grow or layer groups), whether it had a step in flight, and how long since it last
+        collected one (None: idle since)."""
         self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower(),
-                       overlap=self.worker.switch.overlap)
+                       overlap=self.worker.switch.overlap, site=site, inflight=inflight,
+                       since_collect_ms=since_collect_ms)
 
     def log_drain(self, latency_us: int, index: int) -> None:
         """A switch that took effect: the time from the decision to no step of either side running on another
@@ -392,7 +397,7 @@ class SplitDecider:
         started = time.perf_counter()
         deadline = started + min(gain, 2 * expected + 0.001)
         while time.perf_counter() < deadline and switch.requested() == want:  # a newer request: plan again
-            worker.follow_split(want)  # the entry whose prefill SMs were just weighed, never a later one
+            worker.follow_split(want, site="grow_wait")  # the entry whose prefill SMs were just weighed, never a later one
             if worker.partitioner.current_index == want:
                 break
             time.sleep(0.0002)

@@ -146,7 +146,7 @@ class DecodeWorker(SideWorker):
         decode_only = all(item.num_new_tokens == 1 for item in batch)
         if decode_only and self.switch_pending() and (self.switch.overlap or self.inflight is None):
             before = self.partitioner.current_index
-            self.follow_split()
+            self.follow_split(site="launch")
             if self.partitioner.current_index != before:
                 batch = self.predicted(batch)
         cfg = self.config
@@ -177,7 +177,7 @@ class DecodeWorker(SideWorker):
             self.res.state.set_inflight_index(self.side, self.partitioner.current_index)
             self._note_drain()
         before = self.partitioner.current_index
-        self.follow_split()
+        self.follow_split(site="piece")
         if self.partitioner.current_index != before:
             self._moved_in_step = True
         stream = self.partitioner.current_stream(self.partitioner.side)

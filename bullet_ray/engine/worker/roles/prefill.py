@@ -114,7 +114,7 @@ class PrefillWorker(SideWorker):
     def plan(self) -> list[ScheduledSeq]:
         if self.decider is not None:
             self.decider.decide()  # the split and the queue's order, from this step's state
-            self.follow_split()  # a shrinking prefill side moves at once
+            self.follow_split(site="plan")  # a shrinking prefill side moves at once
             if self.decider.is_mixed:
                 self._hand_over_prompts()
         if self.partitioner.current.prefill_sms == 0:
@@ -162,7 +162,7 @@ class PrefillWorker(SideWorker):
             self.decider.decide()
         ladder, want = self.partitioner.ladder, self.switch.requested()
         if not (0 <= want < len(ladder) and ladder[want].prefill_sms == 0):
-            self.follow_split(want)  # the entry just checked: a request landing now waits for the next boundary
+            self.follow_split(want, site="group")  # the entry just checked: a request landing now waits for the next boundary
             self.res.state.set_inflight_index(self.side, self.partitioner.current_index)  # the next groups run here
             self._note_drain()  # the groups so far have finished: this side may have left the old entry now
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None

@@ -76,15 +76,19 @@ class SideWorker(WorkerBase):
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
         self._selects_at_plan = 0  # partitioner.num_selects when it was planned
 
-    def follow_split(self, target: int | None = None) -> None:
+    def follow_split(self, target: int | None = None, site: str = "loop") -> None:
         before = self.partitioner.current_index
-        super().follow_split(target)
+        super().follow_split(target, site)
         if self.partitioner.current_index != before:
             # whether the other side acked too is read under the state block's lock (never only here: both sides
             # could store their ack and each read the other's old one), so the side that acks last records it
             latency_us = self.res.state.record_switch_done()  # None: the other side has not acked yet
             if latency_us is not None:
-                self.recorder.log_switch(latency_us, self.partitioner.current_index)
+                last_done = self.last_done_s
+                self.recorder.log_switch(latency_us, self.partitioner.current_index, site=site,
+                                         inflight=self.inflight is not None,
+                                         since_collect_ms=round((time.perf_counter() - last_done) * 1e3, 3)
+                                         if last_done else None)
                 self._note_drain()  # neither side may have a step in flight on the old entry
 
     def on_idle(self) -> None:

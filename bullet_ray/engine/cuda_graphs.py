@@ -271,6 +271,7 @@ class DecodeGraphs:
         self._write_index: WriteIndexBuffers | None = None  # the K/V write index the pieces share (with the carry)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
+        self.last_move_piece: int | None = None  # the boundary (piece index) where the last step in pieces moved
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -593,6 +594,7 @@ class DecodeGraphs:
         ends: list[Any] = []
         moved = False
         may_cut = move_pending is not None
+        self.last_move_piece = None
         for i in range(len(step.pieces)):
             graph = step.pieces[i]
             if i > 0:
@@ -617,6 +619,8 @@ class DecodeGraphs:
                     if moved_to is None:  # never captured (not expected): no capture inside a step; the rest of it
                         self.num_piece_moves_missing += 1  # replays the graphs it began with, on their SMs
                     else:
+                        if not moved:
+                            self.last_move_piece = i
                         partition_key, moved, step = key, True, moved_to
                         graph = step.pieces[i]
             graph.replay()

@@ -70,6 +70,7 @@ class InFlightStep:
     moved_while_launching: bool = False
     # decode pieces: the host's waits for a piece that a split requested meanwhile cut short (DecodeGraphs._run_pieces)
     piece_waits_cut: int = 0
+    moved_at_piece: int | None = None  # decode pieces: the first boundary (piece index) where the step moved
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill, decode pieces; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
@@ -101,7 +102,8 @@ class InFlightStep:
         `piece_waits_cut` where a requested split cut the host's wait for a decode piece."""
         moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
         cut = {"piece_waits_cut": self.piece_waits_cut} if self.piece_waits_cut else {}
-        return {**self.host_ms(), **self.allocator, **moved, **cut}
+        at = {"moved_at_piece": self.moved_at_piece} if self.moved_at_piece is not None else {}
+        return {**self.host_ms(), **self.allocator, **moved, **cut, **at}
 
 
 def token_slots(blocks: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -238,6 +240,7 @@ class ModelRunner:
         num_groups = 1
         ran = "eager"
         waits_cut = 0
+        moved_at = None
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
@@ -250,6 +253,7 @@ class ModelRunner:
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
                                      move_pending=move_pending)
             waits_cut = self.graphs.num_piece_waits_cut - cut_before
+            moved_at = self.graphs.last_move_piece if pieces_hook is not None else None
             if hidden is not None:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
@@ -312,7 +316,7 @@ class ModelRunner:
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
                             start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator,
-                            piece_waits_cut=waits_cut)
+                            piece_waits_cut=waits_cut, moved_at_piece=moved_at)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

@@ -103,7 +103,7 @@ def test_pieces_launch_just_in_time_and_stay_put(fake):
     assert out is steps[0]
     assert log == ["replay p0.0", "hook", "replay p0.1", "wait end 0", "hook", "replay p0.2", "wait end 1", "hook",
                    "replay p0.3"]
-    assert graphs.num_piece_moves == 0
+    assert graphs.num_piece_moves == 0 and graphs.last_move_piece is None
 
 
 def test_a_move_runs_the_rest_from_the_new_partitions_graphs(fake):
@@ -114,7 +114,7 @@ def test_a_move_runs_the_rest_from_the_new_partitions_graphs(fake):
     assert out is steps[1]  # the step's hidden states: the last piece's, from partition 1's graphs
     assert log == ["replay p0.0", "replay p0.1", "wait end 0", "s1 waits for s0", "set s1", "replay p1.2",
                    "wait end 1", "replay p1.3"]
-    assert cuda.stream is new and graphs.num_piece_moves == 1
+    assert cuda.stream is new and graphs.num_piece_moves == 1 and graphs.last_move_piece == 2  # moved_at_piece
 
 
 def test_a_move_to_a_partition_without_the_graph_finishes_on_the_old_graphs(fake):
@@ -150,7 +150,7 @@ def test_a_split_requested_while_the_host_waits_cuts_the_wait_and_moves_at_once(
     assert out is steps[1]
     assert log == ["replay p0.0", "replay p0.1", "query end 0", "s1 waits for s0", "set s1", "replay p1.2",
                    "query end 1", "query end 1", "query end 1", "replay p1.3", "wait end 2", "replay p1.4"]
-    assert graphs.num_piece_waits_cut == 1 and graphs.num_piece_moves == 1
+    assert graphs.num_piece_waits_cut == 1 and graphs.num_piece_moves == 1 and graphs.last_move_piece == 2
 
 
 def test_the_last_boundarys_wait_is_never_cut(fake):

@@ -558,6 +558,9 @@ def test_step_log_marks_decode_steps_whose_wait_for_a_piece_was_cut():
     assert "piece_waits_cut" not in step.log_fields()
     step.piece_waits_cut = 2
     assert step.log_fields()["piece_waits_cut"] == 2
+    assert "moved_at_piece" not in step.log_fields()  # the boundary where it moved, only for a step that did
+    step.moved_at_piece = 3
+    assert step.log_fields()["moved_at_piece"] == 3
     steps = [{"side": "decode", "piece_waits_cut": 2}, {"side": "decode"}, {"side": "decode", "piece_waits_cut": 1},
              {"side": "prefill"}]
     assert piece_waits_cut(steps) == (2, 3)

@@ -363,7 +363,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
-    the decode side acked (`site`: loop, launch or piece; `inflight`; `since_collect_ms`), in logs that carry it."""
+    the decode side acked (`site`: loop, launch or piece; `inflight`; `since_collect_ms`) and the boundary where the
+    next step moved (`next_moved_at_piece`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -379,7 +380,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                                "site": sw.get("site"), "inflight": sw.get("inflight"),
                                "since_collect_ms": sw.get("since_collect_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
-                               "next_moved": bool(nxt and nxt.get("moved_while_launching"))}
+                               "next_moved": bool(nxt and nxt.get("moved_while_launching")),
+                               "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None}
         if running is None:
             row["where"] = "between steps"
         else:
@@ -522,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             if row["next_prep_ms"] is not None:
                 prep = prep_quantiles(steps, int(row.get("step_seqs", 1) * 0.9))
                 plan = f"planning {row['next_plan_ms']:.2f} ms, " if row["next_plan_ms"] is not None else ""
-                seen += (f"; the next {'moved while launching' if row['next_moved'] else 'did not move'}, its {plan}host "
+                at = f" at piece {row['next_moved_at_piece']}" if row.get("next_moved_at_piece") is not None else ""
+                seen += (f"; the next {'moved while launching' + at if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))
             if row["site"] is not None:

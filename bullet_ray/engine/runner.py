@@ -287,9 +287,13 @@ class ModelRunner:
         if sample_idx:
             # each part timed on its own: a call that blocks the host (a new pinned or device block where the
             # allocators must grow synchronizes with the GPU) shows where in the step log
-            rows = to_device([last_rows[i] for i in sample_idx], torch.long, hidden.device)
+            picked = [last_rows[i] for i in sample_idx]  # increasing: each row's last token
+            if len(picked) == hidden.shape[0]:  # every row samples (a decode step): no gather, no copy
+                rows_hidden = hidden
+            else:
+                rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
             logits_started = time.perf_counter()
-            logits = self.model.compute_logits(hidden.index_select(0, rows), upcast=False)  # the sampler upcasts
+            logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts
             sampler_started = time.perf_counter()
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids

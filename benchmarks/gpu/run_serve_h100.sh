@@ -8,7 +8,7 @@
 #   run SYSTEMS...   (once everything is staged) install, build native/, warm the JIT, then
 #                    `python -m benchmarks.gpu.serve_h100 --systems SYSTEMS ...`; results in $OUT
 #   py MODULE ARGS   the same set-up, then `python -m MODULE ARGS` (offline throughput, profile, recovery ...)
-# LIMIT (default 540 s) bounds run's sweep and py's module; it is cut to what the device call leaves after the set-up
+# LIMIT (default 540 s) bounds run's sweep and py's module (SIGINT at it); it is cut to what the device call leaves after the set-up
 # (CALL_LIMIT, default 600: the call's timeout_s) less 75 s for the stop, the packing and the copy back.
 # The carried parts exceed one call's 64 MiB, so stage runs once per part, back to back (the machine
 # keeps /tmp only while it stays warm). vLLM goes to its own folder (/tmp/vsite): it brings fastapi, pydantic
@@ -66,7 +66,9 @@ if [ "$LIMIT" -gt "$ROOM" ]; then
   echo "LIMIT=$LIMIT cut to $ROOM: set-up took ${SECONDS} s of the call's ${CALL_LIMIT:-600} s"; LIMIT=$ROOM
 fi
 if [ "$mode" = py ]; then
-  NAME=$(echo "$1" | sed 's/.*\.//'); timeout -k 10 "$LIMIT" python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
+  # SIGINT at LIMIT: the module sees KeyboardInterrupt, so its cleanup runs and pytest still prints its summary of
+  # the tests so far (with SIGTERM the fiftieth session's GPU-test call brought back only pytest's progress dots)
+  NAME=$(echo "$1" | sed 's/.*\.//'); timeout -s INT -k 10 "$LIMIT" python3 -m "$@" 2>&1 | tee "$OUT/log_$NAME.txt" \
     | grep -v "it/s\]$" | tail -80
 else
   # only letters, digits, '.', '_' and '-' come back from $OUT ("chunked-2048+pw1024" would not)

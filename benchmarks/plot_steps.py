@@ -9,7 +9,8 @@ reason. Prints the median and p90 of |predicted - measured| / measured per side 
 prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode and with decode idle by its
 SMs, and the split switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that
 acked last; for those over 1 ms that decode acked last, where its decision found the decode side: in a step that
-moved, in one that did not, so the next step took it after its host preparation, or between steps); with
+moved, in one that did not, so the next step took it after its host preparation, or between steps, and, in logs
+that carry them, where the decode side acked and the piece where a step moved); with
 `--requests`, also that run's streaks of BALANCE decisions and the decode steps they held.
 With `--requests` (one rate's run of the bench tool, served while the log was written) a second row zooms
 into that run: the split with the queue and decode batch, and each request's TTFT and TPOT at its arrival
@@ -363,8 +364,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
-    the decode side acked (`site`: loop, launch or piece; `inflight`; `since_collect_ms`) and the boundary where the
-    next step moved (`next_moved_at_piece`), in logs that carry them."""
+    the decode side acked (`site`: loop, launch or piece; `inflight`: an earlier step uncollected; `launching`: inside
+    a step's launch; `since_collect_ms`) and the boundary where the step in flight or the next one moved
+    (`step_moved_at_piece`, `next_moved_at_piece`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -378,14 +380,15 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
         nxt = after[0] if after else None
         row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
                                "site": sw.get("site"), "inflight": sw.get("inflight"),
-                               "since_collect_ms": sw.get("since_collect_ms"),
+                               "launching": sw.get("launching"), "since_collect_ms": sw.get("since_collect_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching")),
                                "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None}
         if running is None:
             row["where"] = "between steps"
         else:
-            row.update(step_seqs=running["num_seqs"], ms_to_collect=round((running["t"] - decided) * 1e3, 3))
+            row.update(step_seqs=running["num_seqs"], ms_to_collect=round((running["t"] - decided) * 1e3, 3),
+                       step_moved_at_piece=running.get("moved_at_piece"))
             row["where"] = "moved in its step" if running.get("moved_while_launching") else "next step"
         out.append(row)
     return out
@@ -416,7 +419,8 @@ def switches_by_reason(recs: list[dict]) -> dict[tuple[str, str], dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("log", help="JSONL written by the engine (step_log_path)")
+    parser.add_argument("log", help="JSONL (or .jsonl.gz) written by the engine (step_log_path) under the split "
+                                    "schedule (prefill and decode sides)")
     parser.add_argument("--out", default="steps.png", help="PNG to write")
     parser.add_argument("--requests", default=None,
                         help="one rate's bench result served while the log was written: adds a row zoomed into it")
@@ -517,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{where}: {n}" for where, n in wheres.items()) + "; the largest:")
         for row in sorted(slow, key=lambda r: -r["acked_ms"])[:3]:
             if "step_seqs" in row:
+                at = f" at piece {row['step_moved_at_piece']}" if row.get("step_moved_at_piece") is not None else ""
                 seen = (f"the {row['step_seqs']}-sequence decode step in flight (collected {row['ms_to_collect']:.1f} "
-                        f"ms later) {'moved while launching' if row['where'] == 'moved in its step' else 'did not move'}")
+                        f"ms later) {'moved while launching' + at if row['where'] == 'moved in its step' else 'did not move'}")
             else:
                 seen = "no decode step in flight"
             if row["next_prep_ms"] is not None:
@@ -530,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))
             if row["site"] is not None:
                 since = row["since_collect_ms"]
-                seen += (f"; acked at its {row['site']}, {'a' if row['inflight'] else 'no'} step in flight, "
+                seen += (f"; acked at its {row['site']}{' inside a launch' if row.get('launching') else ''}, "
+                         f"{'an earlier step uncollected' if row['inflight'] else 'every earlier step collected'}, "
                          + (f"{since:.2f} ms after its last collect" if since is not None else "idle before"))
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)

@@ -271,7 +271,7 @@ class DecodeGraphs:
         self._write_index: WriteIndexBuffers | None = None  # the K/V write index the pieces share (with the carry)
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
-        self.last_move_piece: int | None = None  # the boundary (piece index) where the last step in pieces moved
+        self.last_move_piece: int | None = None  # the first boundary (piece index) where the last step in pieces moved
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -549,6 +549,7 @@ class DecodeGraphs:
         """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large. With
         pieces and `between`, the pieces launch just in time (`_run_pieces`, its waits cut short by
         `move_pending`); without, all at once."""
+        self.last_move_piece = None
         n = len(block_tables)
         b = self.bucket(n) if n >= 1 else None
         if b is None:

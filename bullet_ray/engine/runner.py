@@ -79,7 +79,8 @@ class InFlightStep:
     # attention plan: attn_plan, or a decode graph's; for piecewise graphs its graph replays and eager
     # attention calls: replay, attention), logits and sampling enqueued (sample), the whole launch, and the
     # host's gap since it finished collecting the step before; `sample` is split into the sampled rows (their
-    # indices, the sequences' counts and the rows' copy to the device: sample_rows), the logits (logits), the
+    # indices, the sequences' counts and, unless every row of a one-token-a-row step samples, the rows' copy to
+    # the device and their gather: sample_rows), the logits (logits), the
     # sampler's kernels (sampler) and the ids' copy back (to_host)
     host_s: dict[str, float] = field(default_factory=dict)
     graphs: str = "eager"  # how the forward ran: "decode" (one graph), "piecewise" (graphs around attention), "eager"
@@ -98,8 +99,9 @@ class InFlightStep:
     def log_fields(self) -> dict[str, Any]:
         """What the step log records of the launch: `host_ms()`, after a slow launch the allocators' counts
         (`host_allocs`, `device_allocs`: cumulative), and for a step that moved to another entry while it launched
-        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`), and
-        `piece_waits_cut` where a requested split cut the host's wait for a decode piece."""
+        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`),
+        `piece_waits_cut` where a requested split cut the host's wait for a decode piece, and `moved_at_piece`, the
+        first boundary where a decode step in pieces moved."""
         moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
         cut = {"piece_waits_cut": self.piece_waits_cut} if self.piece_waits_cut else {}
         at = {"moved_at_piece": self.moved_at_piece} if self.moved_at_piece is not None else {}
@@ -287,10 +289,10 @@ class ModelRunner:
         if sample_idx:
             # each part timed on its own: a call that blocks the host (a new pinned or device block where the
             # allocators must grow synchronizes with the GPU) shows where in the step log
-            picked = [last_rows[i] for i in sample_idx]  # increasing: each row's last token
-            if len(picked) == hidden.shape[0]:  # every row samples (a decode step): no gather, no copy
-                rows_hidden = hidden
+            if metadata.is_decode and len(sample_idx) == len(batch):  # one token a row, every row samples: its
+                rows_hidden = hidden  # hidden states are the rows to sample, no gather, no copy
             else:
+                picked = [last_rows[i] for i in sample_idx]  # each sampling row's last token
                 rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
             logits_started = time.perf_counter()
             logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts

@@ -365,6 +365,7 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
     worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=overlap)
     worker.switch.reset(1)
     worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
+    worker._last_done_s, worker._launching = 0.0, False
     worker._finish_inflight = lambda: pytest.fail("collected between plan and launch")  # type: ignore[method-assign]
     worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
     worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: None))
@@ -381,10 +382,11 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
     assert worker.switch_pending() == (requested == 0 and not follows)
 
 
-@pytest.mark.parametrize("in_flight,last_done", [(True, 5.0), (False, 0.0)])
-def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_flight, last_done):
+@pytest.mark.parametrize("in_flight,last_done,launching", [(True, 5.0, True), (False, 0.0, False)])
+def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_flight, last_done, launching):
     """The switch record names the boundary that completed the switch (here a decode step's launch), whether that
-    side had a step in flight, and the time since its last collect (None when idle since)."""
+    side had an earlier step in flight, whether it was inside a launch, and the time since its last collect (None
+    when idle since)."""
     from bullet_ray.engine.worker.roles import DecodeWorker
 
     slots = np.zeros(4, dtype=np.int64)
@@ -394,7 +396,7 @@ def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_fl
     worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=True)
     worker.switch.reset(1)
     worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
-    worker._last_done_s = last_done
+    worker._last_done_s, worker._launching = last_done, launching
     worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
     worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: 1234,
                                                        record_drain_if_done=lambda: None))
@@ -407,5 +409,34 @@ def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_fl
     worker.launch([SimpleNamespace(num_new_tokens=1)])
     assert len(logged) == 1
     us, index, where = logged[0]
-    assert (us, index, where["site"], where["inflight"]) == (1234, 0, "launch", in_flight)
+    assert (us, index, where["site"], where["inflight"], where["launching"]) == (1234, 0, "launch", in_flight, launching)
     assert where["since_collect_ms"] == (2.5 if last_done else None)
+
+
+def test_a_disjoint_switch_logs_where_the_side_was_before_it_collected(monkeypatch):
+    """In disjoint mode following collects the step in flight first: the record still says a step was in flight and
+    counts the time since the collect before it (not the follow's own)."""
+    from bullet_ray.engine.worker.roles import DecodeWorker
+
+    slots = np.zeros(4, dtype=np.int64)
+    worker = DecodeWorker.__new__(DecodeWorker)
+    worker.partitioner = NonePartitioner("decode")
+    top = len(worker.partitioner.ladder) - 1
+    worker.partitioner.select(top)
+    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=False)
+    worker.switch.reset(top)
+    worker.inflight, worker._last_done_s, worker._launching = SimpleNamespace(ladder_index=top), 5.0, False
+
+    def finish() -> None:  # the collect: nothing in flight since, the last collect now
+        worker.inflight, worker._last_done_s = None, 5.004
+
+    worker._finish_inflight = finish  # type: ignore[method-assign]
+    worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: 1234,
+                                                       record_drain_if_done=lambda: None))
+    logged: list[dict] = []
+    worker.recorder = SimpleNamespace(log_switch=lambda us, index, **where: logged.append(where))
+    monkeypatch.setattr("time.perf_counter", lambda: 5.0045)
+    assert worker.switch.request(0)  # decode shrinks: it collects its step, then acks
+    worker.follow_split()
+    assert worker.partitioner.current_index == 0 and worker.inflight is None
+    assert logged == [{"site": "loop", "inflight": True, "launching": False, "since_collect_ms": 4.5}]

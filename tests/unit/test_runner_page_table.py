@@ -137,3 +137,29 @@ def test_token_slots_equal_one_slot_per_token():
         end = rng.randrange(start, 40 * bs + 1)
         assert token_slots(blocks, start, end, bs) == [blocks[p // bs] * bs + p % bs for p in range(start, end)]
     assert token_slots([7], 3, 3, 16) == []
+
+
+def test_a_step_whose_every_row_samples_skips_the_row_gather(monkeypatch):
+    """A decode step (one token a row, every row sampling) computes its logits from the hidden states as they are:
+    no row indices copied, no gather; a prompt step (several tokens a row) still gathers each row's last token."""
+    import bullet_ray.engine.runner as runner_module
+    from benchmarks.gpu.engine_common import make_runner, make_seqs
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
+
+    source = resolve_source("dummy:tiny-llama")
+    model = build_model(source.config, dtype=torch.float32, device="cpu")
+    source.fill(model, True, 0)
+    model.eval()
+    runner, _ = make_runner(model, source.config, "torch", 32, 4, "cpu", torch.float32)
+    gathers: list[int] = []
+    real_to_device = runner_module.to_device
+    monkeypatch.setattr(runner_module, "to_device", lambda values, dtype, device: (
+        gathers.append(len(values)) if dtype == torch.long and len(values) == len(PROMPTS) else None)
+        or real_to_device(values, dtype, device))
+    seqs = make_seqs(PROMPTS, 3, 4, 32)
+    runner.collect(runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]))
+    assert gathers == [len(PROMPTS)]  # the prompt step: each row's last token gathered
+    runner.collect(runner.launch([ScheduledSeq(s, 1) for s in seqs]))
+    assert gathers == [len(PROMPTS)]  # the decode step: none
+    assert all(len(s.output_token_ids) == 2 for s in seqs)

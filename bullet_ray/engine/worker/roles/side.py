@@ -78,15 +78,16 @@ class SideWorker(WorkerBase):
 
     def follow_split(self, target: int | None = None, site: str = "loop") -> None:
         before = self.partitioner.current_index
+        # where this side was, read before the follow (in disjoint mode it collects the step in flight first)
+        had_inflight, last_done = self.inflight is not None, self.last_done_s
         super().follow_split(target, site)
         if self.partitioner.current_index != before:
             # whether the other side acked too is read under the state block's lock (never only here: both sides
             # could store their ack and each read the other's old one), so the side that acks last records it
             latency_us = self.res.state.record_switch_done()  # None: the other side has not acked yet
             if latency_us is not None:
-                last_done = self.last_done_s
                 self.recorder.log_switch(latency_us, self.partitioner.current_index, site=site,
-                                         inflight=self.inflight is not None,
+                                         inflight=had_inflight, launching=self._launching,
                                          since_collect_ms=round((time.perf_counter() - last_done) * 1e3, 3)
                                          if last_done else None)
                 self._note_drain()  # neither side may have a step in flight on the old entry

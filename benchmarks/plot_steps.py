@@ -357,6 +357,13 @@ def piece_waits_cut(steps: list[dict[str, Any]]) -> tuple[int, int]:
     return len(cut), sum(cut)
 
 
+def poll_gaps(steps: list[dict[str, Any]]) -> tuple[int, float, float, float] | None:
+    """(decode steps in pieces with a polled wait, and the p50, p99 and max of each one's longest gap in ms between
+    the host's looks at a requested split: the step log's `piece_poll_gap_ms`); None in logs without it."""
+    gaps = sorted(r["piece_poll_gap_ms"] for r in steps if r.get("side") == "decode" and "piece_poll_gap_ms" in r)
+    return (len(gaps), _q(gaps, 0.5), _q(gaps, 0.99), gaps[-1]) if gaps else None
+
+
 def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict[str, Any]]:
     """Where the decode side was when each switch it acked last, slower than `over_ms`, was decided (the switch
     record's `t` is its ack; the decision came `decision_to_split_us` before). A decode step's span is its record's
@@ -365,8 +372,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
     the decode side acked (`site`: loop, launch or piece; `inflight`: an earlier step uncollected; `launching`: inside
-    a step's launch; `since_collect_ms`) and the boundary where the step in flight or the next one moved
-    (`step_moved_at_piece`, `next_moved_at_piece`), in logs that carry them."""
+    a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
+    (`step_moved_at_piece`, `next_moved_at_piece`) and the next one's longest gap between its looks at a requested
+    split (`next_poll_gap_ms`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -383,7 +391,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                                "launching": sw.get("launching"), "since_collect_ms": sw.get("since_collect_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching")),
-                               "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None}
+                               "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None,
+                               "next_poll_gap_ms": nxt.get("piece_poll_gap_ms") if nxt else None}
         if running is None:
             row["where"] = "between steps"
         else:
@@ -514,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         cut_steps, cut_waits = piece_waits_cut(steps)
         if cut_steps:
             print(f"  decode steps whose wait for a piece a requested split cut short: {cut_steps} ({cut_waits} waits)")
+        gaps = poll_gaps(steps)
+        if gaps is not None:
+            print(f"  the longest gap between the host's looks at a requested split, per decode step in pieces: "
+                  f"{gaps[0]} steps, p50 {gaps[1]:.3f} ms, p99 {gaps[2]:.3f} ms, max {gaps[3]:.3f} ms")
         slow = slow_switches(recs)  # the switches the goal (p99 < 1 ms) misses: where decode was
         if slow:
             wheres = Counter(row["where"] for row in slow)
@@ -530,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                 prep = prep_quantiles(steps, int(row.get("step_seqs", 1) * 0.9))
                 plan = f"planning {row['next_plan_ms']:.2f} ms, " if row["next_plan_ms"] is not None else ""
                 at = f" at piece {row['next_moved_at_piece']}" if row.get("next_moved_at_piece") is not None else ""
+                if row.get("next_poll_gap_ms") is not None:
+                    at += f" (longest gap between its looks at the request {row['next_poll_gap_ms']:.2f} ms)"
                 seen += (f"; the next {'moved while launching' + at if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))

@@ -200,14 +200,20 @@ BetweenPieces = Callable[[], tuple[Any, Any]]
 MovePending = Callable[[], bool]  # polled while the host waits for a piece: a split was requested meanwhile
 
 
-def _wait_unless(event: Any, move_pending: MovePending) -> bool:
+def _wait_unless(event: Any, move_pending: MovePending) -> tuple[bool, float]:
     """Wait for `event` unless `move_pending` turns true first (polled between queries, the GIL yielded each turn);
-    True when the wait was cut short."""
+    (True when the wait was cut short, the longest time in seconds between two looks at `move_pending` or from the
+    wait's start to the first: a poll held up by the event query or by another thread shows there)."""
+    last = time.perf_counter()
+    longest = 0.0
     while not event.query():
+        now = time.perf_counter()
+        longest = max(longest, now - last)
+        last = now
         if move_pending():
-            return True
+            return True, longest
         time.sleep(0)
-    return False
+    return False, max(longest, time.perf_counter() - last)
 
 
 class StepGraph:
@@ -272,6 +278,7 @@ class DecodeGraphs:
         self.num_piece_moves = 0  # steps that moved to another partition between two of their pieces
         self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
         self.last_move_piece: int | None = None  # the first boundary (piece index) where the last step in pieces moved
+        self.last_poll_gap_s = 0.0  # the last step in pieces: the longest gap between its looks at a requested split
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -549,7 +556,7 @@ class DecodeGraphs:
         """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large. With
         pieces and `between`, the pieces launch just in time (`_run_pieces`, its waits cut short by
         `move_pending`); without, all at once."""
-        self.last_move_piece = None
+        self.last_move_piece, self.last_poll_gap_s = None, 0.0
         n = len(block_tables)
         b = self.bucket(n) if n >= 1 else None
         if b is None:
@@ -595,7 +602,7 @@ class DecodeGraphs:
         ends: list[Any] = []
         moved = False
         may_cut = move_pending is not None
-        self.last_move_piece = None
+        self.last_move_piece, self.last_poll_gap_s = None, 0.0
         for i in range(len(step.pieces)):
             graph = step.pieces[i]
             if i > 0:
@@ -604,7 +611,8 @@ class DecodeGraphs:
                     # not at the last boundary: the entry published for the step moves one boundary after a move,
                     # and after the last there is none where the old pieces are seen to finish
                     if may_cut and i < len(step.pieces) - 1:
-                        cut = _wait_unless(ends[i - 2], move_pending)  # type: ignore[arg-type]
+                        cut, gap = _wait_unless(ends[i - 2], move_pending)  # type: ignore[arg-type]
+                        self.last_poll_gap_s = max(self.last_poll_gap_s, gap)
                     else:
                         ends[i - 2].synchronize()
                 key, stream = between()

@@ -71,6 +71,8 @@ class InFlightStep:
     # decode pieces: the host's waits for a piece that a split requested meanwhile cut short (DecodeGraphs._run_pieces)
     piece_waits_cut: int = 0
     moved_at_piece: int | None = None  # decode pieces: the first boundary (piece index) where the step moved
+    # decode pieces: the longest gap (s) between two looks at a requested split in the host's polled waits
+    piece_poll_gap_s: float = 0.0
     num_layer_groups: int = 1  # layer groups the forward ran in (layer-wise prefill, decode pieces; 1: whole forward)
     start_event: Any = None  # torch.cuda.Event (timing) recorded before the step's first copy (None on CPU)
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
@@ -100,12 +102,14 @@ class InFlightStep:
         """What the step log records of the launch: `host_ms()`, after a slow launch the allocators' counts
         (`host_allocs`, `device_allocs`: cumulative), and for a step that moved to another entry while it launched
         (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`),
-        `piece_waits_cut` where a requested split cut the host's wait for a decode piece, and `moved_at_piece`, the
-        first boundary where a decode step in pieces moved."""
+        `piece_waits_cut` where a requested split cut the host's wait for a decode piece, `moved_at_piece`, the
+        first boundary where a decode step in pieces moved, and `piece_poll_gap_ms`, the longest gap between the
+        host's looks at a requested split while it waited for a piece."""
         moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
         cut = {"piece_waits_cut": self.piece_waits_cut} if self.piece_waits_cut else {}
         at = {"moved_at_piece": self.moved_at_piece} if self.moved_at_piece is not None else {}
-        return {**self.host_ms(), **self.allocator, **moved, **cut, **at}
+        gap = {"piece_poll_gap_ms": round(self.piece_poll_gap_s * 1e3, 4)} if self.piece_poll_gap_s else {}
+        return {**self.host_ms(), **self.allocator, **moved, **cut, **at, **gap}
 
 
 def token_slots(blocks: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -243,6 +247,7 @@ class ModelRunner:
         ran = "eager"
         waits_cut = 0
         moved_at = None
+        poll_gap = 0.0
         if self.graphs is not None and metadata.is_decode:
             bs = self.block_size
             tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, metadata.seq_lens_list)]
@@ -255,7 +260,8 @@ class ModelRunner:
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
                                      move_pending=move_pending)
             waits_cut = self.graphs.num_piece_waits_cut - cut_before
-            moved_at = self.graphs.last_move_piece if pieces_hook is not None else None
+            if pieces_hook is not None:
+                moved_at, poll_gap = self.graphs.last_move_piece, self.graphs.last_poll_gap_s
             if hidden is not None:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
@@ -322,7 +328,7 @@ class ModelRunner:
         return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
                             needs_host_history=needs_history, num_layer_groups=num_groups,
                             start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator,
-                            piece_waits_cut=waits_cut, moved_at_piece=moved_at)
+                            piece_waits_cut=waits_cut, moved_at_piece=moved_at, piece_poll_gap_s=poll_gap)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

@@ -261,3 +261,26 @@ def test_the_worker_cuts_a_wait_only_for_a_split_it_has_not_followed_and_not_rig
     assert not w._move_pending()
     w._moved_in_step, w.switch_pending = False, lambda: False
     assert not w._move_pending()
+
+
+def test_the_longest_gap_between_looks_at_a_requested_split_is_kept(fake, monkeypatch):
+    """A polled wait measures how long the host went between two looks at a requested split (here each event query
+    takes 2 ms, as a held-up poll would): the step log's `piece_poll_gap_ms`. Reset at each step."""
+    log, cuda = fake
+    clock = [0.0]
+    monkeypatch.setattr(cuda_graphs.time, "perf_counter", lambda: clock[0])
+    real_event = cuda_graphs.torch.cuda.Event
+
+    class SlowQuery(real_event):  # type: ignore[misc, valid-type]
+        def query(self) -> bool:
+            clock[0] += 0.002
+            return super().query()
+
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "Event", SlowQuery)
+    graphs, steps = _graphs(4, log)
+    cuda.busy = {0: 3}  # piece 0 still runs for three queries when the host reaches piece 2
+    graphs._run_pieces(0, 8, "plan", steps[0], lambda: (0, None), lambda: False)
+    assert graphs.num_piece_waits_cut == 0 and graphs.last_poll_gap_s == pytest.approx(0.002)
+    cuda.busy = {}
+    graphs._run_pieces(0, 8, "plan", steps[0], lambda: (0, None), lambda: False)
+    assert graphs.last_poll_gap_s == pytest.approx(0.002)  # one query, done at once: the wait's start to its end

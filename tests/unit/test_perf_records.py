@@ -561,6 +561,13 @@ def test_step_log_marks_decode_steps_whose_wait_for_a_piece_was_cut():
     assert "moved_at_piece" not in step.log_fields()  # the boundary where it moved, only for a step that did
     step.moved_at_piece = 3
     assert step.log_fields()["moved_at_piece"] == 3
+    assert "piece_poll_gap_ms" not in step.log_fields()
+    step.piece_poll_gap_s = 0.0012
+    assert step.log_fields()["piece_poll_gap_ms"] == 1.2
+    from benchmarks.plot_steps import poll_gaps
+
+    assert poll_gaps([{"side": "decode"}]) is None
+    assert poll_gaps([{"side": "decode", "piece_poll_gap_ms": g} for g in (0.1, 0.3, 2.0)]) == (3, 0.3, 2.0, 2.0)
     steps = [{"side": "decode", "piece_waits_cut": 2}, {"side": "decode"}, {"side": "decode", "piece_waits_cut": 1},
              {"side": "prefill"}]
     assert piece_waits_cut(steps) == (2, 3)

@@ -25,6 +25,7 @@ class FullTableGraphs:
     pieces = 1
     num_piece_waits_cut = 0
     last_move_piece = None
+    last_poll_gap_s = 0.0
 
     def __init__(self, runner: Any, largest: int) -> None:
         self.runner, self.largest, self.seen = runner, largest, []

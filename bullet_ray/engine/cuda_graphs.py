@@ -556,7 +556,6 @@ class DecodeGraphs:
         """Hidden states [num_seqs, hidden] of a pure-decode batch through a graph; None when too large. With
         pieces and `between`, the pieces launch just in time (`_run_pieces`, its waits cut short by
         `move_pending`); without, all at once."""
-        self.last_move_piece, self.last_poll_gap_s = None, 0.0
         n = len(block_tables)
         b = self.bucket(n) if n >= 1 else None
         if b is None:

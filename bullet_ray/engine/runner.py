@@ -260,11 +260,11 @@ class ModelRunner:
             hidden = self.graphs.run(self.graph_key, ids, pos, metadata, tables, between=pieces_hook,
                                      move_pending=move_pending)
             waits_cut = self.graphs.num_piece_waits_cut - cut_before
-            if pieces_hook is not None:
-                moved_at, poll_gap = self.graphs.last_move_piece, self.graphs.last_poll_gap_s
             if hidden is not None:
                 ran = "decode"
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
+                if pieces_hook is not None:  # what `_run_pieces` kept of this step (a batch no bucket holds: none)
+                    moved_at, poll_gap = self.graphs.last_move_piece, self.graphs.last_poll_gap_s
         if hidden is None:
             if on_graph:  # not expected (a bucket held the batch): the eager forward reads the page table
                 ids, pos, metadata = self.build_metadata(batch)

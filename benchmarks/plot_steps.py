@@ -364,6 +364,22 @@ def poll_gaps(steps: list[dict[str, Any]]) -> tuple[int, float, float, float] | 
     return (len(gaps), _q(gaps, 0.5), _q(gaps, 0.99), gaps[-1]) if gaps else None
 
 
+def gc_summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per side, the garbage collections the step log timed (`gc_ms`, `gc_count`, `gc_gen` on the record of the step
+    collected after them: engine.gc_freeze's effect shows here): steps with one, collections, their total and
+    largest per-step time (ms), and the steps whose collections reached the oldest generation (2). Sides whose log
+    carries none are left out (a log before the fifty-first session, or no collection at all)."""
+    out: dict[str, dict[str, float]] = {}
+    for side in sorted({r.get("side") for r in steps if r.get("gc_count")}):
+        rows = [r for r in steps if r.get("side") == side and r.get("gc_count")]
+        out[side] = {"steps": len(rows), "collections": sum(r["gc_count"] for r in rows),
+                     "total_ms": round(sum(r["gc_ms"] for r in rows), 3),
+                     "max_ms": max(r["gc_ms"] for r in rows),
+                     "p99_ms": _q(sorted(r["gc_ms"] for r in rows), 0.99),
+                     "oldest_gen_steps": sum(1 for r in rows if r.get("gc_gen") == 2)}
+    return out
+
+
 def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict[str, Any]]:
     """Where the decode side was when each switch it acked last, slower than `over_ms`, was decided (the switch
     record's `t` is its ack; the decision came `decision_to_split_us` before). A decode step's span is its record's
@@ -373,8 +389,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
     the decode side acked (`site`: loop, launch or piece; `inflight`: an earlier step uncollected; `launching`: inside
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
-    (`step_moved_at_piece`, `next_moved_at_piece`) and the next one's longest gap between its looks at a requested
-    split (`next_poll_gap_ms`), in logs that carry them."""
+    (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
+    split (`next_poll_gap_ms`) and the time the acking process spent in garbage collections between the decision and
+    its ack (`gc_ms`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -389,6 +406,7 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
         row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
                                "site": sw.get("site"), "inflight": sw.get("inflight"),
                                "launching": sw.get("launching"), "since_collect_ms": sw.get("since_collect_ms"),
+                               "gc_ms": sw.get("gc_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching")),
                                "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None,
@@ -527,11 +545,20 @@ def main(argv: list[str] | None = None) -> int:
         if gaps is not None:
             print(f"  the longest gap between the host's looks at a requested split, per decode step in pieces: "
                   f"{gaps[0]} steps, p50 {gaps[1]:.3f} ms, p99 {gaps[2]:.3f} ms, max {gaps[3]:.3f} ms")
+        for side, row in gc_summary(steps).items():
+            print(f"  garbage collections timed in the {side} worker: {row['collections']} in {row['steps']} steps, "
+                  f"{row['total_ms']:.1f} ms in all, per step p99 {row['p99_ms']:.3f} / max {row['max_ms']:.3f} ms, "
+                  f"{row['oldest_gen_steps']} steps reaching the oldest generation")
         slow = slow_switches(recs)  # the switches the goal (p99 < 1 ms) misses: where decode was
         if slow:
             wheres = Counter(row["where"] for row in slow)
             print(f"  switches over 1 ms acked last by decode: {len(slow)}, decode taking the split "
                   + ", ".join(f"{where}: {n}" for where, n in wheres.items()) + "; the largest:")
+            collected = [row for row in slow if row.get("gc_ms")]
+            if any(row.get("gc_ms") is not None for row in slow):
+                pauses = ", ".join(f"{r['gc_ms']:.2f}" for r in collected)
+                print(f"    of them {len(collected)} with a garbage collection in the acking process between the decision "
+                      f"and the ack" + (f" ({pauses} ms)" if collected else ""))
         for row in sorted(slow, key=lambda r: -r["acked_ms"])[:3]:
             if "step_seqs" in row:
                 at = f" at piece {row['step_moved_at_piece']}" if row.get("step_moved_at_piece") is not None else ""
@@ -553,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                 seen += (f"; acked at its {row['site']}{' inside a launch' if row.get('launching') else ''}, "
                          f"{'an earlier step uncollected' if row['inflight'] else 'every earlier step collected'}, "
                          + (f"{since:.2f} ms after its last collect" if since is not None else "idle before"))
+            if row.get("gc_ms"):
+                seen += f"; {row['gc_ms']:.2f} ms of it in garbage collections"
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)
     if medians:

@@ -294,6 +294,11 @@ class EngineConfig:
     profile_dir: str | None = None
     profile_start_step: int = 200
     profile_num_steps: int = 50
+    # each worker freezes its heap once started (bullet_ray.engine.gc_pauses.freeze_heap: every object alive then is
+    # moved to the permanent generation, which no garbage collection walks, as vLLM's engine core and workers do), so
+    # that no oldest-generation pass over the model's and graphs' objects holds up the host while serving; the step
+    # log times every collection either way (`gc_ms`)
+    gc_freeze: bool = True
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0
     # folder for this engine's sockets and shared-memory files; None: a fresh one under /dev/shm or /tmp

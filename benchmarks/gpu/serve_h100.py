@@ -47,7 +47,8 @@ CUDA graphs of consecutive layers launched just in time, the split followed betw
 fewest SMs that meet the target instead of Bullet's minimax: engine.split_rule.balance tpot_first) and/or -mot
 (bullet-slo-margin50-pl10-mot: the prefill queue keeps only the most requests that make their TTFT targets together,
 the longest prompts given up first: engine.prefill_order max_on_time) or -ff (bullet-slo-margin50-pl10-ff-fb1000: the
-most that make the -fb target together, as many of them as can their own: engine.prefill_order fallback_first),
+most that make the -fb target together, as many of them as can their own: engine.prefill_order fallback_first)
+and/or -nogc (bullet-slo-margin50-pl10-mot-fb1000-dp32-nogc: the workers' heaps left unfrozen: engine.gc_freeze false),
 bullet-slo-<preset> for an SLO preset of
 bullet_ray.bench.slo other than strict (bullet-slo-relaxed,
 bullet-slo-bullet-sharegpt, bullet-slo-bullet-azure-code, bullet-slo-bullet-arxiv: bullet-slo whose split policy
@@ -201,7 +202,7 @@ def _numbered(name: str, prefix: str, what: str, least: int = 0) -> int | None:
 
 # trailing modifiers of a bullet-slo system name: "-bb<tokens>", "-fb<ms>", "-pl<ms>", "-fl<SMs>", "-sat<percent>", "-iw<ms>",
 # "-mx<tokens>", "-mc<tokens>", "-dp<pieces>" (and
-# "-tf", "-mot", "-ff" below), in any order, each at most once
+# "-tf", "-mot", "-ff", "-nogc" below), in any order, each at most once
 MODIFIERS = {"bb": ("prefill_backlog_batch_tokens", "tokens"), "fb": ("ttft_fallback_ms", "ms"),
              "dp": ("decode_pieces", "pieces"),
              "pl": ("prefill_plan_lead_ms", "ms"), "fl": ("decode_sm_counts", "SMs"),
@@ -229,10 +230,12 @@ def floor_ladder(floor: int) -> list[int]:
 # and "-tf": the split rule's BALANCE keeps decode at its TPOT target (split_rule.balance: tpot_first); "-mot": the
 # prefill queue keeps only the most requests that make their TTFT targets together (prefill_order: max_on_time);
 # "-ff": the most that make the fallback target together, as many of them as can their own (prefill_order:
-# fallback_first; with -fb<ms>)
+# fallback_first; with -fb<ms>); "-nogc": the workers' heaps are not frozen once started (engine.gc_freeze: false; the
+# engine's default since the fifty-first session freezes them)
 FLAG_MODIFIERS: dict[str, tuple[str, Any]] = {"tf": ("split_rule", {"balance": "tpot_first"}),
                                               "mot": ("prefill_order", "max_on_time"),
-                                              "ff": ("prefill_order", "fallback_first")}
+                                              "ff": ("prefill_order", "fallback_first"),
+                                              "nogc": ("gc_freeze", False)}
 
 
 def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
@@ -253,7 +256,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
     and/or "-dp<pieces>" (decode steps as that many CUDA graphs of layers, launched just in time, the split followed
     between them: engine.decode_pieces)
     and/or "-tf" (engine.split_rule.balance: tpot_first) and/or "-mot" (engine.prefill_order: max_on_time) or "-ff"
-    (engine.prefill_order: fallback_first); (name, {})
+    (engine.prefill_order: fallback_first) and/or "-nogc" (engine.gc_freeze: false); (name, {})
     for any other name:
     "bullet-slo-margin50-bb8192" -> ("bullet-slo-margin50", {..._tokens: 8192})."""
     base, fields = name, dict[str, Any]()
@@ -275,7 +278,7 @@ def _modifiers(name: str) -> tuple[str, dict[str, Any]]:
         most, least = MODIFIER_MAX.get(kind), MODIFIER_MIN.get(kind, 1)
         if field in fields or not number.isdigit() or int(number) < least or (most is not None and int(number) > most):
             raise SystemExit(f"unknown system {name!r}: <bullet-slo system>[-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-dp<pieces>][-tf][-mot|-ff], each once, "
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-dp<pieces>][-tf][-mot|-ff][-nogc], each once, "
                              f"{unit} >= {least}"
                              + (f", <= {most}" if most is not None else ""))
         fields[field] = int(number) / 100 if kind == "sat" else int(number)
@@ -371,7 +374,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             engine["split_rule"] = {**engine.get("split_rule", {}), **rule}
         if "decode_sm_counts" in modifiers:  # -fl<SMs>: the ladder from that floor
             modifiers["decode_sm_counts"] = floor_ladder(modifiers["decode_sm_counts"])
-        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -dp, -mot, -ff
+        engine.update(modifiers)  # -bb<tokens>, -fb<ms>, -pl<ms>, -fl<SMs>, -sat<percent>, -iw<ms>, -mx, -mc, -dp, -mot, -ff, -nogc
         # every worker step and split decision, for predicted-vs-measured accuracy and the split-over-time plot
         engine["step_log_path"] = str((out_dir / f"{name}{suffix}-steps.jsonl").resolve())
     elif name != "bullet":
@@ -380,7 +383,7 @@ def system_yaml(system: str, out_dir: Path, base_yaml: Path = GPU_YAML) -> Path:
             presets = "|".join(p for p in PRESETS if p != "strict")
             raise SystemExit(f"unknown system {name!r}: bullet, bullet-slo[-lw<groups>|-late<ms>|-margin<ms>|"
                              f"-omargin<ms>|-mixed<tokens>|-m2|-overlap|-disjoint|-<SLO preset: {presets}>][-bb<tokens>][-fb<ms>][-pl<ms>][-fl<SMs>]"
-                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-tf][-mot|-ff], "
+                             f"[-sat<percent>][-iw<ms>][-mx<tokens>][-mc<tokens>][-dp<pieces>][-tf][-mot|-ff][-nogc], "
                              f"chunked-<tokens> or static[-<tokens>]")
         engine["schedule"] = schedule
         if budget:
@@ -740,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                              "-tf (BALANCE keeps decode at its TPOT target: "
                              "split_rule.balance tpot_first) and/or -mot (the queue keeps the most requests that "
                              "make their targets together: prefill_order max_on_time) or -ff (the most that make the -fb "
-                             "target, as many of them as can their own: prefill_order fallback_first), "
+                             "target, as many of them as can their own: prefill_order fallback_first), -nogc (the "
+                             "workers' heaps not frozen once started: gc_freeze false), "
                              "bullet-slo-mixed<tokens> (the "
                              "mixed fallback from <tokens> waiting prompt tokens), bullet-slo-m2 (the m2 split "
                              "rule), bullet-slo-overlap (split switches without waiting for the other side, the "

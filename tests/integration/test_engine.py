@@ -221,6 +221,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     by_role = {r["role"]: r for r in startups}
     assert 0 < by_role["prefill"]["handles_after_s"] <= by_role["prefill"]["seconds"]["total"]
     assert "handles_after_s" not in by_role["decode"]
+    # each froze its heap once started (engine.gc_freeze, the default): the objects moved out of the collector's reach
+    assert all(r["gc_frozen"] > 1000 and r["seconds"]["gc_freeze"] >= 0 for r in startups), startups
     first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
     assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)
     decisions = [r for r in records if r["kind"] == "decision"]
@@ -230,6 +232,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
             assert d["index"] == top and d["reason"] == "to_decode"
     switched = [r for r in records if r["kind"] == "switch"]  # one per switch both sides completed
     assert switched and all(0 < r["decision_to_split_us"] < 5_000_000 for r in switched)
+    # and how much of each the acking worker spent in garbage collections (bullet_ray.engine.gc_pauses)
+    assert all(0 <= r["gc_ms"] <= r["decision_to_split_us"] / 1e3 for r in switched)
     assert all(r["overlap"] == (split_switch == "overlap") for r in switched)
     # each switch takes effect once no step of either side runs on the old entry (the last may still wait)
     drains = [r for r in records if r["kind"] == "switch_drained"]
@@ -386,7 +390,7 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     folder = _hf_folder("tiny-llama", hf_root)
     log = tmp_path / "steps.jsonl"
     config = EngineConfig(model=folder, schedule="chunked", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
-                          step_log_path=str(log))
+                          step_log_path=str(log), gc_freeze=False)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     with LLMEngine(config) as engine:
         engine.generate(PROMPTS, params)
@@ -397,6 +401,9 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     (startup,) = [r for r in records if r["kind"] == "startup"]
     assert records[0] is startup and startup["role"] == "hybrid"
     assert set(startup["seconds"]) >= {"resources", "partitions", "total"}  # no graphs on CPU
+    assert "gc_frozen" not in startup and "gc_freeze" not in startup["seconds"]  # gc_freeze off: no freeze
+    # a step after garbage collections carries their time, count and oldest generation (none may have run)
+    assert all(r["gc_ms"] > 0 and r["gc_count"] >= 1 and r["gc_gen"] in (0, 1, 2) for r in steps if "gc_count" in r)
     assert 0 < startup["seconds"]["resources"] <= startup["seconds"]["total"]
     # one first_token record per request: where its time to first token went inside the engine
     first = [r for r in records if r["kind"] == "first_token"]

@@ -220,11 +220,11 @@ def _worker(log: list[str], requested: list[int]) -> Any:
 
     w = object.__new__(DecodeWorker)
     w.partitioner, w.res, w.runner = _Partitioner(), SimpleNamespace(state=_State(log)), SimpleNamespace(graph_key=0)
-    w._moved_in_step, w._last_stream = False, None
+    w._moved_in_step, w._last_stream, w._pieces_entry = False, None, None
     w.inflight = SimpleNamespace(done=_Done(False))
 
-    def finish() -> None:
-        log.append("collect")
+    def finish() -> None:  # SideWorker.collect publishes the launching step's entry (`_pieces_entry`) meanwhile
+        log.append(f"collect (inflight {w._pieces_entry})")
         w.inflight = None
 
     def follow(target: int | None = None, site: str = "loop") -> None:
@@ -238,13 +238,15 @@ def _worker(log: list[str], requested: list[int]) -> Any:
     return w
 
 
-def test_the_worker_hook_collects_once_the_step_before_finished_and_moves_the_published_entry_one_boundary_late():
+def test_the_worker_hook_follows_first_collects_once_the_step_before_finished_and_publishes_one_boundary_late():
     log: list[str] = []
     w = _worker(log, [0, 2, 2])
     assert w._between_pieces() == "stream0" and log == []  # the step before still runs: not waited for
     w.inflight.done.finished = True
     assert w._between_pieces() == "stream2" and w.runner.graph_key == 2
-    assert log == ["collect", "inflight 0", "follow 2"]  # its pieces so far ran on entry 0; then the move
+    # the move first (its ack does not wait for the collect's outputs); the collect then publishes this step, the
+    # oldest in flight now, on entry 0, where its pieces so far ran
+    assert log == ["follow 2", "collect (inflight 0)"] and w._moved_in_step and w._pieces_entry is None
     log.clear()
     assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
     assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from bullet_ray.engine.gc_pauses import GcPauses
 from bullet_ray.engine.worker.main import WorkerBase
 from bullet_ray.engine.worker.step_profile import StepProfiler
 from bullet_ray.gpu.partition import NonePartitioner, SplitSwitch
@@ -101,7 +102,7 @@ def test_publish_step_flags_a_step_across_a_switch(launched_on, now, unsettled, 
         recorder=SimpleNamespace(record=lambda *a, **k: calls.update(record=(a, k)),
                                  enter_ring=lambda: None),
         publish=lambda *a: calls.update(publish=a), _other_runs_elsewhere=lambda step: beside[1],
-        switch=SimpleNamespace(overlap=overlap, epoch=lambda: epochs[1]))
+        switch=SimpleNamespace(overlap=overlap, epoch=lambda: epochs[1]), gc_pauses=GcPauses())
     step = SimpleNamespace(perf_record=("shape", 0.01, False, launched_on), launched_unsettled=unsettled is True,
                            moved_while_launching=unsettled == "moved",
                            beside_other_entry=beside[0], launch_epoch=epochs[0], num_layer_groups=1, gpu_time_s=0.01,
@@ -131,6 +132,7 @@ def _recording_side(side, block):
             self.inflight = None
             self._next_record = None
             self._selects_at_plan = 0
+            self._pieces_entry = None
 
     worker = RecordingSide()
     worker.launch_on = lambda index, groups=1: _launched(worker, index, groups)
@@ -360,6 +362,7 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
 
     slots = np.zeros(4, dtype=np.int64)
     worker = DecodeWorker.__new__(DecodeWorker)  # only what the launch's follow reads
+    worker.gc_pauses = GcPauses()
     worker.partitioner = NonePartitioner("decode")
     worker.partitioner.select(1)
     worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=overlap)
@@ -391,6 +394,7 @@ def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_fl
 
     slots = np.zeros(4, dtype=np.int64)
     worker = DecodeWorker.__new__(DecodeWorker)
+    worker.gc_pauses = GcPauses()
     worker.partitioner = NonePartitioner("decode")
     worker.partitioner.select(1)
     worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=True)
@@ -420,6 +424,7 @@ def test_a_disjoint_switch_logs_where_the_side_was_before_it_collected(monkeypat
 
     slots = np.zeros(4, dtype=np.int64)
     worker = DecodeWorker.__new__(DecodeWorker)
+    worker.gc_pauses = GcPauses()
     worker.partitioner = NonePartitioner("decode")
     top = len(worker.partitioner.ladder) - 1
     worker.partitioner.select(top)
@@ -439,4 +444,4 @@ def test_a_disjoint_switch_logs_where_the_side_was_before_it_collected(monkeypat
     assert worker.switch.request(0)  # decode shrinks: it collects its step, then acks
     worker.follow_split()
     assert worker.partitioner.current_index == 0 and worker.inflight is None
-    assert logged == [{"site": "loop", "inflight": True, "launching": False, "since_collect_ms": 4.5}]
+    assert logged == [{"site": "loop", "inflight": True, "launching": False, "since_collect_ms": 4.5, "gc_ms": 0.0}]

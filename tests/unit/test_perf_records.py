@@ -620,3 +620,23 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
     count, p50, p90 = prep_quantiles([r for r in recs if r["kind"] == "step"], min_seqs=100)  # 0.7, 0.8, 0.9 (_q: nearest rank)
     assert count == 3 and p50 == pytest.approx(0.8) and p90 == pytest.approx(0.9)
     assert prep_quantiles([], 1) is None
+
+
+def test_plot_steps_sums_the_garbage_collections_per_side_and_names_them_on_a_slow_switch():
+    """`gc_summary`: per side, the steps whose records carry collections (`gc_ms`, `gc_count`, `gc_gen`), their
+    total and largest time and those reaching the oldest generation; a slow switch carries the acking process's
+    collection time inside its latency (`gc_ms`)."""
+    from benchmarks.plot_steps import gc_summary, slow_switches
+
+    steps = [{"kind": "step", "side": "decode", "t": 1.0, "measured_ms": 5.0, "num_seqs": 8, "gc_ms": 0.1,
+              "gc_count": 1, "gc_gen": 0},
+             {"kind": "step", "side": "decode", "t": 1.01, "measured_ms": 5.0, "num_seqs": 8, "gc_ms": 1.5,
+              "gc_count": 2, "gc_gen": 2},
+             {"kind": "step", "side": "decode", "t": 1.02, "measured_ms": 5.0, "num_seqs": 8},
+             {"kind": "step", "side": "prefill", "t": 1.0, "measured_ms": 50.0, "num_seqs": 1}]
+    assert gc_summary(steps) == {"decode": {"steps": 2, "collections": 3, "total_ms": 1.6, "max_ms": 1.5,
+                                            "p99_ms": 1.5, "oldest_gen_steps": 1}}
+    assert gc_summary(steps[2:]) == {}
+    switch = {"kind": "switch", "t": 1.0125, "decision_to_split_us": 2000, "acked_last": "decode", "gc_ms": 1.2}
+    (row,) = slow_switches([*steps, switch])
+    assert row["gc_ms"] == 1.2

@@ -576,3 +576,18 @@ def test_decode_pieces_modifier_sets_the_pieces(tmp_path):
         EngineConfig(decode_pieces=257)
     with pytest.raises(ValidationError, match="decode_pieces"):
         EngineArgs(decode_pieces=0)
+
+
+def test_nogc_modifier_leaves_the_heaps_unfrozen(tmp_path):
+    """<bullet-slo system>-nogc: engine.gc_freeze false (the engine freezes each worker's heap by default), a valid
+    engine config beside -dp<pieces>; repeated is a one-line error."""
+    from bullet_ray.config import EngineConfig
+    from bullet_ray.serve.config import EngineArgs
+
+    engine = _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-dp32-nogc+lt+direct", tmp_path))
+    assert engine["gc_freeze"] is False and engine["decode_pieces"] == 32
+    assert EngineArgs(**engine).to_engine_config().gc_freeze is False
+    assert "gc_freeze" not in _engine(system_yaml("bullet-slo-margin50-pl10-mot-fb1000-dp32+lt+direct", tmp_path))
+    assert EngineConfig().gc_freeze is True and EngineArgs().to_engine_config().gc_freeze is True
+    with pytest.raises(SystemExit, match="-nogc at most once"):
+        system_yaml("bullet-slo-nogc-nogc", tmp_path)

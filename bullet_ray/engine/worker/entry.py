@@ -13,6 +13,7 @@ from multiprocessing.connection import Client
 
 import torch
 
+from bullet_ray.engine.gc_pauses import freeze_heap
 from bullet_ray.engine.messages import Handles, Ready, WorkerFailed, WorkerSpec
 from bullet_ray.engine.worker.main import WorkerBase, available_cores, cpu_threads
 from bullet_ray.engine.worker.roles import DecodeWorker, HybridWorker, PrefillWorker
@@ -43,12 +44,14 @@ def _device_info(device: torch.device) -> dict:
 
 
 def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
-                handles_after_s: float | None = None, perf_model: str | None = None) -> None:
+                handles_after_s: float | None = None, perf_model: str | None = None,
+                gc_frozen: int | None = None) -> None:
     """One `startup` record in the step log (where there is one): the seconds each part of this worker's start-up
     took (`resources`: load or attach the weights, KV pool and state block; the worker's own parts, e.g.
     `decode_graphs`, `piecewise_graphs`; `total`), how many graphs it captured, and for the worker that creates
     the shared memory `handles_after_s`: seconds from its start to its Handles (when the other worker could start);
-    a bullet side's `perf_model`: the profile its predictions start from (bullet_ray.perf.loading)."""
+    a bullet side's `perf_model`: the profile its predictions start from (bullet_ray.perf.loading); `gc_frozen`: the
+    objects its heap freeze moved out of the collector's reach (engine.gc_freeze; None: no freeze)."""
     if not spec.config.step_log_path:
         return
     from bullet_ray.engine.worker.policy_link import StepLog
@@ -57,7 +60,7 @@ def log_startup(spec: WorkerSpec, startup_s: dict[str, float], graphs: dict,
     counts = {"decode_graphs": graphs.get("num_graphs"), "piecewise_graphs": (graphs.get("piecewise") or {}).get(
         "num_graphs")}
     extra = {**counts, "handles_after_s": handles_after_s, "prefill_gemm": graphs.get("prefill_gemm"),
-             "perf_model": perf_model}
+             "perf_model": perf_model, "gc_frozen": gc_frozen}
     log.write("startup", role=spec.role, seconds=startup_s, **{k: v for k, v in extra.items() if v is not None})
     log.close()
 
@@ -83,9 +86,15 @@ def run_worker(spec: WorkerSpec) -> None:
                 conn.send(Handles(spec.role, resources.handles, os.getpid()))
                 handles_after_s = round(time.perf_counter() - started, 3)
             worker.capture_graphs()
+            frozen = None
+            if spec.config.gc_freeze:  # after every graph and buffer of the start-up, before the first step
+                froze_at = time.perf_counter()
+                frozen = freeze_heap()
+                worker.startup_s["gc_freeze"] = round(time.perf_counter() - froze_at, 3)
             startup_s = {"resources": round(made - started, 3), **worker.startup_s,
                          "total": round(time.perf_counter() - started, 3)}
-            log_startup(spec, startup_s, worker.graph_capture, handles_after_s, getattr(worker, "perf_source", None))
+            log_startup(spec, startup_s, worker.graph_capture, handles_after_s, getattr(worker, "perf_source", None),
+                        gc_frozen=frozen)
             info = {**_device_info(device), "graphs": worker.graph_capture or None, "startup_s": startup_s,
                     "handles_after_s": handles_after_s,  # seconds from this worker's start to its Handles
                     "ladder_size": len(worker.partitioner.ladder),  # the entries a split request may name

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bullet_ray.engine.gc_pauses import GcPauses
 from bullet_ray.engine.messages import AbortRequests, AddRequests, Shutdown, Wake, WorkerSpec
 from bullet_ray.engine.scheduler.base import ScheduledSeq, release
 from bullet_ray.engine.scheduler.deferred_free import DeferredFree
@@ -77,6 +78,8 @@ class WorkerBase:
         self._last_stream: Any = None
         self._launching = False  # inside `launch` (a hook between layer groups or decode pieces may collect there)
         self._last_done_s = 0.0
+        # garbage collections timed once serving (`run`): each step record says how long the host spent in them
+        self.gc_pauses = GcPauses()
         self.graph_capture: dict[str, Any] = {}
         # seconds each part of this worker's start-up took (run_worker adds "resources"); the step log's
         # `startup` record and the Ready message carry them
@@ -480,6 +483,13 @@ class WorkerBase:
         return self.conn if self.conn in ready else ready[0]  # type: ignore[return-value]
 
     def run(self) -> None:
+        self.gc_pauses.install()
+        try:
+            self._loop()
+        finally:
+            self.gc_pauses.uninstall()
+
+    def _loop(self) -> None:
         while not self.is_stopped:
             timeout = 0.0 if self.has_work() or self.inflight is not None else self.idle_wait_s()
             if timeout:

@@ -86,4 +86,5 @@ class HybridWorker(WorkerBase):
             "step", side="hybrid", phase=phase, num_tokens=step.num_tokens, num_seqs=len(step.batch),
             num_prefill_seqs=num_prefill, num_context_tokens=step.num_context_tokens,
             num_queued=self.scheduler.num_waiting, measured_ms=round(measured_s * 1e3, 4),
-            host_ms=round(host_s * 1e3, 4), graphs=step.graphs, **step.log_fields())
+            host_ms=round(host_s * 1e3, 4), graphs=step.graphs, **step.log_fields(),
+            **self.gc_pauses.take())

@@ -75,6 +75,9 @@ class SideWorker(WorkerBase):
         self.recorder = StepRecorder(self, model)
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
         self._selects_at_plan = 0  # partitioner.num_selects when it was planned
+        # while a hook between a decode step's pieces collects the step before (DecodeWorker._between_pieces): the
+        # entry of the launching step's last launched piece, published then as this side's oldest step in flight
+        self._pieces_entry: int | None = None
 
     def follow_split(self, target: int | None = None, site: str = "loop") -> None:
         before = self.partitioner.current_index
@@ -86,10 +89,11 @@ class SideWorker(WorkerBase):
             # could store their ack and each read the other's old one), so the side that acks last records it
             latency_us = self.res.state.record_switch_done()  # None: the other side has not acked yet
             if latency_us is not None:
+                now = time.perf_counter()
                 self.recorder.log_switch(latency_us, self.partitioner.current_index, site=site,
                                          inflight=had_inflight, launching=self._launching,
-                                         since_collect_ms=round((time.perf_counter() - last_done) * 1e3, 3)
-                                         if last_done else None)
+                                         since_collect_ms=round((now - last_done) * 1e3, 3) if last_done else None,
+                                         gc_ms=self.gc_pauses.within_ms(now - latency_us / 1e6, now))
                 self._note_drain()  # neither side may have a step in flight on the old entry
 
     def on_idle(self) -> None:
@@ -132,8 +136,10 @@ class SideWorker(WorkerBase):
 
     def collect(self, step: Any) -> Any:
         result = super().collect(step)
-        # `self.inflight` is the next step if one was launched ahead (else None, or still `step` itself)
-        self._publish_inflight(self.inflight if self.inflight is not step else None)
+        if self._pieces_entry is not None:  # collected between the pieces of the step being launched: it is the oldest
+            self.res.state.set_inflight_index(self.side, self._pieces_entry)
+        else:  # `self.inflight` is the next step if one was launched ahead (else None, or still `step` itself)
+            self._publish_inflight(self.inflight if self.inflight is not step else None)
         self._note_drain()  # this may have been the last step on an entry a switch left
         return result
 
@@ -178,7 +184,8 @@ class SideWorker(WorkerBase):
             or self._other_runs_elsewhere(step) \
             or (self.switch.overlap and self.switch.epoch() != step.launch_epoch)  # asked to move meanwhile
         self.recorder.record(shape, predicted, busy, index, started, num_queued, queued_tokens, self.has_work(),
-                             step.num_layer_groups, step.gpu_time_s, step.log_fields(), step.graphs,
+                             step.num_layer_groups, step.gpu_time_s, {**step.log_fields(), **self.gc_pauses.take()},
+                             step.graphs,
                              across_switch=across)
         self.recorder.enter_ring()  # before the count: a reader of the new STEP finds the step's entry
         self.publish(len(step.batch), result.num_tokens, result.num_context_tokens, started, num_queued, index)

@@ -76,6 +76,8 @@ class GcPauses:
         """Milliseconds of the collections (of the last `keep`) that overlap [since, until] (perf_counter), the
         overlap only."""
         total = 0.0
-        for start, end, _ in self._recent:
+        for start, end, _ in reversed(self._recent):  # newest first: stop at the first that ended before `since`
+            if end < since:
+                break
             total += max(0.0, min(end, until) - max(start, since))
         return round(total * 1e3, 4)

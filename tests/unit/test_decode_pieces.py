@@ -244,9 +244,9 @@ def test_the_worker_hook_follows_first_collects_once_the_step_before_finished_an
     assert w._between_pieces() == "stream0" and log == []  # the step before still runs: not waited for
     w.inflight.done.finished = True
     assert w._between_pieces() == "stream2" and w.runner.graph_key == 2
-    # the move first (its ack does not wait for the collect's outputs); the collect then publishes this step, the
-    # oldest in flight now, on entry 0, where its pieces so far ran
-    assert log == ["follow 2", "collect (inflight 0)"] and w._moved_in_step and w._pieces_entry is None
+    # this step, the oldest still running, published on entry 0 where its pieces so far ran; then the move (its ack
+    # does not wait for the collect's outputs); the collect keeps entry 0 published
+    assert log == ["inflight 0", "follow 2", "collect (inflight 0)"] and w._moved_in_step and w._pieces_entry is None
     log.clear()
     assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
     assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"
@@ -286,3 +286,58 @@ def test_the_longest_gap_between_looks_at_a_requested_split_is_kept(fake, monkey
     cuda.busy = {}
     graphs._run_pieces(0, 8, "plan", steps[0], lambda: (0, None), lambda: False)
     assert graphs.last_poll_gap_s == pytest.approx(0.002)  # one query, done at once: the wait's start to its end
+
+
+def test_a_switch_back_acked_between_pieces_is_not_drained_while_this_steps_pieces_run_on_the_old_entry(tmp_path,
+                                                                                                      monkeypatch):
+    """A real state block: step N-1 ran on entry 1; decode moved to 2 at step N's launch and runs N's pieces there;
+    a switch back to 1 that prefill acked first is acked by decode at the boundary where N-1 is collected. The
+    drain must wait for N's pieces on entry 2 (found in review: with N-1's entry still published, the ack judged
+    the drain done at once)."""
+    import time
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.gc_pauses import GcPauses
+    from bullet_ray.engine.state_block import Policy, Side, StateBlock
+    from bullet_ray.engine.worker.main import WorkerBase
+    from bullet_ray.engine.worker.roles.decode import DecodeWorker
+    from bullet_ray.gpu.partition import NonePartitioner, SplitSwitch
+
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        w = object.__new__(DecodeWorker)
+        w.res, w.gc_pauses, w.partitioner = SimpleNamespace(state=block), GcPauses(), NonePartitioner("decode")
+        w.switch = SplitSwitch(block.switch, w.partitioner.ladder, overlap=True)
+        w.switch.reset(1)
+        w.partitioner.select(1)
+        drains: list[tuple] = []
+        w.recorder = SimpleNamespace(log_switch=lambda *a, **k: None, log_drain=lambda *a: drains.append(a))
+        w._launching, w._last_done_s, w._moved_in_step, w._pieces_entry, w._last_stream = True, 0.0, False, None, None
+        w.runner = SimpleNamespace(graph_key=1)
+        block.set_inflight_index(Side.DECODE, 1)  # N-1 on entry 1, the oldest uncollected
+        w.inflight = SimpleNamespace(perf_record=("shape", 0.01, False, 1), runs_on=1,
+                                     done=SimpleNamespace(query=lambda: True))
+
+        def request(index: int) -> None:
+            assert w.switch.request(index)
+            block.policy[Policy.PENDING_SWITCH_US] = time.monotonic_ns() // 1000
+
+        def finish() -> None:
+            step, w.inflight = w.inflight, None
+            w.collect(step)  # SideWorker.collect: the published entry, the drain check
+
+        monkeypatch.setattr(WorkerBase, "collect", lambda self, step: "result")  # no runner
+        w._finish_inflight = finish
+        request(2)
+        w.follow_split(site="launch")  # decode moves first at N's launch; prefill follows
+        w.switch.slots[1] = 2  # PREFILL_ACK
+        block.record_switch_done()
+        request(1)  # back, while N's pieces run on entry 2; prefill (nothing in flight) acks first
+        w.switch.slots[1] = 1
+        w._between_pieces()
+        assert w.partitioner.current_index == 1 and w._moved_in_step
+        assert drains == [] and block.inflight_index(Side.DECODE) == 2  # N's pieces still run on entry 2
+        w._between_pieces()  # the next boundary: N's last piece on entry 2 has finished
+        assert block.inflight_index(Side.DECODE) == 1 and [d[1] for d in drains] == [1]
+    finally:
+        block.close()

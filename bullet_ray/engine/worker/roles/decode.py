@@ -172,10 +172,13 @@ class DecodeWorker(SideWorker):
         finished; while the step before is collected here this step is the oldest in flight, published on the entry
         of its last launched piece (`_pieces_entry`), never as none."""
         before = self.partitioner.current_index  # where the pieces launched so far ran (the last one: here)
+        prev = self.inflight
+        prev_done = prev is not None and (prev.done is None or prev.done.query())  # without a wait: pieces stay queued
+        if prev_done:  # the oldest step still running is this one, on `before`: published before the follow, whose
+            self.res.state.set_inflight_index(self.side, before)  # ack may judge the drain (else: the step before's)
         self.follow_split(site="piece")
         moved = self.partitioner.current_index != before
-        prev = self.inflight
-        if prev is not None and (prev.done is None or prev.done.query()):  # without a wait: pieces stay queued
+        if prev_done:
             self._pieces_entry = before
             try:
                 self._finish_inflight()

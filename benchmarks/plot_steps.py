@@ -390,8 +390,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     the decode side acked (`site`: loop, launch or piece; `inflight`: an earlier step uncollected; `launching`: inside
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
     (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
-    split (`next_poll_gap_ms`) and the time the acking process spent in garbage collections between the decision and
-    its ack (`gc_ms`), in logs that carry them."""
+    split (`next_poll_gap_ms`), its host time before its first graph replay and the attention plan's part of it
+    (`next_graph_setup_ms`, `next_graph_plan_ms`), and the time the acking process spent in garbage collections
+    between the decision and its ack (`gc_ms`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -410,7 +411,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching")),
                                "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None,
-                               "next_poll_gap_ms": nxt.get("piece_poll_gap_ms") if nxt else None}
+                               "next_poll_gap_ms": nxt.get("piece_poll_gap_ms") if nxt else None,
+                               "next_graph_setup_ms": nxt.get("graph_setup_ms") if nxt else None,
+                               "next_graph_plan_ms": nxt.get("graph_plan_ms") if nxt else None}
         if running is None:
             row["where"] = "between steps"
         else:
@@ -572,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                 at = f" at piece {row['next_moved_at_piece']}" if row.get("next_moved_at_piece") is not None else ""
                 if row.get("next_poll_gap_ms") is not None:
                     at += f" (longest gap between its looks at the request {row['next_poll_gap_ms']:.2f} ms)"
+                if row.get("next_graph_setup_ms") is not None:
+                    plan += (f"graph set-up {row['next_graph_setup_ms']:.2f} ms (attention plan "
+                             f"{row['next_graph_plan_ms']:.2f}), ")
                 seen += (f"; the next {'moved while launching' + at if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))

@@ -279,6 +279,8 @@ class DecodeGraphs:
         self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
         self.last_move_piece: int | None = None  # the first boundary (piece index) where the last step in pieces moved
         self.last_poll_gap_s = 0.0  # the last step in pieces: the longest gap between its looks at a requested split
+        # the last step: host seconds from `run`'s start to its first replay, and the plan's (and graph lookup's) part
+        self.last_setup_s = self.last_plan_s = 0.0
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -560,6 +562,7 @@ class DecodeGraphs:
         b = self.bucket(n) if n >= 1 else None
         if b is None:
             return None
+        started = time.perf_counter()
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slots[:n].copy_(metadata.slot_mapping, non_blocking=True)
@@ -570,8 +573,13 @@ class DecodeGraphs:
                 self.slots[n:b].copy_(self.slots[:1].expand(b - n))
             else:
                 self.slots[n:b].fill_(self.scratch_slot)
+        planned = time.perf_counter()
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
         step = self._graph(partition_key, b, plan)
+        # the host's time before the first replay (the step log's graph_setup_ms), and the attention plan's part of it
+        # (graph_plan_ms: page tables staged, flashinfer's plan where it can change, its fence's wait for the last one)
+        now = time.perf_counter()
+        self.last_setup_s, self.last_plan_s = now - started, now - planned
         if between is None or self.pieces == 1:
             step.replay()
         else:

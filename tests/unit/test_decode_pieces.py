@@ -7,6 +7,7 @@ The real graphs: tests/gpu/test_decode_pieces_gpu.py."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -341,3 +342,29 @@ def test_a_switch_back_acked_between_pieces_is_not_drained_while_this_steps_piec
         assert block.inflight_index(Side.DECODE) == 1 and [d[1] for d in drains] == [1]
     finally:
         block.close()
+
+
+def test_run_records_the_host_time_before_the_first_replay_and_the_plans_part(monkeypatch):
+    """`DecodeGraphs.run` keeps the host's time from its start to the step's first replay (`last_setup_s`: inputs
+    copied, page tables staged, plan, graph looked up) and the plan's part of it (`last_plan_s`): the step log's
+    graph_setup_ms / graph_plan_ms, where a plan that blocks would show."""
+    clock = [0.0]
+    monkeypatch.setattr(cuda_graphs.time, "perf_counter", lambda: clock[0])
+    log: list[str] = []
+    graphs, steps = _graphs(1, log)
+    graphs.input_ids, graphs.positions, graphs.slots = (torch.zeros(8, dtype=torch.long) for _ in range(3))
+    graphs.scratch_slot, graphs.bucket = None, lambda n: 8
+
+    def plan(b, tables, lens):
+        clock[0] += 0.002  # a plan that held the host 2 ms
+        return "plan"
+
+    def copy_(*args, **kwargs):  # the inputs' copies take 0.5 ms
+        clock[0] += 0.0005
+
+    graphs._plan = plan
+    metadata = SimpleNamespace(slot_mapping=torch.zeros(2, dtype=torch.long), seq_lens_list=[3, 4])
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: copy_())
+    out = graphs.run(0, torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), metadata, [[1], [2]])
+    assert out.shape[0] == 2 and log == ["replay p0.0"]
+    assert graphs.last_plan_s == pytest.approx(0.002) and graphs.last_setup_s == pytest.approx(0.002 + 6 * 0.0005)

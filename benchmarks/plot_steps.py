@@ -391,8 +391,10 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
     (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
     split (`next_poll_gap_ms`), its host time before its first graph replay and the attention plan's part of it
-    (`next_graph_setup_ms`, `next_graph_plan_ms`), and the time the acking process spent in garbage collections
-    between the decision and its ack (`gc_ms`), in logs that carry them."""
+    (`next_graph_setup_ms`, `next_graph_plan_ms`), the time the acking process spent in garbage collections
+    between the decision and its ack (`gc_ms`), and the decision against that side's launches (`launch_began_ms`:
+    after its last launch began; `launch_ended_ms`: after the last one that had returned ended), in logs that carry
+    them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -407,7 +409,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
         row: dict[str, Any] = {"acked_ms": acked_ms, "next_prep_ms": nxt.get("prep_ms") if nxt else None,
                                "site": sw.get("site"), "inflight": sw.get("inflight"),
                                "launching": sw.get("launching"), "since_collect_ms": sw.get("since_collect_ms"),
-                               "gc_ms": sw.get("gc_ms"),
+                               "gc_ms": sw.get("gc_ms"), "launch_began_ms": sw.get("launch_began_ms"),
+                               "launch_ended_ms": sw.get("launch_ended_ms"),
                                "next_plan_ms": nxt.get("plan_ms") if nxt else None,
                                "next_moved": bool(nxt and nxt.get("moved_while_launching")),
                                "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None,
@@ -588,6 +591,10 @@ def main(argv: list[str] | None = None) -> int:
                          + (f"{since:.2f} ms after its last collect" if since is not None else "idle before"))
             if row.get("gc_ms"):
                 seen += f"; {row['gc_ms']:.2f} ms of it in garbage collections"
+            if row.get("launch_began_ms") is not None:
+                seen += f"; decided {row['launch_began_ms']:.2f} ms after its last launch began"
+                if row.get("launch_ended_ms") is not None:
+                    seen += f", {row['launch_ended_ms']:.2f} ms after the last one that returned had ended"
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)
     if medians:

@@ -401,6 +401,7 @@ def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_fl
     worker.switch.reset(1)
     worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
     worker._last_done_s, worker._launching = last_done, launching
+    worker._launch_began_s, worker._launch_ended_s = 5.001, 4.9  # this side's last launch began, the one before ended
     worker.config = SimpleNamespace(decode_pieces=1, uses_split_policy=True, is_gpu=False)
     worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: 1234,
                                                        record_drain_if_done=lambda: None))
@@ -415,6 +416,8 @@ def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_fl
     us, index, where = logged[0]
     assert (us, index, where["site"], where["inflight"], where["launching"]) == (1234, 0, "launch", in_flight, launching)
     assert where["since_collect_ms"] == (2.5 if last_done else None)
+    # the decision (1234 us before the ack at 5.0025) against the side's launches: 0.266 ms after the last one began
+    assert (where["launch_began_ms"], where["launch_ended_ms"]) == (0.266, 101.266)
 
 
 def test_a_disjoint_switch_logs_where_the_side_was_before_it_collected(monkeypatch):
@@ -444,4 +447,5 @@ def test_a_disjoint_switch_logs_where_the_side_was_before_it_collected(monkeypat
     assert worker.switch.request(0)  # decode shrinks: it collects its step, then acks
     worker.follow_split()
     assert worker.partitioner.current_index == 0 and worker.inflight is None
-    assert logged == [{"site": "loop", "inflight": True, "launching": False, "since_collect_ms": 4.5, "gc_ms": 0.0}]
+    assert logged == [{"site": "loop", "inflight": True, "launching": False, "since_collect_ms": 4.5, "gc_ms": 0.0,
+                       "launch_began_ms": None, "launch_ended_ms": None}]  # no launch yet

@@ -60,6 +60,10 @@ class WorkerBase:
 
     role = "base"
     side = Side.PREFILL
+    # perf_counter when the last `launch` began and when the last one that returned ended (0: none yet); a switch
+    # record places its decision against them (SideWorker.follow_split)
+    _launch_began_s = 0.0
+    _launch_ended_s = 0.0
 
     def __init__(self, spec: WorkerSpec, conn: Connection, resources: WorkerResources) -> None:
         from bullet_ray.engine.runner import ModelRunner
@@ -307,6 +311,7 @@ class WorkerBase:
         self.allocator.on_launch()
         began = time.perf_counter()
         self._launching = True  # a collect inside the launch leaves a step in flight: this one
+        self._launch_began_s = began
         try:
             if stream is None:
                 step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending)
@@ -316,6 +321,7 @@ class WorkerBase:
         finally:
             self._launching = False
         step.launched_s, step.began_s = time.perf_counter(), began
+        self._launch_ended_s = step.launched_s
         for seq in step.sampled:
             self.awaiting[seq.request_id] = seq
         return step

@@ -201,17 +201,22 @@ class StepRecorder:
         self.state.record_ring(self.side, int(measured_s * 1e6), int(predicted_s * 1e6), index)
 
     def log_switch(self, latency_us: int, index: int, site: str = "loop", inflight: bool = False,
-                   launching: bool = False, since_collect_ms: float | None = None, gc_ms: float = 0.0) -> None:
+                   launching: bool = False, since_collect_ms: float | None = None, gc_ms: float = 0.0,
+                   launch_began_ms: float | None = None, launch_ended_ms: float | None = None) -> None:
         """A switch both sides acked: the time from the decision to both launching on `index` (a step either
         launched before may still run on the old entry: `log_drain`). Where the side that acked last was:
         `site` (its message loop, a decode step's launch or a boundary between its pieces, a prefill step's
         planning, wait to grow or layer groups), whether an earlier step of it was in flight (uncollected) when
         it followed, whether it was inside a step's launch (pieces or layer groups: that step runs too), how
-        long since it last collected a step (None: idle since), and how much of the latency its process spent in
-        garbage collections (`gc_ms`, bullet_ray.engine.gc_pauses)."""
+        long since it last collected a step (None: idle since), how much of the latency its process spent in
+        garbage collections (`gc_ms`, bullet_ray.engine.gc_pauses), and where the decision fell against that side's
+        launches: ms from the start of its last launch to the decision (`launch_began_ms`; negative: the launch
+        began after it) and from the end of the last launch that had returned by the ack (`launch_ended_ms`; with
+        `launching`, the launch before the one in progress)."""
         self.log.write("switch", index=index, decision_to_split_us=latency_us, acked_last=self.side.name.lower(),
                        overlap=self.worker.switch.overlap, site=site, inflight=inflight, launching=launching,
-                       since_collect_ms=since_collect_ms, gc_ms=gc_ms)
+                       since_collect_ms=since_collect_ms, gc_ms=gc_ms, launch_began_ms=launch_began_ms,
+                       launch_ended_ms=launch_ended_ms)
 
     def log_drain(self, latency_us: int, index: int) -> None:
         """A switch that took effect: the time from the decision to no step of either side running on another

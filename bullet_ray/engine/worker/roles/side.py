@@ -90,10 +90,14 @@ class SideWorker(WorkerBase):
             latency_us = self.res.state.record_switch_done()  # None: the other side has not acked yet
             if latency_us is not None:
                 now = time.perf_counter()
+                decided = now - latency_us / 1e6
+                began, ended = self._launch_began_s, self._launch_ended_s  # this side's last launch (0: none)
                 self.recorder.log_switch(latency_us, self.partitioner.current_index, site=site,
                                          inflight=had_inflight, launching=self._launching,
                                          since_collect_ms=round((now - last_done) * 1e3, 3) if last_done else None,
-                                         gc_ms=self.gc_pauses.within_ms(now - latency_us / 1e6, now))
+                                         gc_ms=self.gc_pauses.within_ms(decided, now),
+                                         launch_began_ms=round((decided - began) * 1e3, 3) if began else None,
+                                         launch_ended_ms=round((decided - ended) * 1e3, 3) if ended else None)
                 self._note_drain()  # neither side may have a step in flight on the old entry
 
     def on_idle(self) -> None:

@@ -221,11 +221,11 @@ def _worker(log: list[str], requested: list[int]) -> Any:
 
     w = object.__new__(DecodeWorker)
     w.partitioner, w.res, w.runner = _Partitioner(), SimpleNamespace(state=_State(log)), SimpleNamespace(graph_key=0)
-    w._moved_in_step, w._last_stream, w._pieces_entry = False, None, None
+    w._moved_in_step, w._last_stream = False, None
     w.inflight = SimpleNamespace(done=_Done(False))
 
-    def finish() -> None:  # SideWorker.collect publishes the launching step's entry (`_pieces_entry`) meanwhile
-        log.append(f"collect (inflight {w._pieces_entry})")
+    def finish() -> None:  # inside the launch SideWorker.collect publishes nothing: the hook's entry stays
+        log.append("collect")
         w.inflight = None
 
     def follow(target: int | None = None, site: str = "loop") -> None:
@@ -247,7 +247,7 @@ def test_the_worker_hook_follows_first_collects_once_the_step_before_finished_an
     assert w._between_pieces() == "stream2" and w.runner.graph_key == 2
     # this step, the oldest still running, published on entry 0 where its pieces so far ran; then the move (its ack
     # does not wait for the collect's outputs); the collect keeps entry 0 published
-    assert log == ["inflight 0", "follow 2", "collect (inflight 0)"] and w._moved_in_step and w._pieces_entry is None
+    assert log == ["inflight 0", "follow 2", "collect"] and w._moved_in_step
     log.clear()
     assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
     assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"
@@ -313,7 +313,7 @@ def test_a_switch_back_acked_between_pieces_is_not_drained_while_this_steps_piec
         w.partitioner.select(1)
         drains: list[tuple] = []
         w.recorder = SimpleNamespace(log_switch=lambda *a, **k: None, log_drain=lambda *a: drains.append(a))
-        w._launching, w._last_done_s, w._moved_in_step, w._pieces_entry, w._last_stream = True, 0.0, False, None, None
+        w._launching, w._last_done_s, w._moved_in_step, w._last_stream = True, 0.0, False, None
         w.runner = SimpleNamespace(graph_key=1)
         block.set_inflight_index(Side.DECODE, 1)  # N-1 on entry 1, the oldest uncollected
         w.inflight = SimpleNamespace(perf_record=("shape", 0.01, False, 1), runs_on=1,

@@ -132,7 +132,7 @@ def _recording_side(side, block):
             self.inflight = None
             self._next_record = None
             self._selects_at_plan = 0
-            self._pieces_entry = None
+            self._launching = False
 
     worker = RecordingSide()
     worker.launch_on = lambda index, groups=1: _launched(worker, index, groups)

@@ -169,8 +169,8 @@ class DecodeWorker(SideWorker):
         ran before this step's first piece), so its tokens need not wait for this whole step and the host never
         blocks with one piece queued. Returns the stream the next pieces launch on. The entry this side publishes
         for its step in flight moves one boundary after a move, once the last piece launched on the old entry has
-        finished; while the step before is collected here this step is the oldest in flight, published on the entry
-        of its last launched piece (`_pieces_entry`), never as none."""
+        finished; once the step before has finished this step is the oldest in flight, published on the entry of its
+        last launched piece before the follow (whose ack may judge the drain) and kept through the collect."""
         before = self.partitioner.current_index  # where the pieces launched so far ran (the last one: here)
         prev = self.inflight
         prev_done = prev is not None and (prev.done is None or prev.done.query())  # without a wait: pieces stay queued
@@ -179,11 +179,7 @@ class DecodeWorker(SideWorker):
         self.follow_split(site="piece")
         moved = self.partitioner.current_index != before
         if prev_done:
-            self._pieces_entry = before
-            try:
-                self._finish_inflight()
-            finally:
-                self._pieces_entry = None
+            self._finish_inflight()  # inside the launch: the collect leaves this step published (SideWorker.collect)
         if self._moved_in_step:  # the pieces on the entry before `before` have finished: the drain may be complete
             self.res.state.set_inflight_index(self.side, before)
             self._note_drain()

@@ -75,9 +75,6 @@ class SideWorker(WorkerBase):
         self.recorder = StepRecorder(self, model)
         self._next_record: tuple[Any, float, bool, int] | None = None  # the planned batch's prediction
         self._selects_at_plan = 0  # partitioner.num_selects when it was planned
-        # while a hook between a decode step's pieces collects the step before (DecodeWorker._between_pieces): the
-        # entry of the launching step's last launched piece, published then as this side's oldest step in flight
-        self._pieces_entry: int | None = None
 
     def follow_split(self, target: int | None = None, site: str = "loop") -> None:
         before = self.partitioner.current_index
@@ -140,9 +137,9 @@ class SideWorker(WorkerBase):
 
     def collect(self, step: Any) -> Any:
         result = super().collect(step)
-        if self._pieces_entry is not None:  # collected between the pieces of the step being launched: it is the oldest
-            self.res.state.set_inflight_index(self.side, self._pieces_entry)
-        else:  # `self.inflight` is the next step if one was launched ahead (else None, or still `step` itself)
+        # inside a launch (between a decode step's pieces) the launching step, not yet `self.inflight`, is the oldest
+        # once `step` is collected: the hook that collects publishes it (DecodeWorker._between_pieces)
+        if not self._launching:  # `self.inflight` is the next step if one was launched ahead (else None, or `step`)
             self._publish_inflight(self.inflight if self.inflight is not step else None)
         self._note_drain()  # this may have been the last step on an entry a switch left
         return result

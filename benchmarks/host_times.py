@@ -9,7 +9,9 @@ launch, the waits for its pieces included) of its decode-only steps and of its s
 rows (the chunked schedule's mixed steps), by batch size (sequences; `--bins`). Planning is code no engine change of the fiftieth session touched, so its ratio between two logs is a
 measure of their hosts' speed. Then, for logs with split switches: every switch the decode side acked last, with the
 time from its decision to the collect of the decode step the GPU ran then (`plot_steps.slow_switches`' placing) and
-the decision-to-ack time, sorted by the former: whether late acks gather at a step's end.
+the decision-to-ack time, sorted by the former: whether late acks gather at a step's end. Last, per worker, the
+garbage collections its step records timed (`plot_steps.gc_summary`, the chunked schedule's log included) and, from
+its `startup` record, the objects its heap freeze moved out of the collector's reach (`gc_frozen`, engine.gc_freeze).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.plot_steps import records
+from benchmarks.plot_steps import gc_summary, records
 
 DEFAULT_BINS = "1-16,17-48,49-96,97-256"
 
@@ -90,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.logs:
         recs = records(path)
         rows, acks = host_times(recs, bins), decode_acks(recs)
-        result["logs"][path] = {"host_times": rows, "decode_acks": acks}
+        steps = [r for r in recs if r.get("kind") == "step"]
+        collections = gc_summary(steps)
+        frozen = {r["role"]: {"objects": r.get("gc_frozen"), "seconds": r["seconds"].get("gc_freeze")}
+                  for r in recs if r.get("kind") == "startup"}
+        result["logs"][path] = {"host_times": rows, "decode_acks": acks, "gc": collections, "gc_frozen": frozen}
         print(f"{path}\n| kind | sequences | steps | plan_ms p50 | prep_ms p50 | forward_ms p50 |\n|---|---|---|---|---|---|")
         for row in rows:
             forward = "-" if row["forward_ms_p50"] is None else f"{row['forward_ms_p50']:.3f}"
@@ -101,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
                   "decision to ack, ms): " + ", ".join(
                       f"{'between steps' if a['to_collect_ms'] is None else format(a['to_collect_ms'], '.2f')} -> "
                       f"{a['acked_ms']:.2f}" for a in acks))
+        for side, row in collections.items():
+            print(f"garbage collections, {side} worker: {row['collections']} in {row['steps']} steps, "
+                  f"{row['total_ms']:.1f} ms in all, the largest {row['max_ms']:.2f} ms (at {row['max_seqs']} "
+                  f"sequences), {row['oldest_gen_steps']} steps reaching the oldest generation")
+        for role, row in frozen.items():
+            print(f"heap frozen at start-up, {role} worker: "
+                  + ("no" if row["objects"] is None else f"{row['objects']} objects in {row['seconds']} s"))
         print()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

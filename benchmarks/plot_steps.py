@@ -367,14 +367,16 @@ def poll_gaps(steps: list[dict[str, Any]]) -> tuple[int, float, float, float] | 
 def gc_summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per side, the garbage collections the step log timed (`gc_ms`, `gc_count`, `gc_gen` on the record of the step
     collected after them: engine.gc_freeze's effect shows here): steps with one, collections, their total and
-    largest per-step time (ms), and the steps whose collections reached the oldest generation (2). Sides whose log
+    largest per-step time (ms) with that step's sequences, and the steps whose collections reached the oldest
+    generation (2). Sides whose log
     carries none are left out (a log before the fifty-first session, or no collection at all)."""
     out: dict[str, dict[str, float]] = {}
     for side in sorted({r.get("side") for r in steps if r.get("gc_count")}):
         rows = [r for r in steps if r.get("side") == side and r.get("gc_count")]
+        largest = max(rows, key=lambda r: r["gc_ms"])
         out[side] = {"steps": len(rows), "collections": sum(r["gc_count"] for r in rows),
                      "total_ms": round(sum(r["gc_ms"] for r in rows), 3),
-                     "max_ms": max(r["gc_ms"] for r in rows),
+                     "max_ms": largest["gc_ms"], "max_seqs": largest.get("num_seqs"),
                      "p99_ms": _q(sorted(r["gc_ms"] for r in rows), 0.99),
                      "oldest_gen_steps": sum(1 for r in rows if r.get("gc_gen") == 2)}
     return out

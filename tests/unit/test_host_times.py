@@ -50,12 +50,22 @@ def test_decode_acks_place_each_switch_against_the_step_then_running():
 
 def test_main_saves_the_tables_and_refuses_bad_arguments(tmp_path, capsys):
     log = tmp_path / "steps.jsonl"
-    log.write_text("\n".join(json.dumps(r) for r in [_step(0, "decode", 4, 4, 0.1, 0.01)]) + "\n")
+    collected = {**_step(1, "decode", 6, 6, 0.1, 0.01), "gc_ms": 2.5, "gc_count": 1, "gc_gen": 2}
+    startups = [{"kind": "startup", "t": 0, "role": "decode", "seconds": {"gc_freeze": 0.25, "total": 9.0},
+                 "gc_frozen": 400000}, {"kind": "startup", "t": 0, "role": "prefill", "seconds": {"total": 9.0}}]
+    log.write_text("\n".join(json.dumps(r) for r in [*startups, _step(0, "decode", 4, 4, 0.1, 0.01), collected]) + "\n")
     out = tmp_path / "host_times.json"
     assert main([str(log), "--out", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert saved["logs"][str(log)]["host_times"][0]["prep_ms_p50"] == 0.1
-    assert "| decode | 1-16 | 1 | 0.010 | 0.100 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| decode | 1-16 | 2 | 0.010 | 0.100 |" in printed
+    # each worker's timed collections, and its heap freeze at start-up (none: gc_freeze off or a log before it)
+    assert saved["logs"][str(log)]["gc"]["decode"]["max_seqs"] == 6
+    assert ("garbage collections, decode worker: 1 in 1 steps, 2.5 ms in all, the largest 2.50 ms (at 6 sequences), "
+            "1 steps reaching the oldest generation") in printed
+    assert "heap frozen at start-up, decode worker: 400000 objects in 0.25 s" in printed
+    assert "heap frozen at start-up, prefill worker: no" in printed
     with pytest.raises(SystemExit):
         main([str(log), "--bins", "1-16,x"])
     assert "--bins: bin 'x'" in capsys.readouterr().err

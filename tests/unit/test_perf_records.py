@@ -635,7 +635,7 @@ def test_plot_steps_sums_the_garbage_collections_per_side_and_names_them_on_a_sl
              {"kind": "step", "side": "decode", "t": 1.02, "measured_ms": 5.0, "num_seqs": 8},
              {"kind": "step", "side": "prefill", "t": 1.0, "measured_ms": 50.0, "num_seqs": 1}]
     assert gc_summary(steps) == {"decode": {"steps": 2, "collections": 3, "total_ms": 1.6, "max_ms": 1.5,
-                                            "p99_ms": 1.5, "oldest_gen_steps": 1}}
+                                            "max_seqs": 8, "p99_ms": 1.5, "oldest_gen_steps": 1}}
     assert gc_summary(steps[2:]) == {}
     switch = {"kind": "switch", "t": 1.0125, "decision_to_split_us": 2000, "acked_last": "decode", "gc_ms": 1.2,
               "launch_began_ms": 0.8, "launch_ended_ms": 12.5}

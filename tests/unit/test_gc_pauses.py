@@ -48,7 +48,10 @@ def test_the_time_inside_a_window_counts_only_the_overlap(monkeypatch):
 def test_the_heap_freeze_moves_live_objects_out_of_the_collectors_reach():
     try:
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 1000  # pytest's own objects at least
+        assert frozen > 1000  # pytest's own objects at least
+        # Frozen objects still die by reference count, so another thread of the session (Ray's) may free a few
+        # between the freeze and this look; nothing but a freeze adds to the count.
+        assert 0.99 * frozen <= gc.get_freeze_count() <= frozen
         assert len(gc.get_objects(2)) < frozen  # the oldest generation a pass walks no longer holds them
     finally:
         gc.unfreeze()

@@ -296,8 +296,9 @@ class EngineConfig:
     profile_num_steps: int = 50
     # each worker freezes its heap once started (bullet_ray.engine.gc_pauses.freeze_heap: every object alive then is
     # moved to the permanent generation, which no garbage collection walks, as vLLM's engine core and workers do), so
-    # that no oldest-generation pass over the model's and graphs' objects holds up the host while serving; the step
-    # log times every collection either way (`gc_ms`)
+    # that no oldest-generation pass over the model's and graphs' objects holds up the host while serving, and so does
+    # the Serve replica that runs the engine front once the engine has started (as vLLM's API server does); the step
+    # log times every collection either way (`gc_ms`), the metrics each process's (`gc_pause_seconds`)
     gc_freeze: bool = True
     # decode worker polls this often when idle (ms)
     idle_poll_ms: float = 2.0

@@ -39,6 +39,9 @@ tests/integration/test_serve_openai.py::test_metrics_reach_the_node_exporter):
     ray_bullet_split_decisions_total{reason=...}                (bullet's own: split decisions by SplitReason)
     ray_bullet_graph_captures_serving                           (bullet's own: CUDA graphs captured after start;
                                                                 every one is captured at start, so 0)
+    ray_bullet_gc_pause_seconds_total{process=...}              (bullet's own: time each process of the engine spent
+    ray_bullet_gc_collections_total{process=...}                in Python garbage collections, and how many; process
+                                                                front (the Serve replica), prefill, decode or hybrid)
 
 The step series come from the workers' per-step records in the state block (LLMEngine.drain_step_records:
 at most its ring's last 63 steps per side between two metric updates, so they sample a busy engine).
@@ -145,7 +148,14 @@ class EngineMetrics:
         self._decisions_seen: dict[str, int] = {}  # the engine's cumulative counts already added
         self.captures_serving = m.Gauge("bullet_graph_captures_serving", "CUDA graphs the engine's workers captured "
                                         "after start (0: every graph was captured at start).", tag_keys=TAGS)
-        for metric in (self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+        gc_tags = (*TAGS, "process")
+        self.gc_seconds = m.Counter("bullet_gc_pause_seconds", "Time each engine process (front: the Serve replica; "
+                                    "prefill, decode, hybrid: its workers) spent in Python garbage collections (s).",
+                                    tag_keys=gc_tags)
+        self.gc_collections = m.Counter("bullet_gc_collections", "Python garbage collections per engine process.",
+                                        tag_keys=gc_tags)
+        self._gc_seen: dict[str, tuple[float, int]] = {}  # each process's cumulative totals already added
+        for metric in (self.gc_seconds, self.gc_collections, self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,
@@ -225,6 +235,8 @@ class EngineMetrics:
                 self.predicted_decode_step.set(decode["predicted_step_us"] / 1e6)
         if stats.predicted_ttft_s is not None:
             self.predicted_ttft.set(stats.predicted_ttft_s)
+        if extra.get("gc"):
+            self.observe_gc(extra["gc"])
         if "num_graph_captures_serving" in extra:
             self.captures_serving.set(extra["num_graph_captures_serving"])
         policy = extra.get("policy")
@@ -235,6 +247,21 @@ class EngineMetrics:
             if added > 0:  # the engine's counts are cumulative; a new engine starts them again (never negative)
                 self.decisions.inc(added, tags={"reason": reason})
             self._decisions_seen[reason] = count
+
+    def observe_gc(self, totals: dict[str, dict[str, float]]) -> None:
+        """Each process's garbage collections so far ({process: {"seconds", "collections"}}, cumulative: what was
+        added since the last call goes to the counters; a restarted worker's smaller totals start again)."""
+        for process, total in totals.items():
+            seconds, count = float(total["seconds"]), int(total["collections"])
+            seen_s, seen_n = self._gc_seen.get(process, (0.0, 0))
+            if count < seen_n:  # a new process under the same role
+                seen_s, seen_n = 0.0, 0
+            tags = {"process": process}
+            if seconds > seen_s:
+                self.gc_seconds.inc(seconds - seen_s, tags=tags)
+            if count > seen_n:
+                self.gc_collections.inc(count - seen_n, tags=tags)
+            self._gc_seen[process] = (max(seconds, seen_s), max(count, seen_n))
 
     def observe_steps(self, records: dict[str, Any]) -> None:
         """Per-step records drained from the engine (LLMEngine.drain_step_records)."""

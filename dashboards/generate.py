@@ -97,6 +97,11 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "(the controller shortens it when demand exceeds the GPU budget).",
               (Target(rate("admissions_rejected_total", by="engine"), "429/s {{engine}}"),
                Target(f"max by (engine) (ray_bullet_admission_max_waiting{{{SEL}}})", "queue limit {{engine}}"))),
+        Panel("Garbage Collection", "Share of each engine process's time spent in Python garbage collections (front: "
+              "the Serve replica running the engine front; prefill, decode, hybrid: its workers). Every process "
+              "freezes its start-up heap (engine.gc_freeze), so this stays near 0; a collection stops its process's "
+              "host thread, and in a worker the step it is launching.",
+              (Target(rate("gc_pause_seconds_total", by="process"), "{{process}}"),), "percentunit"),
         Panel("Arrival Rate: Forecast vs Actual", "Requests arriving per second as the engines count them, and the "
               "controller's measurement and forecast (horizon_s ahead).",
               (Target(rate("requests_arrived_total"), "actual"),

@@ -1,5 +1,6 @@
-"""The Python garbage collector in a worker process: `freeze_heap` once the worker has started, and `GcPauses`, which
-times every collection so the step log can show where one held up the host.
+"""The Python garbage collector in an engine process: `freeze_heap` once a worker (or the Serve replica running the
+engine front) has started, and `GcPauses`, which times every collection so the step log can show where one held up
+the host and the metrics can count each process's (`bullet_gc_pause_seconds{process}`).
 
 A collection stops the host thread that triggered it (allocation counts trigger them, so mostly while planning a
 step or handling its outputs). After start-up a worker holds hundreds of thousands of long-lived objects (the model's

@@ -391,8 +391,12 @@ class LLMEngine(WorkerLink, WorkerStartup, EngineClient):
             # it holds now: an idle side's row is not refreshed)
             waiting += min(decode_row["num_queued"], len(located) - waiting)
         recent_decode_step = self._observe_decode_step(decode_row, waiting < len(located))
-        extra: dict[str, Any] = {"prefill": self.state.read(Side.PREFILL), "decode": decode_row,
+        prefill_row = self.state.read(Side.PREFILL)
+        extra: dict[str, Any] = {"prefill": prefill_row, "decode": decode_row,
                                  "num_graph_captures_serving": self.num_graph_captures_serving}
+        # each worker's garbage collections so far, as its last published step left them (a hybrid worker: decode's row)
+        extra["gc"] = {role: {"seconds": row["gc_us"] / 1e6, "collections": row["gc_count"]}
+                       for role in self._workers for row in [prefill_row if role == "prefill" else decode_row]}
         if self.config.is_disaggregated:
             indexes = self.split_indexes()
             counts = self.ladder_decode_sms

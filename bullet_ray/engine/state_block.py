@@ -53,7 +53,9 @@ class Field(enum.IntEnum):
     QUEUED_TOKENS = 9  # prompt tokens this side holds but did not run yet
     IS_ACTIVE = 10  # 1 while this side has work (it will step again), else 0
     INFLIGHT_INDEX = 11  # ladder entry of this side's oldest launched, uncollected step + 1 (0: none in flight)
-    NUM_FIELDS = 12
+    GC_US = 12  # time this side's worker spent in garbage collections since it started (engine/gc_pauses.py)
+    GC_COUNT = 13  # how many collections that was
+    NUM_FIELDS = 14
 
 
 MAX_DECISION_REASONS = 16  # reasons Policy.DECISIONS_BY_REASON counts (bullet_ray.policy.state.SplitReason has 10)
@@ -156,9 +158,12 @@ class StateBlock:
         return StateBlockHandle(self._arena.handle, *self._specs)
 
     def publish(self, side: Side, *, num_seqs: int, num_tokens: int, num_context_tokens: int,
-                step_time_us: int, num_queued: int, split_index: int = 0) -> None:
-        """Record one finished step of `side`."""
+                step_time_us: int, num_queued: int, split_index: int = 0, gc_us: int = 0,
+                gc_count: int = 0) -> None:
+        """Record one finished step of `side`; `gc_us` / `gc_count`: the worker's garbage collections so far."""
         row = self.rows[int(side)]
+        row[Field.GC_US] = gc_us
+        row[Field.GC_COUNT] = gc_count
         row[Field.NUM_SEQS] = num_seqs
         row[Field.NUM_TOKENS] = num_tokens
         row[Field.NUM_CONTEXT_TOKENS] = num_context_tokens

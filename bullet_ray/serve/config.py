@@ -56,8 +56,9 @@ class EngineArgs(BaseModel):
                                       "in this many layer groups and the SM split may move between them (1: off)")
     prefill_layer_group_min_tokens: int = Field(2048, ge=1, description="smallest prefill batch (new tokens) "
                                                 "that runs layer-wise when prefill_layer_groups > 1")
-    gc_freeze: bool = Field(True, description="each worker freezes its Python heap once started (gc.freeze), so "
-                            "that no garbage collection walks the model's and graphs' objects while serving")
+    gc_freeze: bool = Field(True, description="each worker, and the engine front (the Serve replica), freezes its "
+                            "Python heap once started (gc.freeze), so that no garbage collection walks the model's, "
+                            "graphs' and Serve's start-up objects while serving")
     decode_pieces: int = Field(1, ge=1, le=256, description="decode steps (split_policy slo, split_switch overlap) "
                                "as this many CUDA graphs of layers launched just in time, the split followed between "
                                "them (1: one graph a step)")

@@ -15,6 +15,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from bullet_ray.engine.gc_pauses import GcPauses, freeze_heap
 from bullet_ray.engine.outputs import RequestOutput
 from bullet_ray.engine.sampling_params import SamplingParams
 from bullet_ray.errors import EngineDeadError, InvalidRequest, InvalidSamplingParams
@@ -72,6 +73,19 @@ class EngineReplica:
                                            self.cfg.admission_tpot_s, self.cfg.admission_ttft_ms_per_prompt_token)
         self.num_requests_total = 0
         self.num_rejected_total = 0
+        # this process (the engine front) freezes its heap once the engine has started, as each worker does
+        # (engine.gc_freeze), and times its collections (the gc_pause metrics); a test's mock engine leaves the
+        # test process alone
+        self.gc_pauses: GcPauses | None = None
+        self.gc_frozen: int | None = None
+        if engine_factory is None:
+            self.gc_pauses = GcPauses()
+            self.gc_pauses.install()
+            if self.cfg.engine.gc_freeze:
+                froze_at = time.perf_counter()
+                self.gc_frozen = freeze_heap()
+                logger.info("engine front: heap frozen, %d objects out of the collector's reach (%.3f s)",
+                            self.gc_frozen, time.perf_counter() - froze_at)
 
     def _mps_env(self) -> dict[str, str]:
         """Start (or find) this node's MPS daemon when the workers should be its clients; their environment."""
@@ -95,6 +109,9 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
+        pauses = getattr(self, "gc_pauses", None)
+        if pauses is not None:
+            pauses.uninstall()
 
     def check_health(self) -> None:
         self.engine.check_health()
@@ -129,6 +146,8 @@ class EngineReplica:
                     "is_dead": True}
         stats = self.engine.stats()
         self.metrics.observe_stats(stats)
+        if self.gc_pauses is not None:
+            self.metrics.observe_gc({"front": self._front_gc()})
         drain = getattr(self.engine, "drain_step_records", None)  # the mock engine has none
         if drain is not None:
             self.metrics.observe_steps(drain())
@@ -175,7 +194,20 @@ class EngineReplica:
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                 "num_requests_total": self.num_requests_total, "num_rejected_total": self.num_rejected_total,
                 "predicted_ttft_s": s.predicted_ttft_s, "admission": dataclasses.asdict(self.admission),
-                "handoff": s.extra.get("handoff"), **self._process_info()}
+                "handoff": s.extra.get("handoff"), "gc": self._gc_info(s), **self._process_info()}
+
+    def _front_gc(self) -> dict[str, float]:
+        pauses = self.gc_pauses
+        assert pauses is not None
+        return {"seconds": pauses.total_s, "collections": pauses.num_collections}
+
+    def _gc_info(self, stats: Any) -> dict[str, Any]:
+        """Garbage collections so far per process (front, and each worker as its last step left them) and the
+        front's heap freeze (objects frozen; None: none)."""
+        info = dict((getattr(stats, "extra", None) or {}).get("gc") or {})
+        if self.gc_pauses is not None:
+            info["front"] = self._front_gc()
+        return {"processes": info, "front_frozen": self.gc_frozen}
 
     def _process_info(self) -> dict[str, Any]:
         """Where this engine's memory and processes are (operators, the chaos tests, benchmarks/soak.py)."""

@@ -223,6 +223,10 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     assert "handles_after_s" not in by_role["decode"]
     # each froze its heap once started (engine.gc_freeze, the default): the objects moved out of the collector's reach
     assert all(r["gc_frozen"] > 1000 and r["seconds"]["gc_freeze"] >= 0 for r in startups), startups
+    # and each worker's collections so far reach the front in its state-block row (the gc_pause_seconds metric)
+    gc_totals = stats.extra["gc"]
+    assert set(gc_totals) == {"prefill", "decode"}, gc_totals
+    assert all(t["collections"] >= 0 and t["seconds"] >= 0 for t in gc_totals.values()), gc_totals
     first = [r for r in records if r["kind"] == "first_token"]  # written by the prefill worker
     assert len({r["request_id"] for r in first}) == len(first) == len(PROMPTS)
     decisions = [r for r in records if r["kind"] == "decision"]

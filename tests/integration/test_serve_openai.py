@@ -256,6 +256,18 @@ def test_disconnect_mid_stream_frees_every_kv_block(app):
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
 
 
+def test_internal_stats_report_each_engine_processs_garbage_collections(app):
+    """The replica froze its heap once its engine started (engine.gc_freeze) and times its own collections beside
+    the workers' (the gc_pause_seconds metric's source)."""
+    httpx.post(f"{app}/v1/completions", json={"model": "smollm2-135m-instruct", "prompt": "Hi", "max_tokens": 2},
+               timeout=60).raise_for_status()
+    gc = httpx.get(f"{app}/v1/internal/stats").json()["gc"]
+    assert gc["front_frozen"] > 1000, gc
+    processes = gc["processes"]
+    assert "front" in processes and len(processes) >= 2, processes  # the front and the engine's workers
+    assert all(p["collections"] >= 0 and p["seconds"] >= 0 for p in processes.values()), processes
+
+
 def test_api_key_is_required_when_configured(app):
     body = {"model": "mock", "prompt": "a b c", "max_tokens": 2}
     r = httpx.post(f"{app}/mock/v1/completions", json=body, timeout=30)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -145,7 +146,6 @@ def test_a_switch_drains_once_no_step_of_either_side_runs_on_the_old_entry(tmp_p
 def test_decisions_are_counted_by_reason_and_exported_as_increments(tmp_path: Path):
     """The state block counts each split decision under its reason; the metrics add each reason's new decisions to
     a counter (a new engine's counts start again: no negative increment)."""
-    from types import SimpleNamespace
 
     block = StateBlock.create(str(tmp_path / "state"))
     try:
@@ -170,6 +170,40 @@ def test_decisions_are_counted_by_reason_and_exported_as_increments(tmp_path: Pa
     observe({"balance": 1})  # a restarted engine: counts start again
     observe({"balance": 4})
     assert added == [(2, "balance"), (5, "hold"), (1, "balance"), (1, "backlog"), (3, "balance")]
+
+
+def test_gc_metrics_add_what_each_process_collected_since_the_last_read(tmp_path: Path):
+    """Each worker's garbage collections so far travel in its state-block row (the front reads them with the
+    engine's stats); the counters get what was added since the last read, per process; a restarted worker's
+    smaller totals start again."""
+    block = StateBlock.create(str(tmp_path / "state"))
+    try:
+        block.publish(Side.DECODE, num_seqs=1, num_tokens=1, num_context_tokens=9, step_time_us=10, num_queued=0,
+                      gc_us=2500, gc_count=7)
+        row = block.read(Side.DECODE)
+        assert (row["gc_us"], row["gc_count"]) == (2500, 7)
+        block.publish(Side.DECODE, num_seqs=1, num_tokens=1, num_context_tokens=9, step_time_us=10, num_queued=0)
+        assert block.read(Side.DECODE)["gc_count"] == 0  # a publish without totals writes zeros
+        assert block.read(Side.PREFILL)["gc_us"] == 0
+    finally:
+        block.close()
+    metrics = EngineMetrics("m", "e")
+    seconds: list[tuple[float, str]] = []
+    counts: list[tuple[int, str]] = []
+    metrics.gc_seconds = SimpleNamespace(inc=lambda v, tags: seconds.append((round(v, 6), tags["process"])))
+    metrics.gc_collections = SimpleNamespace(inc=lambda n, tags: counts.append((n, tags["process"])))
+
+    def observe(**totals: tuple[float, int]) -> None:
+        gc = {p: {"seconds": s, "collections": n} for p, (s, n) in totals.items()}
+        metrics.observe_stats(SimpleNamespace(num_running=0, num_waiting=0, kv_usage=0.0, predicted_ttft_s=None,
+                                              extra={"gc": gc}))
+    observe(decode=(0.0025, 7), prefill=(0.0, 0))
+    observe(decode=(0.0025, 7), prefill=(0.001, 3))  # nothing new from decode: nothing added
+    metrics.observe_gc({"front": {"seconds": 0.004, "collections": 2}})  # the replica's own (EngineReplica)
+    observe(decode=(0.0005, 1), prefill=(0.003, 5))  # decode restarted: its totals count from 0 again
+    assert seconds == [(0.0025, "decode"), (0.001, "prefill"), (0.004, "front"), (0.0005, "decode"),
+                       (0.002, "prefill")]
+    assert counts == [(7, "decode"), (3, "prefill"), (2, "front"), (1, "decode"), (2, "prefill")]
 
 
 def test_metrics_take_step_records_outside_ray():

@@ -541,4 +541,5 @@ class WorkerBase:
         self.res.state.publish(self.side, num_seqs=num_seqs, num_tokens=num_tokens,
                                num_context_tokens=num_context_tokens,
                                step_time_us=int((time.perf_counter() - started_s) * 1e6),
-                               num_queued=num_queued, split_index=index)
+                               num_queued=num_queued, split_index=index, gc_us=int(self.gc_pauses.total_s * 1e6),
+                               gc_count=self.gc_pauses.num_collections)

@@ -437,6 +437,9 @@ def serve_run(system: SystemSpec, out_dir: Path) -> Iterator[None]:
                                                         system.extra["check_prompt_tokens"])
             yield
             system.extra["graph_captures_serving"] = graph_captures_serving()
+            gc = engine_gc(system.base_url)  # the front's and the workers' garbage collections over the whole run
+            if gc is not None:
+                system.extra["gc"] = gc
             steps = out_dir / f"{system.name}-steps.jsonl"
             if steps.is_file():  # a bullet system's split switches (to both acks and to the drain) and hand-offs
                 from benchmarks.plot_steps import (
@@ -483,6 +486,21 @@ def graph_captures_serving(discovery: Path = RAY_METRICS_DISCOVERY, timeout_s: f
     urls = [f"http://{target}/metrics" for group in groups for target in group.get("targets", [])]
     values = scrape_samples(urls, lambda name, _: name == CAPTURES_METRIC, timeout_s)
     return int(sum(values.values())) if values else None
+
+
+def engine_gc(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The engine's Python garbage collections since it started, as `/v1/internal/stats` gives them (`gc`: seconds
+    and collections per process, the front and each worker, and the front's frozen-object count); read at a
+    system's end. None when the route does not answer or has no such entry."""
+    import requests  # type: ignore[import-untyped]
+
+    try:
+        r = requests.get(f"{base_url}/v1/internal/stats", timeout=timeout_s)
+        r.raise_for_status()
+        gc = r.json().get("gc")
+    except (requests.RequestException, ValueError, AttributeError):
+        return None
+    return gc if isinstance(gc, dict) else None
 
 
 def _wait_generates(base_url: str, timeout_s: float) -> None:

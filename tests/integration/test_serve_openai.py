@@ -377,7 +377,8 @@ def test_metrics_reach_the_node_exporter(app, ray_session, client):
               "ray_bullet_generation_tokens_total", "ray_bullet_request_success_total",
               "ray_bullet_kv_cache_usage_perc", "ray_bullet_num_requests_waiting",
               "ray_bullet_sm_split_decode_sms", "ray_bullet_sm_split_prefill_sms", "ray_bullet_decode_step_seconds",
-              "ray_bullet_predicted_ttft_seconds", "ray_bullet_graph_captures_serving"]
+              "ray_bullet_predicted_ttft_seconds", "ray_bullet_graph_captures_serving",
+              "ray_bullet_gc_pause_seconds_total", "ray_bullet_gc_collections_total"]
 
     def success_of_this_model(text: str) -> list[str]:
         return [line for line in text.splitlines() if line.startswith("ray_bullet_request_success_total{")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -275,6 +277,20 @@ def test_graph_captures_read_from_the_nodes_metrics_pages(tmp_path):
     assert serve_h100.graph_captures_serving(tmp_path / "missing.json") is None
     discovery.write_text('[{"labels": {"job": "ray"}, "targets": ["127.0.0.1:9"]}]')  # nothing listens on port 9
     assert serve_h100.graph_captures_serving(discovery, timeout_s=1.0) is None
+
+
+def test_the_engines_garbage_collections_are_read_from_its_stats_route():
+    """serve_h100 keeps each of our systems' GC totals per process (front and workers) from /v1/internal/stats."""
+    gc = {"processes": {"front": {"seconds": 0.5, "collections": 40}, "decode": {"seconds": 0.01, "collections": 9}},
+          "front_frozen": 123456}
+    pages = [json.dumps({"num_waiting": 0, "gc": gc})]
+    with serve_pages(pages) as port:
+        assert serve_h100.engine_gc(f"http://127.0.0.1:{port}") == gc
+        pages[0] = json.dumps({"num_waiting": 0})  # an engine without the entry
+        assert serve_h100.engine_gc(f"http://127.0.0.1:{port}") is None
+        pages[0] = "not json"
+        assert serve_h100.engine_gc(f"http://127.0.0.1:{port}") is None
+    assert serve_h100.engine_gc("http://127.0.0.1:9", timeout_s=1.0) is None  # nothing listens on port 9
 
 
 def test_an_engine_suffix_can_set_serve_runs_environment():

@@ -393,7 +393,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
     (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
     split (`next_poll_gap_ms`), its host time before its first graph replay and the attention plan's part of it
-    (`next_graph_setup_ms`, `next_graph_plan_ms`), the time the acking process spent in garbage collections
+    (`next_graph_setup_ms`, `next_graph_plan_ms`) and the host's waits for the GPU in that (`next_graph_wait_ms`), the
+    time the acking process spent in garbage collections
     between the decision and its ack (`gc_ms`), and the decision against that side's launches (`launch_began_ms`:
     after its last launch began; `launch_ended_ms`: after the last one that had returned ended), in logs that carry
     them."""
@@ -418,7 +419,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                                "next_moved_at_piece": nxt.get("moved_at_piece") if nxt else None,
                                "next_poll_gap_ms": nxt.get("piece_poll_gap_ms") if nxt else None,
                                "next_graph_setup_ms": nxt.get("graph_setup_ms") if nxt else None,
-                               "next_graph_plan_ms": nxt.get("graph_plan_ms") if nxt else None}
+                               "next_graph_plan_ms": nxt.get("graph_plan_ms") if nxt else None,
+                               "next_graph_wait_ms": nxt.get("graph_wait_ms") if nxt else None}
         if running is None:
             row["where"] = "between steps"
         else:
@@ -581,8 +583,10 @@ def main(argv: list[str] | None = None) -> int:
                 if row.get("next_poll_gap_ms") is not None:
                     at += f" (longest gap between its looks at the request {row['next_poll_gap_ms']:.2f} ms)"
                 if row.get("next_graph_setup_ms") is not None:
+                    waited = row.get("next_graph_wait_ms")
                     plan += (f"graph set-up {row['next_graph_setup_ms']:.2f} ms (attention plan "
-                             f"{row['next_graph_plan_ms']:.2f}), ")
+                             f"{row['next_graph_plan_ms']:.2f}"
+                             + (f", waiting for the GPU {waited:.2f}" if waited is not None else "") + "), ")
                 seen += (f"; the next {'moved while launching' + at if row['next_moved'] else 'did not move'}, its {plan}host "
                          f"preparation {row['next_prep_ms']:.2f} ms"
                          + (f" (decode steps of >= 90% that batch: p50 {prep[1]:.2f}, p90 {prep[2]:.2f} ms)" if prep else ""))

@@ -279,8 +279,10 @@ class DecodeGraphs:
         self.num_piece_waits_cut = 0  # waits for a piece cut short by a requested split (`_run_pieces`)
         self.last_move_piece: int | None = None  # the first boundary (piece index) where the last step in pieces moved
         self.last_poll_gap_s = 0.0  # the last step in pieces: the longest gap between its looks at a requested split
-        # the last step: host seconds from `run`'s start to its first replay, and the plan's (and graph lookup's) part
-        self.last_setup_s = self.last_plan_s = 0.0
+        # the last step: host seconds from `run`'s start to its first replay, the plan's (and graph lookup's) part, and
+        # the part of that spent waiting for the GPU (a staging slot's copy of two steps ago, flashinfer's plan fence)
+        self.last_setup_s = self.last_plan_s = self.last_wait_s = 0.0
+        self._wait_s = 0.0  # the host's waits for the GPU since `run` began
         self.num_piece_moves_missing = 0  # moves to a partition without this step's graph (none captured mid-step)
         self.num_captures = 0
         self.num_captures_serving = 0  # captures after is_serving was set (should stay 0)
@@ -339,7 +341,7 @@ class DecodeGraphs:
         self._last_plan.pop(b, None)  # a failed plan leaves the wrapper's workspace unknown
         self.num_plans += 1
         try:
-            be.fence.plan(*args, **kwargs, **options)
+            self._wait_s += be.fence.plan(*args, **kwargs, **options)
         except Exception as e:  # noqa: BLE001 - flashinfer's refusal (a tvm-ffi error); a second failure raises
             if "fixed_split_size" not in options:
                 raise
@@ -350,7 +352,7 @@ class DecodeGraphs:
             options = {"disable_split_kv": True}
             key = plan_key(options, counts, *kernel)
             self.num_plans += 1
-            be.fence.plan(*args, **kwargs, **options)
+            self._wait_s += be.fence.plan(*args, **kwargs, **options)
         self._staged[(self._next_slot - 1) % STAGING_SLOTS] = _record()  # flashinfer's copies read the slot too
         info = getattr(wrapper, "_plan_info", None)
         plan = tuple(int(x) for x in info) if info is not None else ()
@@ -366,7 +368,9 @@ class DecodeGraphs:
         slot = self._next_slot
         self._next_slot = (slot + 1) % STAGING_SLOTS
         if self._staged[slot] is not None:
+            waited = time.perf_counter()
             self._staged[slot].synchronize()
+            self._wait_s += time.perf_counter() - waited
         host = self._staging[slot]
         indptr_h, last_h, indices_h = self._layout.views(host)
         view = indptr_h[:b + 1].numpy()
@@ -563,6 +567,7 @@ class DecodeGraphs:
         if b is None:
             return None
         started = time.perf_counter()
+        self._wait_s = 0.0
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
         self.slots[:n].copy_(metadata.slot_mapping, non_blocking=True)
@@ -576,10 +581,11 @@ class DecodeGraphs:
         planned = time.perf_counter()
         plan = self._plan(b, block_tables, metadata.seq_lens_list)
         step = self._graph(partition_key, b, plan)
-        # the host's time before the first replay (the step log's graph_setup_ms), and the attention plan's part of it
+        # the host's time before the first replay (the step log's graph_setup_ms), the attention plan's part of it
         # (graph_plan_ms: page tables staged, flashinfer's plan where it can change, its fence's wait for the last one)
+        # and the part of that the host waited for the GPU (graph_wait_ms: the staging slot's and the fence's waits)
         now = time.perf_counter()
-        self.last_setup_s, self.last_plan_s = now - started, now - planned
+        self.last_setup_s, self.last_plan_s, self.last_wait_s = now - started, now - planned, self._wait_s
         if between is None or self.pieces == 1:
             step.replay()
         else:

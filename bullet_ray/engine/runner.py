@@ -78,8 +78,9 @@ class InFlightStep:
     gpu_time_s: float | None = None  # start_event -> done on the device, known once collected (None on CPU)
     # host time (s) on the way to the device, for the step log: planning the batch (the worker's plan), the
     # inputs and attention metadata (prep: build_metadata), the forward enqueued (forward, which includes the
-    # attention plan: attn_plan, or a decode graph's, whose host time before its first replay is graph_setup and the
-    # plan's part of that graph_plan; for piecewise graphs its graph replays and eager
+    # attention plan: attn_plan, or a decode graph's, whose host time before its first replay is graph_setup, the
+    # plan's part of that graph_plan and the host's waits for the GPU in it graph_wait; for piecewise graphs its
+    # graph replays and eager
     # attention calls: replay, attention), logits and sampling enqueued (sample), the whole launch, and the
     # host's gap since it finished collecting the step before; `sample` is split into the sampled rows (their
     # indices, the sequences' counts and, unless every row of a one-token-a-row step samples, the rows' copy to
@@ -95,7 +96,7 @@ class InFlightStep:
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `attn_plan_ms`, `graph_setup_ms`,
-        `graph_plan_ms`, `forward_ms`,
+        `graph_plan_ms`, `graph_wait_ms`, `forward_ms`,
         `replay_ms`, `attention_ms`, `sample_ms` with its parts `sample_rows_ms`, `logits_ms`, `sampler_ms`,
         `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
@@ -264,7 +265,8 @@ class ModelRunner:
             waits_cut = self.graphs.num_piece_waits_cut - cut_before
             if hidden is not None:
                 ran = "decode"
-                host_s.update(graph_setup=self.graphs.last_setup_s, graph_plan=self.graphs.last_plan_s)
+                host_s.update(graph_setup=self.graphs.last_setup_s, graph_plan=self.graphs.last_plan_s,
+                              graph_wait=self.graphs.last_wait_s)
                 num_groups = self.graphs.pieces if pieces_hook is not None else 1
                 if pieces_hook is not None:  # what `_run_pieces` kept of this step (a batch no bucket holds: none)
                     moved_at, poll_gap = self.graphs.last_move_piece, self.graphs.last_poll_gap_s

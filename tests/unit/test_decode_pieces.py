@@ -347,7 +347,7 @@ def test_a_switch_back_acked_between_pieces_is_not_drained_while_this_steps_piec
 def test_run_records_the_host_time_before_the_first_replay_and_the_plans_part(monkeypatch):
     """`DecodeGraphs.run` keeps the host's time from its start to the step's first replay (`last_setup_s`: inputs
     copied, page tables staged, plan, graph looked up) and the plan's part of it (`last_plan_s`): the step log's
-    graph_setup_ms / graph_plan_ms, where a plan that blocks would show."""
+    graph_setup_ms / graph_plan_ms, where a plan that blocks would show, and its waits for the GPU (graph_wait_ms)."""
     clock = [0.0]
     monkeypatch.setattr(cuda_graphs.time, "perf_counter", lambda: clock[0])
     log: list[str] = []
@@ -356,7 +356,8 @@ def test_run_records_the_host_time_before_the_first_replay_and_the_plans_part(mo
     graphs.scratch_slot, graphs.bucket = None, lambda n: 8
 
     def plan(b, tables, lens):
-        clock[0] += 0.002  # a plan that held the host 2 ms
+        clock[0] += 0.002  # a plan that held the host 2 ms, 1.2 of them waiting for the GPU (a fence, a staging slot)
+        graphs._wait_s += 0.0012
         return "plan"
 
     def copy_(*args, **kwargs):  # the inputs' copies take 0.5 ms
@@ -368,3 +369,6 @@ def test_run_records_the_host_time_before_the_first_replay_and_the_plans_part(mo
     out = graphs.run(0, torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), metadata, [[1], [2]])
     assert out.shape[0] == 2 and log == ["replay p0.0"]
     assert graphs.last_plan_s == pytest.approx(0.002) and graphs.last_setup_s == pytest.approx(0.002 + 6 * 0.0005)
+    assert graphs.last_wait_s == pytest.approx(0.0012)  # the step log's graph_wait_ms
+    graphs.run(0, torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), metadata, [[1], [2]])
+    assert graphs.last_wait_s == pytest.approx(0.0012)  # counted from each run's start, not summed over runs

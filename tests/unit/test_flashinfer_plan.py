@@ -22,9 +22,10 @@ class _RecordingFence:
         self.plans: list[tuple[str, list]] = []
         self.options: list[dict] = []
 
-    def plan(self, wrapper: str, *args: object, **kwargs: object) -> None:
+    def plan(self, wrapper: str, *args: object, **kwargs: object) -> float:
         self.plans.append((wrapper, [a.tolist() if isinstance(a, torch.Tensor) else a for a in args[:5]]))
         self.options.append({k: v for k, v in kwargs.items() if k == "disable_split_kv"})
+        return 0.0  # PlanFence.plan: the host's wait for the wrapper's previous plan
 
 
 def _backend() -> FlashInferBackend:
@@ -298,3 +299,32 @@ def test_mixed_attention_splits_unless_the_environment_says_otherwise(monkeypatc
     monkeypatch.setenv("BULLET_RAY_MIXED_ATTENTION_OVERLAP", "1")  # the old opt-in's name: an error, not ignored
     with pytest.raises(ValueError, match="set BULLET_RAY_MIXED_ATTENTION=overlap"):
         default_mixed_attention()
+
+
+def test_the_plan_fence_returns_the_hosts_wait_for_the_wrappers_previous_plan(monkeypatch):
+    """`PlanFence.plan` waits for the GPU to take a wrapper's previous plan before planning it again, and returns how
+    long the host waited (DecodeGraphs adds it to the step log's graph_wait_ms); the first plan waits for nothing."""
+    from bullet_ray.engine.attention import flashinfer_backend as fb
+
+    clock = [0.0]
+    monkeypatch.setattr(fb.time, "perf_counter", lambda: clock[0])
+
+    class _Event:
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            clock[0] += 0.0015  # the GPU takes the previous plan 1.5 ms later
+
+    monkeypatch.setattr(fb.torch.cuda, "Event", _Event)
+    planned: list[tuple] = []
+
+    class _Wrapper:
+        def plan(self, *args: object, **kwargs: object) -> None:
+            planned.append(args)
+
+    fence, wrapper, other = fb.PlanFence(), _Wrapper(), _Wrapper()
+    assert fence.plan(wrapper, 1) == 0.0  # nothing planned before
+    assert fence.plan(other, 2) == 0.0  # another wrapper: its own fence
+    assert fence.plan(wrapper, 3) == pytest.approx(0.0015)
+    assert planned == [(1,), (2,), (3,)] and fence.plan_count(wrapper) == 2

@@ -636,7 +636,7 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
         return {"kind": "switch", "t": t, "decision_to_split_us": us, "acked_last": last, **where}
 
     recs = [step(10.020, 20.0, 100, 0.8), step(10.040, 20.0, 100, 0.9, moved=True), step(10.060, 20.0, 110, 0.7),
-            step(10.100, 20.0, 50, 0.3),
+            {**step(10.100, 20.0, 50, 0.3), "graph_setup_ms": 2.2, "graph_plan_ms": 2.0, "graph_wait_ms": 1.9},
             switch(10.0375, 1500),           # decided at 10.036, inside the second step, which moved
             switch(10.0595, 1500),           # decided at 10.058, inside the third, which did not: the fourth took it
             switch(10.0705, 2000, site="loop", inflight=False, since_collect_ms=10.2),  # decided at 10.0685:
@@ -648,6 +648,9 @@ def test_plot_steps_places_each_slow_switch_against_the_decode_steps():
     assert rows[0]["step_seqs"] == 100 and rows[0]["ms_to_collect"] == 4.0
     assert rows[1]["step_seqs"] == 110 and rows[1]["next_prep_ms"] == 0.3 and not rows[1]["next_moved"]
     assert rows[1]["next_plan_ms"] is None  # the fake steps log no planning time
+    # the fourth's host time before its first graph replay, the plan's part and the waits for the GPU in it
+    assert (rows[1]["next_graph_setup_ms"], rows[1]["next_graph_plan_ms"], rows[1]["next_graph_wait_ms"]) == (2.2, 2.0, 1.9)
+    assert rows[0]["next_graph_wait_ms"] is None  # the third's log has none
     assert "step_seqs" not in rows[2] and rows[2]["next_prep_ms"] == 0.3
     assert rows[0]["site"] is None  # logs before the ack site was recorded
     assert (rows[2]["site"], rows[2]["inflight"], rows[2]["since_collect_ms"]) == ("loop", False, 10.2)

@@ -26,7 +26,7 @@ class FullTableGraphs:
     num_piece_waits_cut = 0
     last_move_piece = None
     last_poll_gap_s = 0.0
-    last_setup_s = last_plan_s = 0.0  # DecodeGraphs.run's host times before the first replay
+    last_setup_s = last_plan_s = last_wait_s = 0.0  # DecodeGraphs.run's host times before the first replay
 
     def __init__(self, runner: Any, largest: int) -> None:
         self.runner, self.largest, self.seen = runner, largest, []

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -604,15 +605,20 @@ class PlanFence:
         self._copied: dict[int, torch.cuda.Event] = {}
         self._plans: dict[int, int] = {}
 
-    def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+    def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> float:
+        """Plan `wrapper` once the GPU has taken its previous plan; returns the seconds the host waited for that."""
         previous = self._copied.get(id(wrapper))
+        waited = 0.0
         if previous is not None:
+            began = time.perf_counter()
             previous.synchronize()
+            waited = time.perf_counter() - began
         self._plans[id(wrapper)] = self._plans.get(id(wrapper), 0) + 1  # before: a failed plan is stale too
         wrapper.plan(*args, **kwargs)
         event = torch.cuda.Event()
         event.record()
         self._copied[id(wrapper)] = event
+        return waited
 
     def plan_count(self, wrapper: Any) -> int:
         """How many times this wrapper was planned (a DirectRun's record holds for one plan)."""

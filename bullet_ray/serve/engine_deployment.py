@@ -79,13 +79,13 @@ class EngineReplica:
         self.gc_pauses: GcPauses | None = None
         self.gc_frozen: int | None = None
         if engine_factory is None:
-            self.gc_pauses = GcPauses()
-            self.gc_pauses.install()
             if self.cfg.engine.gc_freeze:
                 froze_at = time.perf_counter()
                 self.gc_frozen = freeze_heap()
                 logger.info("engine front: heap frozen, %d objects out of the collector's reach (%.3f s)",
                             self.gc_frozen, time.perf_counter() - froze_at)
+            self.gc_pauses = GcPauses()  # from here on: the freeze's own full collection is start-up, not serving
+            self.gc_pauses.install()
 
     def _mps_env(self) -> dict[str, str]:
         """Start (or find) this node's MPS daemon when the workers should be its clients; their environment."""

@@ -129,6 +129,21 @@ def token_slots(blocks: list[int], start: int, end: int, block_size: int) -> lis
     return out
 
 
+@dataclass
+class ForwardPass:
+    """A batch's forward as `ModelRunner.forward` enqueued it."""
+
+    metadata: AttentionMetadata
+    hidden: torch.Tensor  # the last layer's output rows (on the device; written once the forward has run)
+    num_tokens: int
+    host_s: dict[str, float]  # InFlightStep.host_s's prep, forward and the forward's parts
+    ran: str = "eager"  # InFlightStep.graphs
+    num_groups: int = 1  # layer groups or decode pieces it ran in
+    waits_cut: int = 0  # decode pieces: InFlightStep.piece_waits_cut
+    moved_at: int | None = None  # decode pieces: InFlightStep.moved_at_piece
+    poll_gap: float = 0.0  # decode pieces: InFlightStep.piece_poll_gap_s
+
+
 class ModelRunner:
     def __init__(self, model: Any, backend: AttentionBackend, sampler: Any, block_size: int,
                  device: torch.device | str) -> None:
@@ -239,12 +254,69 @@ class ModelRunner:
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
+        began = time.perf_counter()
+        fwd = self.forward(batch, num_layer_groups, between_groups, move_pending)
+        metadata, hidden, host_s = fwd.metadata, fwd.hidden, fwd.host_s
+        sample_started = time.perf_counter()
+        last_rows = [metadata.query_lens_list[0] - 1]
+        for n in metadata.query_lens_list[1:]:
+            last_rows.append(last_rows[-1] + n)
+        sample_idx = [i for i, item in enumerate(batch) if item.completes_known_tokens]
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        seqs = [batch[i].seq for i in sample_idx]
+        sample = host_ids = done = None
+        if sample_idx:
+            # each part timed on its own: a call that blocks the host (a new pinned or device block where the
+            # allocators must grow synchronizes with the GPU) shows where in the step log
+            if metadata.is_decode and len(sample_idx) == len(batch):  # one token a row, every row samples: its
+                rows_hidden = hidden  # hidden states are the rows to sample, no gather, no copy
+            else:
+                picked = [last_rows[i] for i in sample_idx]  # each sampling row's last token
+                rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
+            logits_started = time.perf_counter()
+            logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts
+            sampler_started = time.perf_counter()
+            sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
+            self._last_ids = sample.token_ids
+            to_host_started = time.perf_counter()
+            if sample.token_ids.device.type == "cuda":
+                # the host reads these after the step's event: a blocking copy would wait for the next step too
+                host_ids = torch.empty(len(seqs), dtype=torch.long, pin_memory=True)
+                host_ids.copy_(sample.token_ids, non_blocking=True)
+                sample = sample.logprobs_to_host()
+            else:
+                host_ids = sample.token_ids
+            host_s.update(sample_rows=logits_started - sample_started, logits=sampler_started - logits_started,
+                          sampler=to_host_started - sampler_started, to_host=time.perf_counter() - to_host_started)
+        if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free
+            done = torch.cuda.Event(enable_timing=True)
+            done.record()
+        self._last_rows = {s.request_id: i for i, s in enumerate(seqs)}
+        for seq in seqs:
+            seq.num_pending_tokens += 1
+        needs_history = any(_uses_history(s) for s in seqs)
+        launched = time.perf_counter()
+        host_s["sample"] = launched - sample_started
+        allocator = allocator_counts() if done is not None and launched - began >= SLOW_LAUNCH_S else {}
+        return InFlightStep(batch, seqs, sample, host_ids, done, fwd.num_tokens, sum(metadata.seq_lens_list),
+                            needs_host_history=needs_history, num_layer_groups=fwd.num_groups,
+                            start_event=start_event, host_s=host_s, graphs=fwd.ran, allocator=allocator,
+                            piece_waits_cut=fwd.waits_cut, moved_at_piece=fwd.moved_at, piece_poll_gap_s=fwd.poll_gap)
+
+    def forward(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
+                between_groups: BetweenGroups | None = None,
+                move_pending: Callable[[], bool] | None = None) -> ForwardPass:
+        """`launch`'s first half: the batch's inputs and attention metadata, and its forward enqueued (a decode
+        graph, in pieces with `between_groups`; piecewise graphs; else eager, in `num_layer_groups` layer groups
+        with `between_groups`), neither sampling nor touching the sequences' counts, so a batch may run it again
+        (`bullet_ray.perf.sweep` times steps with it). Its host times: `prep`, `forward` and the graph set-up's
+        parts, or the eager attention plan's."""
         prep_started = time.perf_counter()
         on_graph = self.on_graph(batch)
         ids, pos, metadata = self.build_metadata(batch, page_table=not on_graph)
         forward_started = time.perf_counter()
-        prep_s = forward_started - prep_started
-        host_s = {"prep": prep_s}
+        host_s = {"prep": forward_started - prep_started}
         hidden = None
         num_groups = 1
         ran = "eager"
@@ -287,53 +359,8 @@ class ModelRunner:
                         host_s.update(self.piecewise.last_host_s)
                 if hidden is None:
                     hidden = self.model.forward(ids, pos, ctx)
-        sample_started = time.perf_counter()
-        host_s["forward"] = sample_started - forward_started
-        last_rows = [metadata.query_lens_list[0] - 1]
-        for n in metadata.query_lens_list[1:]:
-            last_rows.append(last_rows[-1] + n)
-        sample_idx = [i for i, item in enumerate(batch) if item.completes_known_tokens]
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_new_tokens
-        seqs = [batch[i].seq for i in sample_idx]
-        sample = host_ids = done = None
-        if sample_idx:
-            # each part timed on its own: a call that blocks the host (a new pinned or device block where the
-            # allocators must grow synchronizes with the GPU) shows where in the step log
-            if metadata.is_decode and len(sample_idx) == len(batch):  # one token a row, every row samples: its
-                rows_hidden = hidden  # hidden states are the rows to sample, no gather, no copy
-            else:
-                picked = [last_rows[i] for i in sample_idx]  # each sampling row's last token
-                rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
-            logits_started = time.perf_counter()
-            logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts
-            sampler_started = time.perf_counter()
-            sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
-            self._last_ids = sample.token_ids
-            to_host_started = time.perf_counter()
-            if sample.token_ids.device.type == "cuda":
-                # the host reads these after the step's event: a blocking copy would wait for the next step too
-                host_ids = torch.empty(len(seqs), dtype=torch.long, pin_memory=True)
-                host_ids.copy_(sample.token_ids, non_blocking=True)
-                sample = sample.logprobs_to_host()
-            else:
-                host_ids = sample.token_ids
-            host_s.update(sample_rows=logits_started - sample_started, logits=sampler_started - logits_started,
-                          sampler=to_host_started - sampler_started, to_host=time.perf_counter() - to_host_started)
-        if self.device.type == "cuda":  # every step, sampling or not: the host learns when its blocks are free
-            done = torch.cuda.Event(enable_timing=True)
-            done.record()
-        self._last_rows = {s.request_id: i for i, s in enumerate(seqs)}
-        for seq in seqs:
-            seq.num_pending_tokens += 1
-        needs_history = any(_uses_history(s) for s in seqs)
-        launched = time.perf_counter()
-        host_s["sample"] = launched - sample_started
-        allocator = allocator_counts() if done is not None and launched - prep_started >= SLOW_LAUNCH_S else {}
-        return InFlightStep(batch, seqs, sample, host_ids, done, len(ids), sum(metadata.seq_lens_list),
-                            needs_host_history=needs_history, num_layer_groups=num_groups,
-                            start_event=start_event, host_s=host_s, graphs=ran, allocator=allocator,
-                            piece_waits_cut=waits_cut, moved_at_piece=moved_at, piece_poll_gap_s=poll_gap)
+        host_s["forward"] = time.perf_counter() - forward_started
+        return ForwardPass(metadata, hidden, len(ids), host_s, ran, num_groups, waits_cut, moved_at, poll_gap)
 
     def collect(self, step: InFlightStep) -> StepResult:
         """Wait for a launched step, append each sampled id to its sequence. Sequences already finished

@@ -164,27 +164,16 @@ class Bench:
         return out
 
     def step_fn(self, batch: list[Any], graph_key: int) -> Callable[[], Any]:
-        """One step as the runner runs it, minus sampling: metadata, forward (decode graph if any), lm_head."""
-        from bullet_ray.engine.attention.base import AttentionContext
-
+        """One step as the runner runs it (`ModelRunner.forward`: metadata, a decode graph where one holds the batch,
+        else eager) on ladder entry `graph_key`, then the lm_head on each sequence's last row; no sampling."""
         runner, torch = self.runner, self.torch
 
         @torch.inference_mode()
         def run() -> Any:
-            on_graph = runner.on_graph(batch)  # as the runner: no page table for a step a graph bucket holds
-            ids, pos, md = runner.build_metadata(batch, page_table=not on_graph)
-            hidden = None
-            if runner.graphs is not None and md.is_decode:
-                bs = self.block_size
-                tables = [item.seq.block_ids[:(n + bs - 1) // bs] for item, n in zip(batch, md.seq_lens_list)]
-                hidden = runner.graphs.run(graph_key, ids, pos, md, tables)
-            if hidden is None:
-                if on_graph:
-                    ids, pos, md = runner.build_metadata(batch)
-                runner.backend.begin_batch(md)
-                hidden = runner.model.forward(ids, pos, AttentionContext(runner.backend, md))
-            last = md.query_start_loc[1:].long() - 1
-            return runner.model.compute_logits(hidden.index_select(0, last))
+            runner.graph_key = graph_key
+            fwd = runner.forward(batch)
+            last = fwd.metadata.query_start_loc[1:].long() - 1
+            return runner.model.compute_logits(fwd.hidden.index_select(0, last))
 
         return run
 

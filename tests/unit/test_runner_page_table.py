@@ -30,6 +30,7 @@ class FullTableGraphs:
 
     def __init__(self, runner: Any, largest: int) -> None:
         self.runner, self.largest, self.seen = runner, largest, []
+        self.batch: list[ScheduledSeq] = []  # the step being launched (the test sets it before each launch)
 
     def bucket(self, num_seqs: int) -> int | None:
         return self.largest if num_seqs <= self.largest else None
@@ -40,7 +41,7 @@ class FullTableGraphs:
             return None
         self.seen.append(tuple(metadata.block_tables.shape))
         # the same step with the page table (launch advances the sequences only after the forward)
-        full_ids, full_pos, full = self.runner.build_metadata(self.runner.batch_in_flight)
+        full_ids, full_pos, full = self.runner.build_metadata(self.batch)
         assert torch.equal(full_ids, ids) and torch.equal(full_pos, pos)
         assert torch.equal(full.slot_mapping, metadata.slot_mapping) and full.seq_lens_list == metadata.seq_lens_list
         assert torch.equal(full.seq_lens, metadata.seq_lens)
@@ -65,7 +66,8 @@ def _greedy(largest: int | None, graphs_class: type = FullTableGraphs) -> tuple[
     runner.collect(runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]))
     for _ in range(5):
         batch = [ScheduledSeq(s, 1) for s in seqs]
-        runner.batch_in_flight = batch  # type: ignore[attr-defined]
+        if graphs is not None:
+            graphs.batch = batch
         runner.collect(runner.launch(batch))
     return [list(s.output_token_ids) for s in seqs], (graphs.seen if graphs else [])
 

@@ -23,7 +23,7 @@ import torch
 from bullet_ray.engine.attention.base import AttentionBackend, AttentionContext, AttentionMetadata
 from bullet_ray.engine.layerwise import BetweenGroups, forward_in_groups
 from bullet_ray.engine.outputs import TokenLogprob
-from bullet_ray.engine.scheduler.base import ScheduledSeq
+from bullet_ray.engine.scheduler.base import ScheduledSeq, is_decode_only
 from bullet_ray.engine.sequence import Sequence
 from bullet_ray.engine.transfer import allocator_counts, to_device
 
@@ -236,7 +236,7 @@ class ModelRunner:
     def on_graph(self, batch: list[ScheduledSeq]) -> bool:
         """Whether a decode graph bucket holds `batch` (a pure-decode step): such a step never reads the metadata's
         page table (the graph stages its own page indices), so `build_metadata` may leave it out."""
-        return self.graphs is not None and bool(batch) and all(item.num_new_tokens == 1 for item in batch) \
+        return self.graphs is not None and bool(batch) and is_decode_only(batch) \
             and self.graphs.bucket(len(batch)) is not None
 
     @torch.inference_mode()

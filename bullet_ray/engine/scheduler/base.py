@@ -35,6 +35,12 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
+def is_decode_only(batch: list[ScheduledSeq]) -> bool:
+    """One new token a row: a pure-decode step (the runner's decode graphs, the decode side's pieces); an empty batch
+    is one too."""
+    return all(item.num_new_tokens == 1 for item in batch)
+
+
 def blocks_needed(seq: Sequence, num_new_tokens: int, block_size: int) -> int:
     """Blocks to add so that seq can hold num_computed + num_new_tokens tokens."""
     total = (seq.num_computed_tokens + num_new_tokens + block_size - 1) // block_size

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bullet_ray.engine.messages import Wake
+from bullet_ray.engine.scheduler.base import is_decode_only
 from bullet_ray.engine.state_block import Field, Side, StateBlock
 from bullet_ray.perf.kernels import StepShape
 from bullet_ray.perf.model import PerfModel
@@ -156,7 +157,7 @@ class StepRecorder:
         """(shape, predicted seconds, other side busy, ladder index) of a planned batch, on the entry this side
         runs on now (where it launches); a decode side's step with prompt chunks (mixed fallback) is
         predicted as a prefill step of all its tokens on the decode SMs."""
-        mixed = self.side is Side.DECODE and any(item.num_new_tokens > 1 for item in batch)
+        mixed = self.side is Side.DECODE and not is_decode_only(batch)
         shape = shape_of(batch, "prefill" if mixed else self.phase)
         busy = self.other_busy()
         index = self.worker.partitioner.current_index

@@ -9,7 +9,7 @@ from typing import Any
 
 from bullet_ray.engine.messages import Handoff, StepOutputs
 from bullet_ray.engine.runner import StepResult
-from bullet_ray.engine.scheduler.base import ScheduledSeq, release
+from bullet_ray.engine.scheduler.base import ScheduledSeq, is_decode_only, release
 from bullet_ray.engine.scheduler.chunked import promote, prompt_chunks
 from bullet_ray.engine.scheduler.decode import DecodeScheduler
 from bullet_ray.engine.scheduler.prefill import PrefillScheduler
@@ -143,7 +143,7 @@ class DecodeWorker(SideWorker):
         predicted again on the entry it runs on; only where following cannot collect the step in flight (overlap
         mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
         mixed step's piecewise graphs were judged on the entry it was planned on."""
-        decode_only = all(item.num_new_tokens == 1 for item in batch)
+        decode_only = is_decode_only(batch)
         if decode_only and self.switch_pending() and (self.switch.overlap or self.inflight is None):
             before = self.partitioner.current_index
             self.follow_split(site="launch")

@@ -250,11 +250,12 @@ class EngineMetrics:
 
     def observe_gc(self, totals: dict[str, dict[str, float]]) -> None:
         """Each process's garbage collections so far ({process: {"seconds", "collections"}}, cumulative: what was
-        added since the last call goes to the counters; a restarted worker's smaller totals start again)."""
+        added since the last call goes to the counters; a restarted worker's smaller totals, either of them, start
+        again)."""
         for process, total in totals.items():
             seconds, count = float(total["seconds"]), int(total["collections"])
             seen_s, seen_n = self._gc_seen.get(process, (0.0, 0))
-            if count < seen_n:  # a new process under the same role
+            if count < seen_n or seconds < seen_s:  # a new process under the same role
                 seen_s, seen_n = 0.0, 0
             tags = {"process": process}
             if seconds > seen_s:

@@ -165,7 +165,8 @@ class Bench:
 
     def step_fn(self, batch: list[Any], graph_key: int) -> Callable[[], Any]:
         """One step as the runner runs it (`ModelRunner.forward`: metadata, a decode graph where one holds the batch,
-        else eager) on ladder entry `graph_key`, then the lm_head on each sequence's last row; no sampling."""
+        else eager: this runner has no piecewise graphs) on ladder entry `graph_key`, then the lm_head on each
+        sequence's last row; no sampling."""
         runner, torch = self.runner, self.torch
 
         @torch.inference_mode()

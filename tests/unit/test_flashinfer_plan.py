@@ -87,7 +87,7 @@ def test_holistic_mode_splits_off_the_default_stream_and_when_its_planner_refuse
         def plan(self, wrapper, *args, **kwargs):
             if wrapper == "holistic":
                 raise RuntimeError("total_num_works exceeds the limit")
-            super().plan(wrapper, *args, **kwargs)
+            return super().plan(wrapper, *args, **kwargs)
 
     backend = _planned([1, 1, 1, 20, 7], [33, 1, 70, 20, 90], holistic=True, fence=_RefusingFence())
     assert [w for w, _ in backend.fence.plans] == ["decode", "prefill"] and backend.holistic_fallbacks == 1

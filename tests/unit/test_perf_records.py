@@ -201,9 +201,10 @@ def test_gc_metrics_add_what_each_process_collected_since_the_last_read(tmp_path
     observe(decode=(0.0025, 7), prefill=(0.001, 3))  # nothing new from decode: nothing added
     metrics.observe_gc({"front": {"seconds": 0.004, "collections": 2}})  # the replica's own (EngineReplica)
     observe(decode=(0.0005, 1), prefill=(0.003, 5))  # decode restarted: its totals count from 0 again
+    observe(decode=(0.0001, 4), prefill=(0.003, 5))  # again, its first read already past the old count: by the time
     assert seconds == [(0.0025, "decode"), (0.001, "prefill"), (0.004, "front"), (0.0005, "decode"),
-                       (0.002, "prefill")]
-    assert counts == [(7, "decode"), (3, "prefill"), (2, "front"), (1, "decode"), (2, "prefill")]
+                       (0.002, "prefill"), (0.0001, "decode")]
+    assert counts == [(7, "decode"), (3, "prefill"), (2, "front"), (1, "decode"), (2, "prefill"), (4, "decode")]
 
 
 def test_metrics_take_step_records_outside_ray():

@@ -167,3 +167,30 @@ def test_a_step_whose_every_row_samples_skips_the_row_gather(monkeypatch):
     runner.collect(runner.launch([ScheduledSeq(s, 1) for s in seqs]))
     assert gathers == [len(PROMPTS)]  # the decode step: none
     assert all(len(s.output_token_ids) == 2 for s in seqs)
+
+
+def test_forward_runs_a_batch_without_sampling_or_moving_its_sequences():
+    """`ModelRunner.forward` (launch's first half; the profile sweep times steps with it) may run a batch again and
+    again: it leaves every sequence's counts as they were, and `launch` after it samples what the same forward gives."""
+    from benchmarks.gpu.engine_common import make_runner, make_seqs
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
+
+    source = resolve_source("dummy:tiny-llama")
+    model = build_model(source.config, dtype=torch.float32, device="cpu")
+    source.fill(model, True, 0)
+    model.eval()
+    runner, _ = make_runner(model, source.config, "torch", 32, 4, "cpu", torch.float32)
+    seqs = make_seqs(PROMPTS, 6, 4, 32)
+    batch = [ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]
+    with torch.inference_mode():
+        first, again = runner.forward(batch), runner.forward(batch)
+        assert [s.num_computed_tokens for s in seqs] == [0, 0, 0] and [s.num_pending_tokens for s in seqs] == [0] * 3
+        assert torch.equal(first.hidden, again.hidden) and first.num_tokens == sum(len(p) for p in PROMPTS)
+        assert first.ran == "eager" and first.num_groups == 1 and {"prep", "attn_plan", "forward"} <= set(first.host_s)
+        step = runner.launch(batch)  # the prompts' last rows sample the argmax of the same forward's logits
+        result = runner.collect(step)
+    last = first.metadata.query_start_loc[1:].long() - 1
+    expected = model.compute_logits(first.hidden.index_select(0, last)).argmax(dim=-1).tolist()
+    assert [s.output_token_ids[-1] for s in result.sampled] == expected
+    assert [s.num_computed_tokens for s in seqs] == [len(p) for p in PROMPTS]

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.plot_steps import gc_summary, records
+from benchmarks.plot_steps import gc_summary, launch_phase, records
 
 DEFAULT_BINS = "1-16,17-48,49-96,97-256"
 
@@ -63,17 +63,23 @@ def host_times(recs: list[dict[str, Any]], bins: list[tuple[int, int]]) -> list[
     return rows
 
 
-def decode_acks(recs: list[dict[str, Any]]) -> list[dict[str, float | None]]:
+def decode_acks(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each switch the decode side acked last: `to_collect_ms` (its decision to the collect of the decode step whose
-    GPU span held the decision; None between steps) and `acked_ms`, sorted by `to_collect_ms` (None last)."""
+    GPU span held the decision; None between steps), `acked_ms` and, in logs with launch_began_t, `phase` (the part of
+    the decode side's last launch the decision fell in: `plot_steps.launch_phase`), sorted by `to_collect_ms` (None
+    last)."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
-    rows: list[dict[str, float | None]] = []
+    rows: list[dict[str, Any]] = []
     for sw in (r for r in recs if r.get("kind") == "switch" and r.get("acked_last") == "decode"):
         acked_ms = sw["decision_to_split_us"] / 1e3
         decided = sw["t"] - acked_ms / 1e3
         running = next((r for r in decode if r["t"] - r["measured_ms"] / 1e3 <= decided <= r["t"]), None)
         to_collect = round((running["t"] - decided) * 1e3, 3) if running is not None else None
-        rows.append({"to_collect_ms": to_collect, "acked_ms": round(acked_ms, 3)})
+        row: dict[str, Any] = {"to_collect_ms": to_collect, "acked_ms": round(acked_ms, 3)}
+        phase = launch_phase(decode, decided)
+        if phase is not None:  # logs with launch_began_t: the part of the decode launch the decision fell in
+            row["phase"] = phase["phase"]
+        rows.append(row)
     return sorted(rows, key=lambda r: (r["to_collect_ms"] is None, r["to_collect_ms"] or 0.0))
 
 
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             print("switches decode acked last (decision to the collect of the decode step then on the GPU, ms -> "
                   "decision to ack, ms): " + ", ".join(
                       f"{'between steps' if a['to_collect_ms'] is None else format(a['to_collect_ms'], '.2f')} -> "
-                      f"{a['acked_ms']:.2f}" for a in acks))
+                      f"{a['acked_ms']:.2f}" + (f" ({a['phase']})" if a.get("phase") else "") for a in acks))
         for side, row in collections.items():
             print(f"garbage collections, {side} worker: {row['collections']} in {row['steps']} steps, "
                   f"{row['total_ms']:.1f} ms in all, the largest {row['max_ms']:.2f} ms (at {row['max_seqs']} "

@@ -382,6 +382,35 @@ def gc_summary(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+LAUNCH_PHASES = ("preparation", "graph set-up", "forward", "sampling launch")
+
+
+def launch_phase(decode: list[dict[str, Any]], decided: float) -> dict[str, Any] | None:
+    """Where in the decode side's host timeline a decision made at wall time `decided` fell: the decode step whose
+    launch began last before it (`launch_began_t`, logs since the fifty-second session; None without one) and the
+    part of that launch it fell in, laid end to end from the step's host times: its `preparation` (`prep_ms`), its
+    `graph set-up` before the first replay (`graph_setup_ms`, graph steps), the rest of its `forward` (the pieces and
+    their waits, or the one replay), its `sampling launch` (`sample_ms`), else "after the launch" (the loop: the
+    collect of the step before, outputs, messages, the next plan). Returns `phase`, `into_ms` (decision minus the
+    launch's start), `phase_ms` (how long that part took; None after the launch), `since_phase_ms` (the decision
+    minus the part's start) and the step's `seqs`."""
+    began = [r for r in decode if r.get("launch_began_t") is not None and r["launch_began_t"] <= decided]
+    if not began:
+        return None
+    step = max(began, key=lambda r: r["launch_began_t"])
+    into = (decided - step["launch_began_t"]) * 1e3
+    setup = step.get("graph_setup_ms") or 0.0
+    parts = (step.get("prep_ms", 0.0), setup, step.get("forward_ms", 0.0) - setup, step.get("sample_ms", 0.0))
+    start = 0.0
+    for name, length in zip(LAUNCH_PHASES, parts):
+        if length > 0 and into < start + length:
+            return {"phase": name, "into_ms": round(into, 3), "phase_ms": round(length, 3),
+                    "since_phase_ms": round(into - start, 3), "seqs": step["num_seqs"]}
+        start += max(length, 0.0)
+    return {"phase": "after the launch", "into_ms": round(into, 3), "phase_ms": None,
+            "since_phase_ms": round(into - start, 3), "seqs": step["num_seqs"]}
+
+
 def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict[str, Any]]:
     """Where the decode side was when each switch it acked last, slower than `over_ms`, was decided (the switch
     record's `t` is its ack; the decision came `decision_to_split_us` before). A decode step's span is its record's
@@ -396,8 +425,8 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     (`next_graph_setup_ms`, `next_graph_plan_ms`) and the host's waits for the GPU in that (`next_graph_wait_ms`), the
     time the acking process spent in garbage collections
     between the decision and its ack (`gc_ms`), and the decision against that side's launches (`launch_began_ms`:
-    after its last launch began; `launch_ended_ms`: after the last one that had returned ended), in logs that carry
-    them."""
+    after its last launch began; `launch_ended_ms`: after the last one that had returned ended), and the part of
+    that launch the decision fell in (`launch_phase`, `launch_phase()`), in logs that carry them."""
     decode = sorted((r for r in recs if r.get("kind") == "step" and r.get("side") == "decode"), key=lambda r: r["t"])
     out = []
     for sw in sorted((r for r in recs if r.get("kind") == "switch"), key=lambda r: r["t"]):
@@ -421,6 +450,9 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
                                "next_graph_setup_ms": nxt.get("graph_setup_ms") if nxt else None,
                                "next_graph_plan_ms": nxt.get("graph_plan_ms") if nxt else None,
                                "next_graph_wait_ms": nxt.get("graph_wait_ms") if nxt else None}
+        phase = launch_phase(decode, decided)
+        if phase is not None:
+            row["launch_phase"] = phase
         if running is None:
             row["where"] = "between steps"
         else:
@@ -601,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
                 seen += f"; decided {row['launch_began_ms']:.2f} ms after its last launch began"
                 if row.get("launch_ended_ms") is not None:
                     seen += f", {row['launch_ended_ms']:.2f} ms after the last one that returned had ended"
+            phase = row.get("launch_phase")
+            if phase is not None:
+                seen += (f"; decided {phase['into_ms']:.2f} ms into the launch of a {phase['seqs']}-sequence decode "
+                         f"step, " + (f"{phase['since_phase_ms']:.2f} ms into its {phase['phase']} "
+                                      f"({phase['phase_ms']:.2f} ms long)" if phase["phase_ms"] is not None
+                                      else f"{phase['since_phase_ms']:.2f} ms after that launch"))
             print(f"    {row['acked_ms']:.2f} ms: at its decision {seen}")
     medians = decode_step_medians(steps)
     if medians:

@@ -107,12 +107,14 @@ class InFlightStep:
         (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`),
         `piece_waits_cut` where a requested split cut the host's wait for a decode piece, `moved_at_piece`, the
         first boundary where a decode step in pieces moved, and `piece_poll_gap_ms`, the longest gap between the
-        host's looks at a requested split while it waited for a piece."""
+        host's looks at a requested split while it waited for a piece; `launch_began_t`, the wall time its launch began
+        (the record's `t` clock: where a split decision fell inside the launch, `plot_steps.slow_switches`)."""
         moved = {"moved_while_launching": True, "runs_on": self.runs_on} if self.moved_while_launching else {}
         cut = {"piece_waits_cut": self.piece_waits_cut} if self.piece_waits_cut else {}
         at = {"moved_at_piece": self.moved_at_piece} if self.moved_at_piece is not None else {}
         gap = {"piece_poll_gap_ms": round(self.piece_poll_gap_s * 1e3, 4)} if self.piece_poll_gap_s else {}
-        return {**self.host_ms(), **self.allocator, **moved, **cut, **at, **gap}
+        began = {"launch_began_t": round(time.time() - (time.perf_counter() - self.began_s), 6)} if self.began_s else {}
+        return {**self.host_ms(), **self.allocator, **moved, **cut, **at, **gap, **began}
 
 
 def token_slots(blocks: list[int], start: int, end: int, block_size: int) -> list[int]:

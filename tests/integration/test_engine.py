@@ -250,6 +250,8 @@ def test_split_policy_moves_the_split_and_keeps_the_tokens(hf_root, hf_greedy, t
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"prefill", "decode"}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in steps)
+    # each step's launch began before it was recorded, on the records' clock (plot_steps.launch_phase reads it)
+    assert all(r["t"] - 60 < r["launch_began_t"] <= r["t"] for r in steps)
     assert sum(r["num_tokens"] for r in steps if r["side"] == "prefill") == sum(len(p) for p in PROMPTS)
     if split_switch == "disjoint":  # every step collected before its side moved: each ran on one entry
         assert not any(r["across_switch"] for r in steps)
@@ -401,6 +403,7 @@ def test_chunked_schedule_logs_every_step(hf_root, tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert {r["side"] for r in steps} == {"hybrid"}
+    assert all(r["t"] - 60 < r["launch_began_t"] <= r["t"] for r in steps)
     # the worker's start-up, part by part, written once before any step
     (startup,) = [r for r in records if r["kind"] == "startup"]
     assert records[0] is startup and startup["role"] == "hybrid"

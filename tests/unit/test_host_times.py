@@ -73,3 +73,14 @@ def test_main_saves_the_tables_and_refuses_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "none.jsonl")])
     assert "no such step log" in capsys.readouterr().err
+
+
+def test_decode_acks_name_the_part_of_the_decode_launch_in_logs_that_date_it():
+    """With `launch_began_t` in the step records, each decode-acked switch also says which part of the decode side's
+    last launch its decision fell in (`plot_steps.launch_phase`); older logs leave it out."""
+    step = {**_step(10.020, "decode", 4, 4, 0.5, 0.01, measured=20.0), "launch_began_t": 10.000, "forward_ms": 15.0,
+            "sample_ms": 1.0}
+    recs = [step, {"kind": "switch", "t": 10.0023, "decision_to_split_us": 2000, "acked_last": "decode"},  # at 0.3 ms
+            {"kind": "switch", "t": 10.0180, "decision_to_split_us": 2000, "acked_last": "decode"}]  # at 16.0 ms
+    acks = decode_acks(recs)
+    assert [(a["to_collect_ms"], a["phase"]) for a in acks] == [(4.0, "sampling launch"), (19.7, "preparation")]

@@ -679,3 +679,33 @@ def test_plot_steps_sums_the_garbage_collections_per_side_and_names_them_on_a_sl
               "launch_began_ms": 0.8, "launch_ended_ms": 12.5}
     (row,) = slow_switches([*steps, switch])
     assert (row["gc_ms"], row["launch_began_ms"], row["launch_ended_ms"]) == (1.2, 0.8, 12.5)
+
+
+def test_plot_steps_names_the_part_of_a_decode_launch_a_decision_fell_in():
+    """`launch_phase`: the decode step whose launch began last before the decision (`launch_began_t`) and which of
+    its host parts, laid end to end (preparation, graph set-up, the rest of the forward, the sampling launch), held
+    the decode host then; past them, after the launch. A slow switch's row carries it."""
+    from benchmarks.plot_steps import launch_phase, slow_switches
+
+    def step(t, began, **host):
+        return {"kind": "step", "side": "decode", "t": t, "measured_ms": 20.0, "num_seqs": 90,
+                "launch_began_t": began, **host}
+
+    steps = [step(10.030, 10.000, prep_ms=0.5, graph_setup_ms=1.5, forward_ms=15.0, sample_ms=1.0),
+             step(10.050, 10.020, prep_ms=0.6, forward_ms=12.0, sample_ms=0.8),  # no graph set-up logged (eager)
+             {"kind": "step", "side": "decode", "t": 9.9, "measured_ms": 5.0, "num_seqs": 4}]  # an older log's row
+    assert launch_phase(steps, 9.999) is None  # before any launch the log places
+    assert launch_phase(steps, 10.0003)["phase"] == "preparation"
+    setup = launch_phase(steps, 10.0012)  # 1.2 ms in: 0.7 ms into the 1.5 ms set-up
+    assert setup == {"phase": "graph set-up", "into_ms": pytest.approx(1.2), "phase_ms": 1.5,
+                     "since_phase_ms": pytest.approx(0.7), "seqs": 90}
+    assert launch_phase(steps, 10.005)["phase"] == "forward"
+    sampling = launch_phase(steps, 10.0156)  # the forward ends at 0.5 + 15.0
+    assert (sampling["phase"], sampling["since_phase_ms"]) == ("sampling launch", pytest.approx(0.1))
+    after = launch_phase(steps, 10.0170)
+    assert (after["phase"], after["phase_ms"], after["since_phase_ms"]) == ("after the launch", None,
+                                                                            pytest.approx(0.5))
+    assert launch_phase(steps, 10.0207)["phase"] == "forward"  # the second step's launch (no set-up part)
+    switch = {"kind": "switch", "t": 10.0176, "decision_to_split_us": 2000, "acked_last": "decode"}
+    (row,) = slow_switches([*steps, switch])  # decided at 10.0156: the first step's sampling launch
+    assert row["launch_phase"]["phase"] == "sampling launch"

@@ -388,7 +388,8 @@ LAUNCH_PHASES = ("preparation", "graph set-up", "forward", "sampling launch")
 def launch_phase(decode: list[dict[str, Any]], decided: float) -> dict[str, Any] | None:
     """Where in the decode side's host timeline a decision made at wall time `decided` fell: the decode step whose
     launch began last before it (`launch_began_t`, logs since the fifty-second session; None without one) and the
-    part of that launch it fell in, laid end to end from the step's host times: its `preparation` (`prep_ms`), its
+    part of that launch it fell in, laid end to end from the step's host times: its `preparation` (`prep_ms`, and
+    `look_ms`: a decode step in pieces looks at a requested split once prepared), its
     `graph set-up` before the first replay (`graph_setup_ms`, graph steps), the rest of its `forward` (the pieces and
     their waits, or the one replay), its `sampling launch` (`sample_ms`), else "after the launch" (the loop: the
     collect of the step before, outputs, messages, the next plan). Returns `phase`, `into_ms` (decision minus the
@@ -400,7 +401,8 @@ def launch_phase(decode: list[dict[str, Any]], decided: float) -> dict[str, Any]
     step = max(began, key=lambda r: r["launch_began_t"])
     into = (decided - step["launch_began_t"]) * 1e3
     setup = step.get("graph_setup_ms") or 0.0
-    parts = (step.get("prep_ms", 0.0), setup, step.get("forward_ms", 0.0) - setup, step.get("sample_ms", 0.0))
+    prep = step.get("prep_ms", 0.0) + step.get("look_ms", 0.0)  # with the look at a requested split after it
+    parts = (prep, setup, step.get("forward_ms", 0.0) - setup, step.get("sample_ms", 0.0))
     start = 0.0
     for name, length in zip(LAUNCH_PHASES, parts):
         if length > 0 and into < start + length:
@@ -418,7 +420,7 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
-    the decode side acked (`site`: loop, launch or piece; `inflight`: an earlier step uncollected; `launching`: inside
+    the decode side acked (`site`: loop, launch, prep or piece; `inflight`: an earlier step uncollected; `launching`: inside
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
     (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
     split (`next_poll_gap_ms`), its host time before its first graph replay and the attention plan's part of it

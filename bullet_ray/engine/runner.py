@@ -244,7 +244,8 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
                between_groups: BetweenGroups | None = None,
-               move_pending: Callable[[], bool] | None = None) -> InFlightStep:
+               move_pending: Callable[[], bool] | None = None,
+               before_forward: Callable[[], Any] | None = None) -> InFlightStep:
         """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
         count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
         the forward then runs in that many layer groups over one attention metadata, and between groups the
@@ -257,7 +258,7 @@ class ModelRunner:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
         began = time.perf_counter()
-        fwd = self.forward(batch, num_layer_groups, between_groups, move_pending)
+        fwd = self.forward(batch, num_layer_groups, between_groups, move_pending, before_forward)
         metadata, hidden, host_s = fwd.metadata, fwd.hidden, fwd.host_s
         sample_started = time.perf_counter()
         last_rows = [metadata.query_lens_list[0] - 1]
@@ -308,17 +309,30 @@ class ModelRunner:
 
     def forward(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
                 between_groups: BetweenGroups | None = None,
-                move_pending: Callable[[], bool] | None = None) -> ForwardPass:
+                move_pending: Callable[[], bool] | None = None,
+                before_forward: Callable[[], Any] | None = None) -> ForwardPass:
         """`launch`'s first half: the batch's inputs and attention metadata, and its forward enqueued (a decode
         graph, in pieces with `between_groups`; piecewise graphs; else eager, in `num_layer_groups` layer groups
         with `between_groups`), neither sampling nor touching the sequences' counts, so a batch may run it again
-        (`bullet_ray.perf.sweep` times steps with it). Its host times: `prep`, `forward` and the graph set-up's
-        parts, or the eager attention plan's."""
+        (`bullet_ray.perf.sweep` times steps with it). `before_forward`, called once the inputs are prepared and
+        before anything of the forward (a decode graph's set-up included), may move the worker to another
+        partition: `graph_key` is read after it, and the stream it returns (None: stay) takes the rest, ordered
+        after what the current one holds. Its host times: `prep`, `look` (before_forward's), `forward` and the
+        graph set-up's parts, or the eager attention plan's."""
         prep_started = time.perf_counter()
         on_graph = self.on_graph(batch)
         ids, pos, metadata = self.build_metadata(batch, page_table=not on_graph)
         forward_started = time.perf_counter()
         host_s = {"prep": forward_started - prep_started}
+        if before_forward is not None:
+            stream = before_forward()
+            if stream is not None and self.device.type == "cuda":
+                current = torch.cuda.current_stream()
+                if stream != current:  # the inputs' copies, and what the last step left there, before the rest
+                    stream.wait_stream(current)
+                    torch.cuda.set_stream(stream)
+            now = time.perf_counter()
+            host_s["look"], forward_started = now - forward_started, now
         hidden = None
         num_groups = 1
         ran = "eager"

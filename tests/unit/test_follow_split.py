@@ -385,6 +385,47 @@ def test_decode_follows_a_split_requested_while_it_planned_before_it_launches(mo
     assert worker.switch_pending() == (requested == 0 and not follows)
 
 
+@pytest.mark.parametrize("requested,overlap,in_flight,follows", [
+    (0, True, True, True),     # requested while the step's inputs were prepared: followed before its forward
+    (1, True, True, False),    # nothing requested: the step stays where it was
+    (0, False, True, False),   # disjoint with a step in flight: following would collect it mid-launch
+    (0, False, False, True),   # disjoint, nothing in flight: followed
+])
+def test_a_decode_step_in_pieces_follows_a_split_requested_while_its_inputs_were_prepared(requested, overlap,
+                                                                                          in_flight, follows):
+    """`DecodeWorker._before_pieces` (ModelRunner.forward calls it once the inputs are prepared, before any of the
+    forward): a split requested since the look at launch is followed there, as at launch, the step predicted again
+    on the new entry, the runner's graph key and the stream it goes on returned; else nothing moves (None)."""
+    from bullet_ray.engine.worker.roles import DecodeWorker
+
+    slots = np.zeros(4, dtype=np.int64)
+    worker = DecodeWorker.__new__(DecodeWorker)
+    worker.gc_pauses = GcPauses()
+    worker.partitioner = NonePartitioner("decode")
+    worker.partitioner.select(1)
+    worker.partitioner.current_stream = lambda side: f"stream{worker.partitioner.current_index}"  # type: ignore[method-assign]
+    worker.switch = SplitSwitch(slots, worker.partitioner.ladder, overlap=overlap)
+    worker.switch.reset(1)
+    worker.inflight = SimpleNamespace(ladder_index=1) if in_flight else None
+    worker._last_done_s, worker._launching, worker._last_stream = 0.0, True, "stream1"
+    worker._launch_began_s = worker._launch_ended_s = 0.0
+    worker._finish_inflight = lambda: pytest.fail("collected inside the launch")  # type: ignore[method-assign]
+    worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: None))
+    worker.runner = SimpleNamespace(graph_key=1)
+    batch = [SimpleNamespace(num_new_tokens=1)]
+    worker._launching_batch = batch  # type: ignore[assignment]
+    predicted: list[tuple[int, object]] = []
+    worker.predicted = lambda b: predicted.append((worker.partitioner.current_index, b)) or b  # type: ignore[method-assign]
+    worker.switch.request(requested)
+    stream = worker._before_pieces()
+    if follows:
+        assert stream == "stream0" and worker.runner.graph_key == 0 and worker._last_stream == "stream0"
+        assert predicted == [(0, batch)] and not worker.switch_pending()
+    else:
+        assert stream is None and worker.runner.graph_key == 1 and predicted == []
+        assert worker.partitioner.current_index == 1
+
+
 @pytest.mark.parametrize("in_flight,last_done,launching", [(True, 5.0, True), (False, 0.0, False)])
 def test_the_side_that_completes_a_switch_logs_where_it_acked(monkeypatch, in_flight, last_done, launching):
     """The switch record names the boundary that completed the switch (here a decode step's launch), whether that

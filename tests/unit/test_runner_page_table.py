@@ -194,3 +194,39 @@ def test_forward_runs_a_batch_without_sampling_or_moving_its_sequences():
     expected = model.compute_logits(first.hidden.index_select(0, last)).argmax(dim=-1).tolist()
     assert [s.output_token_ids[-1] for s in result.sampled] == expected
     assert [s.num_computed_tokens for s in seqs] == [len(p) for p in PROMPTS]
+
+
+def test_forward_looks_once_the_inputs_are_prepared_and_reads_the_graph_key_after():
+    """`before_forward` (the decode worker's look at a requested split, `DecodeWorker._before_pieces`) runs after the
+    inputs are built and before the forward: a partition it moves to is the one the graphs run on."""
+    from benchmarks.gpu.engine_common import make_runner, make_seqs
+    from bullet_ray.models.loader import resolve_source
+    from bullet_ray.models.registry import build_model
+
+    source = resolve_source("dummy:tiny-llama")
+    model = build_model(source.config, dtype=torch.float32, device="cpu")
+    source.fill(model, True, 0)
+    model.eval()
+    runner, _ = make_runner(model, source.config, "torch", 32, 4, "cpu", torch.float32)
+    graphs = runner.graphs = FullTableGraphs(runner, 4)
+    keys: list[Any] = []
+    run = graphs.run
+    graphs.run = lambda key, *a, **k: (keys.append(key), run(key, *a, **k))[1]  # type: ignore[method-assign]
+    seqs = make_seqs(PROMPTS, 6, 4, 32)
+    order: list[str] = []
+    build = runner.build_metadata
+    runner.build_metadata = lambda *a, **k: (order.append("inputs"), build(*a, **k))[1]  # type: ignore[method-assign]
+
+    def look() -> None:
+        order.append("look")
+        runner.graph_key = 7  # the worker followed a split to entry 7
+
+    with torch.inference_mode():
+        runner.collect(runner.launch([ScheduledSeq(s, s.num_uncomputed_tokens) for s in seqs]))
+        batch = [ScheduledSeq(s, 1) for s in seqs]
+        graphs.batch = batch
+        order.clear()
+        step = runner.launch(batch, before_forward=look)
+        runner.collect(step)
+    assert order[:2] == ["inputs", "look"] and keys == [7] and runner.graph_key == 7
+    assert "look_ms" in step.host_ms() and step.graphs == "decode"

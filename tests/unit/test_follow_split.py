@@ -413,11 +413,10 @@ def test_a_decode_step_in_pieces_follows_a_split_requested_while_its_inputs_were
     worker.res = SimpleNamespace(state=SimpleNamespace(record_switch_done=lambda: None))
     worker.runner = SimpleNamespace(graph_key=1)
     batch = [SimpleNamespace(num_new_tokens=1)]
-    worker._launching_batch = batch  # type: ignore[assignment]
     predicted: list[tuple[int, object]] = []
     worker.predicted = lambda b: predicted.append((worker.partitioner.current_index, b)) or b  # type: ignore[method-assign]
     worker.switch.request(requested)
-    stream = worker._before_pieces()
+    stream = worker._before_pieces(batch)  # type: ignore[arg-type]
     if follows:
         assert stream == "stream0" and worker.runner.graph_key == 0 and worker._last_stream == "stream0"
         assert predicted == [(0, batch)] and not worker.switch_pending()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Any
@@ -44,7 +45,6 @@ class DecodeWorker(SideWorker):
         self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
         self._moved_in_step = False  # the decode step in pieces moved to another entry at the boundary before
-        self._launching_batch: list[ScheduledSeq] = []  # the decode step in pieces being launched (`_before_pieces`)
 
     @property
     def handoff_address(self) -> str | None:
@@ -155,10 +155,10 @@ class DecodeWorker(SideWorker):
                 or (cfg.is_gpu and self.runs_eagerly(len(batch))):  # eagerly, each boundary would drain the GPU
             return super().launch(batch)
         self._moved_in_step = False
-        self._launching_batch = batch
-        return super().launch(batch, cfg.decode_pieces, self._between_pieces, self._move_pending, self._before_pieces)
+        return super().launch(batch, cfg.decode_pieces, self._between_pieces, self._move_pending,
+                              functools.partial(self._before_pieces, batch))
 
-    def _before_pieces(self) -> Any:
+    def _before_pieces(self, batch: list[ScheduledSeq]) -> Any:
         """Once a decode step in pieces has its inputs prepared, before anything of its forward (a graph's set-up, its
         first piece): a split requested since the look at launch (above) is followed here as there, with no piece of
         this step launched yet (overlap mode, or none in flight: the step in flight keeps its entry), and the step is
@@ -171,7 +171,7 @@ class DecodeWorker(SideWorker):
         self.follow_split(site="prep")
         if self.partitioner.current_index == before:
             return None
-        self.predicted(self._launching_batch)  # the step's prediction, on the entry it runs on
+        self.predicted(batch)  # the step's prediction, on the entry it runs on
         stream = self.partitioner.current_stream(self.partitioner.side)
         self.runner.graph_key = self.partitioner.current_index
         self._last_stream = stream

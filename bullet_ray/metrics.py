@@ -155,7 +155,8 @@ class EngineMetrics:
         self.gc_collections = m.Counter("bullet_gc_collections", "Python garbage collections per engine process.",
                                         tag_keys=gc_tags)
         self._gc_seen: dict[str, tuple[float, int]] = {}  # each process's cumulative totals already added
-        for metric in (self.gc_seconds, self.gc_collections, self.ttft, self.itl, self.e2e, self.running, self.waiting, self.kv_usage,
+        for metric in (self.gc_seconds, self.gc_collections, self.ttft, self.itl, self.e2e, self.running,
+                       self.waiting, self.kv_usage,
                        self.prompt_tokens, self.generation_tokens, self.rejected_total, self.decode_sms,
                        self.prefill_sms, self.decode_step, self.predicted_ttft, self.predicted_decode_step,
                        self.arrived_total, self.ttft_target, self.tpot_target, self.min_decode_sms,

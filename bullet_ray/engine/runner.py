@@ -95,8 +95,8 @@ class InFlightStep:
     runs_on: int | None = None  # the ladder entry its last launched kernels run on (set by the bullet sides)
 
     def host_ms(self) -> dict[str, float]:
-        """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `look_ms`, `attn_plan_ms`, `graph_setup_ms`,
-        `graph_plan_ms`, `graph_wait_ms`, `forward_ms`,
+        """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `look_ms`, `attn_plan_ms`,
+        `graph_setup_ms`, `graph_plan_ms`, `graph_wait_ms`, `forward_ms`,
         `replay_ms`, `attention_ms`, `sample_ms` with its parts `sample_rows_ms`, `logits_ms`, `sampler_ms`,
         `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}

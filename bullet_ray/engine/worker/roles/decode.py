@@ -145,11 +145,8 @@ class DecodeWorker(SideWorker):
         mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
         mixed step's piecewise graphs were judged on the entry it was planned on."""
         decode_only = is_decode_only(batch)
-        if decode_only and self.switch_pending() and (self.switch.overlap or self.inflight is None):
-            before = self.partitioner.current_index
-            self.follow_split(site="launch")
-            if self.partitioner.current_index != before:
-                batch = self.predicted(batch)
+        if decode_only:
+            self._follow_before_any_piece(batch, "launch")
         cfg = self.config
         if cfg.decode_pieces <= 1 or not cfg.uses_split_policy or not decode_only \
                 or (cfg.is_gpu and self.runs_eagerly(len(batch))):  # eagerly, each boundary would drain the GPU
@@ -165,13 +162,25 @@ class DecodeWorker(SideWorker):
         predicted again on the new entry. The preparation (~0.5-0.7 ms at 90-100 sequences on the H200 host) and the
         set-up that follows were a stretch without a look (m23's 2.16 ms switch came just after the launch's look).
         Returns the stream the step runs on from here (None: where it was)."""
+        return self._launch_here() if self._follow_before_any_piece(batch, "prep") else None
+
+    def _follow_before_any_piece(self, batch: list[ScheduledSeq], site: str) -> bool:
+        """Follow a split requested while the decode-only `batch` was readied, before any of it is launched (at its
+        launch, `site` "launch", and once its inputs are prepared, "prep"); only where following cannot collect the
+        step in flight (overlap mode, or none in flight). Having moved, the step is predicted again on the entry it
+        runs on. True when it moved."""
         if not (self.switch_pending() and (self.switch.overlap or self.inflight is None)):
-            return None
+            return False
         before = self.partitioner.current_index
-        self.follow_split(site="prep")
+        self.follow_split(site=site)
         if self.partitioner.current_index == before:
-            return None
-        self.predicted(batch)  # the step's prediction, on the entry it runs on
+            return False
+        self.predicted(batch)
+        return True
+
+    def _launch_here(self) -> Any:
+        """The stream the rest of a launching step goes on (the partition this side is on now), with the runner's
+        graph key and the last stream following it."""
         stream = self.partitioner.current_stream(self.partitioner.side)
         self.runner.graph_key = self.partitioner.current_index
         self._last_stream = stream
@@ -205,10 +214,7 @@ class DecodeWorker(SideWorker):
             self.res.state.set_inflight_index(self.side, before)
             self._note_drain()
         self._moved_in_step = moved
-        stream = self.partitioner.current_stream(self.partitioner.side)
-        self.runner.graph_key = self.partitioner.current_index
-        self._last_stream = stream
-        return stream
+        return self._launch_here()
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)

@@ -77,7 +77,7 @@ def _init_list(text: str) -> list[str]:
 # the engine's environment switches, recorded with each of our runs: the GPU attention backend's
 # (bullet_ray.engine.attention.flashinfer_backend) and how dummy weights are drawn (bullet_ray.models.loader)
 ENGINE_SWITCHES = ("BULLET_RAY_PREFILL_ATTENTION", "BULLET_RAY_KV_WRITE", "BULLET_RAY_MIXED_ATTENTION",
-                   "BULLET_RAY_DUMMY_INIT")
+                   "BULLET_RAY_DUMMY_INIT", "BULLET_RAY_DECODE_PLAN")
 # the benchmarks' names for the switches' other settings (serve_h100's environment suffixes, kernel_compare's variants)
 ENGINE_VARIANTS: dict[str, dict[str, str]] = {
     "attnoverlap": {"BULLET_RAY_MIXED_ATTENTION": "overlap"},  # a mixed step's two kernels on two streams
@@ -86,6 +86,7 @@ ENGINE_VARIANTS: dict[str, dict[str, str]] = {
     "paged": {"BULLET_RAY_PREFILL_ATTENTION": "paged"},  # every prompt row through the paged prefill, as before m17
     "scatter": {"BULLET_RAY_KV_WRITE": "scatter"},  # the K/V write by index_put_, as before the paged append
     "vllminit": {"BULLET_RAY_DUMMY_INIT": "uniform"},  # dummy weights drawn as vLLM's dummy loader draws them
+    "directplan": {"BULLET_RAY_DECODE_PLAN": "direct"},  # decode graphs planned by flashinfer's planner directly
 }
 
 

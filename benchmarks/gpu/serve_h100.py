@@ -158,7 +158,7 @@ def parse_system(system: str) -> tuple[str, str, bool]:
     """(name, engine suffix, is_direct) of an engine system: "chunked-2048+pw1024+direct" ->
     ("chunked-2048", "pw1024", True). At most one engine suffix (+sync, +async, +nopw, +pw<N>, +fixedpw,
     +handoff, +lt, +ltall); "+direct" may come with it, in either order; so may environment suffixes (SUFFIX_ENV:
-    +attnoverlap, +attnholistic, +ragged, +paged, +scatter, +vllminit; `suffix_env`), each setting a variable once. A system of environment suffixes
+    +attnoverlap, +attnholistic, +ragged, +paged, +scatter, +vllminit, +directplan; `suffix_env`), each setting a variable once. A system of environment suffixes
     only names the first as its engine suffix."""
     name, *suffixes = system.split("+")
     env = [s for s in suffixes if s in SUFFIX_ENV]
@@ -778,7 +778,9 @@ def main(argv: list[str] | None = None) -> int:
                              "ragged, the engine's default), + '+paged' every prompt row through the paged prefill "
                              "(BULLET_RAY_PREFILL_ATTENTION=paged), + '+scatter' the K/V write by index_put_ "
                              "(BULLET_RAY_KV_WRITE=scatter), + '+vllminit' dummy weights drawn as vLLM's dummy loader "
-                             "draws them (BULLET_RAY_DUMMY_INIT=uniform): these six set `serve run`'s environment and combine with the other suffixes, "
+                             "draws them (BULLET_RAY_DUMMY_INIT=uniform), + '+directplan' decode graphs planned by "
+                             "flashinfer's compiled planner directly (BULLET_RAY_DECODE_PLAN=direct): these seven set "
+                             "`serve run`'s environment and combine with the other suffixes, "
                              "+ '+pw<N>' piecewise graphs up to N tokens, + '+handoff' (bullet systems) the direct "
                              "prefill -> decode hand-off, + '+lt' / '+ltall' the prefilling worker's GEMMs through "
                              "cuBLASLt algorithms tuned per partition or whole GPU (one of these), and/or + '+direct': Ray "

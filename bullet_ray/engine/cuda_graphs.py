@@ -65,6 +65,7 @@ without, and the faster replay is kept (bullet_ray.engine.gemm_target; `sm_targe
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -77,7 +78,11 @@ import torch
 
 from bullet_ray.engine import gemm_target
 from bullet_ray.engine.attention.base import AttentionContext, AttentionMetadata
-from bullet_ray.engine.attention.flashinfer_backend import WriteIndexBuffers
+from bullet_ray.engine.attention.flashinfer_backend import (
+    DirectDecodePlan,
+    WriteIndexBuffers,
+    default_decode_plan,
+)
 from bullet_ray.engine.layerwise import group_bounds
 
 logger = logging.getLogger(__name__)
@@ -266,6 +271,10 @@ class DecodeGraphs:
         self._last_plan: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         self.num_plans = 0  # flashinfer plans made
         self.num_plans_reused = 0  # steps whose plan was the bucket's last one (flashinfer's plan skipped)
+        self.num_plans_direct = 0  # plans made by the wrapper's compiled planner directly (`_plan_wrapper`)
+        be = backend
+        self._direct_plan = (DirectDecodePlan(be.num_heads, be.num_kv_heads, be.head_dim, block_size)
+                             if default_decode_plan() == "direct" else None)
         self.wrappers: dict[int, Any] = {}
         self.unsplit_buckets: set[int] = set()  # buckets whose plan refused a balanced split (`_plan`)
         self.graphs: dict[tuple[Any, ...], StepGraph] = {}
@@ -339,9 +348,8 @@ class DecodeGraphs:
                 self.block_size)
         kwargs = {"q_data_type": be.kv_cache.dtype, "kv_data_type": be.kv_cache.dtype, "sm_scale": be.scale}
         self._last_plan.pop(b, None)  # a failed plan leaves the wrapper's workspace unknown
-        self.num_plans += 1
         try:
-            self._wait_s += be.fence.plan(*args, **kwargs, **options)
+            self._plan_wrapper(wrapper, args, kwargs, options, indptr, last)
         except Exception as e:  # noqa: BLE001 - flashinfer's refusal (a tvm-ffi error); a second failure raises
             if "fixed_split_size" not in options:
                 raise
@@ -351,14 +359,26 @@ class DecodeGraphs:
             self.unsplit_buckets.add(b)
             options = {"disable_split_kv": True}
             key = plan_key(options, counts, *kernel)
-            self.num_plans += 1
-            self._wait_s += be.fence.plan(*args, **kwargs, **options)
+            self._plan_wrapper(wrapper, args, kwargs, options, indptr, last)
         self._staged[(self._next_slot - 1) % STAGING_SLOTS] = _record()  # flashinfer's copies read the slot too
         info = getattr(wrapper, "_plan_info", None)
         plan = tuple(int(x) for x in info) if info is not None else ()
         if key is not None:
             self._last_plan[b] = (key, plan)
         return plan
+
+    def _plan_wrapper(self, wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any],
+                      indptr: torch.Tensor, last: torch.Tensor) -> None:
+        """One flashinfer plan of a bucket's wrapper behind the backend's plan fence: by its compiled planner directly
+        where `BULLET_RAY_DECODE_PLAN=direct` and the wrapper allows (`DirectDecodePlan.serves`: after its first
+        plan), else by the wrapper's `plan`."""
+        fence = self.backend.fence
+        self.num_plans += 1
+        if self._direct_plan is not None and DirectDecodePlan.serves(wrapper):
+            self.num_plans_direct += 1
+            self._wait_s += fence.plan_by(wrapper, functools.partial(self._direct_plan, wrapper, indptr, last, **options))
+        else:
+            self._wait_s += fence.plan(*args, **kwargs, **options)
 
     def _stage(self, b: int, rows: list[list[int]], lens: list[int],
                counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -548,7 +568,8 @@ class DecodeGraphs:
                   "num_piece_moves_missing": self.num_piece_moves_missing,
                   "capture_s": round(self.capture_s, 3),
                   "capture_mb": round(self.capture_bytes / 2**20, 1),
-                  "num_captures_serving": self.num_captures_serving}
+                  "num_captures_serving": self.num_captures_serving,
+                  "decode_plan": "wrapper" if self._direct_plan is None else "direct"}
         if self.sm_target_choices:
             kept = [(p, t) for p, t, k in self.sm_target_choices.values() if k]
             report["sm_target"] = {"tuned": len(self.sm_target_choices), "kept": len(kept),

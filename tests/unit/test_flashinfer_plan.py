@@ -328,3 +328,57 @@ def test_the_plan_fence_returns_the_hosts_wait_for_the_wrappers_previous_plan(mo
     assert fence.plan(other, 2) == 0.0  # another wrapper: its own fence
     assert fence.plan(wrapper, 3) == pytest.approx(0.0015)
     assert planned == [(1,), (2,), (3,)] and fence.plan_count(wrapper) == 2
+
+
+def test_the_direct_decode_plan_calls_the_compiled_planner_as_the_wrapper_would(monkeypatch):
+    """`DirectDecodePlan` (BULLET_RAY_DECODE_PLAN=direct, opt-in) serves only a CUDA-graph tensor-core wrapper on the
+    fa2 path that a plan has set up, and calls its compiled planner with flashinfer 0.7.2 `_plan_impl`'s arguments:
+    the one-token query indptr, the page indptr, the KV lengths in tokens as flashinfer's `get_seq_lens` computes
+    them, the batch twice, the heads, CUDA-graph mode, no causal mask, no window, then the split options; its
+    result becomes the wrapper's plan; `PlanFence.plan_by` counts and fences it like the wrapper's own plan."""
+    from bullet_ray.engine.attention import flashinfer_backend as fb
+
+    monkeypatch.delenv("BULLET_RAY_DECODE_PLAN", raising=False)
+    assert fb.default_decode_plan() == "wrapper"
+    monkeypatch.setenv("BULLET_RAY_DECODE_PLAN", "direct")
+    assert fb.default_decode_plan() == "direct"
+    monkeypatch.setenv("BULLET_RAY_DECODE_PLAN", "fast")
+    with pytest.raises(ValueError, match="BULLET_RAY_DECODE_PLAN"):
+        fb.default_decode_plan()
+    calls: list[tuple] = []
+
+    class _Module:
+        def plan(self, *args: object) -> list[int]:
+            calls.append(args)
+            return [7, len(calls)]
+
+    class _Wrapper:
+        use_tensor_cores, is_cuda_graph_enabled, _backend, _cudnn_auto, _q_len_per_req = True, True, "fa2", False, 1
+        _cached_module: object = _Module()
+        _float_workspace_buffer, _int_workspace_buffer, _pin_memory_int_workspace_buffer = "float", "int", "pinned"
+        _plan_info: object = None
+
+    wrapper = _Wrapper()
+    assert fb.DirectDecodePlan.serves(wrapper)
+    for name, value in (("use_tensor_cores", False), ("is_cuda_graph_enabled", False), ("_backend", "fa3"),
+                        ("_cached_module", None), ("_cudnn_auto", True), ("_q_len_per_req", 2)):
+        other = _Wrapper()
+        setattr(other, name, value)
+        assert not fb.DirectDecodePlan.serves(other), name
+    direct = fb.DirectDecodePlan(32, 8, 128, 16)
+    pages, last = [1, 3, 5, 1], [1, 16, 9, 4]
+    indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+    last_t = torch.tensor(last, dtype=torch.int32)
+    monkeypatch.setattr(fb.torch.cuda, "Event", lambda: mock.Mock())
+    fence = fb.PlanFence()
+    assert fence.plan_by(wrapper, lambda: direct(wrapper, indptr, last_t, fixed_split_size=4)) == 0.0
+    direct(wrapper, indptr, last_t, disable_split_kv=True)
+    direct(wrapper, indptr, last_t)
+    assert fence.plan_count(wrapper) == 1 and wrapper._plan_info == [7, 3]
+    expected_lens = (torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * 16 + last_t).tolist()  # get_seq_lens
+    assert expected_lens == [1, 48, 73, 4]
+    for args, (split, disable) in zip(calls, ((4, False), (-1, True), (-1, False)), strict=True):
+        assert args[:3] == ("float", "int", "pinned")
+        assert args[3].tolist() == [0, 1, 2, 3, 4] and args[3].dtype == torch.int32
+        assert args[4] is indptr and args[5].tolist() == expected_lens and args[5].dtype == torch.int32
+        assert args[6:] == (4, 4, 32, 8, 16, True, 128, 128, False, -1, split, disable, 0, 0)

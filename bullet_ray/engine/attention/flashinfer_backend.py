@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -607,6 +607,11 @@ class PlanFence:
 
     def plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> float:
         """Plan `wrapper` once the GPU has taken its previous plan; returns the seconds the host waited for that."""
+        return self.plan_by(wrapper, lambda: wrapper.plan(*args, **kwargs))
+
+    def plan_by(self, wrapper: Any, plan: Callable[[], Any]) -> float:
+        """`plan` with another planner of `wrapper` (one that fills the same page-locked buffer and queues its copy:
+        `DirectDecodePlan`); returns the seconds the host waited for the wrapper's previous plan."""
         previous = self._copied.get(id(wrapper))
         waited = 0.0
         if previous is not None:
@@ -614,7 +619,7 @@ class PlanFence:
             previous.synchronize()
             waited = time.perf_counter() - began
         self._plans[id(wrapper)] = self._plans.get(id(wrapper), 0) + 1  # before: a failed plan is stale too
-        wrapper.plan(*args, **kwargs)
+        plan()
         event = torch.cuda.Event()
         event.record()
         self._copied[id(wrapper)] = event
@@ -623,6 +628,74 @@ class PlanFence:
     def plan_count(self, wrapper: Any) -> int:
         """How many times this wrapper was planned (a DirectRun's record holds for one plan)."""
         return self._plans.get(id(wrapper), 0)
+
+
+DECODE_PLAN_MODES = ("wrapper", "direct")
+
+
+def default_decode_plan() -> str:
+    """How a decode graph's bucket is planned again, from BULLET_RAY_DECODE_PLAN: "wrapper" (default: the wrapper's
+    `plan`) or "direct" (`DirectDecodePlan`, opt-in until the GPU test of tests/gpu/test_decode_plan_gpu.py has
+    passed on a lease)."""
+    value = os.environ.get("BULLET_RAY_DECODE_PLAN", "wrapper")
+    if value not in DECODE_PLAN_MODES:
+        raise ValueError(f"BULLET_RAY_DECODE_PLAN must be one of {', '.join(DECODE_PLAN_MODES)}, got {value!r}")
+    return value
+
+
+class DirectDecodePlan:
+    """A CUDA-graph decode wrapper's plan again without the wrapper's Python: its compiled planner called directly,
+    as `HolisticAttention` and `DirectRun` do for theirs.
+
+    In the H200 lease m24 the attention plan held the decode host 0.8-1.1 ms a step from 16 rows on (a split plan
+    is made again whenever a row's page count changes; `graph_plan_ms` in benchmarks/results/serve_h200_m24), and
+    that host time sat inside the 32-piece switch's slow cases. flashinfer 0.7.2's `_plan_impl` (read in its
+    wheel) spends it before its planner: buffer and backend checks, three copies into the wrapper's page-table
+    buffers (DecodeGraphs' own staged copy filled them already: the buffers are the graphs'), and the KV lengths
+    recomputed by torch ops. For the tensor-core kernel on flashinfer's fa2 path, once a first `plan` has resolved
+    the wrapper's backend and compiled module, this calls that module's `plan` with the arguments `_plan_impl`
+    passes (the batch's one-token query indptr, the page indptr, the KV lengths in tokens, CUDA-graph mode, no
+    causal mask or window, the split options) and keeps its result as the wrapper's `_plan_info`. The planner
+    fills the wrapper's page-locked buffer and queues its copy, so `PlanFence.plan_by` guards it like a wrapper's
+    own. Anything else (the CUDA-core kernel, fa3, cuDNN, a wrapper not yet planned) is left to the wrapper
+    (`serves`)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim, self.page_size = num_heads, num_kv_heads, head_dim, page_size
+        self._query_indptr: dict[int, torch.Tensor] = {}  # per batch size: 0..b, one token a row
+        self._kv_lens: dict[int, torch.Tensor] = {}  # per batch size: the planner's KV lengths in tokens
+
+    @staticmethod
+    def serves(wrapper: Any) -> bool:
+        """Whether `wrapper` can be planned directly: a CUDA-graph, tensor-core wrapper on the fa2 path that a
+        `plan` has already set up (its compiled module loaded), one token a row, not routed to cuDNN."""
+        return (bool(getattr(wrapper, "use_tensor_cores", False))
+                and bool(getattr(wrapper, "is_cuda_graph_enabled", False))
+                and getattr(wrapper, "_backend", None) == "fa2"
+                and getattr(wrapper, "_cached_module", None) is not None
+                and not getattr(wrapper, "_cudnn_auto", False)
+                and getattr(wrapper, "_q_len_per_req", 1) == 1)
+
+    def __call__(self, wrapper: Any, indptr: torch.Tensor, last_page_len: torch.Tensor,
+                 fixed_split_size: int | None = None, disable_split_kv: bool = False) -> None:
+        """Plan `wrapper` for rows of `indptr` (pages, a CPU int32 tensor of b + 1) and `last_page_len` (CPU int32,
+        b): what its own `plan` would compute, with these split options."""
+        b = len(last_page_len)
+        query_indptr = self._query_indptr.get(b)
+        if query_indptr is None:
+            query_indptr = self._query_indptr[b] = torch.arange(b + 1, dtype=torch.int32)
+            self._kv_lens[b] = torch.zeros(b, dtype=torch.int32)
+        kv_lens = self._kv_lens[b]
+        pages = indptr.numpy()
+        out = kv_lens.numpy()  # flashinfer's get_seq_lens: (pages - 1, at least 0) x page size + the last page's
+        np.maximum(pages[1:] - pages[:-1] - 1, 0, out=out)
+        out *= self.page_size
+        out += last_page_len.numpy()
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            query_indptr, indptr, kv_lens, b, b, self.num_heads, self.num_kv_heads, self.page_size, True,
+            self.head_dim, self.head_dim, False, -1, -1 if fixed_split_size is None else fixed_split_size,
+            disable_split_kv, 0, 0)
 
 
 _NHD = 0  # flashinfer's TensorLayout.NHD: the pool's layout

@@ -12,6 +12,7 @@ gather, so the GPU never waits for the host. `execute` is launch + collect at on
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -261,13 +262,15 @@ class ModelRunner:
         fwd = self.forward(batch, num_layer_groups, between_groups, move_pending, before_forward)
         metadata, hidden, host_s = fwd.metadata, fwd.hidden, fwd.host_s
         sample_started = time.perf_counter()
-        last_rows = [metadata.query_lens_list[0] - 1]
-        for n in metadata.query_lens_list[1:]:
-            last_rows.append(last_rows[-1] + n)
-        sample_idx = [i for i, item in enumerate(batch) if item.completes_known_tokens]
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_new_tokens
-        seqs = [batch[i].seq for i in sample_idx]
+        # one pass over the batch (its host time grows with the rows: ~0.2 ms at 100 on the H200 host, m24): the rows
+        # that sample (their step computes the last known token) and every row's computed count advanced
+        sample_idx, seqs = [], []
+        for i, item in enumerate(batch):
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.num_computed_tokens == seq.num_tokens:  # item.completes_known_tokens, read after the advance
+                sample_idx.append(i)
+                seqs.append(seq)
         sample = host_ids = done = None
         if sample_idx:
             # each part timed on its own: a call that blocks the host (a new pinned or device block where the
@@ -275,7 +278,8 @@ class ModelRunner:
             if metadata.is_decode and len(sample_idx) == len(batch):  # one token a row, every row samples: its
                 rows_hidden = hidden  # hidden states are the rows to sample, no gather, no copy
             else:
-                picked = [last_rows[i] for i in sample_idx]  # each sampling row's last token
+                last_rows = list(itertools.accumulate(metadata.query_lens_list))  # one past each row's last token
+                picked = [last_rows[i] - 1 for i in sample_idx]  # each sampling row's last token
                 rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
             logits_started = time.perf_counter()
             logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts

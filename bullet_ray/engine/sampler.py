@@ -56,7 +56,7 @@ class SamplingState:
 
     def __init__(self, params: SamplingParams, prompt_token_ids: list[int],
                  output_token_ids: list[int] | None = None, rng_state: bytes | None = None) -> None:
-        self.params = params
+        self.params = params  # (its setter also decides `plain_greedy`)
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids = output_token_ids if output_token_ids is not None else []
         self.generator = torch.Generator()  # CPU: its state is portable across processes and devices
@@ -65,6 +65,16 @@ class SamplingState:
         else:
             seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
             self.generator.manual_seed(seed)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self._params
+
+    @params.setter
+    def params(self, params: SamplingParams) -> None:
+        self._params = params
+        # read per row every step (`Sampler.sample_on_device`): decided once per (frozen) parameters, not per step
+        self.plain_greedy = _is_plain_greedy(params)
 
     def append(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
@@ -149,7 +159,7 @@ class Sampler:
         logprobs never sync; top-p rows sync once to size their sort)."""
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits must be [num_states={len(states)}, vocab], got {tuple(logits.shape)}")
-        if all(_is_plain_greedy(s.params) for s in states):
+        if all(s.plain_greedy for s in states):
             # argmax in the logits' own dtype: the same index as over their float32 copy (the same values; ties ->
             # the lowest index either way), without writing and reading that copy ([rows, vocab] float32)
             return DeviceSample(logits.argmax(dim=-1), [], None, None, None, [])

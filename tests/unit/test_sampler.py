@@ -224,3 +224,24 @@ def test_masks_are_value_thresholds_so_ties_at_the_cut_are_all_kept():
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
     assert set(_draw_counts(probs.log(), 300, temperature=1.0, min_p=0.25)) == {0, 1, 2, 3}
     assert set(_draw_counts(probs.log(), 300, temperature=1.0, min_p=0.3)) == {0, 1}
+
+
+def test_a_states_plain_greedy_flag_is_decided_once_from_its_frozen_parameters_and_survives_a_hop():
+    """`SamplingState.plain_greedy` (read per row every step) is what the parameters say: greedy without logprobs,
+    penalties or a logit bias; a wire copy decides it again alike, and so do parameters set anew; a batch with one row that is not plain greedy
+    goes through the full sampler (its bias decides that row's token)."""
+    cases = {"plain": (dict(temperature=0.0), True), "random": (dict(temperature=0.7), False),
+             "logprobs": (dict(temperature=0.0, logprobs=2), False),
+             "penalty": (dict(temperature=0.0, repetition_penalty=1.2), False),
+             "bias": (dict(temperature=0.0, logit_bias={"3": 50.0}), False)}
+    for name, (kw, plain) in cases.items():
+        state = _state(**kw)
+        assert state.plain_greedy is plain, name
+        assert SamplingState.from_wire(pickle.loads(pickle.dumps(state.to_wire()))).plain_greedy is plain, name
+    state = _state(temperature=0.0)
+    state.params = SamplingParams(temperature=0.0, logprobs=1)  # new parameters: decided again
+    assert not state.plain_greedy
+    logits = _logits(3, 20, 5)  # |logits| well under the bias
+    out = Sampler().sample(logits, [_state(temperature=0.0), _state(temperature=0.0, logit_bias={"3": 100.0}),
+                                    _state(temperature=0.0)])
+    assert out.token_ids == [int(logits[0].argmax()), 3, int(logits[2].argmax())]

@@ -328,6 +328,8 @@ def test_environment_suffixes_combine_with_an_engine_suffix(tmp_path):
                                                                "BULLET_RAY_PREFILL_ATTENTION": "paged"}
     assert suffix_env("bullet-slo-margin50-pl10-mot-fb1000-dp32+lt+directplan+direct") == {
         "BULLET_RAY_DECODE_PLAN": "direct"}
+    assert parse_system("bullet-slo-margin50-pl10-mot-fb1000-dp32+lt+directplan+direct") == (
+        "bullet-slo-margin50-pl10-mot-fb1000-dp32", "lt", True)
     # stacked without +direct: through Serve's proxy (the stacking once made every such system direct)
     assert parse_system("chunked-8192+lt+ragged") == ("chunked-8192", "lt", False)
     assert parse_system("chunked-8192+scatter+ragged")[2] is False

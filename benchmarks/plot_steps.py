@@ -413,6 +413,14 @@ def launch_phase(decode: list[dict[str, Any]], decided: float) -> dict[str, Any]
             "since_phase_ms": round(into - start, 3), "seqs": step["num_seqs"]}
 
 
+def acked_sites(recs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many switches the last side to ack took at each place in its worker (the switch record's `site`: prefill's
+    `plan`; decode's `loop`, `launch`, `prep` once a step's inputs are prepared, `piece` between pieces, `sample`
+    before a step's sampling launch; a record without one: `-`), most first."""
+    counts = Counter(r.get("site") or "-" for r in recs if r.get("kind") == "switch")
+    return dict(counts.most_common())
+
+
 def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict[str, Any]]:
     """Where the decode side was when each switch it acked last, slower than `over_ms`, was decided (the switch
     record's `t` is its ack; the decision came `decision_to_split_us` before). A decode step's span is its record's
@@ -420,7 +428,7 @@ def slow_switches(recs: list[dict[str, Any]], over_ms: float = 1.0) -> list[dict
     step in flight moved while launching), "next step" (it did not; the next decode step took the split), or
     "between steps" (none in flight); the step in flight's `step_seqs` and `ms_to_collect` (decision to its collect);
     the next step's `next_plan_ms` and `next_prep_ms` (its planning and host preparation) and `next_moved`; where
-    the decode side acked (`site`: loop, launch, prep or piece; `inflight`: an earlier step uncollected; `launching`: inside
+    the decode side acked (`site`: loop, launch, prep, piece or sample; `inflight`: an earlier step uncollected; `launching`: inside
     a step's launch; `since_collect_ms`), the boundary where the step in flight or the next one moved
     (`step_moved_at_piece`, `next_moved_at_piece`), the next one's longest gap between its looks at a requested
     split (`next_poll_gap_ms`), its host time before its first graph replay and the attention plan's part of it
@@ -567,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"switches: {len(done)}, decision to both sides launching on the new split (acked) p50 "
               f"{_q(done, 0.5):.3f} ms, p90 {_q(done, 0.9):.3f} ms, p99 {_q(done, 0.99):.3f} ms; under 1 ms: "
               f"{sum(ms < 1.0 for ms in done)}; the largest {', '.join(f'{ms:.2f}' for ms in done[-3:])} ms")
+        sites = acked_sites(recs)
+        if sites:
+            print("  acked last at: " + ", ".join(f"{site} {n}" for site, n in sites.items()))
         drained = drains(recs)
         if drained:
             print(f"  drained (no step of either side left on the old split): {len(drained)}, p50 "

@@ -97,7 +97,7 @@ class InFlightStep:
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `look_ms`, `attn_plan_ms`,
-        `graph_setup_ms`, `graph_plan_ms`, `graph_wait_ms`, `forward_ms`,
+        `graph_setup_ms`, `graph_plan_ms`, `graph_wait_ms`, `forward_ms`, `look_sample_ms`,
         `replay_ms`, `attention_ms`, `sample_ms` with its parts `sample_rows_ms`, `logits_ms`, `sampler_ms`,
         `to_host_ms`, then `launch_ms`, `gap_ms`, where the step had them)."""
         return {f"{k}_ms": round(v * 1e3, 4) for k, v in self.host_s.items()}
@@ -246,14 +246,17 @@ class ModelRunner:
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
                between_groups: BetweenGroups | None = None,
                move_pending: Callable[[], bool] | None = None,
-               before_forward: Callable[[], Any] | None = None) -> InFlightStep:
+               before_forward: Callable[[], Any] | None = None,
+               before_sample: Callable[[], Any] | None = None) -> InFlightStep:
         """Queue the batch's forward and sampling on the device; advance each sequence's computed count and
         count its sampled token as pending. Nothing here waits for the GPU, except with num_layer_groups > 1:
         the forward then runs in that many layer groups over one attention metadata, and between groups the
         host waits for the groups so far and calls `between_groups` (bullet_ray.engine.layerwise); a decode step
         through graphs captured in pieces launches them just in time instead, the host waiting for the piece
         before the last one launched, or until `move_pending` says a split was requested (DecodeGraphs.run;
-        `graph_key` is read again after each call of the hook)."""
+        `graph_key` is read again after each call of the hook). `before_sample`, called once the forward is
+        launched and before the sampling launch, may move the worker as `before_forward` may (its stream takes the
+        sampling and the done event)."""
         start_event = None
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
@@ -261,6 +264,10 @@ class ModelRunner:
         began = time.perf_counter()
         fwd = self.forward(batch, num_layer_groups, between_groups, move_pending, before_forward)
         metadata, hidden, host_s = fwd.metadata, fwd.hidden, fwd.host_s
+        if before_sample is not None:  # the forward is launched; the sampling launch may follow a requested split
+            looked = time.perf_counter()
+            self._go_on(before_sample())
+            host_s["look_sample"] = time.perf_counter() - looked
         sample_started = time.perf_counter()
         # one pass over the batch (its host time grows with the rows: ~0.2 ms at 100 on the H200 host, m24): the rows
         # that sample (their step computes the last known token) and every row's computed count advanced
@@ -311,6 +318,15 @@ class ModelRunner:
                             start_event=start_event, host_s=host_s, graphs=fwd.ran, allocator=allocator,
                             piece_waits_cut=fwd.waits_cut, moved_at_piece=fwd.moved_at, piece_poll_gap_s=fwd.poll_gap)
 
+    def _go_on(self, stream: Any) -> None:
+        """The rest of a launching step on `stream` (a hook's answer; None: where it is), ordered after what the
+        current stream holds."""
+        if stream is not None and self.device.type == "cuda":
+            current = torch.cuda.current_stream()
+            if stream != current:
+                stream.wait_stream(current)
+                torch.cuda.set_stream(stream)
+
     def forward(self, batch: list[ScheduledSeq], num_layer_groups: int = 1,
                 between_groups: BetweenGroups | None = None,
                 move_pending: Callable[[], bool] | None = None,
@@ -329,12 +345,7 @@ class ModelRunner:
         forward_started = time.perf_counter()
         host_s = {"prep": forward_started - prep_started}
         if before_forward is not None:
-            stream = before_forward()
-            if stream is not None and self.device.type == "cuda":
-                current = torch.cuda.current_stream()
-                if stream != current:  # the inputs' copies, and what the last step left there, before the rest
-                    stream.wait_stream(current)
-                    torch.cuda.set_stream(stream)
+            self._go_on(before_forward())  # the inputs' copies, and what the last step left there, before the rest
             now = time.perf_counter()
             host_s["look"], forward_started = now - forward_started, now
         hidden = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from importlib.resources import files
 
 import pytest
@@ -117,3 +118,5 @@ def test_decode_pieces_follow_splits_requested_while_they_run(folder_and_expecte
     # some moved between their pieces: each ends on the entry it moved to, and is never learned from
     moved = [r for r in decode if r.get("moved_while_launching")]
     assert moved and all(r["across_switch"] and r["runs_on"] is not None for r in moved)
+    sites = Counter(r.get("site") for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == "switch")
+    print("switch sites:", dict(sites))  # with -s: where the acks came (piece, prep, sample, loop, launch ...)

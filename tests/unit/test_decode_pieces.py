@@ -229,10 +229,10 @@ def _worker(log: list[str], requested: list[int]) -> Any:
         w.inflight = None
 
     def follow(target: int | None = None, site: str = "loop") -> None:
-        assert site == "piece"
+        assert site in ("piece", "sample")
         want = requested.pop(0)
         if want != w.partitioner.current_index:
-            log.append(f"follow {want}")
+            log.append(f"follow {want}" if site == "piece" else f"follow {want} at {site}")
             w.partitioner.current_index = want
 
     w._finish_inflight, w.follow_split, w._note_drain = finish, follow, lambda: log.append("drain?")
@@ -251,6 +251,51 @@ def test_the_worker_hook_follows_first_collects_once_the_step_before_finished_an
     log.clear()
     assert w._between_pieces() == "stream2"  # the last piece on entry 0 has finished by this boundary
     assert log == ["inflight 2", "drain?"] and not w._moved_in_step and w._last_stream == "stream2"
+
+
+def test_the_worker_looks_before_the_sampling_launch_only_at_a_split_not_followed_in_this_step():
+    """`DecodeWorker._before_sample` (the runner calls it once a step's last piece is launched): with no split
+    pending nothing is touched and the launch goes on where it is; with one pending it is followed as at a boundary
+    between pieces (the switch record's site `sample`) and the sampling goes to the new partition's stream; after a
+    move earlier in the step (the old entry's pieces not yet seen to finish) it waits for the step's end."""
+    log: list[str] = []
+    w = _worker(log, [2])
+    w.switch_pending = lambda: False
+    assert w._before_sample() is None and log == []
+    w.switch_pending = lambda: True
+    assert w._before_sample() == "stream2" and w.runner.graph_key == 2
+    assert log == ["follow 2 at sample"] and w._moved_in_step and w._last_stream == "stream2"
+    assert w._sampled_after_move_from == 0  # its pieces ran on entry 0
+    log.clear()
+    assert w._before_sample() is None and log == []  # moved in this step: not again before the collect
+
+
+def test_a_step_that_moved_before_its_sampling_is_published_on_its_pieces_entry(monkeypatch):
+    """After a move before the sampling launch, `after_launch` publishes the step (the oldest in flight once the step
+    before was collected) on the entry its pieces ran on, not the one its sampling went to: the other side judges the
+    old entry drained only once the step has ended. A step that did not move there keeps SideWorker's publication."""
+    from types import SimpleNamespace
+
+    from bullet_ray.engine.worker.roles.side import SideWorker
+
+    log: list[str] = []
+    w = _worker(log, [2])
+    w.prompts, w.inflight = [], None  # the step before was collected inside this launch
+
+    def side_after_launch(self: object, step: object) -> None:  # what SideWorker does: where the side is now
+        step.runs_on = w.partitioner.current_index  # type: ignore[attr-defined]
+        log.append(f"inflight {step.runs_on}")  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(SideWorker, "after_launch", side_after_launch)
+    w.switch_pending = lambda: True
+    w._before_sample()
+    step = SimpleNamespace(perf_record=((1, 1), 0.01, False, 0), runs_on=None)
+    log.clear()
+    w.after_launch(step)
+    assert step.runs_on == 0 and log == ["inflight 2", "inflight 0"] and w._sampled_after_move_from is None
+    log.clear()
+    w.after_launch(step := SimpleNamespace(perf_record=((1, 1), 0.01, False, 2), runs_on=None))
+    assert step.runs_on == 2 and log == ["inflight 2"]
 
 
 def test_the_worker_cuts_a_wait_only_for_a_split_it_has_not_followed_and_not_right_after_a_move():

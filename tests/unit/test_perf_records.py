@@ -458,6 +458,17 @@ def test_switch_summary_gives_ack_and_drain_percentiles(tmp_path):
     assert switch_summary(records(str(empty))) is None
 
 
+def test_acked_sites_count_where_the_last_side_acked_each_switch():
+    """plot_steps.acked_sites: switches per `site` of their record (a record without one: `-`), most first; other
+    records are not counted."""
+    from benchmarks.plot_steps import acked_sites
+
+    recs = [{"kind": "switch", "site": s} for s in ("piece", "sample", "piece", "prep", None)]
+    recs += [{"kind": "switch_drained", "site": "piece"}, {"kind": "step"}]
+    assert acked_sites(recs) == {"piece": 2, "sample": 1, "prep": 1, "-": 1}
+    assert list(acked_sites(recs))[0] == "piece" and acked_sites([]) == {}
+
+
 def test_handoff_summary_splits_the_hops_by_the_way_they_came(tmp_path):
     """plot_steps.handoff_summary (serve_h100's extra.handoffs): per way, count and p50 / p90 / p99 of the decode
     worker's `handoff` records; {} for a log without any."""

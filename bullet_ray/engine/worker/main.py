@@ -296,10 +296,10 @@ class WorkerBase:
 
     # stepping -------------------------------------------------------------------------------------------
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
-               move_pending: Any = None, before_forward: Any = None) -> Any:
+               move_pending: Any = None, before_forward: Any = None, before_sample: Any = None) -> Any:
         """Launch a batch on this side's SMs (its green-context stream on GPU) without waiting for it (except
         between layer groups or decode pieces: ModelRunner.launch, which calls `before_forward` once the inputs are
-        prepared)."""
+        prepared and `before_sample` once the forward is launched)."""
         self.profiler.tick()  # counts launches: a profiled window's steps are the step log's rows
         stream = self.partitioner.current_stream(self.partitioner.side) if self.partitioner.side != "both" else None
         if stream is not None and self._last_stream is not None and stream != self._last_stream \
@@ -315,10 +315,12 @@ class WorkerBase:
         self._launch_began_s = began
         try:
             if stream is None:
-                step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending, before_forward)
+                step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending, before_forward,
+                                          before_sample)
             else:
                 with torch.cuda.stream(stream):
-                    step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending, before_forward)
+                    step = self.runner.launch(batch, num_layer_groups, between_groups, move_pending, before_forward,
+                                              before_sample)
         finally:
             self._launching = False
         step.launched_s, step.began_s = time.perf_counter(), began

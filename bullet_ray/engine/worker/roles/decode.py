@@ -45,6 +45,7 @@ class DecodeWorker(SideWorker):
         self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
         self._moved_in_step = False  # the decode step in pieces moved to another entry at the boundary before
+        self._sampled_after_move_from: int | None = None  # the launching step moved before its sampling, from here
 
     @property
     def handoff_address(self) -> str | None:
@@ -134,7 +135,7 @@ class DecodeWorker(SideWorker):
         self.prompts.waiting.extend(ordered)
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
-               move_pending: Any = None, before_forward: Any = None) -> Any:
+               move_pending: Any = None, before_forward: Any = None, before_sample: Any = None) -> Any:
         """With `decode_pieces` (and the split moving: split_policy slo) a decode-only step runs in pieces, the split
         followed between them (`_between_pieces`); a step with handed-over prompt chunks runs whole, and so does one
         no decode graph holds on a GPU (eager layer groups wait for the GPU to drain at each boundary). On CPU the
@@ -144,6 +145,7 @@ class DecodeWorker(SideWorker):
         predicted again on the entry it runs on; only where following cannot collect the step in flight (overlap
         mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
         mixed step's piecewise graphs were judged on the entry it was planned on."""
+        self._sampled_after_move_from = None
         decode_only = is_decode_only(batch)
         if decode_only:
             self._follow_before_any_piece(batch, "launch")
@@ -153,7 +155,7 @@ class DecodeWorker(SideWorker):
             return super().launch(batch)
         self._moved_in_step = False
         return super().launch(batch, cfg.decode_pieces, self._between_pieces, self._move_pending,
-                              functools.partial(self._before_pieces, batch))
+                              functools.partial(self._before_pieces, batch), self._before_sample)
 
     def _before_pieces(self, batch: list[ScheduledSeq]) -> Any:
         """Once a decode step in pieces has its inputs prepared, before anything of its forward (a graph's set-up, its
@@ -163,6 +165,22 @@ class DecodeWorker(SideWorker):
         set-up that follows were a stretch without a look (m23's 2.16 ms switch came just after the launch's look).
         Returns the stream the step runs on from here (None: where it was)."""
         return self._launch_here() if self._follow_before_any_piece(batch, "prep") else None
+
+    def _before_sample(self) -> Any:
+        """Once a decode step in pieces has its last piece launched, before its sampling launch (0.8-1.1 ms of host
+        time at 95-115 sequences on the H200 host, m24, where the three slowest 32-piece switches were decided): a
+        split requested and not yet followed in this step (`_move_pending`) is followed as at a boundary between
+        pieces (`_between_pieces`, the switch record's `site` `sample`), the sampling then launched on the new
+        partition's stream after the pieces. Returns that stream (None: nothing requested, the launch goes on). The
+        step is then published on its pieces' entry, not the sampling's (`after_launch`): the other side must not
+        judge the old entry drained while they may still run there."""
+        if not self._move_pending():
+            return None
+        before = self.partitioner.current_index  # where this step's last pieces ran
+        stream = self._between_pieces(site="sample")
+        if self.partitioner.current_index != before:
+            self._sampled_after_move_from = before
+        return stream
 
     def _follow_before_any_piece(self, batch: list[ScheduledSeq], site: str) -> bool:
         """Follow a split requested while the decode-only `batch` was readied, before any of it is launched (at its
@@ -191,7 +209,7 @@ class DecodeWorker(SideWorker):
         and no move earlier in this step whose old pieces the next boundary must see finish first."""
         return not self._moved_in_step and self.switch_pending()
 
-    def _between_pieces(self) -> Any:
+    def _between_pieces(self, site: str = "piece") -> Any:
         """A boundary inside a decode step in pieces (the piece before the last launched one has finished, or a
         split was requested while the host waited for it: `_move_pending`): a requested split is followed first, so
         the ack does not wait for the collect below and its outputs (~0.25 ms on the H200 host: the m22 switches
@@ -206,7 +224,7 @@ class DecodeWorker(SideWorker):
         prev_done = prev is not None and (prev.done is None or prev.done.query())  # without a wait: pieces stay queued
         if prev_done:  # the oldest step still running is this one, on `before`: published before the follow, whose
             self.res.state.set_inflight_index(self.side, before)  # ack may judge the drain (else: the step before's)
-        self.follow_split(site="piece")
+        self.follow_split(site=site)
         moved = self.partitioner.current_index != before
         if prev_done:
             self._finish_inflight()  # inside the launch: the collect leaves this step published (SideWorker.collect)
@@ -218,6 +236,11 @@ class DecodeWorker(SideWorker):
 
     def after_launch(self, step: Any) -> None:
         super().after_launch(step)
+        pieces_on = self._sampled_after_move_from
+        if pieces_on is not None and step.perf_record is not None:  # moved before its sampling (`_before_sample`):
+            step.runs_on = pieces_on  # its pieces' entry, where it holds SMs until it ends (the sampling is light)
+            self._publish_inflight(self.inflight if self.inflight is not None else step)
+        self._sampled_after_move_from = None
         if len(self.prompts):
             promoted = promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step
             self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE, len(promoted))

@@ -145,7 +145,7 @@ class PrefillWorker(SideWorker):
         self.conn.send(StepOutputs(self.role, prompts_handed_over=[s.to_wire() for s in seqs], sent_s=time.time()))
 
     def launch(self, batch: list[ScheduledSeq], num_layer_groups: int = 1, between_groups: Any = None,
-               move_pending: Any = None, before_forward: Any = None) -> Any:
+               move_pending: Any = None, before_forward: Any = None, before_sample: Any = None) -> Any:
         """A long batch runs layer-wise: the split may move between its layer groups (collected synchronously
         before: no earlier step is in flight while the split moves)."""
         if not self.layer_groups.applies(sum(item.num_new_tokens for item in batch)):

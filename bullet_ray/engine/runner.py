@@ -255,8 +255,8 @@ class ModelRunner:
         through graphs captured in pieces launches them just in time instead, the host waiting for the piece
         before the last one launched, or until `move_pending` says a split was requested (DecodeGraphs.run;
         `graph_key` is read again after each call of the hook). `before_sample`, called once the forward is
-        launched and before the sampling launch, may move the worker as `before_forward` may (its stream takes the
-        sampling and the done event)."""
+        launched and before the sampling launch, and again once the logits are launched, may move the worker as
+        `before_forward` may (its stream takes the rest of the sampling and the done event)."""
         start_event = None
         if self.device.type == "cuda":  # the step's device time (the host's clock also counts its own gaps)
             start_event = torch.cuda.Event(enable_timing=True)
@@ -290,6 +290,8 @@ class ModelRunner:
                 rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
             logits_started = time.perf_counter()
             logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts
+            if before_sample is not None:  # a second look, the sampling launch being ~1 ms of host time at 100 rows
+                self._go_on(before_sample())
             sampler_started = time.perf_counter()
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids

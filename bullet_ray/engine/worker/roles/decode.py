@@ -167,11 +167,12 @@ class DecodeWorker(SideWorker):
         return self._launch_here() if self._follow_before_any_piece(batch, "prep") else None
 
     def _before_sample(self) -> Any:
-        """Once a decode step in pieces has its last piece launched, before its sampling launch (0.8-1.1 ms of host
-        time at 95-115 sequences on the H200 host, m24, where the three slowest 32-piece switches were decided): a
-        split requested and not yet followed in this step (`_move_pending`) is followed as at a boundary between
-        pieces (`_between_pieces`, the switch record's `site` `sample`), the sampling then launched on the new
-        partition's stream after the pieces. Returns that stream (None: nothing requested, the launch goes on). The
+        """Once a decode step in pieces has its last piece launched, before its sampling launch, and again once its
+        logits are launched (the sampling launch took 0.8-1.1 ms of host time at 95-115 sequences on the H200 host,
+        m24, where the three slowest 32-piece switches were decided; the last piece's whole wait comes before it):
+        a split requested and not yet followed in this step (`_move_pending`) is followed as at a boundary between
+        pieces (`_between_pieces`, the switch record's `site` `sample`), the rest of the sampling then launched on the
+        new partition's stream after the pieces. Returns that stream (None: nothing requested, the launch goes on). The
         step is then published on its pieces' entry, not the sampling's (`after_launch`): the other side must not
         judge the old entry drained while they may still run there."""
         if not self._move_pending():

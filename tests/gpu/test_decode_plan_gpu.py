@@ -40,7 +40,7 @@ def test_the_direct_plan_writes_the_wrappers_own_plan():
 
     b = 32
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    buffers = (torch.zeros(b + 1, dtype=torch.int32, device="cuda"), torch.zeros(b * 64, dtype=torch.int32, device="cuda"),
+    buffers = (torch.zeros(b + 1, dtype=torch.int32, device="cuda"), torch.zeros(4096, dtype=torch.int32, device="cuda"),
                torch.zeros(b, dtype=torch.int32, device="cuda"))
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=buffers[0],
@@ -75,10 +75,16 @@ def test_the_direct_plan_writes_the_wrappers_own_plan():
         assert torch.equal(pinned, own[1]) and torch.equal(device.cpu(), own[2]), (pages[-1], options)
 
 
-def test_decode_graphs_planned_directly_equal_eager(monkeypatch):
+# five rows (below 16: flashinfer's own split) and twenty with one long row (from 16: the balanced split, 16 pages)
+LAYOUTS = {"five": [[5, 20, 33, 70, 1], [21, 36, 49, 86, 17], [22, 37, 50, 87, 18]],
+           "twenty": [[3] * 19 + [470], [4] * 19 + [486], [5] * 19 + [487]]}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_decode_graphs_planned_directly_equal_eager(monkeypatch, layout):
     """Decode graphs built under BULLET_RAY_DECODE_PLAN=direct (tensor-core kernel): the first plan of a bucket by the
-    wrapper, the next ones (rows grown past a page bound: a new plan) by its planner directly; each step's hidden
-    states equal eager decode's."""
+    wrapper, the next ones (rows grown past a page bound: a new plan) by its planner directly, unsplit, with
+    flashinfer's split or the balanced one; each step's hidden states equal eager decode's."""
     from bullet_ray.engine.attention.base import AttentionContext, get_backend_class
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
@@ -88,9 +94,9 @@ def test_decode_graphs_planned_directly_equal_eager(monkeypatch):
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
     assert backend.decode_tensor_cores
-    graphs = DecodeGraphs(model, backend, 16, 8, 32, torch.device("cuda"), scratch_slot=63 * 16)
+    graphs = DecodeGraphs(model, backend, 16, 32, 32, torch.device("cuda"), scratch_slot=63 * 16)
     assert graphs.capture_report()["decode_plan"] == "direct"
-    for step, seq_lens in enumerate(([5, 20, 33, 70, 1], [21, 36, 49, 86, 17], [22, 37, 50, 87, 18])):
+    for step, seq_lens in enumerate(LAYOUTS[layout]):
         n = len(seq_lens)
         md = _metadata([1] * n, seq_lens)
         ids = torch.arange(3 + step, 3 + step + n, device="cuda")

@@ -357,6 +357,7 @@ def test_the_direct_decode_plan_calls_the_compiled_planner_as_the_wrapper_would(
         _cached_module: object = _Module()
         _float_workspace_buffer, _int_workspace_buffer, _pin_memory_int_workspace_buffer = "float", "int", "pinned"
         _plan_info: object = None
+        _sm_scale = 0.1  # set by a plan whose planner returned
 
     wrapper = _Wrapper()
     assert fb.DirectDecodePlan.serves(wrapper)
@@ -365,6 +366,10 @@ def test_the_direct_decode_plan_calls_the_compiled_planner_as_the_wrapper_would(
         other = _Wrapper()
         setattr(other, name, value)
         assert not fb.DirectDecodePlan.serves(other), name
+    refused = _Wrapper()  # a first plan whose planner raised: module loaded, nothing `run` reads set
+    del _Wrapper._sm_scale
+    assert not fb.DirectDecodePlan.serves(refused)
+    _Wrapper._sm_scale = 0.1
     direct = fb.DirectDecodePlan(32, 8, 128, 16)
     pages, last = [1, 3, 5, 1], [1, 16, 9, 4]
     indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)

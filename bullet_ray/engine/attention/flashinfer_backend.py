@@ -668,11 +668,14 @@ class DirectDecodePlan:
     @staticmethod
     def serves(wrapper: Any) -> bool:
         """Whether `wrapper` can be planned directly: a CUDA-graph, tensor-core wrapper on the fa2 path that a
-        `plan` has already set up (its compiled module loaded), one token a row, not routed to cuDNN."""
+        `plan` has already set up (its compiled module loaded, and what its `run` reads, e.g. `_sm_scale`, set: only
+        once a planner has returned; a first plan the planner refused leaves it unset), one token a row, not routed
+        to cuDNN."""
         return (bool(getattr(wrapper, "use_tensor_cores", False))
                 and bool(getattr(wrapper, "is_cuda_graph_enabled", False))
                 and getattr(wrapper, "_backend", None) == "fa2"
                 and getattr(wrapper, "_cached_module", None) is not None
+                and hasattr(wrapper, "_sm_scale")
                 and not getattr(wrapper, "_cudnn_auto", False)
                 and getattr(wrapper, "_q_len_per_req", 1) == 1)
 

@@ -93,7 +93,9 @@ class InFlightStep:
     # far (transfer.allocator_counts, cumulative), so a step log shows whether an allocator grew since the last
     # slow launch (and synchronized); a layer-wise launch waits between its groups and always counts as slow
     allocator: dict[str, int] = field(default_factory=dict)
-    runs_on: int | None = None  # the ladder entry its last launched kernels run on (set by the bullet sides)
+    # the ladder entry it holds SMs on last (set by the bullet sides: where its last kernels run, or after a decode
+    # move no later boundary saw the old pieces finish behind, those pieces' entry: DecodeWorker._runs_on_now)
+    runs_on: int | None = None
 
     def host_ms(self) -> dict[str, float]:
         """The host timings in ms, keyed for the step log (`plan_ms`, `prep_ms`, `look_ms`, `attn_plan_ms`,
@@ -105,7 +107,7 @@ class InFlightStep:
     def log_fields(self) -> dict[str, Any]:
         """What the step log records of the launch: `host_ms()`, after a slow launch the allocators' counts
         (`host_allocs`, `device_allocs`: cumulative), and for a step that moved to another entry while it launched
-        (between layer groups or decode pieces) `moved_while_launching` and the entry it ended on (`runs_on`),
+        (between layer groups or decode pieces) `moved_while_launching` and the entry it held SMs on last (`runs_on`),
         `piece_waits_cut` where a requested split cut the host's wait for a decode piece, `moved_at_piece`, the
         first boundary where a decode step in pieces moved, and `piece_poll_gap_ms`, the longest gap between the
         host's looks at a requested split while it waited for a piece; `launch_began_t`, the wall time its launch began
@@ -290,9 +292,15 @@ class ModelRunner:
                 rows_hidden = hidden.index_select(0, to_device(picked, torch.long, hidden.device))
             logits_started = time.perf_counter()
             logits = self.model.compute_logits(rows_hidden, upcast=False)  # the sampler upcasts
-            if before_sample is not None:  # a second look, the sampling launch being ~1 ms of host time at 100 rows
-                self._go_on(before_sample())
             sampler_started = time.perf_counter()
+            if before_sample is not None:  # a second look, the sampling launch being ~1 ms of host time at 100 rows
+                stream = before_sample()
+                self._go_on(stream)
+                if stream is not None and logits.is_cuda:  # made on the old stream, read on this one: kept till then
+                    logits.record_stream(torch.cuda.current_stream())
+                looked = time.perf_counter()
+                host_s["look_sample"] = host_s.get("look_sample", 0.0) + looked - sampler_started
+                sampler_started = looked
             sample = self.sampler.sample_on_device(logits, [s.sampling for s in seqs])
             self._last_ids = sample.token_ids
             to_host_started = time.perf_counter()

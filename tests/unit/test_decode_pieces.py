@@ -265,38 +265,36 @@ def test_the_worker_looks_before_the_sampling_launch_only_at_a_split_not_followe
     w.switch_pending = lambda: True
     assert w._before_sample() == "stream2" and w.runner.graph_key == 2
     assert log == ["follow 2 at sample"] and w._moved_in_step and w._last_stream == "stream2"
-    assert w._sampled_after_move_from == 0  # its pieces ran on entry 0
+    assert w._old_pieces_entry == 0  # its pieces ran on entry 0
     log.clear()
     assert w._before_sample() is None and log == []  # moved in this step: not again before the collect
 
 
-def test_a_step_that_moved_before_its_sampling_is_published_on_its_pieces_entry(monkeypatch):
-    """After a move before the sampling launch, `after_launch` publishes the step (the oldest in flight once the step
-    before was collected) on the entry its pieces ran on, not the one its sampling went to: the other side judges the
-    old entry drained only once the step has ended. A step that did not move there keeps SideWorker's publication."""
+def test_a_step_that_moved_with_no_later_boundary_is_published_on_its_old_pieces_entry():
+    """After a move before the sampling launch (or at the last boundary between pieces), no later boundary sees the
+    old entry's pieces finish: the step (the oldest in flight once the step before was collected) is published on the
+    entry they ran on, once (`SideWorker.after_launch` asks `_runs_on_now`), so the other side judges the old entry
+    drained only once the step has ended; a move that a later boundary saw finish leaves the entry where the side is."""
     from types import SimpleNamespace
 
-    from bullet_ray.engine.worker.roles.side import SideWorker
-
     log: list[str] = []
-    w = _worker(log, [2])
-    w.prompts, w.inflight = [], None  # the step before was collected inside this launch
-
-    def side_after_launch(self: object, step: object) -> None:  # what SideWorker does: where the side is now
-        step.runs_on = w.partitioner.current_index  # type: ignore[attr-defined]
-        log.append(f"inflight {step.runs_on}")  # type: ignore[attr-defined]
-
-    monkeypatch.setattr(SideWorker, "after_launch", side_after_launch)
+    w = _worker(log, [2, 2, 2])
+    w.prompts, w.inflight, w._next_record, w._selects_at_plan = [], None, ((1, 1), 0.01, False, 0), 0
+    w.partitioner.selected_since = lambda n: [w.partitioner.current_index]
+    w.switch = SimpleNamespace(overlap=True, is_settled=lambda: True, epoch=lambda: 0)
+    w._other_runs_elsewhere = lambda step: False
     w.switch_pending = lambda: True
     w._before_sample()
-    step = SimpleNamespace(perf_record=((1, 1), 0.01, False, 0), runs_on=None)
     log.clear()
-    w.after_launch(step)
-    assert step.runs_on == 0 and log == ["inflight 2", "inflight 0"] and w._sampled_after_move_from is None
+    w.after_launch(step := SimpleNamespace())
+    assert step.runs_on == 0 and step.moved_while_launching and log == ["inflight 0"]
+    assert w._old_pieces_entry is None
+    w.partitioner.current_index, w._moved_in_step = 0, False
+    w._between_pieces()  # a move at a boundary, then a later one that sees the old pieces finish
+    w._between_pieces()
     log.clear()
-    w.after_launch(step := SimpleNamespace(perf_record=((1, 1), 0.01, False, 2), runs_on=None))
+    w.after_launch(step := SimpleNamespace())
     assert step.runs_on == 2 and log == ["inflight 2"]
-
 
 def test_the_worker_cuts_a_wait_only_for_a_split_it_has_not_followed_and_not_right_after_a_move():
     """`DecodeWorker._move_pending`: a requested split not yet followed, unless the step moved at its last boundary

@@ -27,6 +27,8 @@ class DecodeWorker(SideWorker):
     budget filled with chunks of those prompts in least-slack order, until they are done; the prefill worker
     plans nothing until each has left `prompts` (promoted or aborted: HANDED_PROMPTS_DONE, package docstring)."""
 
+    _old_pieces_entry: int | None = None  # (also for workers built without __init__: the tests' harnesses)
+
     role = "decode"
     side = Side.DECODE
 
@@ -45,7 +47,7 @@ class DecodeWorker(SideWorker):
         self.tombstones = AbortTombstones() if direct else None
         self._handoff_hops_s: list[float] = []  # prefill's send -> taken here, since this worker's last message
         self._moved_in_step = False  # the decode step in pieces moved to another entry at the boundary before
-        self._sampled_after_move_from: int | None = None  # the launching step moved before its sampling, from here
+        self._old_pieces_entry: int | None = None  # a move in the launching step: the entry its earlier pieces ran on
 
     @property
     def handoff_address(self) -> str | None:
@@ -145,7 +147,7 @@ class DecodeWorker(SideWorker):
         predicted again on the entry it runs on; only where following cannot collect the step in flight (overlap
         mode, or none in flight): a collect here would finish sequences the planned batch still holds, and a
         mixed step's piecewise graphs were judged on the entry it was planned on."""
-        self._sampled_after_move_from = None
+        self._old_pieces_entry = None
         decode_only = is_decode_only(batch)
         if decode_only:
             self._follow_before_any_piece(batch, "launch")
@@ -173,15 +175,9 @@ class DecodeWorker(SideWorker):
         a split requested and not yet followed in this step (`_move_pending`) is followed as at a boundary between
         pieces (`_between_pieces`, the switch record's `site` `sample`), the rest of the sampling then launched on the
         new partition's stream after the pieces. Returns that stream (None: nothing requested, the launch goes on). The
-        step is then published on its pieces' entry, not the sampling's (`after_launch`): the other side must not
+        step is then published on its pieces' entry, not the sampling's (`_runs_on_now`): the other side must not
         judge the old entry drained while they may still run there."""
-        if not self._move_pending():
-            return None
-        before = self.partitioner.current_index  # where this step's last pieces ran
-        stream = self._between_pieces(site="sample")
-        if self.partitioner.current_index != before:
-            self._sampled_after_move_from = before
-        return stream
+        return self._between_pieces(site="sample") if self._move_pending() else None
 
     def _follow_before_any_piece(self, batch: list[ScheduledSeq], site: str) -> bool:
         """Follow a split requested while the decode-only `batch` was readied, before any of it is launched (at its
@@ -232,16 +228,23 @@ class DecodeWorker(SideWorker):
         if self._moved_in_step:  # the pieces on the entry before `before` have finished: the drain may be complete
             self.res.state.set_inflight_index(self.side, before)
             self._note_drain()
+            self._old_pieces_entry = None
+        if moved:  # until a later boundary sees them finish, this step holds SMs on `before` too
+            self._old_pieces_entry = before
         self._moved_in_step = moved
         return self._launch_here()
 
+    def _runs_on_now(self) -> int:
+        """The entry a launched step is published on: after a move that no later boundary saw the old pieces finish
+        behind (a move at the last boundary, or before the sampling launch), the entry those pieces ran on, where the
+        step holds SMs until it ends; else where this side is (SideWorker's)."""
+        if self._old_pieces_entry is not None:
+            return self._old_pieces_entry
+        return super()._runs_on_now()
+
     def after_launch(self, step: Any) -> None:
-        super().after_launch(step)
-        pieces_on = self._sampled_after_move_from
-        if pieces_on is not None and step.perf_record is not None:  # moved before its sampling (`_before_sample`):
-            step.runs_on = pieces_on  # its pieces' entry, where it holds SMs until it ends (the sampling is light)
-            self._publish_inflight(self.inflight if self.inflight is not None else step)
-        self._sampled_after_move_from = None
+        super().after_launch(step)  # published on `_runs_on_now`
+        self._old_pieces_entry = None
         if len(self.prompts):
             promoted = promote(self.prompts, self.scheduler, step.sampled)  # prompts done: decode from the next step
             self.res.state.count_handed_prompts(Policy.HANDED_PROMPTS_DONE, len(promoted))

@@ -126,7 +126,7 @@ class SideWorker(WorkerBase):
     def after_launch(self, step: Any) -> None:
         step.perf_record = self._next_record  # (shape, predicted seconds, other side busy, ladder index)
         if step.perf_record is not None:  # a layer-wise step that moved between its groups (and maybe back)
-            step.runs_on = self.partitioner.current_index  # where its last kernels run (layer-wise: its last groups)
+            step.runs_on = self._runs_on_now()  # where it holds SMs last (layer-wise: its last groups)
             moved_to = self.partitioner.selected_since(self._selects_at_plan)
             step.moved_while_launching = any(i != step.perf_record[3] for i in moved_to)
         step.launched_unsettled = self.switch.overlap and not self.switch.is_settled()
@@ -134,6 +134,10 @@ class SideWorker(WorkerBase):
         step.beside_other_entry = self._other_runs_elsewhere(step)
         # `self.inflight` is still the previous step here: the oldest uncollected one is it, else this one
         self._publish_inflight(self.inflight if self.inflight is not None else step)
+
+    def _runs_on_now(self) -> int:
+        """The entry a step launched now is published on: where this side is (its last kernels ran there)."""
+        return self.partitioner.current_index
 
     def collect(self, step: Any) -> Any:
         result = super().collect(step)

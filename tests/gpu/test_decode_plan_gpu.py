@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_engine_gpu import _metadata, _tiny_model
+from tests.gpu.test_engine_gpu import _decode_inputs, _tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -89,22 +89,14 @@ def test_decode_graphs_planned_directly_equal_eager(monkeypatch, layout):
     from bullet_ray.engine.cuda_graphs import DecodeGraphs
 
     monkeypatch.setenv("BULLET_RAY_DECODE_PLAN", "direct")
-    monkeypatch.setenv("BULLET_RAY_DECODE_TENSOR_CORES", "1")
     model, cfg = _tiny_model(2)
     kv = torch.randn(cfg.num_hidden_layers, 64, 2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5)
+    backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=True)
     assert backend.decode_tensor_cores
     graphs = DecodeGraphs(model, backend, 16, 32, 32, torch.device("cuda"), scratch_slot=63 * 16)
     assert graphs.capture_report()["decode_plan"] == "direct"
     for step, seq_lens in enumerate(LAYOUTS[layout]):
-        n = len(seq_lens)
-        md = _metadata([1] * n, seq_lens)
-        ids = torch.arange(3 + step, 3 + step + n, device="cuda")
-        pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
-        tables, nxt = [], 0
-        for s in seq_lens:
-            tables.append(list(range(nxt, nxt + (s + 15) // 16)))
-            nxt += len(tables[-1])
+        md, ids, pos, tables = _decode_inputs(seq_lens, first_id=3 + step)
         saved = kv.clone()
         with torch.inference_mode():
             backend.begin_batch(md)

@@ -98,6 +98,20 @@ def test_later_layers_call_the_kernels_directly_and_agree(query_lens, seq_lens, 
     assert used and all(d.usable and d.direct_calls == layers - 1 for d in used)
 
 
+def _decode_inputs(seq_lens, first_id=3):
+    """A decode batch over `seq_lens` (one token a row, each row's pages of 16 next to the last row's from page 0):
+    its metadata, input ids (first_id, first_id + 1, ...), positions and page tables."""
+    n = len(seq_lens)
+    md = _metadata([1] * n, seq_lens)
+    ids = torch.arange(first_id, first_id + n, device="cuda")
+    pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
+    tables, nxt = [], 0
+    for s in seq_lens:
+        tables.append(list(range(nxt, nxt + (s + 15) // 16)))
+        nxt += len(tables[-1])
+    return md, ids, pos, tables
+
+
 def _tiny_model(num_layers=2):
     from bullet_ray.models.config import ModelConfig
     from bullet_ray.models.loader import init_dummy_weights, preset_hf_config
@@ -131,13 +145,8 @@ def test_graph_decode_equals_eager(seq_lens, tensor_cores, scratch):
     backend = get_backend_class("flashinfer")(kv, 4, 2, 128, 128 ** -0.5, decode_tensor_cores=tensor_cores)
     graphs = DecodeGraphs(model, backend, 16, max(8, n), 32, torch.device("cuda"),
                           scratch_slot=(num_blocks - 1) * 16 if scratch else None)
-    md = _metadata([1] * n, seq_lens)
-    ids = torch.arange(3, 3 + n, device="cuda")
-    pos = torch.tensor([s - 1 for s in seq_lens], device="cuda")
-    tables, nxt = [], 0
-    for s in seq_lens:
-        tables.append(list(range(nxt, nxt + (s + 15) // 16)))
-        nxt += len(tables[-1])
+    md, ids, pos, tables = _decode_inputs(seq_lens)
+    nxt = sum(len(t) for t in tables)  # the first block after the batch's
     saved = kv.clone()
     with torch.inference_mode():
         backend.begin_batch(md)

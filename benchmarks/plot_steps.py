@@ -7,8 +7,8 @@ Left: each step's predicted against its measured time (log-log, per side; the di
 the band +-25%). Right: decode SMs over time, with the prefill queue length, and split decisions marked by
 reason. Prints the median and p90 of |predicted - measured| / measured per side (the acceptance figure), the
 prefill batches taken under a queue, the prefill side's tokens/s beside a busy decode and with decode idle by its
-SMs, and the split switches' decision-to-new-split times (p50 / p99, and by the deciding reason and the side that
-acked last; for those over 1 ms that decode acked last, where its decision found the decode side: in a step that
+SMs, and the split switches' decision-to-new-split times (p50 / p99, where the last side acked them, and by the deciding
+reason and the side that acked last; for those over 1 ms that decode acked last, where its decision found the decode side: in a step that
 moved, in one that did not, so the next step took it after its host preparation, or between steps, and, in logs
 that carry them, where the decode side acked and the piece where a step moved); with
 `--requests`, also that run's streaks of BALANCE decisions and the decode steps they held.

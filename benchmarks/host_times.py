@@ -3,9 +3,10 @@
     python -m benchmarks.host_times benchmarks/results/serve_h200_m22/seed16/<system>-steps.jsonl.gz [more logs] \\
         --out benchmarks/results/serve_h200_m22/host_times.json
 
-For each step log: the median planning (`plan_ms`), host preparation (`prep_ms`) and forward launch (`forward_ms`:
+For each step log: the median planning (`plan_ms`), host preparation (`prep_ms`), forward launch (`forward_ms`:
 for a step on one decode graph its set-up, the attention plan included, and replay; for a step in pieces the whole
-launch, the waits for its pieces included) and the longest host wait for the GPU in a decode graph step's set-up
+launch, the waits for its pieces included), a decode graph step's attention plan (`graph_plan_ms`) and the sampling
+launch (`sample_ms`), and the longest host wait for the GPU in a decode graph step's set-up
 (`graph_wait_ms`: a staging slot's copy, flashinfer's plan fence; logs since the fifty-second session) of its decode-only steps and of its steps with prompt tokens beside decode
 rows (the chunked schedule's mixed steps), by batch size (sequences; `--bins`). Planning is code no engine change of the fiftieth session touched, so its ratio between two logs is a
 measure of their hosts' speed. Then, for logs with split switches: every switch the decode side acked last, with the
@@ -42,9 +43,10 @@ def parse_bins(text: str) -> list[tuple[int, int]]:
 
 def host_times(recs: list[dict[str, Any]], bins: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """One row per (kind, bin) that has steps: kind "decode" (one token a row) or "mixed" (prompt tokens too, beside
-    at least one decode row: more tokens than sequences, not a prefill side's step); steps, median plan_ms, prep_ms
-    and forward_ms, and the longest graph_wait_ms (a decode graph step's host wait for the GPU before its first
-    replay), each None where the log has none."""
+    at least one decode row: more tokens than sequences, not a prefill side's step); steps, median plan_ms, prep_ms,
+    forward_ms, graph_plan_ms (a decode graph step's attention plan) and sample_ms (the sampling launch), and the
+    longest graph_wait_ms (a decode graph step's host wait for the GPU before its first replay), each None where the
+    log has none."""
     steps = [r for r in recs if r.get("kind") == "step" and r.get("prep_ms") is not None and r.get("side") != "prefill"]
     rows = []
     for kind, keep in (("decode", lambda r: r["num_tokens"] == r["num_seqs"]),
@@ -53,14 +55,19 @@ def host_times(recs: list[dict[str, Any]], bins: list[tuple[int, int]]) -> list[
         for lo, hi in bins:
             cell = [r for r in mine if lo <= r["num_seqs"] <= hi]
             if cell:
-                forward = [r["forward_ms"] for r in cell if "forward_ms" in r]
                 waits = [r["graph_wait_ms"] for r in cell if "graph_wait_ms" in r]
                 rows.append({"kind": kind, "seqs": f"{lo}-{hi}", "steps": len(cell),
                              "plan_ms_p50": round(statistics.median(r.get("plan_ms", 0.0) for r in cell), 3),
                              "prep_ms_p50": round(statistics.median(r["prep_ms"] for r in cell), 3),
-                             "forward_ms_p50": round(statistics.median(forward), 3) if forward else None,
+                             **{f"{k}_p50": _median(cell, k) for k in ("forward_ms", "graph_plan_ms", "sample_ms")},
                              "graph_wait_ms_max": round(max(waits), 3) if waits else None})
     return rows
+
+
+def _median(cell: list[dict[str, Any]], key: str) -> float | None:
+    """The median of `key` over the steps that have it (None: none has)."""
+    values = [r[key] for r in cell if key in r]
+    return round(statistics.median(values), 3) if values else None
 
 
 def decode_acks(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         frozen = {r["role"]: {"objects": r.get("gc_frozen"), "seconds": r["seconds"].get("gc_freeze")}
                   for r in recs if r.get("kind") == "startup"}
         result["logs"][path] = {"host_times": rows, "decode_acks": acks, "gc": collections, "gc_frozen": frozen}
-        print(f"{path}\n| kind | sequences | steps | plan_ms p50 | prep_ms p50 | forward_ms p50 | graph_wait_ms max |"
-              "\n|---|---|---|---|---|---|---|")
+        print(f"{path}\n| kind | sequences | steps | plan_ms p50 | prep_ms p50 | forward_ms p50 | graph_plan_ms p50 | "
+              "sample_ms p50 | graph_wait_ms max |\n|---|---|---|---|---|---|---|---|---|")
         for row in rows:
-            forward = "-" if row["forward_ms_p50"] is None else f"{row['forward_ms_p50']:.3f}"
-            wait = "-" if row["graph_wait_ms_max"] is None else f"{row['graph_wait_ms_max']:.3f}"
+            cells = ["-" if row[k] is None else f"{row[k]:.3f}"
+                     for k in ("forward_ms_p50", "graph_plan_ms_p50", "sample_ms_p50", "graph_wait_ms_max")]
             print(f"| {row['kind']} | {row['seqs']} | {row['steps']} | {row['plan_ms_p50']:.3f} | "
-                  f"{row['prep_ms_p50']:.3f} | {forward} | {wait} |")
+                  f"{row['prep_ms_p50']:.3f} | {' | '.join(cells)} |")
         if acks:
             print("switches decode acked last (decision to the collect of the decode step then on the GPU, ms -> "
                   "decision to ack, ms): " + ", ".join(

@@ -30,13 +30,16 @@ def test_host_times_splits_decode_from_mixed_and_leaves_prefill_out():
             _step(5, "prefill", 3, 900, 2.0, 1.0), {"kind": "decision", "t": 6}]
     recs[0]["forward_ms"], recs[1]["forward_ms"] = 0.4, 0.6  # the forward launch where a log has it
     recs[0]["graph_wait_ms"], recs[1]["graph_wait_ms"] = 0.0, 1.8  # and the graph set-up's wait for the GPU
+    recs[0]["graph_plan_ms"], recs[1]["graph_plan_ms"] = 0.2, 1.0  # the attention plan inside it
+    recs[1]["sample_ms"] = recs[2]["sample_ms"] = 0.7  # the sampling launch
     rows = host_times(recs, [(1, 16), (17, 48)])
+    none = {"forward_ms_p50": None, "graph_plan_ms_p50": None, "graph_wait_ms_max": None}
     assert rows == [{"kind": "decode", "seqs": "1-16", "steps": 2, "plan_ms_p50": 0.02, "prep_ms_p50": 0.2,
-                     "forward_ms_p50": 0.5, "graph_wait_ms_max": 1.8},
+                     "forward_ms_p50": 0.5, "graph_plan_ms_p50": 0.6, "sample_ms_p50": 0.7, "graph_wait_ms_max": 1.8},
                     {"kind": "decode", "seqs": "17-48", "steps": 1, "plan_ms_p50": 0.05, "prep_ms_p50": 0.5,
-                     "forward_ms_p50": None, "graph_wait_ms_max": None},
+                     **none, "sample_ms_p50": 0.7},
                     {"kind": "mixed", "seqs": "17-48", "steps": 1, "plan_ms_p50": 0.2, "prep_ms_p50": 1.5,
-                     "forward_ms_p50": None, "graph_wait_ms_max": None}]
+                     **none, "sample_ms_p50": None}]
 
 
 def test_decode_acks_place_each_switch_against_the_step_then_running():
